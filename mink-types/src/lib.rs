@@ -1,0 +1,35 @@
+//! `mink-types`: the vocabulary every other Mink crate shares.
+//!
+//! It owns names and their validation ([`names`]), data types and their Arrow mapping
+//! ([`types`]), schemas and schema ids ([`schema`]), table descriptors, properties and
+//! merge-engine configuration ([`table`]), change types ([`change`]), the canonical
+//! key encoding ([`key`]), the bucketing rules ([`bucketing`]) and the error type
+//! ([`error`]).
+//!
+//! Architecture invariant: this crate is pure data and pure functions. It knows
+//! nothing of object storage, tablets, the network or async; it depends on arrow and
+//! serde only, so every layer above can use it without pulling anything in.
+
+pub mod bucketing;
+pub mod change;
+pub mod error;
+pub mod key;
+pub mod names;
+pub mod schema;
+pub mod table;
+pub mod types;
+
+pub use bucketing::{BucketRows, bucket_per_row, hash_bucket, split_by_bucket};
+pub use change::ChangeType;
+pub use error::{MinkError, Result};
+pub use key::{KeyEncoder, KeyValue, decode_key, encode_values};
+pub use names::{
+    BucketId, DatabaseName, PartitionId, PartitionName, TableBucket, TableId, TableName, TablePath,
+    validate_name,
+};
+pub use schema::{Column, Schema, SchemaId};
+pub use table::{
+    AggFunction, BucketingRule, DeleteBehavior, LogTtl, MergeEngine, TableDescriptor,
+    TableProperties,
+};
+pub use types::DataType;
