@@ -1,1 +1,82 @@
-fn main() {}
+//! `mink-node`: runs one Mink node.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use mink_node::MinkConfig;
+use mink_node::config::LogFormat;
+use mink_node::node::{Node, shutdown_signal};
+
+/// Runs one Mink node. With no configuration at all it is a single node on
+/// ./mink-data; see README.md for the configuration sources.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// A TOML configuration file (default: ./mink.toml when it exists).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Print the effective configuration as TOML and exit.
+    #[arg(long)]
+    print_config: bool,
+}
+
+fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let config = match MinkConfig::load(args.config.as_deref()) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("mink-node: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if args.print_config {
+        print!("{}", config.to_toml());
+        return ExitCode::SUCCESS;
+    }
+    init_tracing(config.logging.format);
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("mink-node: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        let node = match Node::start(config).await {
+            Ok(node) => node,
+            Err(e) => {
+                tracing::error!("cannot start: {e:#}");
+                return ExitCode::FAILURE;
+            }
+        };
+        tracing::info!(
+            node_id = %node.config.node_id,
+            data_dir = %node.config.data_dir.display(),
+            object_store = %node.config.object_store.url,
+            "node started"
+        );
+        tracing::warn!(
+            "this build serves no clients yet: the Flight ({}), Kafka ({}) and admin ({}) \
+             listeners are not implemented, so nothing is listening on them",
+            node.config.listeners.flight,
+            node.config.listeners.kafka,
+            node.config.listeners.admin
+        );
+        shutdown_signal().await;
+        tracing::info!("shutting down");
+        ExitCode::SUCCESS
+    })
+}

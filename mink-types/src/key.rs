@@ -392,7 +392,7 @@ pub fn encode_values(types: &[DataType], values: &[KeyValue], out: &mut Vec<u8>)
 /// trailing bytes.
 pub fn decode_key(types: &[DataType], mut bytes: &[u8]) -> Result<Vec<KeyValue>> {
     let truncated = || MinkError::invalid("encoded key", "truncated");
-    fn take<'b, const N: usize>(bytes: &mut &'b [u8]) -> Option<[u8; N]> {
+    fn take<const N: usize>(bytes: &mut &[u8]) -> Option<[u8; N]> {
         let (head, rest) = bytes.split_first_chunk::<N>()?;
         *bytes = rest;
         Some(*head)

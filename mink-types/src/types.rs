@@ -90,13 +90,13 @@ impl DataType {
             }
             DataType::Time { precision }
             | DataType::Timestamp { precision }
-            | DataType::TimestampLtz { precision } => {
-                if precision > TIME_PRECISION_MAX {
-                    return Err(MinkError::invalid(
-                        "data type",
-                        format!("{self} precision is outside 0..={TIME_PRECISION_MAX}"),
-                    ));
-                }
+            | DataType::TimestampLtz { precision }
+                if precision > TIME_PRECISION_MAX =>
+            {
+                return Err(MinkError::invalid(
+                    "data type",
+                    format!("{self} precision is outside 0..={TIME_PRECISION_MAX}"),
+                ));
             }
             _ => {}
         }

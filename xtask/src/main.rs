@@ -1,1 +1,101 @@
-fn main() {}
+//! `cargo xtask`: every developer task of the Mink workspace, in Rust.
+//!
+//! - `cargo xtask test`: formatting, lints, layering, the Rust test suite (nextest
+//!   when installed), and the interop suites under `tests/interop/` against real
+//!   clients, with a local S3 API server (moto) started for the run.
+//! - `cargo xtask check-layers`: fails when a workspace crate depends on one it may
+//!   not use (DESIGN.md's table).
+//! - `cargo xtask s3`: runs the local S3 API server in the foreground, for manual work.
+
+mod layers;
+mod python;
+mod s3;
+mod test;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(about = "Mink's developer tasks")]
+struct Args {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Debug, Subcommand)]
+enum Task {
+    /// Run everything CI runs: fmt, clippy, check-layers, Rust tests, interop tests.
+    Test {
+        /// Skip the Python interop suites.
+        #[arg(long)]
+        no_interop: bool,
+        /// Extra arguments passed to the Rust test runner (a filter, say).
+        #[arg(last = true)]
+        rest: Vec<String>,
+    },
+    /// Check that workspace crates depend only on the crates DESIGN.md allows.
+    CheckLayers,
+    /// Run the local S3 API server (moto) until Ctrl-C and print its endpoint.
+    S3,
+}
+
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<()> {
+    let args = Args::parse();
+    let root = workspace_root()?;
+    match args.task {
+        Task::Test { no_interop, rest } => test::run(&root, !no_interop, &rest),
+        Task::CheckLayers => layers::run(&root),
+        Task::S3 => s3::run_foreground(&root),
+    }
+}
+
+/// The workspace root: the parent of this crate's manifest directory.
+fn workspace_root() -> Result<PathBuf> {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest
+        .parent()
+        .map(Path::to_path_buf)
+        .context("xtask has no parent directory")
+}
+
+/// Runs `cmd`, echoing it, and fails unless it exits 0.
+fn run_checked(cmd: &mut Command) -> Result<()> {
+    eprintln!("$ {}", render(cmd));
+    let status = cmd
+        .status()
+        .with_context(|| format!("cannot run {}", render(cmd)))?;
+    if !status.success() {
+        bail!("{} failed: {status}", render(cmd));
+    }
+    Ok(())
+}
+
+fn render(cmd: &Command) -> String {
+    std::iter::once(cmd.get_program().to_string_lossy().into_owned())
+        .chain(cmd.get_args().map(|a| a.to_string_lossy().into_owned()))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Whether `cargo <sub> --version` works (nextest, say).
+fn cargo_has(sub: &str) -> bool {
+    Command::new("cargo")
+        .args([sub, "--version"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}

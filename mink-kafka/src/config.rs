@@ -1,0 +1,84 @@
+//! Configuration of the Kafka listener, with the limits of spec/protocols.txt.
+
+use serde::{Deserialize, Serialize};
+
+/// Kafka settings and limits.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KafkaConfig {
+    /// Whether the Kafka listener runs. Default true.
+    pub enabled: bool,
+    /// The database whose log tables are the topics. Default `kafka`.
+    pub database: String,
+    /// Create a topic on first use (Metadata or Produce). Default true.
+    pub auto_create_topics: bool,
+    /// Partitions of an auto-created topic. Default 1.
+    pub default_partitions: u32,
+    /// The largest request frame, in bytes. Default 100 MiB.
+    pub max_request_bytes: u64,
+    /// The most bytes one Fetch response returns. Default 50 MiB.
+    pub max_fetch_bytes: u64,
+    /// Requests in flight per connection. Default 64.
+    pub max_in_flight: u32,
+    /// The longest a Fetch waits (`max_wait_ms` is capped to it), in milliseconds.
+    /// Default 30,000.
+    pub fetch_max_wait_cap_ms: u64,
+    /// The shortest group session timeout accepted, in milliseconds. Default 6,000.
+    pub session_timeout_min_ms: u64,
+    /// The longest group session timeout accepted, in milliseconds. Default 1,800,000.
+    pub session_timeout_max_ms: u64,
+    /// How long committed group offsets are kept without a new commit, in
+    /// milliseconds. Default 604,800,000 (7 days).
+    pub group_offsets_ttl_ms: u64,
+}
+
+impl Default for KafkaConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            database: "kafka".into(),
+            auto_create_topics: true,
+            default_partitions: 1,
+            max_request_bytes: 100 << 20,
+            max_fetch_bytes: 50 << 20,
+            max_in_flight: 64,
+            fetch_max_wait_cap_ms: 30_000,
+            session_timeout_min_ms: 6_000,
+            session_timeout_max_ms: 30 * 60 * 1000,
+            group_offsets_ttl_ms: 7 * 24 * 3600 * 1000,
+        }
+    }
+}
+
+impl KafkaConfig {
+    /// Checks the values; the error names the key.
+    pub fn validate(&self) -> Result<(), String> {
+        mink_types::validate_name("kafka.database", &self.database).map_err(|e| e.to_string())?;
+        if self.default_partitions == 0
+            || self.default_partitions > mink_types::table::BUCKET_COUNT_MAX
+        {
+            return Err(format!(
+                "kafka.default_partitions must be within 1..={}",
+                mink_types::table::BUCKET_COUNT_MAX
+            ));
+        }
+        if self.max_request_bytes < 1024 {
+            return Err("kafka.max_request_bytes must be at least 1024".into());
+        }
+        if self.max_fetch_bytes == 0 {
+            return Err("kafka.max_fetch_bytes must be at least 1".into());
+        }
+        if self.max_in_flight == 0 {
+            return Err("kafka.max_in_flight must be at least 1".into());
+        }
+        if self.session_timeout_min_ms > self.session_timeout_max_ms {
+            return Err(
+                "kafka.session_timeout_min_ms must not exceed kafka.session_timeout_max_ms".into(),
+            );
+        }
+        if self.group_offsets_ttl_ms == 0 {
+            return Err("kafka.group_offsets_ttl_ms must be at least 1".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,66 @@
+//! Configuration of KV tablets.
+
+use serde::{Deserialize, Serialize};
+
+/// The local store behind KV tablets.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KvBackend {
+    /// fjall, an LSM tree (default).
+    #[default]
+    Fjall,
+    /// redb, a B-tree.
+    Redb,
+}
+
+impl KvBackend {
+    /// Whether this build has the backend (both are cargo features, on by default).
+    pub fn is_compiled_in(self) -> bool {
+        match self {
+            KvBackend::Fjall => cfg!(feature = "fjall"),
+            KvBackend::Redb => cfg!(feature = "redb"),
+        }
+    }
+}
+
+/// KV tablet settings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KvConfig {
+    /// `fjall` (default) or `redb`.
+    pub backend: KvBackend,
+    /// How often each KV tablet writes a snapshot to object storage, in milliseconds.
+    /// Default 600,000 (10 minutes).
+    pub snapshot_interval_ms: u64,
+    /// Snapshots kept per bucket. Default 2.
+    pub snapshots_retained: u32,
+    /// Bytes of staged rows per tablet waiting for durability. Default 64 MiB.
+    pub prewrite_buffer_bytes_max: u64,
+}
+
+impl Default for KvConfig {
+    fn default() -> Self {
+        Self {
+            backend: KvBackend::Fjall,
+            snapshot_interval_ms: 600_000,
+            snapshots_retained: 2,
+            prewrite_buffer_bytes_max: 64 << 20,
+        }
+    }
+}
+
+impl KvConfig {
+    /// Checks the values; the error names the key.
+    pub fn validate(&self) -> Result<(), String> {
+        if !self.backend.is_compiled_in() {
+            return Err(format!(
+                "kv.backend: this build was compiled without the {:?} feature",
+                self.backend
+            ));
+        }
+        if self.snapshots_retained == 0 {
+            return Err("kv.snapshots_retained must be at least 1".into());
+        }
+        Ok(())
+    }
+}

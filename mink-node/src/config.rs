@@ -1,0 +1,345 @@
+//! `MinkConfig`: every crate's configuration, composed, and how it is loaded.
+//!
+//! Order, later wins: built-in defaults, then `mink.toml` in the working directory (or
+//! the file given with `--config`), then `MINK_*` environment variables with `__`
+//! between nesting levels (`MINK_WAL__LINGER_MS=5`, `MINK_NODE_ID=n2`). An unknown key
+//! or a bad value is an error that names the key. `MINK_ADDR` belongs to the `mink`
+//! CLI and is ignored here.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use serde::{Deserialize, Serialize};
+
+use mink_flight::FlightConfig;
+use mink_kafka::KafkaConfig;
+use mink_kv::KvConfig;
+use mink_log::LogConfig;
+use mink_meta::MetaConfig;
+use mink_wal::{ObjectStoreConfig, WalConfig};
+
+/// The file read from the working directory when no `--config` is given.
+pub const DEFAULT_CONFIG_FILE: &str = "mink.toml";
+
+/// Where a node listens. Loopback by default: neither Flight nor Kafka authenticates
+/// (spec/protocols.txt), so a node is reachable from elsewhere only when its
+/// configuration says so.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Listeners {
+    /// Arrow Flight. Default `127.0.0.1:9120`.
+    pub flight: SocketAddr,
+    /// Kafka. Default `127.0.0.1:9092`.
+    pub kafka: SocketAddr,
+    /// Admin HTTP (`/health`, `/metrics`). Default `127.0.0.1:9121`.
+    pub admin: SocketAddr,
+}
+
+impl Default for Listeners {
+    fn default() -> Self {
+        Self {
+            flight: SocketAddr::from(([127, 0, 0, 1], 9120)),
+            kafka: SocketAddr::from(([127, 0, 0, 1], 9092)),
+            admin: SocketAddr::from(([127, 0, 0, 1], 9121)),
+        }
+    }
+}
+
+/// The addresses other nodes and clients are told to use. Default: the listeners.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Advertised {
+    /// `host:port` of the Flight listener as clients reach it.
+    pub flight: Option<String>,
+    /// `host:port` of the Kafka listener as clients reach it.
+    pub kafka: Option<String>,
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    /// Human-readable lines (default).
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Logging. The filter comes from `RUST_LOG` (default `info`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LoggingConfig {
+    pub format: LogFormat,
+}
+
+/// The whole configuration of one node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MinkConfig {
+    /// This node's id, unique in the cluster. Default `node-1`.
+    #[serde(deserialize_with = "string_or_number")]
+    pub node_id: String,
+    /// Local state (KV stores, caches). Default `./mink-data`.
+    pub data_dir: PathBuf,
+    pub listeners: Listeners,
+    pub advertised: Advertised,
+    /// Default `file://<data_dir>/objects`.
+    pub object_store: ObjectStoreConfig,
+    pub wal: WalConfig,
+    pub log: LogConfig,
+    pub kv: KvConfig,
+    pub meta: MetaConfig,
+    pub flight: FlightConfig,
+    pub kafka: KafkaConfig,
+    pub logging: LoggingConfig,
+}
+
+impl Default for MinkConfig {
+    fn default() -> Self {
+        Self {
+            node_id: "node-1".into(),
+            data_dir: PathBuf::from("./mink-data"),
+            listeners: Listeners::default(),
+            advertised: Advertised::default(),
+            object_store: ObjectStoreConfig::default(),
+            wal: WalConfig::default(),
+            log: LogConfig::default(),
+            kv: KvConfig::default(),
+            meta: MetaConfig::default(),
+            flight: FlightConfig::default(),
+            kafka: KafkaConfig::default(),
+            logging: LoggingConfig::default(),
+        }
+    }
+}
+
+/// Accepts `MINK_NODE_ID=7`, which the environment provider reads as a number.
+fn string_or_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Id {
+        Text(String),
+        Number(i64),
+    }
+    Ok(match Id::deserialize(d)? {
+        Id::Text(s) => s,
+        Id::Number(n) => n.to_string(),
+    })
+}
+
+/// A configuration that could not be loaded; the message names the key and source.
+#[derive(Debug, thiserror::Error)]
+#[error("configuration: {0}")]
+pub struct ConfigError(pub String);
+
+impl MinkConfig {
+    /// Loads defaults, then `file` (which must exist) or `./mink.toml` (if it exists),
+    /// then `MINK_*` variables; fills derived defaults; validates.
+    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        let mut figment = Figment::from(Serialized::defaults(MinkConfig::default()));
+        match file {
+            Some(path) => {
+                if !path.is_file() {
+                    return Err(ConfigError(format!(
+                        "the file {} does not exist",
+                        path.display()
+                    )));
+                }
+                figment = figment.merge(Toml::file_exact(path));
+            }
+            None => {
+                if Path::new(DEFAULT_CONFIG_FILE).is_file() {
+                    figment = figment.merge(Toml::file_exact(DEFAULT_CONFIG_FILE));
+                }
+            }
+        }
+        figment = figment.merge(Env::prefixed("MINK_").split("__").ignore(&["ADDR"]));
+        let mut config: MinkConfig = figment
+            .extract()
+            .map_err(|e| ConfigError(render_figment_error(e)))?;
+        config.fill_derived()?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Fills defaults that depend on other values: the object store URL.
+    fn fill_derived(&mut self) -> Result<(), ConfigError> {
+        if self.object_store.url.is_empty() {
+            let dir = std::path::absolute(self.data_dir.join("objects")).map_err(|e| {
+                ConfigError(format!(
+                    "data_dir {}: cannot make it absolute: {e}",
+                    self.data_dir.display()
+                ))
+            })?;
+            self.object_store.url = format!("file://{}", dir.display());
+        }
+        Ok(())
+    }
+
+    /// Checks every section; the error names the key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        mink_types::validate_name("node_id", &self.node_id)
+            .map_err(|e| ConfigError(e.to_string()))?;
+        if self.data_dir.as_os_str().is_empty() {
+            return Err(ConfigError("data_dir must not be empty".into()));
+        }
+        for (key, addr) in [
+            ("advertised.flight", &self.advertised.flight),
+            ("advertised.kafka", &self.advertised.kafka),
+        ] {
+            if let Some(addr) = addr {
+                let ok = addr
+                    .rsplit_once(':')
+                    .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+                if !ok {
+                    return Err(ConfigError(format!("{key}: {addr:?} is not host:port")));
+                }
+            }
+        }
+        self.wal.validate().map_err(ConfigError)?;
+        self.log.validate().map_err(ConfigError)?;
+        self.kv.validate().map_err(ConfigError)?;
+        self.meta.validate().map_err(ConfigError)?;
+        self.flight.validate().map_err(ConfigError)?;
+        self.kafka.validate().map_err(ConfigError)?;
+        Ok(())
+    }
+
+    /// The Flight address clients are told to use.
+    pub fn advertised_flight(&self) -> String {
+        self.advertised
+            .flight
+            .clone()
+            .unwrap_or_else(|| self.listeners.flight.to_string())
+    }
+
+    /// The Kafka address clients are told to use.
+    pub fn advertised_kafka(&self) -> String {
+        self.advertised
+            .kafka
+            .clone()
+            .unwrap_or_else(|| self.listeners.kafka.to_string())
+    }
+
+    /// The effective configuration as TOML (`mink-node --print-config`).
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).unwrap_or_else(|e| format!("# cannot render: {e}\n"))
+    }
+}
+
+/// Figment's errors name the key as `default.a.b`; drop the profile prefix and keep
+/// the rest (the value, the expectation, the source file or variable).
+fn render_figment_error(err: figment::Error) -> String {
+    err.into_iter()
+        .map(|e| {
+            let mut text = e.to_string();
+            if let Some(path) = (!e.path.is_empty()).then(|| e.path.join(".")) {
+                text = text.replace(&format!("default.{path}"), &path);
+            }
+            text
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+#[cfg(test)]
+#[allow(clippy::result_large_err)] // figment's Jail closures return figment::Error
+mod tests {
+    use super::*;
+    use figment::Jail;
+
+    #[test]
+    fn defaults_match_the_documentation() {
+        Jail::expect_with(|_jail| {
+            let config = MinkConfig::load(None).unwrap();
+            assert_eq!(config.node_id, "node-1");
+            assert_eq!(config.listeners.flight.to_string(), "127.0.0.1:9120");
+            assert_eq!(config.listeners.kafka.to_string(), "127.0.0.1:9092");
+            assert_eq!(config.listeners.admin.to_string(), "127.0.0.1:9121");
+            assert!(config.object_store.url.starts_with("file:///"));
+            assert!(config.object_store.url.ends_with("mink-data/objects"));
+            assert_eq!(config.kafka.max_request_bytes, 100 << 20);
+            assert_eq!(config.kafka.max_fetch_bytes, 50 << 20);
+            assert_eq!(config.kafka.max_in_flight, 64);
+            assert_eq!(config.kafka.fetch_max_wait_cap_ms, 30_000);
+            assert_eq!(config.kafka.session_timeout_min_ms, 6_000);
+            assert_eq!(config.kafka.session_timeout_max_ms, 1_800_000);
+            assert_eq!(config.kafka.group_offsets_ttl_ms, 604_800_000);
+            assert_eq!(config.kafka.database, "kafka");
+            assert_eq!(config.kv.backend, mink_kv::KvBackend::Fjall);
+            assert_eq!(config.wal.linger_ms, 0);
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn file_then_environment_override_defaults() {
+        Jail::expect_with(|jail| {
+            jail.create_file(
+                "mink.toml",
+                "node_id = \"n7\"\n[wal]\nlinger_ms = 3\n[kv]\nbackend = \"redb\"\n",
+            )?;
+            jail.set_env("MINK_WAL__LINGER_MS", "9");
+            jail.set_env("MINK_ADDR", "somewhere:1");
+            let config = MinkConfig::load(None).unwrap();
+            assert_eq!(config.node_id, "n7");
+            assert_eq!(config.wal.linger_ms, 9);
+            assert_eq!(config.kv.backend, mink_kv::KvBackend::Redb);
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_name_the_key() {
+        Jail::expect_with(|jail| {
+            jail.create_file("bad.toml", "[wal]\nlinger_mss = 3\n")?;
+            let err = MinkConfig::load(Some(Path::new("bad.toml")))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("linger_mss"), "{err}");
+            assert!(err.contains("wal"), "{err}");
+
+            jail.create_file("bad2.toml", "[kafka]\nmax_in_flight = \"many\"\n")?;
+            let err = MinkConfig::load(Some(Path::new("bad2.toml")))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("kafka.max_in_flight"), "{err}");
+
+            jail.create_file("bad3.toml", "[kafka]\nmax_in_flight = 0\n")?;
+            let err = MinkConfig::load(Some(Path::new("bad3.toml")))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("kafka.max_in_flight must be at least 1"),
+                "{err}"
+            );
+
+            let err = MinkConfig::load(Some(Path::new("missing.toml")))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("missing.toml does not exist"), "{err}");
+
+            jail.set_env("MINK_NODE_ID", "7");
+            assert_eq!(MinkConfig::load(None).unwrap().node_id, "7");
+
+            jail.set_env("MINK_NODE_ID", "bad id");
+            let err = MinkConfig::load(None).unwrap_err().to_string();
+            assert!(err.contains("node_id"), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn printed_config_loads_back_to_the_same_config() {
+        Jail::expect_with(|jail| {
+            let config = MinkConfig::load(None).unwrap();
+            jail.create_file("printed.toml", &config.to_toml())?;
+            let again = MinkConfig::load(Some(Path::new("printed.toml"))).unwrap();
+            assert_eq!(again, config);
+            Ok(())
+        });
+    }
+}

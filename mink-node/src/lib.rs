@@ -1,0 +1,14 @@
+//! `mink-node`: the node service that both listeners front, and its binaries.
+//!
+//! It owns, as it grows, the tablet manager, the write path of spec/writes.txt,
+//! table routing and forwarding, reads and actions, and the `mink-node` and `mink`
+//! binaries. Today it owns configuration loading ([`config`]) and the node's
+//! start-up and shutdown ([`node`]).
+//!
+//! Architecture invariant: mink-node is the only crate that knows every other one. It
+//! implements the handler traits the protocol crates define; nothing depends on it.
+
+pub mod config;
+pub mod node;
+
+pub use config::MinkConfig;

@@ -1,0 +1,95 @@
+//! Configuration of the object store and of the WAL writer.
+
+use serde::{Deserialize, Serialize};
+
+/// Where durable state lives. `url` is one of `file:///abs/dir`, `memory://`,
+/// `s3://bucket/prefix`; the S3 fields apply to `s3://` only.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ObjectStoreConfig {
+    /// The store's URL. Empty means "derive from the node's data directory"
+    /// (`file://<data_dir>/objects`); the node fills it in before opening.
+    pub url: String,
+    /// S3 endpoint for S3-compatible stores (MinIO, R2, moto), e.g. `http://127.0.0.1:9000`.
+    /// Default: AWS.
+    pub endpoint: Option<String>,
+    /// S3 region. Default `us-east-1`.
+    pub region: String,
+    /// S3 access key id. Default: from the AWS environment.
+    pub access_key_id: Option<String>,
+    /// S3 secret access key. Default: from the AWS environment.
+    pub secret_access_key: Option<String>,
+    /// Allow plain-HTTP endpoints (local test servers). Default false.
+    pub allow_http: bool,
+    /// Timeout of one object-store request, in milliseconds. Default 30,000.
+    pub request_timeout_ms: u64,
+}
+
+impl Default for ObjectStoreConfig {
+    fn default() -> Self {
+        Self {
+            url: String::new(),
+            endpoint: None,
+            region: "us-east-1".into(),
+            access_key_id: None,
+            secret_access_key: None,
+            allow_http: false,
+            request_timeout_ms: 30_000,
+        }
+    }
+}
+
+/// The WAL writer of a node: group commit and upload pipelining.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WalConfig {
+    /// A group (one WAL object) closes when it reaches this many bytes. Default 8 MiB.
+    pub group_bytes_max: u64,
+    /// How long an open group waits for more appends before it is uploaded, in
+    /// milliseconds. Default 0: an idle writer uploads at once.
+    pub linger_ms: u64,
+    /// Uploads in flight at once; acks still come in upload order. Default 4.
+    pub inflight_uploads_max: u32,
+    /// Bytes of appends waiting for a group before appenders are pushed back. Default 64 MiB.
+    pub pending_bytes_max: u64,
+    /// Bytes of recent records kept in memory per node for tail reads. Default 64 MiB.
+    pub tail_cache_bytes_max: u64,
+    /// How often WAL data is compacted into per-stream segments, in milliseconds.
+    /// Default 30,000.
+    pub compaction_interval_ms: u64,
+    /// The largest segment object compaction writes, in bytes. Default 64 MiB.
+    pub segment_bytes_max: u64,
+}
+
+impl Default for WalConfig {
+    fn default() -> Self {
+        Self {
+            group_bytes_max: 8 << 20,
+            linger_ms: 0,
+            inflight_uploads_max: 4,
+            pending_bytes_max: 64 << 20,
+            tail_cache_bytes_max: 64 << 20,
+            compaction_interval_ms: 30_000,
+            segment_bytes_max: 64 << 20,
+        }
+    }
+}
+
+impl WalConfig {
+    /// Checks the values; the error names the key.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.group_bytes_max == 0 {
+            return Err("wal.group_bytes_max must be at least 1".into());
+        }
+        if self.inflight_uploads_max == 0 {
+            return Err("wal.inflight_uploads_max must be at least 1".into());
+        }
+        if self.pending_bytes_max < self.group_bytes_max {
+            return Err("wal.pending_bytes_max must be at least wal.group_bytes_max".into());
+        }
+        if self.segment_bytes_max == 0 {
+            return Err("wal.segment_bytes_max must be at least 1".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,21 @@
+//! mink-wal's error type. It knows nothing of tables: callers map it to theirs.
+
+/// A `Result` with [`WalError`].
+pub type WalResult<T> = std::result::Result<T, WalError>;
+
+/// Everything that can go wrong in the object-store toolkit.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum WalError {
+    /// A configuration value is invalid; the message names the key.
+    #[error("configuration: {0}")]
+    Config(String),
+    /// The object store failed or timed out. Nothing was acknowledged.
+    #[error("object store: {0}")]
+    Storage(String),
+}
+
+impl From<object_store::Error> for WalError {
+    fn from(err: object_store::Error) -> Self {
+        WalError::Storage(err.to_string())
+    }
+}
