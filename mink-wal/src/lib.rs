@@ -12,6 +12,7 @@
 
 pub mod config;
 pub mod error;
+pub mod fault;
 pub mod store;
 
 pub use config::{ObjectStoreConfig, WalConfig};

@@ -1,0 +1,388 @@
+//! A fault and latency injecting object store, for tests and benchmarks.
+//!
+//! Wraps any store. Every decision comes from one seeded RNG, so a test that fixes the
+//! seed and the order of its requests sees the same faults every run. Faults:
+//! - latency per operation kind, plus seeded jitter;
+//! - a failure rate for PUTs (the PUT is not applied) and GETs;
+//! - an ambiguous-timeout rate for PUTs: the PUT **is applied** and then reported as a
+//!   timeout, which is what a real timeout may be;
+//! - "fail the next N PUTs" and "time out the next N PUTs (applied)";
+//! - a per-path PUT delay hook, to reorder uploads on purpose.
+//!
+//! It also counts requests and bytes by kind, which benchmarks report.
+
+use std::fmt;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use object_store::path::Path;
+use object_store::{
+    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
+    PutMultipartOptions, PutOptions, PutPayload, PutResult,
+};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// A per-path PUT delay: return `Some(d)` to delay that PUT by `d` instead of the
+/// configured latency.
+pub type PutDelayFn = Arc<dyn Fn(&Path) -> Option<Duration> + Send + Sync>;
+
+/// What to inject.
+#[derive(Debug, Clone, Default)]
+pub struct FaultConfig {
+    pub put_latency: Duration,
+    pub get_latency: Duration,
+    pub list_latency: Duration,
+    pub delete_latency: Duration,
+    /// Extra latency, uniform in `[0, jitter)`, added to every delayed request.
+    pub jitter: Duration,
+    /// Probability that a PUT fails without being applied.
+    pub put_failure_rate: f64,
+    /// Probability that a PUT is applied and then reported as timed out.
+    pub put_ambiguous_rate: f64,
+    /// Probability that a GET fails.
+    pub get_failure_rate: f64,
+    /// Seed of the RNG behind every random decision.
+    pub seed: u64,
+}
+
+/// Request counters.
+#[derive(Debug, Default)]
+pub struct FaultCounters {
+    pub puts: AtomicU64,
+    pub put_bytes: AtomicU64,
+    pub gets: AtomicU64,
+    pub lists: AtomicU64,
+    pub deletes: AtomicU64,
+    pub injected_failures: AtomicU64,
+}
+
+struct State {
+    config: FaultConfig,
+    rng: StdRng,
+    fail_next_puts: u64,
+    ambiguous_next_puts: u64,
+    put_delay: Option<PutDelayFn>,
+}
+
+/// The wrapper. Cheap to clone; clones share faults and counters.
+#[derive(Clone)]
+pub struct FaultyStore {
+    inner: Arc<dyn ObjectStore>,
+    state: Arc<Mutex<State>>,
+    counters: Arc<FaultCounters>,
+}
+
+enum PutFate {
+    Fail,
+    Ambiguous,
+    Normal,
+}
+
+fn injected(what: &str) -> object_store::Error {
+    object_store::Error::Generic {
+        store: "faulty",
+        source: what.to_string().into(),
+    }
+}
+
+impl FaultyStore {
+    pub fn new(inner: Arc<dyn ObjectStore>, config: FaultConfig) -> Self {
+        let rng = StdRng::seed_from_u64(config.seed);
+        Self {
+            inner,
+            state: Arc::new(Mutex::new(State {
+                config,
+                rng,
+                fail_next_puts: 0,
+                ambiguous_next_puts: 0,
+                put_delay: None,
+            })),
+            counters: Arc::new(FaultCounters::default()),
+        }
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        f(&mut state)
+    }
+
+    /// Replaces the configuration (the RNG keeps its position).
+    pub fn set_config(&self, config: FaultConfig) {
+        self.with(|s| s.config = config);
+    }
+
+    /// The next `n` PUTs fail without being applied.
+    pub fn fail_next_puts(&self, n: u64) {
+        self.with(|s| s.fail_next_puts = n);
+    }
+
+    /// The next `n` PUTs are applied, then reported as timed out.
+    pub fn time_out_next_puts(&self, n: u64) {
+        self.with(|s| s.ambiguous_next_puts = n);
+    }
+
+    /// Installs (or removes) a per-path PUT delay.
+    pub fn set_put_delay(&self, delay: Option<PutDelayFn>) {
+        self.with(|s| s.put_delay = delay);
+    }
+
+    pub fn counters(&self) -> &FaultCounters {
+        &self.counters
+    }
+
+    fn delay(&self, base: impl Fn(&FaultConfig) -> Duration) -> Duration {
+        self.with(|s| {
+            let base = base(&s.config);
+            let jitter = s.config.jitter;
+            if jitter.is_zero() {
+                base
+            } else {
+                base + jitter.mul_f64(s.rng.random::<f64>())
+            }
+        })
+    }
+
+    fn put_fate(&self, path: &Path) -> (PutFate, Duration) {
+        self.with(|s| {
+            let delay = s
+                .put_delay
+                .as_ref()
+                .and_then(|f| f(path))
+                .unwrap_or(s.config.put_latency);
+            let delay = if s.config.jitter.is_zero() {
+                delay
+            } else {
+                delay + s.config.jitter.mul_f64(s.rng.random::<f64>())
+            };
+            let fate = if s.fail_next_puts > 0 {
+                s.fail_next_puts -= 1;
+                PutFate::Fail
+            } else if s.ambiguous_next_puts > 0 {
+                s.ambiguous_next_puts -= 1;
+                PutFate::Ambiguous
+            } else {
+                let roll: f64 = s.rng.random();
+                if roll < s.config.put_failure_rate {
+                    PutFate::Fail
+                } else if roll < s.config.put_failure_rate + s.config.put_ambiguous_rate {
+                    PutFate::Ambiguous
+                } else {
+                    PutFate::Normal
+                }
+            };
+            (fate, delay)
+        })
+    }
+
+    fn get_fails(&self) -> bool {
+        self.with(|s| {
+            let rate = s.config.get_failure_rate;
+            rate > 0.0 && s.rng.random::<f64>() < rate
+        })
+    }
+}
+
+async fn sleep(d: Duration) {
+    if !d.is_zero() {
+        tokio::time::sleep(d).await;
+    }
+}
+
+impl fmt::Debug for FaultyStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "FaultyStore({})", self.inner)
+    }
+}
+
+impl fmt::Display for FaultyStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "FaultyStore({})", self.inner)
+    }
+}
+
+#[async_trait]
+impl ObjectStore for FaultyStore {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> object_store::Result<PutResult> {
+        self.counters.puts.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .put_bytes
+            .fetch_add(payload.content_length() as u64, Ordering::Relaxed);
+        let (fate, delay) = self.put_fate(location);
+        sleep(delay).await;
+        match fate {
+            PutFate::Fail => {
+                self.counters
+                    .injected_failures
+                    .fetch_add(1, Ordering::Relaxed);
+                Err(injected("injected PUT failure"))
+            }
+            PutFate::Ambiguous => {
+                self.counters
+                    .injected_failures
+                    .fetch_add(1, Ordering::Relaxed);
+                // Applied, then "timed out": the caller cannot tell.
+                let _ = self.inner.put_opts(location, payload, opts).await;
+                Err(injected("injected PUT timeout (the PUT was applied)"))
+            }
+            PutFate::Normal => self.inner.put_opts(location, payload, opts).await,
+        }
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn MultipartUpload>> {
+        self.inner.put_multipart_opts(location, opts).await
+    }
+
+    async fn get_opts(
+        &self,
+        location: &Path,
+        options: GetOptions,
+    ) -> object_store::Result<GetResult> {
+        self.counters.gets.fetch_add(1, Ordering::Relaxed);
+        sleep(self.delay(|c| c.get_latency)).await;
+        if self.get_fails() {
+            self.counters
+                .injected_failures
+                .fetch_add(1, Ordering::Relaxed);
+            return Err(injected("injected GET failure"));
+        }
+        self.inner.get_opts(location, options).await
+    }
+
+    async fn get_ranges(
+        &self,
+        location: &Path,
+        ranges: &[Range<u64>],
+    ) -> object_store::Result<Vec<Bytes>> {
+        self.counters.gets.fetch_add(1, Ordering::Relaxed);
+        sleep(self.delay(|c| c.get_latency)).await;
+        if self.get_fails() {
+            self.counters
+                .injected_failures
+                .fetch_add(1, Ordering::Relaxed);
+            return Err(injected("injected GET failure"));
+        }
+        self.inner.get_ranges(location, ranges).await
+    }
+
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, object_store::Result<Path>>,
+    ) -> BoxStream<'static, object_store::Result<Path>> {
+        let delay = self.delay(|c| c.delete_latency);
+        let counters = self.counters.clone();
+        let locations = locations
+            .then(move |l| {
+                counters.deletes.fetch_add(1, Ordering::Relaxed);
+                async move {
+                    sleep(delay).await;
+                    l
+                }
+            })
+            .boxed();
+        self.inner.delete_stream(locations)
+    }
+
+    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        self.counters.lists.fetch_add(1, Ordering::Relaxed);
+        let delay = self.delay(|c| c.list_latency);
+        let inner = self.inner.list(prefix);
+        futures::stream::once(async move {
+            sleep(delay).await;
+            inner
+        })
+        .flatten()
+        .boxed()
+    }
+
+    fn list_with_offset(
+        &self,
+        prefix: Option<&Path>,
+        offset: &Path,
+    ) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        self.counters.lists.fetch_add(1, Ordering::Relaxed);
+        let delay = self.delay(|c| c.list_latency);
+        let inner = self.inner.list_with_offset(prefix, offset);
+        futures::stream::once(async move {
+            sleep(delay).await;
+            inner
+        })
+        .flatten()
+        .boxed()
+    }
+
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
+        self.counters.lists.fetch_add(1, Ordering::Relaxed);
+        sleep(self.delay(|c| c.list_latency)).await;
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    async fn copy_opts(
+        &self,
+        from: &Path,
+        to: &Path,
+        options: CopyOptions,
+    ) -> object_store::Result<()> {
+        self.inner.copy_opts(from, to, options).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use object_store::ObjectStoreExt;
+    use object_store::memory::InMemory;
+
+    #[tokio::test]
+    async fn injected_faults_are_deterministic_and_counted() {
+        let store = FaultyStore::new(Arc::new(InMemory::new()), FaultConfig::default());
+        store.fail_next_puts(2);
+        let p = Path::from("a");
+        assert!(store.put(&p, PutPayload::from_static(b"x")).await.is_err());
+        assert!(store.put(&p, PutPayload::from_static(b"x")).await.is_err());
+        assert!(store.get(&p).await.is_err(), "failed PUTs are not applied");
+        store.put(&p, PutPayload::from_static(b"x")).await.unwrap();
+
+        store.time_out_next_puts(1);
+        let q = Path::from("b");
+        assert!(store.put(&q, PutPayload::from_static(b"y")).await.is_err());
+        let got = store.get(&q).await.unwrap().bytes().await.unwrap();
+        assert_eq!(&got[..], b"y", "an ambiguous timeout applies the PUT");
+        assert_eq!(store.counters().puts.load(Ordering::Relaxed), 4);
+        assert_eq!(
+            store.counters().injected_failures.load(Ordering::Relaxed),
+            3
+        );
+
+        let fates = |seed| {
+            let s = FaultyStore::new(
+                Arc::new(InMemory::new()),
+                FaultConfig {
+                    put_failure_rate: 0.5,
+                    seed,
+                    ..Default::default()
+                },
+            );
+            (0..32)
+                .map(|i| matches!(s.put_fate(&Path::from(format!("{i}"))).0, PutFate::Fail))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(fates(7), fates(7));
+        assert_ne!(fates(7), fates(8));
+    }
+}
