@@ -12,6 +12,10 @@ pub enum WalError {
     /// The object store failed or timed out. Nothing was acknowledged.
     #[error("object store: {0}")]
     Storage(String),
+    /// An object could not be decoded (bad magic, CRC, truncation) or an invariant of
+    /// the stored data does not hold.
+    #[error("corrupt data: {0}")]
+    Corrupt(String),
 }
 
 impl From<object_store::Error> for WalError {

@@ -13,8 +13,10 @@
 pub mod config;
 pub mod error;
 pub mod fault;
+pub mod objectlog;
 pub mod store;
 
 pub use config::{ObjectStoreConfig, WalConfig};
 pub use error::{WalError, WalResult};
+pub use objectlog::{Appended, LogState, ObjectLog, ObjectLogOptions};
 pub use store::open_object_store;

@@ -1,0 +1,546 @@
+//! `ObjectLog`: a totally ordered log of objects, appended by conditional create.
+//!
+//! Entry `i` (from 1) is the object `{prefix}/log/{i:020}`. To append, a writer
+//! validates its entry against the state at the last applied index `k` and creates
+//! `k+1` with `PutMode::Create`. On `AlreadyExists` it reads and applies the entries it
+//! missed, validates again, and retries. So the log holds no entry that was invalid
+//! when appended, any process may append, and every reader applies the same entries in
+//! the same order to a deterministic [`LogState`].
+//!
+//! Every entry carries a random writer token. A create that fails ambiguously (a
+//! timeout, say) may have landed; the writer resolves it by catching up and looking
+//! for its token, so an entry is never appended twice by one `append` call.
+//!
+//! Snapshots: `{prefix}/snap/{i:020}` holds the state after entry `i`. Readers start
+//! from the latest snapshot; entries a snapshot covers may be deleted
+//! ([`ObjectLog::delete_covered`]), and a reader that finds them gone reloads from the
+//! snapshot.
+//!
+//! Deleting entries opens one hazard: a writer whose view is older than a deleted
+//! entry could probe `k+1`, find nothing, and create it again. Two rules close it:
+//! only entries older than `delete_grace` are deleted, and a writer lists (which
+//! detects deleted entries and loads the snapshot) whenever its last listing is older
+//! than `list_refresh`, which must be well below `delete_grace`. An entry a writer has
+//! not seen was then created after its last listing, so it is too young to be gone.
+//!
+//! Entry format: `b"MKL1"`, CRC32C (u32 LE) of the rest, the 16-byte token, then the
+//! entry as JSON.
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::sync::{Mutex, Notify, watch};
+
+use crate::error::{WalError, WalResult};
+
+const MAGIC: &[u8; 4] = b"MKL1";
+const HEADER_LEN: usize = 4 + 4 + 16;
+/// Conflicts (someone else appended first) one `append` call tolerates.
+const APPEND_CONFLICTS_MAX: u32 = 1_000;
+/// Storage errors one `append` call tolerates before giving up.
+const APPEND_STORAGE_RETRIES_MAX: u32 = 8;
+
+/// A deterministic state machine fed by an [`ObjectLog`].
+pub trait LogState: Clone + Serialize + DeserializeOwned + Send + Sync + 'static {
+    type Entry: Serialize + DeserializeOwned + Send + Sync;
+    type Rejection: Send;
+
+    /// Whether `entry` may be appended after the entries applied so far.
+    fn validate(&self, entry: &Self::Entry) -> Result<(), Self::Rejection>;
+
+    /// Applies an entry that validated against exactly this state. Must be
+    /// deterministic: every reader applies every entry.
+    fn apply(&mut self, index: u64, entry: &Self::Entry);
+}
+
+/// The outcome of [`ObjectLog::append`].
+#[derive(Debug)]
+pub enum Appended<R> {
+    /// Appended at this index and applied locally.
+    At(u64),
+    /// The state machine rejected the entry; nothing was appended.
+    Rejected(R),
+}
+
+struct Applied<S> {
+    index: u64,
+    state: S,
+}
+
+/// Timings of an [`ObjectLog`].
+#[derive(Debug, Clone)]
+pub struct ObjectLogOptions {
+    /// Entries younger than this are never deleted, even under a snapshot. Default 10 min.
+    pub delete_grace: Duration,
+    /// An appender lists the log when its last listing is older than this. Must be well
+    /// below `delete_grace`. Default 1 min.
+    pub list_refresh: Duration,
+}
+
+impl Default for ObjectLogOptions {
+    fn default() -> Self {
+        Self {
+            delete_grace: Duration::from_secs(600),
+            list_refresh: Duration::from_secs(60),
+        }
+    }
+}
+
+/// One object log and this process's view of it.
+pub struct ObjectLog<S: LogState> {
+    store: Arc<dyn ObjectStore>,
+    options: ObjectLogOptions,
+    /// When the last successful listing catch-up started.
+    last_listed: std::sync::Mutex<std::time::Instant>,
+    log_dir: Path,
+    snap_dir: Path,
+    view: RwLock<Arc<Applied<S>>>,
+    /// Serializes catch-up and appends of this process.
+    writer: Mutex<()>,
+    applied_tx: watch::Sender<u64>,
+    poke: Notify,
+}
+
+fn encode_entry<E: Serialize>(token: &[u8; 16], entry: &E) -> WalResult<Bytes> {
+    let json = serde_json::to_vec(entry)
+        .map_err(|e| WalError::Corrupt(format!("cannot encode entry: {e}")))?;
+    let mut buf = Vec::with_capacity(HEADER_LEN + json.len());
+    buf.extend_from_slice(MAGIC);
+    buf.extend_from_slice(&[0; 4]);
+    buf.extend_from_slice(token);
+    buf.extend_from_slice(&json);
+    let crc = crc32c::crc32c(&buf[8..]);
+    buf[4..8].copy_from_slice(&crc.to_le_bytes());
+    Ok(Bytes::from(buf))
+}
+
+fn decode_entry<E: DeserializeOwned>(path: &Path, bytes: &[u8]) -> WalResult<([u8; 16], E)> {
+    let bad = |why: &str| WalError::Corrupt(format!("object log entry {path}: {why}"));
+    if bytes.len() < HEADER_LEN {
+        return Err(bad("truncated"));
+    }
+    if &bytes[..4] != MAGIC {
+        return Err(bad("wrong magic"));
+    }
+    let crc = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
+    if crc32c::crc32c(&bytes[8..]) != crc {
+        return Err(bad("CRC mismatch"));
+    }
+    let mut token = [0u8; 16];
+    token.copy_from_slice(&bytes[8..24]);
+    let entry =
+        serde_json::from_slice(&bytes[HEADER_LEN..]).map_err(|e| bad(&format!("bad JSON: {e}")))?;
+    Ok((token, entry))
+}
+
+fn index_of(path: &Path) -> Option<u64> {
+    path.filename()?.parse().ok()
+}
+
+impl<S: LogState> ObjectLog<S> {
+    /// Opens the log under `prefix`: loads the latest snapshot (or starts from
+    /// `initial`) and applies every entry after it.
+    pub async fn open(store: Arc<dyn ObjectStore>, prefix: &str, initial: S) -> WalResult<Self> {
+        Self::open_with(store, prefix, initial, ObjectLogOptions::default()).await
+    }
+
+    /// [`ObjectLog::open`] with explicit timings.
+    pub async fn open_with(
+        store: Arc<dyn ObjectStore>,
+        prefix: &str,
+        initial: S,
+        options: ObjectLogOptions,
+    ) -> WalResult<Self> {
+        if options.list_refresh * 2 > options.delete_grace {
+            return Err(WalError::Config(
+                "object log: list_refresh must be at most half of delete_grace".into(),
+            ));
+        }
+        let log = Self {
+            store,
+            options,
+            last_listed: std::sync::Mutex::new(std::time::Instant::now()),
+            log_dir: Path::from(format!("{prefix}/log")),
+            snap_dir: Path::from(format!("{prefix}/snap")),
+            view: RwLock::new(Arc::new(Applied {
+                index: 0,
+                state: initial,
+            })),
+            writer: Mutex::new(()),
+            applied_tx: watch::channel(0).0,
+            poke: Notify::new(),
+        };
+        {
+            let _guard = log.writer.lock().await;
+            log.load_latest_snapshot(0).await?;
+            log.catch_up_locked(None).await?;
+        }
+        Ok(log)
+    }
+
+    fn entry_path(&self, index: u64) -> Path {
+        self.log_dir.clone().join(format!("{index:020}"))
+    }
+
+    fn current(&self) -> Arc<Applied<S>> {
+        self.view.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The index of the last applied entry (0 before the first).
+    pub fn applied_index(&self) -> u64 {
+        self.current().index
+    }
+
+    /// Reads the applied state.
+    pub fn read<R>(&self, f: impl FnOnce(&S, u64) -> R) -> R {
+        let view = self.current();
+        f(&view.state, view.index)
+    }
+
+    /// A receiver of the applied index, changed after every apply.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.applied_tx.subscribe()
+    }
+
+    /// Wakes a running tailer ([`ObjectLog::run_tailer`]) at once.
+    pub fn poke(&self) {
+        self.poke.notify_one();
+    }
+
+    /// Loads the newest snapshot whose index is above `above`, if any.
+    async fn load_latest_snapshot(&self, above: u64) -> WalResult<bool> {
+        let mut latest: Option<(u64, Path)> = None;
+        let mut listing = self.store.list(Some(&self.snap_dir));
+        while let Some(meta) = listing.try_next().await? {
+            if let Some(i) = index_of(&meta.location)
+                && latest.as_ref().is_none_or(|(j, _)| i > *j)
+            {
+                latest = Some((i, meta.location));
+            }
+        }
+        let Some((index, path)) = latest.filter(|(i, _)| *i > above) else {
+            return Ok(false);
+        };
+        let bytes = self.store.get(&path).await?.bytes().await?;
+        let state: S = serde_json::from_slice(&bytes)
+            .map_err(|e| WalError::Corrupt(format!("snapshot {path}: {e}")))?;
+        *self.view.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(Applied { index, state });
+        self.applied_tx.send_replace(index);
+        Ok(true)
+    }
+
+    /// Applies entries after the applied index by reading `applied + 1`,
+    /// `applied + 2`, ... until one is missing: one GET per new entry, cheap when a
+    /// writer knows it is only a little behind. Returns the index at which `token` was
+    /// found, if it was. Falls back to listing when the next entry was deleted under
+    /// a snapshot.
+    async fn probe_locked(&self, token: Option<&[u8; 16]>) -> WalResult<Option<u64>> {
+        let mut found = None;
+        let view = self.current();
+        let mut state: Option<S> = None;
+        let mut index = view.index;
+        loop {
+            let path = self.entry_path(index + 1);
+            let bytes = match self.store.get(&path).await {
+                Ok(got) => got.bytes().await?,
+                Err(object_store::Error::NotFound { .. }) => break,
+                Err(e) => return Err(e.into()),
+            };
+            let (entry_token, entry): ([u8; 16], S::Entry) = decode_entry(&path, &bytes)?;
+            state
+                .get_or_insert_with(|| view.state.clone())
+                .apply(index + 1, &entry);
+            index += 1;
+            if token == Some(&entry_token) {
+                found = Some(index);
+            }
+        }
+        if let Some(state) = state {
+            *self.view.write().unwrap_or_else(|e| e.into_inner()) =
+                Arc::new(Applied { index, state });
+            self.applied_tx.send_replace(index);
+        }
+        Ok(found)
+    }
+
+    /// Applies every entry after the applied index, found by listing with
+    /// `start_after`. Returns the index at which `token` was found, if it was.
+    async fn catch_up_locked(&self, token: Option<&[u8; 16]>) -> WalResult<Option<u64>> {
+        let started = std::time::Instant::now();
+        let found = self.list_and_apply(token).await?;
+        *self.last_listed.lock().unwrap_or_else(|e| e.into_inner()) = started;
+        Ok(found)
+    }
+
+    async fn list_and_apply(&self, token: Option<&[u8; 16]>) -> WalResult<Option<u64>> {
+        let mut found = None;
+        loop {
+            let applied = self.applied_index();
+            let mut indices: Vec<u64> = self
+                .store
+                .list_with_offset(Some(&self.log_dir), &self.entry_path(applied))
+                .try_filter_map(|meta| async move { Ok(index_of(&meta.location)) })
+                .try_collect()
+                .await?;
+            indices.retain(|i| *i > applied);
+            indices.sort_unstable();
+            if indices.first() != Some(&(applied + 1)) {
+                // Either we are caught up, or the next entries were deleted under a
+                // snapshot we have not read: a newer snapshot tells.
+                if self.load_latest_snapshot(applied).await? {
+                    continue;
+                }
+                if indices.is_empty() {
+                    return Ok(found);
+                }
+                return Err(WalError::Corrupt(format!(
+                    "object log {}: entry {} is missing and no snapshot covers it",
+                    self.log_dir,
+                    applied + 1
+                )));
+            }
+            let mut state = self.current().state.clone();
+            let mut index = applied;
+            for i in indices {
+                if i != index + 1 {
+                    break; // a gap: someone's create is still in flight; stop here
+                }
+                let path = self.entry_path(i);
+                let bytes = match self.store.get(&path).await {
+                    Ok(got) => got.bytes().await?,
+                    Err(object_store::Error::NotFound { .. }) => {
+                        // Deleted under a snapshot since we listed.
+                        break;
+                    }
+                    Err(e) => return Err(e.into()),
+                };
+                let (entry_token, entry): ([u8; 16], S::Entry) = decode_entry(&path, &bytes)?;
+                state.apply(i, &entry);
+                index = i;
+                if token == Some(&entry_token) {
+                    found = Some(i);
+                }
+            }
+            if index > applied {
+                *self.view.write().unwrap_or_else(|e| e.into_inner()) =
+                    Arc::new(Applied { index, state });
+                self.applied_tx.send_replace(index);
+            }
+            if index == applied {
+                return Ok(found);
+            }
+        }
+    }
+
+    /// Applies every entry appended since the last call. Returns the applied index.
+    pub async fn catch_up(&self) -> WalResult<u64> {
+        let _guard = self.writer.lock().await;
+        self.catch_up_locked(None).await?;
+        Ok(self.applied_index())
+    }
+
+    /// Validates `entry` and appends it (see the module docs).
+    pub async fn append(&self, entry: &S::Entry) -> WalResult<Appended<S::Rejection>> {
+        let token: [u8; 16] = *uuid::Uuid::new_v4().as_bytes();
+        let payload = encode_entry(&token, entry)?;
+        let _guard = self.writer.lock().await;
+        let mut conflicts = 0;
+        let mut storage_errors = 0;
+        let mut maybe_landed = false;
+        let mut list = false;
+        loop {
+            let stale = self
+                .last_listed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .elapsed()
+                > self.options.list_refresh;
+            let found = if list || stale {
+                list = false;
+                self.catch_up_locked(maybe_landed.then_some(&token)).await
+            } else {
+                self.probe_locked(maybe_landed.then_some(&token)).await
+            };
+            let found = match found {
+                Ok(found) => found,
+                Err(WalError::Storage(e)) if storage_errors < APPEND_STORAGE_RETRIES_MAX => {
+                    storage_errors += 1;
+                    tracing::debug!("object log catch-up failed, retrying: {e}");
+                    tokio::time::sleep(backoff(storage_errors)).await;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            if let Some(index) = found {
+                return Ok(Appended::At(index));
+            }
+            let view = self.current();
+            if let Err(rejection) = view.state.validate(entry) {
+                return Ok(Appended::Rejected(rejection));
+            }
+            let next = view.index + 1;
+            let opts = PutOptions {
+                mode: PutMode::Create,
+                ..Default::default()
+            };
+            match self
+                .store
+                .put_opts(
+                    &self.entry_path(next),
+                    PutPayload::from(payload.clone()),
+                    opts,
+                )
+                .await
+            {
+                Ok(_) => {
+                    let mut state = view.state.clone();
+                    state.apply(next, entry);
+                    *self.view.write().unwrap_or_else(|e| e.into_inner()) =
+                        Arc::new(Applied { index: next, state });
+                    self.applied_tx.send_replace(next);
+                    return Ok(Appended::At(next));
+                }
+                Err(object_store::Error::AlreadyExists { .. }) => {
+                    // Every few conflicts, list: the next entry may have been deleted
+                    // under a snapshot, which probing cannot see past.
+                    conflicts += 1;
+                    list = conflicts % 8 == 0;
+                    if conflicts > APPEND_CONFLICTS_MAX {
+                        return Err(WalError::Storage(format!(
+                            "object log {}: gave up after {conflicts} conflicting appends",
+                            self.log_dir
+                        )));
+                    }
+                }
+                Err(e) => {
+                    // Ambiguous: it may have landed. The next catch-up looks for our token.
+                    maybe_landed = true;
+                    storage_errors += 1;
+                    if storage_errors > APPEND_STORAGE_RETRIES_MAX {
+                        return Err(e.into());
+                    }
+                    tokio::time::sleep(backoff(storage_errors)).await;
+                }
+            }
+        }
+    }
+
+    /// Writes a snapshot of the applied state. Returns its index.
+    pub async fn write_snapshot(&self) -> WalResult<u64> {
+        let view = self.current();
+        let json = serde_json::to_vec(&view.state)
+            .map_err(|e| WalError::Corrupt(format!("cannot encode snapshot: {e}")))?;
+        let path = self.snap_dir.clone().join(format!("{:020}", view.index));
+        self.store.put(&path, PutPayload::from(json)).await?;
+        Ok(view.index)
+    }
+
+    /// Deletes entries at or below `index` that are older than `delete_grace`, which a
+    /// snapshot must cover, and snapshots older than the one covering them.
+    pub async fn delete_covered(&self, index: u64) -> WalResult<usize> {
+        let grace = chrono_free_cutoff(self.options.delete_grace);
+        let mut snaps: Vec<u64> = self
+            .store
+            .list(Some(&self.snap_dir))
+            .try_filter_map(|m| async move { Ok(index_of(&m.location)) })
+            .try_collect()
+            .await?;
+        snaps.sort_unstable();
+        let Some(&covering) = snaps.iter().rev().find(|s| **s >= index) else {
+            return Err(WalError::Config(format!(
+                "object log {}: no snapshot covers entry {index}",
+                self.log_dir
+            )));
+        };
+        let old_snaps = snaps
+            .iter()
+            .filter(|s| **s < covering)
+            .map(|s| self.snap_dir.clone().join(format!("{s:020}")));
+        let entries: Vec<Path> = self
+            .store
+            .list(Some(&self.log_dir))
+            .try_filter_map(|m| async move {
+                let old = m.last_modified.timestamp_millis() <= grace;
+                Ok(index_of(&m.location)
+                    .filter(|i| *i <= index && old)
+                    .map(|_| m.location))
+            })
+            .try_collect()
+            .await?;
+        let all: Vec<Path> = entries.into_iter().chain(old_snaps).collect();
+        let count = all.len();
+        let stream = futures::stream::iter(all.into_iter().map(Ok)).boxed();
+        let _: Vec<Path> = self.store.delete_stream(stream).try_collect().await?;
+        Ok(count)
+    }
+
+    /// Waits until the applied index reaches `index`, catching up as needed, for at
+    /// most `timeout`. Returns the applied index, which may be lower on timeout.
+    pub async fn wait_for(&self, index: u64, timeout: Duration) -> WalResult<u64> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut rx = self.subscribe();
+        let mut pause = Duration::from_millis(5);
+        loop {
+            if self.applied_index() >= index {
+                return Ok(self.applied_index());
+            }
+            self.catch_up().await?;
+            if self.applied_index() >= index {
+                return Ok(self.applied_index());
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Ok(self.applied_index());
+            }
+            let _ = tokio::time::timeout(pause.min(deadline - now), rx.changed()).await;
+            pause = (pause * 2).min(Duration::from_millis(200));
+        }
+    }
+
+    /// Tails the log until `shutdown` resolves: catches up every `interval_min` while
+    /// entries arrive, backing off to `interval_max` while idle; [`ObjectLog::poke`]
+    /// wakes it early. Storage errors are logged and retried.
+    pub async fn run_tailer(
+        &self,
+        interval_min: Duration,
+        interval_max: Duration,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) {
+        tokio::pin!(shutdown);
+        let mut interval = interval_min;
+        loop {
+            let before = self.applied_index();
+            match self.catch_up().await {
+                Ok(after) if after > before => interval = interval_min,
+                Ok(_) => interval = (interval * 2).min(interval_max),
+                Err(e) => {
+                    tracing::warn!("object log {}: tail failed: {e}", self.log_dir);
+                    interval = interval_max;
+                }
+            }
+            tokio::select! {
+                _ = &mut shutdown => return,
+                _ = self.poke.notified() => interval = interval_min,
+                _ = tokio::time::sleep(interval) => {}
+            }
+        }
+    }
+}
+
+/// Wall-clock milliseconds since the epoch, `grace` ago.
+fn chrono_free_cutoff(grace: Duration) -> i64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    now.saturating_sub(grace).as_millis() as i64
+}
+
+fn backoff(attempt: u32) -> Duration {
+    Duration::from_millis((10u64 << attempt.min(6)).min(1_000))
+}

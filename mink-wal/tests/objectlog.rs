@@ -1,0 +1,253 @@
+//! ObjectLog: total order under concurrent appenders, validation, ambiguous
+//! timeouts, snapshots and deletion, across processes.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::TestStore;
+use mink_wal::fault::{FaultConfig, FaultyStore};
+use mink_wal::{Appended, LogState, ObjectLog, ObjectLogOptions};
+use serde::{Deserialize, Serialize};
+
+/// A registry of unique names in the order they were appended.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+struct Registry {
+    order: Vec<String>,
+    names: BTreeSet<String>,
+}
+
+impl LogState for Registry {
+    type Entry = String;
+    type Rejection = String;
+
+    fn validate(&self, name: &String) -> Result<(), String> {
+        if self.names.contains(name) {
+            Err(format!("{name} exists"))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn apply(&mut self, _index: u64, name: &String) {
+        self.names.insert(name.clone());
+        self.order.push(name.clone());
+    }
+}
+
+async fn open(store: &TestStore) -> ObjectLog<Registry> {
+    ObjectLog::open(store.store.clone(), "meta", Registry::default())
+        .await
+        .unwrap()
+}
+
+fn scale(store: &TestStore) -> (usize, usize) {
+    // moto answers one request at a time; keep the S3 case small.
+    if store.url.starts_with("s3://") {
+        (4, 40)
+    } else {
+        (8, 200)
+    }
+}
+
+async fn concurrent_appenders_agree_on_one_total_order(store: TestStore) {
+    let (writers, per_writer) = scale(&store);
+    let mut tasks = Vec::new();
+    for w in 0..writers {
+        let log = Arc::new(open(&store).await);
+        tasks.push(tokio::spawn(async move {
+            for n in 0..per_writer {
+                match log.append(&format!("w{w}-{n}")).await.unwrap() {
+                    Appended::At(_) => {}
+                    Appended::Rejected(r) => panic!("unexpected rejection {r}"),
+                }
+            }
+            log
+        }));
+    }
+    let mut logs = Vec::new();
+    for t in tasks {
+        logs.push(t.await.unwrap());
+    }
+    let reader = open(&store).await;
+    let order = reader.read(|s, i| {
+        assert_eq!(i as usize, s.order.len());
+        s.order.clone()
+    });
+    assert_eq!(order.len(), writers * per_writer, "every entry present");
+    assert_eq!(
+        order.iter().collect::<BTreeSet<_>>().len(),
+        order.len(),
+        "no entry twice"
+    );
+    for w in 0..writers {
+        let mine: Vec<usize> = order
+            .iter()
+            .filter_map(|n| n.strip_prefix(&format!("w{w}-")))
+            .map(|n| n.parse().unwrap())
+            .collect();
+        assert_eq!(
+            mine,
+            (0..per_writer).collect::<Vec<_>>(),
+            "each writer's entries in its order"
+        );
+    }
+    for log in logs {
+        log.catch_up().await.unwrap();
+        assert_eq!(
+            log.read(|s, _| s.order.clone()),
+            order,
+            "every reader sees the same order"
+        );
+    }
+}
+
+async fn a_duplicate_is_rejected_and_not_appended(store: TestStore) {
+    let a = open(&store).await;
+    let b = open(&store).await;
+    let name = "orders".to_string();
+    let (ra, rb) = tokio::join!(a.append(&name), b.append(&name));
+    let outcomes = [ra.unwrap(), rb.unwrap()];
+    let at = outcomes
+        .iter()
+        .filter(|o| matches!(o, Appended::At(_)))
+        .count();
+    let rejected = outcomes
+        .iter()
+        .filter(|o| matches!(o, Appended::Rejected(_)))
+        .count();
+    assert_eq!((at, rejected), (1, 1));
+    let reader = open(&store).await;
+    assert_eq!(
+        reader.read(|s, i| (s.order.clone(), i)),
+        (vec!["orders".to_string()], 1)
+    );
+}
+
+async fn an_ambiguous_timeout_appends_once(store: TestStore) {
+    let faulty = FaultyStore::new(store.store.clone(), FaultConfig::default());
+    let log = ObjectLog::open(Arc::new(faulty.clone()), "meta", Registry::default())
+        .await
+        .unwrap();
+    log.append(&"a".to_string()).await.unwrap();
+    faulty.time_out_next_puts(1);
+    let outcome = log.append(&"b".to_string()).await.unwrap();
+    assert!(matches!(outcome, Appended::At(2)), "{outcome:?}");
+    faulty.fail_next_puts(2);
+    let outcome = log.append(&"c".to_string()).await.unwrap();
+    assert!(matches!(outcome, Appended::At(3)), "{outcome:?}");
+    let reader = open(&store).await;
+    assert_eq!(reader.read(|s, _| s.order.clone()), vec!["a", "b", "c"]);
+}
+
+async fn snapshots_let_entries_go_and_lagging_writers_catch_up(store: TestStore) {
+    let options = ObjectLogOptions {
+        delete_grace: Duration::ZERO,
+        list_refresh: Duration::ZERO,
+    };
+    let lagging = ObjectLog::open_with(
+        store.store.clone(),
+        "meta",
+        Registry::default(),
+        options.clone(),
+    )
+    .await
+    .unwrap();
+    let busy = ObjectLog::open_with(store.store.clone(), "meta", Registry::default(), options)
+        .await
+        .unwrap();
+    lagging.append(&"x0".to_string()).await.unwrap();
+    for i in 1..10 {
+        busy.append(&format!("x{i}")).await.unwrap();
+    }
+    let snap = busy.write_snapshot().await.unwrap();
+    assert_eq!(snap, 10);
+    let deleted = busy.delete_covered(snap).await.unwrap();
+    assert_eq!(deleted, 10);
+
+    // The lagging writer must not recreate a deleted index: it lands at 11 and sees all.
+    let outcome = lagging.append(&"late".to_string()).await.unwrap();
+    assert!(matches!(outcome, Appended::At(11)), "{outcome:?}");
+    assert_eq!(lagging.read(|s, _| s.order.len()), 11);
+
+    // A fresh reader starts from the snapshot.
+    let fresh = open(&store).await;
+    let order = fresh.read(|s, _| s.order.clone());
+    assert_eq!(order.len(), 11);
+    assert_eq!(order.last().unwrap(), "late");
+    assert_eq!(fresh.read(|s, _| s.clone()), lagging.read(|s, _| s.clone()));
+}
+
+async fn waiting_for_an_index_sees_other_writers(store: TestStore) {
+    let a = open(&store).await;
+    let b = open(&store).await;
+    b.append(&"one".to_string()).await.unwrap();
+    assert_eq!(a.applied_index(), 0);
+    let reached = a.wait_for(1, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(reached, 1);
+    let timed_out = a.wait_for(5, Duration::from_millis(50)).await.unwrap();
+    assert_eq!(timed_out, 1);
+}
+
+backend_tests! {
+    concurrent_appenders_agree_on_one_total_order => super::concurrent_appenders_agree_on_one_total_order;
+    a_duplicate_is_rejected_and_not_appended => super::a_duplicate_is_rejected_and_not_appended;
+    an_ambiguous_timeout_appends_once => super::an_ambiguous_timeout_appends_once;
+    snapshots_let_entries_go_and_lagging_writers_catch_up => super::snapshots_let_entries_go_and_lagging_writers_catch_up;
+    waiting_for_an_index_sees_other_writers => super::waiting_for_an_index_sees_other_writers;
+}
+
+/// The child half of `several_processes_agree_on_one_total_order`: run by the test
+/// binary itself in another process.
+#[tokio::test]
+#[ignore = "run as a child process by several_processes_agree_on_one_total_order"]
+async fn child_appender() {
+    let (Ok(url), Ok(id)) = (
+        std::env::var("MINKTEST_CHILD_URL"),
+        std::env::var("MINKTEST_CHILD_ID"),
+    ) else {
+        return;
+    };
+    let store = mink_wal::open_object_store(&common::config(&url)).unwrap();
+    let log = ObjectLog::open(store, "meta", Registry::default())
+        .await
+        .unwrap();
+    for n in 0..100 {
+        assert!(matches!(
+            log.append(&format!("p{id}-{n}")).await.unwrap(),
+            Appended::At(_)
+        ));
+    }
+}
+
+#[tokio::test]
+async fn several_processes_agree_on_one_total_order() {
+    let store = common::file();
+    let exe = std::env::current_exe().unwrap();
+    let children: Vec<_> = (0..3)
+        .map(|id| {
+            std::process::Command::new(&exe)
+                .args(["--ignored", "--exact", "child_appender", "--nocapture"])
+                .env("MINKTEST_CHILD_URL", &store.url)
+                .env("MINKTEST_CHILD_ID", id.to_string())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut child in children {
+        assert!(child.wait().unwrap().success());
+    }
+    let reader = open(&store).await;
+    let order = reader.read(|s, _| s.order.clone());
+    assert_eq!(order.len(), 300);
+    for id in 0..3 {
+        let mine: Vec<usize> = order
+            .iter()
+            .filter_map(|n| n.strip_prefix(&format!("p{id}-")))
+            .map(|n| n.parse().unwrap())
+            .collect();
+        assert_eq!(mine, (0..100).collect::<Vec<_>>());
+    }
+}
