@@ -13,10 +13,14 @@
 pub mod config;
 pub mod error;
 pub mod fault;
+pub mod format;
 pub mod objectlog;
 pub mod store;
+pub mod stream;
 
 pub use config::{ObjectStoreConfig, WalConfig};
 pub use error::{WalError, WalResult};
+pub use format::Record;
 pub use objectlog::{Appended, LogState, ObjectLog, ObjectLogOptions};
 pub use store::open_object_store;
+pub use stream::{PendingAppend, Reservation, Stream, StreamStore, WalId};

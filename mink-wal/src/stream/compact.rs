@@ -1,0 +1,379 @@
+//! Compaction of WAL data into per-stream segments, clean close, trim, WAL GC.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use futures::StreamExt;
+use object_store::path::Path;
+use object_store::{ObjectStoreExt, PutPayload};
+
+use super::meta::{SegmentMeta, StreamUpdate};
+use super::writer::wal_path;
+use super::{Status, StoreInner, StreamCommand, StreamInner, propose};
+use crate::error::{WalError, WalResult};
+use crate::format::{Record, encode_segment};
+
+/// Writes `records` (contiguous) as one segment object; returns its metadata.
+pub(super) async fn write_segment(
+    store: &StoreInner,
+    stream: &str,
+    epoch: u64,
+    records: &[Record],
+) -> WalResult<SegmentMeta> {
+    let (Some(first), Some(last)) = (records.first(), records.last()) else {
+        return Err(WalError::Corrupt("an empty segment".into()));
+    };
+    let (bytes, _) = encode_segment(records);
+    let unique = uuid::Uuid::new_v4().simple().to_string();
+    let key = format!("seg/{stream}/{:020}-{epoch}-{}", first.base, &unique[..12]);
+    let len = bytes.len() as u64;
+    store
+        .store
+        .put(&Path::from(key.as_str()), PutPayload::from(bytes))
+        .await?;
+    metrics::counter!("mink_wal_segments_written_total").increment(1);
+    Ok(SegmentMeta {
+        key,
+        base: first.base,
+        end: last.end(),
+        bytes: len,
+        min_timestamp_ms: records.iter().map(|r| r.timestamp_ms).min().unwrap_or(0),
+        max_timestamp_ms: records.iter().map(|r| r.timestamp_ms).max().unwrap_or(0),
+    })
+}
+
+/// The uncompacted records of a stream with their payloads (fetched from the WAL
+/// when evicted from memory), and the WAL sequence of the first.
+async fn collect(store: &StoreInner, stream: &StreamInner) -> WalResult<(u64, Vec<Record>)> {
+    let (epoch, held) = {
+        let state = stream.lock();
+        let held: Vec<_> = state
+            .held
+            .iter()
+            .filter(|h| h.wal.is_some())
+            .cloned()
+            .collect();
+        (state.epoch, held)
+    };
+    let mut records = Vec::with_capacity(held.len());
+    for h in held {
+        let payload = match h.payload {
+            Some(p) => p,
+            None => {
+                let (seq, range) = h.wal.clone().unwrap_or_default();
+                store
+                    .store
+                    .get_range(&wal_path(&store.wal, seq), range)
+                    .await?
+            }
+        };
+        records.push(Record {
+            payload,
+            ..h.record
+        });
+    }
+    Ok((epoch, records))
+}
+
+/// Splits contiguous records into runs of about `segment_bytes_max`.
+fn split(records: Vec<Record>, max: u64) -> Vec<Vec<Record>> {
+    let mut out: Vec<Vec<Record>> = Vec::new();
+    let mut size = 0u64;
+    for r in records {
+        let len = r.payload.len() as u64;
+        match out.last_mut() {
+            Some(run) if size + len <= max => {
+                run.push(r);
+                size += len;
+            }
+            _ => {
+                size = len;
+                out.push(vec![r]);
+            }
+        }
+    }
+    out
+}
+
+/// After a committed compaction: record the new segments and WAL position, and keep
+/// compacted payloads only as tail cache.
+fn committed(store: &StoreInner, stream: &StreamInner, segments: &[SegmentMeta], wal_from: u64) {
+    let mut state = stream.lock();
+    let mut released = 0u64;
+    for seg in segments {
+        state.segments.push(seg.clone());
+        state.committed_end = seg.end;
+    }
+    state.committed_wal_from = wal_from;
+    let end = state.committed_end;
+    for h in state.held.iter_mut() {
+        if h.record.end() <= end && h.wal.take().is_some() {
+            released += h.len;
+        }
+    }
+    while state
+        .held
+        .front()
+        .is_some_and(|h| h.payload.is_none() && h.wal.is_none())
+    {
+        state.held.pop_front();
+    }
+    store.uncompacted_bytes.fetch_sub(
+        released.min(store.uncompacted_bytes.load(Ordering::Relaxed)),
+        Ordering::Relaxed,
+    );
+    store.evict(&mut state);
+}
+
+/// Compacts every open stream of the node in one metadata commit, then deletes WAL
+/// objects no stream needs.
+pub(super) async fn compact_all(store: &Arc<StoreInner>) -> WalResult<usize> {
+    let _guard = store.compaction.lock().await;
+    if let Some(e) = store.writer.failure() {
+        return Err(e);
+    }
+    // Read the oldest unacknowledged sequence before collecting: a record acked after
+    // this point lives at or above it.
+    let oldest = store.writer.oldest_unacked.load(Ordering::SeqCst);
+    let streams: Vec<Arc<StreamInner>> = store.lock_streams().values().cloned().collect();
+    let mut updates = Vec::new();
+    let mut written = 0;
+    for stream in &streams {
+        if stream.lock().status != Status::Open {
+            continue;
+        }
+        let (epoch, records) = collect(store, stream).await?;
+        let mut segments = Vec::new();
+        for run in split(records, store.config.segment_bytes_max) {
+            segments.push(write_segment(store, &stream.name, epoch, &run).await?);
+        }
+        let previous = stream.lock().committed_wal_from;
+        if segments.is_empty() && oldest <= previous {
+            continue;
+        }
+        written += segments.len();
+        updates.push((
+            stream.clone(),
+            StreamUpdate {
+                stream: stream.name.clone(),
+                epoch,
+                segments,
+                wal_from: oldest.max(previous),
+            },
+        ));
+    }
+    let mut attempts = 0;
+    while !updates.is_empty() {
+        attempts += 1;
+        let command = StreamCommand::Commit {
+            owner: store.wal.clone(),
+            updates: updates.iter().map(|(_, u)| u.clone()).collect(),
+        };
+        match propose(store, &command).await? {
+            Ok(_) => break,
+            Err(why) if attempts < 4 => {
+                // Streams taken over meanwhile are lost to this node: fail them locally.
+                let lost: Vec<String> = store.meta.read(|s, _| {
+                    updates
+                        .iter()
+                        .filter(|(_, u)| {
+                            s.streams.get(&u.stream).is_none_or(|m| {
+                                m.epoch != u.epoch || m.owner.as_ref() != Some(&store.wal)
+                            })
+                        })
+                        .map(|(_, u)| u.stream.clone())
+                        .collect()
+                });
+                tracing::warn!(
+                    "compaction commit rejected ({why}); dropping taken-over streams {lost:?}"
+                );
+                for (stream, u) in &updates {
+                    if lost.contains(&u.stream) {
+                        stream.lock().status = Status::Failed(WalError::Fenced(format!(
+                            "stream {} was taken over by a newer epoch",
+                            u.stream
+                        )));
+                        store.lock_streams().remove(&u.stream);
+                    }
+                }
+                updates.retain(|(_, u)| !lost.contains(&u.stream));
+            }
+            Err(why) => {
+                return Err(WalError::Corrupt(format!(
+                    "compaction commit rejected: {why}"
+                )));
+            }
+        }
+    }
+    for (stream, u) in &updates {
+        committed(store, stream, &u.segments, u.wal_from);
+    }
+    if !updates.is_empty() {
+        metrics::counter!("mink_wal_compactions_total").increment(1);
+    }
+    gc_own_wal(store, oldest).await?;
+    maybe_snapshot_metadata(store).await;
+    Ok(written)
+}
+
+/// Deletes this writer's WAL objects below every open stream's committed position.
+async fn gc_own_wal(store: &Arc<StoreInner>, oldest: u64) -> WalResult<()> {
+    let floor = store
+        .lock_streams()
+        .values()
+        .map(|s| s.lock().committed_wal_from)
+        .chain(std::iter::once(oldest))
+        .min()
+        .unwrap_or(oldest);
+    let from = store.gc_floor.load(Ordering::SeqCst);
+    if floor <= from {
+        return Ok(());
+    }
+    let paths: Vec<object_store::Result<Path>> = (from..floor)
+        .map(|seq| Ok(wal_path(&store.wal, seq)))
+        .collect();
+    let results: Vec<object_store::Result<Path>> = store
+        .store
+        .delete_stream(futures::stream::iter(paths).boxed())
+        .collect()
+        .await;
+    for r in results {
+        match r {
+            Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    store.gc_floor.store(floor, Ordering::SeqCst);
+    Ok(())
+}
+
+/// Writes a metadata snapshot every 1,000 entries and deletes what it covers.
+async fn maybe_snapshot_metadata(store: &StoreInner) {
+    let index = store.meta.applied_index();
+    let last = store.last_snapshot.load(Ordering::Relaxed);
+    if index < last + 1_000 {
+        return;
+    }
+    match store.meta.write_snapshot().await {
+        Ok(at) => {
+            store.last_snapshot.store(at, Ordering::Relaxed);
+            if let Err(e) = store.meta.delete_covered(at).await {
+                tracing::debug!("stream metadata cleanup: {e}");
+            }
+        }
+        Err(e) => tracing::warn!("stream metadata snapshot failed: {e}"),
+    }
+}
+
+/// A clean close: flush, compact this stream completely, record the close.
+pub(super) async fn close(stream: &Arc<StreamInner>) -> WalResult<()> {
+    let store = stream.store.clone();
+    {
+        let mut state = stream.lock();
+        match &state.status {
+            Status::Open => state.status = Status::Closing,
+            Status::Failed(e) => return Err(e.clone()),
+            Status::Closing | Status::Closed => return Ok(()),
+        }
+    }
+    let target = stream.lock().next_offset;
+    let mut rx = stream.acked.subscribe();
+    while *rx.borrow_and_update() < target {
+        if let Some(e) = store.writer.failure() {
+            return Err(e);
+        }
+        let mut failed = store.writer.failed.subscribe();
+        tokio::select! {
+            _ = rx.changed() => {}
+            _ = failed.changed() => {}
+        }
+    }
+    let _guard = store.compaction.lock().await;
+    let (epoch, records) = collect(&store, stream).await?;
+    let mut segments = Vec::new();
+    for run in split(records, store.config.segment_bytes_max) {
+        segments.push(write_segment(&store, &stream.name, epoch, &run).await?);
+    }
+    let end_offset = stream.lock().acked_end;
+    let command = StreamCommand::Close {
+        stream: stream.name.clone(),
+        epoch,
+        owner: store.wal.clone(),
+        segments: segments.clone(),
+        end_offset,
+    };
+    match propose(&store, &command).await? {
+        Ok(_) => {
+            committed(&store, stream, &segments, 0);
+            let mut state = stream.lock();
+            state.status = Status::Closed;
+            let held: u64 = state
+                .held
+                .iter()
+                .filter_map(|h| h.payload.as_ref())
+                .map(|p| p.len() as u64)
+                .sum();
+            state.held.clear();
+            state.held_bytes = 0;
+            store.held_bytes.fetch_sub(
+                held.min(store.held_bytes.load(Ordering::Relaxed)),
+                Ordering::Relaxed,
+            );
+            drop(state);
+            store.lock_streams().remove(&stream.name);
+            Ok(())
+        }
+        Err(why) => {
+            let err = WalError::Fenced(format!("close of {} rejected: {why}", stream.name));
+            stream.lock().status = Status::Failed(err.clone());
+            store.lock_streams().remove(&stream.name);
+            Err(err)
+        }
+    }
+}
+
+/// Moves the start offset forward and deletes segments wholly below it.
+pub(super) async fn trim(stream: &Arc<StreamInner>, start: u64) -> WalResult<u64> {
+    let store = stream.store.clone();
+    let (epoch, committed_end, current) = {
+        let state = stream.lock();
+        (state.epoch, state.committed_end, state.start_offset)
+    };
+    let start = start.min(committed_end);
+    if start <= current {
+        return Ok(current);
+    }
+    let command = StreamCommand::Trim {
+        stream: stream.name.clone(),
+        epoch,
+        start_offset: start,
+    };
+    match propose(&store, &command).await? {
+        Ok(_) => {}
+        Err(why) => {
+            return Err(WalError::Fenced(format!(
+                "trim of {} rejected: {why}",
+                stream.name
+            )));
+        }
+    }
+    let doomed: Vec<SegmentMeta> = {
+        let mut state = stream.lock();
+        state.start_offset = start;
+        let (gone, kept) = state.segments.drain(..).partition(|s| s.end <= start);
+        state.segments = kept;
+        gone
+    };
+    for seg in &doomed {
+        match store.store.delete(&Path::from(seg.key.as_str())).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => tracing::warn!("could not delete trimmed segment {}: {e}", seg.key),
+        }
+        store
+            .segment_indexes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&seg.key);
+    }
+    Ok(start)
+}

@@ -1,0 +1,546 @@
+//! s3stream: streams of records on object storage, written through one group-commit
+//! WAL per node, compacted into per-stream segments.
+//!
+//! - A **stream** is an ordered sequence of records with offsets. An append carries
+//!   `(record_count, timestamp, payload)` and gets `[base, base + record_count)`.
+//! - A stream is **opened under an epoch**, recorded with its owner (a node's WAL
+//!   writer, [`WalId`]) in the stream-metadata [`ObjectLog`]. Opening with an epoch that
+//!   is not newer fails; appends under another epoch fail.
+//! - Each node has **one WAL writer** ([`writer`]); acknowledgements come strictly in
+//!   upload order; a failed upload fails everything after it.
+//! - Taking over a stream whose owner did not close it **fences** the owner's WAL and
+//!   **recovers** the stream's records from it ([`takeover`]). A clean
+//!   [`Stream::close`] compacts everything first, so the next owner needs no fence.
+//! - **Compaction** ([`compact`]) rewrites WAL data into per-stream segments and
+//!   commits them; WAL objects no stream needs are deleted.
+//! - **Reads** ([`read`]) come from memory, then segments, then WAL objects.
+//!
+//! docs/s3stream.md explains the protocol and why each step is safe.
+
+mod compact;
+pub mod meta;
+mod read;
+mod takeover;
+mod writer;
+
+use std::collections::{HashMap, VecDeque};
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::TryStreamExt;
+use object_store::path::Path;
+use object_store::{ObjectStore, PutMode, PutOptions, PutPayload};
+use tokio::sync::{Notify, Semaphore, mpsc, oneshot, watch};
+
+pub use meta::{SegmentMeta, StreamCommand, StreamMeta, StreamsState, WalId};
+
+use crate::config::WalConfig;
+use crate::error::{WalError, WalResult};
+use crate::format::Record;
+use crate::objectlog::{Appended, ObjectLog};
+use writer::{Job, WriterShared};
+
+/// The largest payload one append may carry: 256 MiB.
+pub const PAYLOAD_BYTES_MAX: usize = 256 << 20;
+
+/// Where a stream stands.
+#[derive(Debug, Clone, PartialEq)]
+enum Status {
+    Open,
+    /// No more appends; being closed.
+    Closing,
+    Closed,
+    /// The WAL failed or the stream was taken over: nothing more is acknowledged.
+    Failed(WalError),
+}
+
+/// A record held in memory: payload present unless evicted, WAL position present
+/// while not yet compacted.
+#[derive(Debug, Clone)]
+struct Held {
+    record: Record,
+    /// `None` once evicted from memory.
+    payload: Option<Bytes>,
+    /// The WAL object and payload range, while the record is not compacted.
+    wal: Option<(u64, Range<u64>)>,
+    /// The payload's length.
+    len: u64,
+}
+
+struct StreamState {
+    epoch: u64,
+    status: Status,
+    next_offset: u64,
+    acked_end: u64,
+    start_offset: u64,
+    committed_end: u64,
+    committed_wal_from: u64,
+    segments: Vec<SegmentMeta>,
+    /// Acknowledged records, oldest first: uncompacted ones (with a WAL position) and
+    /// a tail of compacted ones kept for reads.
+    held: VecDeque<Held>,
+    held_bytes: u64,
+}
+
+pub(crate) struct StreamInner {
+    name: String,
+    state: Mutex<StreamState>,
+    acked: watch::Sender<u64>,
+    store: Arc<StoreInner>,
+}
+
+impl StreamInner {
+    fn lock(&self) -> MutexGuard<'_, StreamState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Called by the writer, in upload order, once the record's upload and every
+    /// earlier one completed.
+    fn on_durable(&self, record: &Record, seq: u64, payload_range: Range<u64>) {
+        let mut state = self.lock();
+        debug_assert_eq!(
+            record.base, state.acked_end,
+            "acks must arrive in offset order"
+        );
+        state.acked_end = record.end();
+        let len = record.payload.len() as u64;
+        state.held_bytes += len;
+        state.held.push_back(Held {
+            record: Record {
+                payload: Bytes::new(),
+                ..record.clone()
+            },
+            payload: Some(record.payload.clone()),
+            wal: Some((seq, payload_range)),
+            len,
+        });
+        let end = state.acked_end;
+        self.store.held_bytes.fetch_add(len, Ordering::Relaxed);
+        self.store.evict(&mut state);
+        let uncompacted = self
+            .store
+            .uncompacted_bytes
+            .fetch_add(len, Ordering::Relaxed)
+            + len;
+        drop(state);
+        self.acked.send_replace(end);
+        if uncompacted >= self.store.config.segment_bytes_max {
+            self.store.compact_soon.notify_one();
+        }
+    }
+}
+
+pub(crate) struct StoreInner {
+    store: Arc<dyn ObjectStore>,
+    wal: WalId,
+    config: WalConfig,
+    meta: ObjectLog<StreamsState>,
+    streams: Mutex<HashMap<String, Arc<StreamInner>>>,
+    jobs: mpsc::UnboundedSender<Job>,
+    budget: Arc<Semaphore>,
+    writer: Arc<WriterShared>,
+    held_bytes: AtomicU64,
+    uncompacted_bytes: AtomicU64,
+    compact_soon: Notify,
+    compaction: tokio::sync::Mutex<()>,
+    /// Own WAL objects below this were deleted.
+    gc_floor: AtomicU64,
+    /// The metadata index of the last snapshot this node wrote.
+    last_snapshot: AtomicU64,
+    segment_indexes: Mutex<HashMap<String, Arc<Vec<crate::format::IndexEntry>>>>,
+}
+
+impl StoreInner {
+    /// Drops payloads of the oldest held records of `state` while the node holds more
+    /// than `tail_cache_bytes_max`. Compacted records leave memory entirely;
+    /// uncompacted ones keep their WAL position.
+    fn evict(&self, state: &mut StreamState) {
+        let max = self.config.tail_cache_bytes_max;
+        while self.held_bytes.load(Ordering::Relaxed) > max {
+            let Some(victim) = state.held.iter_mut().find(|h| h.payload.is_some()) else {
+                return;
+            };
+            let len = victim.payload.take().map_or(0, |p| p.len() as u64);
+            state.held_bytes -= len;
+            self.held_bytes.fetch_sub(len, Ordering::Relaxed);
+            while state
+                .held
+                .front()
+                .is_some_and(|h| h.payload.is_none() && h.wal.is_none())
+            {
+                state.held.pop_front();
+            }
+        }
+    }
+
+    fn lock_streams(&self) -> MutexGuard<'_, HashMap<String, Arc<StreamInner>>> {
+        self.streams.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A node's s3stream service: its WAL writer and the streams it has open.
+#[derive(Clone)]
+pub struct StreamStore {
+    inner: Arc<StoreInner>,
+}
+
+/// Claims the next WAL generation of `node` by conditional create.
+async fn claim_generation(store: &Arc<dyn ObjectStore>, node: &str) -> WalResult<u64> {
+    let dir = Path::from(format!("walgen/{node}"));
+    let mut highest = 0u64;
+    let mut listing = store.list(Some(&dir));
+    while let Some(meta) = listing.try_next().await? {
+        if let Some(g) = meta.location.filename().and_then(|f| f.parse::<u64>().ok()) {
+            highest = highest.max(g);
+        }
+    }
+    for generation in highest + 1..highest + 1000 {
+        let opts = PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
+        let path = dir.clone().join(format!("{generation:020}"));
+        match store
+            .put_opts(&path, PutPayload::from_static(b"claimed"), opts)
+            .await
+        {
+            Ok(_) => return Ok(generation),
+            Err(object_store::Error::AlreadyExists { .. }) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(WalError::Storage(format!(
+        "cannot claim a WAL generation for node {node}"
+    )))
+}
+
+impl StreamStore {
+    /// Starts node `node`'s s3stream service on `store`: claims a new WAL generation,
+    /// opens the stream-metadata log and starts the WAL writer.
+    pub async fn open(
+        store: Arc<dyn ObjectStore>,
+        node: &str,
+        config: WalConfig,
+    ) -> WalResult<Self> {
+        config.validate().map_err(WalError::Config)?;
+        if node.is_empty() || node.contains('/') {
+            return Err(WalError::Config(format!(
+                "node id {node:?} must be non-empty without '/'"
+            )));
+        }
+        let generation = claim_generation(&store, node).await?;
+        let wal = WalId {
+            node: node.to_string(),
+            generation,
+        };
+        let meta = ObjectLog::open(store.clone(), "streams", StreamsState::default()).await?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let writer = Arc::new(WriterShared {
+            next_seq: AtomicU64::new(1),
+            oldest_unacked: AtomicU64::new(1),
+            failed: watch::channel(None).0,
+        });
+        let inner = Arc::new(StoreInner {
+            store: store.clone(),
+            wal: wal.clone(),
+            budget: Arc::new(Semaphore::new(
+                config.pending_bytes_max.min(u32::MAX as u64) as usize,
+            )),
+            config: config.clone(),
+            meta,
+            streams: Mutex::new(HashMap::new()),
+            jobs: tx,
+            writer: writer.clone(),
+            held_bytes: AtomicU64::new(0),
+            uncompacted_bytes: AtomicU64::new(0),
+            compact_soon: Notify::new(),
+            compaction: tokio::sync::Mutex::new(()),
+            gc_floor: AtomicU64::new(1),
+            last_snapshot: AtomicU64::new(0),
+            segment_indexes: Mutex::new(HashMap::new()),
+        });
+        tokio::spawn(writer::run_writer(store, wal, config, writer, rx));
+        tracing::info!(wal = %inner.wal, "s3stream WAL writer started");
+        Ok(Self { inner })
+    }
+
+    /// This incarnation's WAL writer.
+    pub fn wal_id(&self) -> &WalId {
+        &self.inner.wal
+    }
+
+    /// Why the WAL writer stopped, if it did. A failed writer acknowledges nothing
+    /// more; open a new `StreamStore` (a new generation) and reopen the streams under
+    /// newer epochs.
+    pub fn failure(&self) -> Option<WalError> {
+        self.inner.writer.failure()
+    }
+
+    /// The stream-metadata log (read-only use: inspection, tests, tooling).
+    pub fn metadata(&self) -> &ObjectLog<StreamsState> {
+        &self.inner.meta
+    }
+
+    /// Opens `name` under `epoch` on this node: creates it, takes it over from its
+    /// previous owner (fencing that owner's WAL and recovering from it), or reopens
+    /// it after a clean close. `epoch` must be newer than any epoch the stream was
+    /// opened under.
+    pub async fn open_stream(&self, name: &str, epoch: u64) -> WalResult<Stream> {
+        takeover::open_stream(&self.inner, name, epoch).await
+    }
+
+    /// Compacts every open stream now. Returns the number of segments written.
+    pub async fn compact(&self) -> WalResult<usize> {
+        compact::compact_all(&self.inner).await
+    }
+
+    /// Runs compaction every `compaction_interval_ms`, or sooner when the node holds
+    /// `segment_bytes_max` of uncompacted data, until `shutdown` resolves.
+    pub async fn run_compactor(&self, shutdown: impl std::future::Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        let interval = Duration::from_millis(self.inner.config.compaction_interval_ms.max(1));
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => return,
+                _ = tokio::time::sleep(interval) => {}
+                _ = self.inner.compact_soon.notified() => {}
+            }
+            if self.failure().is_some() {
+                return;
+            }
+            if let Err(e) = self.compact().await {
+                tracing::warn!(wal = %self.inner.wal, "compaction failed: {e}");
+            }
+        }
+    }
+
+    /// Closes every open stream cleanly (for a graceful shutdown).
+    pub async fn close_all(&self) -> WalResult<()> {
+        let streams: Vec<Arc<StreamInner>> = self.inner.lock_streams().values().cloned().collect();
+        for stream in streams {
+            Stream { inner: stream }.close().await?;
+        }
+        Ok(())
+    }
+}
+
+/// A reservation of WAL backlog bytes, taken before an append (back-pressure).
+pub struct Reservation {
+    permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+/// An append that has an offset range and is on its way to object storage.
+pub struct PendingAppend {
+    pub offsets: Range<u64>,
+    done: oneshot::Receiver<WalResult<()>>,
+}
+
+impl PendingAppend {
+    /// Resolves once the append is durable (and every earlier one of the node).
+    pub async fn durable(self) -> WalResult<Range<u64>> {
+        match self.done.await {
+            Ok(Ok(())) => Ok(self.offsets),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(WalError::Storage("the WAL writer stopped".into())),
+        }
+    }
+}
+
+/// One open stream. Cheap to clone.
+#[derive(Clone)]
+pub struct Stream {
+    inner: Arc<StreamInner>,
+}
+
+impl Stream {
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The epoch the stream is open under.
+    pub fn epoch(&self) -> u64 {
+        self.inner.lock().epoch
+    }
+
+    /// The offset the next append gets.
+    pub fn next_offset(&self) -> u64 {
+        self.inner.lock().next_offset
+    }
+
+    /// The end of acknowledged (durable) records.
+    pub fn durable_end(&self) -> u64 {
+        self.inner.lock().acked_end
+    }
+
+    /// The first readable offset.
+    pub fn start_offset(&self) -> u64 {
+        self.inner.lock().start_offset
+    }
+
+    /// A receiver of the durable end, updated after every acknowledgement.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.inner.acked.subscribe()
+    }
+
+    /// Reserves `bytes` of WAL backlog, waiting while the node's backlog is full.
+    pub async fn reserve(&self, bytes: usize) -> WalResult<Reservation> {
+        if bytes > PAYLOAD_BYTES_MAX {
+            return Err(WalError::TooLarge(format!(
+                "a payload of {bytes} bytes exceeds the limit of {PAYLOAD_BYTES_MAX}"
+            )));
+        }
+        let max = self
+            .inner
+            .store
+            .config
+            .pending_bytes_max
+            .min(u32::MAX as u64) as usize;
+        let permits = bytes.clamp(1, max) as u32;
+        let permit = self
+            .inner
+            .store
+            .budget
+            .clone()
+            .acquire_many_owned(permits)
+            .await
+            .map_err(|_| WalError::Storage("the WAL writer stopped".into()))?;
+        Ok(Reservation { permit })
+    }
+
+    /// Enqueues an append and returns its offsets at once; [`PendingAppend::durable`]
+    /// resolves when it is durable. Offsets follow the order of calls.
+    pub fn append(
+        &self,
+        reservation: Reservation,
+        epoch: u64,
+        record_count: u32,
+        timestamp_ms: i64,
+        payload: Bytes,
+    ) -> WalResult<PendingAppend> {
+        if record_count == 0 {
+            return Err(WalError::Config(
+                "an append needs at least one record".into(),
+            ));
+        }
+        if let Some(e) = self.inner.store.writer.failure() {
+            return Err(e);
+        }
+        let mut state = self.inner.lock();
+        match &state.status {
+            Status::Open => {}
+            Status::Failed(e) => return Err(e.clone()),
+            Status::Closing | Status::Closed => {
+                return Err(WalError::Closed(format!(
+                    "stream {} is closed",
+                    self.inner.name
+                )));
+            }
+        }
+        if epoch != state.epoch {
+            return Err(WalError::Fenced(format!(
+                "stream {} is open under epoch {}, not {epoch}",
+                self.inner.name, state.epoch
+            )));
+        }
+        let base = state.next_offset;
+        let record = Record {
+            base,
+            count: record_count,
+            timestamp_ms,
+            payload,
+        };
+        let (done, rx) = oneshot::channel();
+        let job = Job {
+            stream: self.inner.clone(),
+            epoch,
+            record,
+            done,
+            enqueued: Instant::now(),
+            _permit: reservation.permit,
+        };
+        self.inner
+            .store
+            .jobs
+            .send(job)
+            .map_err(|_| WalError::Storage("the WAL writer stopped".into()))?;
+        state.next_offset = base + record_count as u64;
+        Ok(PendingAppend {
+            offsets: base..state.next_offset,
+            done: rx,
+        })
+    }
+
+    /// Reserve, append and wait until durable.
+    pub async fn append_durable(
+        &self,
+        epoch: u64,
+        record_count: u32,
+        timestamp_ms: i64,
+        payload: Bytes,
+    ) -> WalResult<Range<u64>> {
+        let reservation = self.reserve(payload.len()).await?;
+        self.append(reservation, epoch, record_count, timestamp_ms, payload)?
+            .durable()
+            .await
+    }
+
+    /// Waits until every append enqueued so far is durable (or failed).
+    pub async fn flush(&self) -> WalResult<()> {
+        let target = self.next_offset();
+        let mut rx = self.subscribe();
+        loop {
+            if *rx.borrow_and_update() >= target {
+                return Ok(());
+            }
+            if let Some(e) = self.inner.store.writer.failure() {
+                return Err(e);
+            }
+            let mut failed = self.inner.store.writer.failed.subscribe();
+            tokio::select! {
+                changed = rx.changed() => if changed.is_err() { return Err(WalError::Storage("stream dropped".into())); },
+                _ = failed.changed() => {}
+            }
+        }
+    }
+
+    /// Reads whole appended units from `offset` (the first may begin before it) up to
+    /// the durable end, about `max_bytes` of payload (at least one unit).
+    pub async fn read(&self, offset: u64, max_bytes: usize) -> WalResult<Vec<Record>> {
+        read::read(&self.inner, offset, max_bytes).await
+    }
+
+    /// The first offset whose append timestamp is at or after `timestamp_ms`, or
+    /// `None` when every durable record is older.
+    pub async fn offset_for_timestamp(&self, timestamp_ms: i64) -> WalResult<Option<u64>> {
+        read::offset_for_timestamp(&self.inner, timestamp_ms).await
+    }
+
+    /// Moves the start offset to `start` (at most the compacted end); segments wholly
+    /// below it are deleted. Returns the new start offset.
+    pub async fn trim(&self, start: u64) -> WalResult<u64> {
+        compact::trim(&self.inner, start).await
+    }
+
+    /// Closes the stream cleanly: waits for pending appends, compacts everything into
+    /// segments and records the close, so the next owner needs no fence.
+    pub async fn close(self) -> WalResult<()> {
+        compact::close(&self.inner).await
+    }
+}
+
+impl std::fmt::Debug for Stream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Stream({})", self.inner.name)
+    }
+}
+
+/// Appends to the stream-metadata log, mapping a rejection to an error.
+async fn propose(store: &StoreInner, command: &StreamCommand) -> WalResult<Result<u64, String>> {
+    Ok(match store.meta.append(command).await? {
+        Appended::At(index) => Ok(index),
+        Appended::Rejected(why) => Err(why),
+    })
+}

@@ -1,0 +1,207 @@
+//! The node's one WAL writer: group commit, pipelined uploads, acks in upload order.
+//!
+//! Appends from every stream of the node arrive on one channel. They collect in the
+//! open group; a group becomes one WAL object, created with `PutMode::Create` at the
+//! next sequence number. A group is sealed when the previous upload has finished (or
+//! none runs), when it reaches `group_bytes_max`, or after `linger_ms`; at most
+//! `inflight_uploads_max` uploads run at once. Completions are taken strictly in
+//! sequence order (`FuturesOrdered`), so an append is acknowledged only once its upload
+//! and every earlier one completed. The first failure fails its group, every later
+//! group and every later append: the writer is then dead and the node must reopen its
+//! streams under a new generation. `AlreadyExists` on an upload means another node
+//! fenced this WAL.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use futures::stream::FuturesOrdered;
+use object_store::path::Path;
+use object_store::{ObjectStore, PutMode, PutOptions, PutPayload};
+use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot, watch};
+
+use super::StreamInner;
+use super::meta::WalId;
+use crate::config::WalConfig;
+use crate::error::{WalError, WalResult};
+use crate::format::{Record, WalObjectBuilder};
+
+/// The object key of WAL sequence `seq` of `wal`.
+pub fn wal_path(wal: &WalId, seq: u64) -> Path {
+    Path::from(format!("wal/{}/{:020}/{seq:020}", wal.node, wal.generation))
+}
+
+/// The key prefix of `wal`'s objects.
+pub fn wal_dir(wal: &WalId) -> Path {
+    Path::from(format!("wal/{}/{:020}", wal.node, wal.generation))
+}
+
+/// One append on its way to a WAL object.
+pub(crate) struct Job {
+    pub stream: Arc<StreamInner>,
+    pub epoch: u64,
+    pub record: Record,
+    pub done: oneshot::Sender<WalResult<()>>,
+    pub enqueued: Instant,
+    pub _permit: OwnedSemaphorePermit,
+}
+
+/// Shared view of the writer's progress.
+pub(crate) struct WriterShared {
+    /// The sequence number the next sealed group gets.
+    pub next_seq: AtomicU64,
+    /// The lowest sequence whose upload has not been acknowledged (or `next_seq`).
+    pub oldest_unacked: AtomicU64,
+    /// Set once, when the writer fails or is fenced.
+    pub failed: watch::Sender<Option<WalError>>,
+}
+
+impl WriterShared {
+    pub fn failure(&self) -> Option<WalError> {
+        self.failed.borrow().clone()
+    }
+}
+
+struct Sealed {
+    seq: u64,
+    jobs: Vec<(Job, std::ops::Range<u64>)>,
+    bytes: usize,
+}
+
+struct Group {
+    builder: WalObjectBuilder,
+    jobs: Vec<(Job, std::ops::Range<u64>)>,
+    opened: Instant,
+}
+
+impl Group {
+    fn new() -> Self {
+        Self {
+            builder: WalObjectBuilder::default(),
+            jobs: Vec::new(),
+            opened: Instant::now(),
+        }
+    }
+}
+
+pub(crate) async fn run_writer(
+    store: Arc<dyn ObjectStore>,
+    wal: WalId,
+    config: WalConfig,
+    shared: Arc<WriterShared>,
+    mut rx: mpsc::UnboundedReceiver<Job>,
+) {
+    let linger = Duration::from_millis(config.linger_ms);
+    let inflight_max = config.inflight_uploads_max.max(1) as usize;
+    let mut group = Group::new();
+    let mut inflight = FuturesOrdered::new();
+    let mut inflight_seqs: VecDeque<u64> = VecDeque::new();
+    let mut inflight_jobs: VecDeque<Sealed> = VecDeque::new();
+    let mut open = true;
+    loop {
+        // Seal and upload while the rules allow.
+        let now = Instant::now();
+        let lingered = now.duration_since(group.opened) >= linger;
+        let full = group.builder.len() as u64 >= config.group_bytes_max;
+        if !group.jobs.is_empty()
+            && inflight.len() < inflight_max
+            && (full || (lingered && (inflight.is_empty() || !linger.is_zero())) || !open)
+        {
+            let sealed = std::mem::replace(&mut group, Group::new());
+            let seq = shared.next_seq.fetch_add(1, Ordering::SeqCst);
+            if inflight_seqs.is_empty() {
+                shared.oldest_unacked.store(seq, Ordering::SeqCst);
+            }
+            inflight_seqs.push_back(seq);
+            let bytes = sealed.builder.finish();
+            metrics::histogram!("mink_wal_group_records").record(sealed.jobs.len() as f64);
+            metrics::histogram!("mink_wal_group_bytes").record(bytes.len() as f64);
+            let path = wal_path(&wal, seq);
+            let store = store.clone();
+            inflight_jobs.push_back(Sealed {
+                seq,
+                jobs: sealed.jobs,
+                bytes: bytes.len(),
+            });
+            inflight.push_back(async move {
+                let opts = PutOptions {
+                    mode: PutMode::Create,
+                    ..Default::default()
+                };
+                store.put_opts(&path, PutPayload::from(bytes), opts).await
+            });
+            continue;
+        }
+        if !open && inflight.is_empty() && group.jobs.is_empty() {
+            return;
+        }
+        let linger_deadline = tokio::time::Instant::from_std(group.opened + linger);
+        tokio::select! {
+            job = rx.recv(), if open => match job {
+                Some(job) => {
+                    let record = job.record.clone();
+                    let range = group.builder.push(&job.stream.name, job.epoch, &record);
+                    if group.jobs.is_empty() {
+                        group.opened = Instant::now();
+                    }
+                    group.jobs.push((job, range));
+                }
+                None => open = false,
+            },
+            Some(result) = inflight.next(), if !inflight.is_empty() => {
+                inflight_seqs.pop_front();
+                let Some(sealed) = inflight_jobs.pop_front() else {
+                    unreachable!("an upload completed without its group");
+                };
+                match result {
+                    Ok(_) => {
+                        metrics::counter!("mink_wal_uploads_total").increment(1);
+                        metrics::counter!("mink_wal_upload_bytes_total").increment(sealed.bytes as u64);
+                        for (job, range) in sealed.jobs {
+                            metrics::histogram!("mink_wal_ack_latency_seconds").record(job.enqueued.elapsed().as_secs_f64());
+                            job.stream.on_durable(&job.record, sealed.seq, range);
+                            let _ = job.done.send(Ok(()));
+                        }
+                        let oldest = inflight_seqs.front().copied().unwrap_or_else(|| shared.next_seq.load(Ordering::SeqCst));
+                        shared.oldest_unacked.store(oldest, Ordering::SeqCst);
+                    }
+                    Err(e) => {
+                        let err = match e {
+                            object_store::Error::AlreadyExists { .. } => {
+                                metrics::counter!("mink_wal_fenced_total").increment(1);
+                                WalError::Fenced(format!("WAL {wal} was fenced at sequence {}", sealed.seq))
+                            }
+                            other => {
+                                metrics::counter!("mink_wal_upload_failures_total").increment(1);
+                                WalError::Storage(format!("WAL {wal} upload {} failed: {other}", sealed.seq))
+                            }
+                        };
+                        tracing::warn!("{err}; failing every later append");
+                        shared.failed.send_replace(Some(err.clone()));
+                        for (job, _) in sealed.jobs {
+                            let _ = job.done.send(Err(err.clone()));
+                        }
+                        // Later uploads may still land, but none is acknowledged.
+                        drop(inflight);
+                        for later in inflight_jobs {
+                            for (job, _) in later.jobs {
+                                let _ = job.done.send(Err(err.clone()));
+                            }
+                        }
+                        for (job, _) in std::mem::replace(&mut group, Group::new()).jobs {
+                            let _ = job.done.send(Err(err.clone()));
+                        }
+                        rx.close();
+                        while let Some(job) = rx.recv().await {
+                            let _ = job.done.send(Err(err.clone()));
+                        }
+                        return;
+                    }
+                }
+            },
+            _ = tokio::time::sleep_until(linger_deadline), if !group.jobs.is_empty() && !linger.is_zero() => {}
+        }
+    }
+}

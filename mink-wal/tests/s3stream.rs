@@ -1,0 +1,414 @@
+//! s3stream on every backend: appends, acks in order, failures, fencing, crash
+//! recovery, handover, compaction, reads, trim.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::TestStore;
+use futures::TryStreamExt;
+use mink_wal::fault::{FaultConfig, FaultyStore};
+use mink_wal::{Stream, StreamStore, WalConfig, WalError};
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt};
+
+fn config() -> WalConfig {
+    WalConfig {
+        compaction_interval_ms: 3_600_000,
+        ..Default::default()
+    }
+}
+
+fn payload(stream: &str, i: u64) -> Bytes {
+    Bytes::from(format!(
+        "{stream}:{i}:{}",
+        "x".repeat((i % 7) as usize * 10)
+    ))
+}
+
+/// Every record of `stream` from its start, checked contiguous.
+async fn read_all(stream: &Stream) -> Vec<(u64, Bytes)> {
+    let mut out = Vec::new();
+    let mut pos = stream.start_offset();
+    let end = stream.durable_end();
+    while pos < end {
+        let records = stream.read(pos, 1 << 20).await.unwrap();
+        assert!(!records.is_empty(), "no progress at {pos}");
+        for r in records {
+            assert!(
+                r.base <= pos && pos < r.end(),
+                "record {}..{} does not hold {pos}",
+                r.base,
+                r.end()
+            );
+            assert_eq!(r.base, pos, "whole units from their base");
+            out.push((r.base, r.payload.clone()));
+            pos = r.end();
+        }
+    }
+    out
+}
+
+async fn wal_objects(store: &Arc<dyn ObjectStore>) -> usize {
+    store
+        .list(Some(&Path::from("wal")))
+        .try_collect::<Vec<_>>()
+        .await
+        .unwrap()
+        .len()
+}
+
+async fn appends_get_contiguous_offsets_and_read_back(t: TestStore) {
+    let node = StreamStore::open(t.store.clone(), "n1", config())
+        .await
+        .unwrap();
+    let a = node.open_stream("a", 1).await.unwrap();
+    let b = node.open_stream("b", 1).await.unwrap();
+    let mut pending = Vec::new();
+    for i in 0..50u64 {
+        for s in [&a, &b] {
+            let r = s.reserve(64).await.unwrap();
+            pending.push((
+                s.name().to_string(),
+                i,
+                s.append(r, 1, 2, i as i64, payload(s.name(), i)).unwrap(),
+            ));
+        }
+    }
+    for (name, i, p) in pending {
+        let expected = i * 2..i * 2 + 2;
+        assert_eq!(p.offsets, expected, "{name}");
+        assert_eq!(p.durable().await.unwrap(), expected);
+    }
+    for s in [&a, &b] {
+        assert_eq!(s.durable_end(), 100);
+        let all = read_all(s).await;
+        assert_eq!(all.len(), 50);
+        for (i, (base, body)) in all.iter().enumerate() {
+            assert_eq!(*base, i as u64 * 2);
+            assert_eq!(body, &payload(s.name(), i as u64));
+        }
+    }
+    // Group commit: 100 appends in far fewer uploads.
+    let uploads = wal_objects(&t.store).await;
+    assert!(uploads < 100, "{uploads} WAL objects for 100 appends");
+}
+
+async fn acks_come_in_upload_order(t: TestStore) {
+    let faulty = FaultyStore::new(t.store.clone(), FaultConfig::default());
+    // The first WAL upload is slow, the second fast: it finishes first.
+    faulty.set_put_delay(Some(Arc::new(|path: &Path| {
+        let name = path.as_ref();
+        if name.starts_with("wal/") && name.ends_with("00000000000000000001") {
+            Some(Duration::from_millis(400))
+        } else {
+            None
+        }
+    })));
+    let store: Arc<dyn ObjectStore> = Arc::new(faulty);
+    let node = StreamStore::open(
+        store.clone(),
+        "n1",
+        WalConfig {
+            linger_ms: 1,
+            inflight_uploads_max: 4,
+            ..config()
+        },
+    )
+    .await
+    .unwrap();
+    let s = node.open_stream("s", 1).await.unwrap();
+    let first = s
+        .append(
+            s.reserve(8).await.unwrap(),
+            1,
+            1,
+            0,
+            Bytes::from_static(b"first"),
+        )
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let second = s
+        .append(
+            s.reserve(8).await.unwrap(),
+            1,
+            1,
+            0,
+            Bytes::from_static(b"second"),
+        )
+        .unwrap();
+    // Wait until upload 2 has landed while upload 1 is still in flight.
+    let second_key = Path::from(format!("wal/n1/{:020}/{:020}", node.wal_id().generation, 2));
+    let mut landed = false;
+    for _ in 0..200 {
+        if store.head(&second_key).await.is_ok() {
+            landed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert!(landed, "upload 2 should land before upload 1");
+    assert_eq!(
+        s.durable_end(),
+        0,
+        "nothing is acknowledged while upload 1 is in flight"
+    );
+    // When upload 2's append resolves, upload 1's must have resolved already.
+    assert_eq!(second.durable().await.unwrap(), 1..2);
+    let first_now = futures::FutureExt::now_or_never(first.durable());
+    assert_eq!(first_now.map(|r| r.unwrap()), Some(0..1));
+}
+
+async fn a_failed_upload_fails_later_appends_and_reopen_recovers(t: TestStore) {
+    let faulty = FaultyStore::new(t.store.clone(), FaultConfig::default());
+    let store: Arc<dyn ObjectStore> = Arc::new(faulty.clone());
+    let node = StreamStore::open(store.clone(), "n1", config())
+        .await
+        .unwrap();
+    let s = node.open_stream("s", 1).await.unwrap();
+    for i in 0..5 {
+        s.append_durable(1, 1, i, payload("s", i as u64))
+            .await
+            .unwrap();
+    }
+    // The next upload is applied but reported as a timeout; the one after fails.
+    faulty.time_out_next_puts(1);
+    let landed = s.append_durable(1, 1, 5, payload("s", 5)).await;
+    assert!(matches!(landed, Err(WalError::Storage(_))), "{landed:?}");
+    let later = s.append(s.reserve(8).await.unwrap(), 1, 1, 6, payload("s", 6));
+    assert!(later.is_err(), "a failed writer accepts nothing more");
+    assert!(node.failure().is_some());
+
+    // Reopen on a new generation under a newer epoch: every acknowledged record is
+    // there, and the unacknowledged one too, because its upload completed.
+    let node2 = StreamStore::open(store.clone(), "n1", config())
+        .await
+        .unwrap();
+    assert!(node2.wal_id().generation > node.wal_id().generation);
+    let s2 = node2.open_stream("s", 2).await.unwrap();
+    let all = read_all(&s2).await;
+    let bodies: Vec<Bytes> = all.iter().map(|(_, b)| b.clone()).collect();
+    assert_eq!(bodies, (0..6).map(|i| payload("s", i)).collect::<Vec<_>>());
+    // And appends continue after them.
+    assert_eq!(
+        s2.append_durable(2, 1, 7, payload("s", 7)).await.unwrap(),
+        6..7
+    );
+
+    // A PUT that fails without landing leaves nothing behind.
+    faulty.fail_next_puts(1);
+    assert!(s2.append_durable(2, 1, 8, payload("s", 8)).await.is_err());
+    let node3 = StreamStore::open(store.clone(), "n1", config())
+        .await
+        .unwrap();
+    let s3 = node3.open_stream("s", 3).await.unwrap();
+    assert_eq!(read_all(&s3).await.len(), 7);
+    assert_eq!(s3.durable_end(), 7);
+}
+
+async fn a_takeover_fences_the_old_owner(t: TestStore) {
+    let a = StreamStore::open(t.store.clone(), "a", config())
+        .await
+        .unwrap();
+    let b = StreamStore::open(t.store.clone(), "b", config())
+        .await
+        .unwrap();
+    let sa = a.open_stream("s", 1).await.unwrap();
+    let mut acked = Vec::new();
+    for i in 0..10 {
+        acked.push(
+            sa.append_durable(1, 1, i, payload("s", i as u64))
+                .await
+                .unwrap(),
+        );
+    }
+    // B takes over without A closing: A's WAL is fenced.
+    let sb = b.open_stream("s", 2).await.unwrap();
+    let fences = b.metadata().read(|s, _| s.fences.clone());
+    assert_eq!(fences.len(), 1, "{fences:?}");
+    let err = sa
+        .append_durable(1, 1, 10, payload("s", 10))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, WalError::Fenced(_)), "{err:?}");
+    assert!(
+        sa.append_durable(1, 1, 11, payload("s", 11)).await.is_err(),
+        "A acknowledges nothing more"
+    );
+    let all = read_all(&sb).await;
+    assert_eq!(
+        all.len(),
+        10,
+        "every record A acknowledged is in S as B reads it"
+    );
+    assert_eq!(
+        sb.append_durable(2, 1, 12, payload("s", 12)).await.unwrap(),
+        10..11
+    );
+    // An older epoch cannot open the stream again.
+    assert!(matches!(
+        a.open_stream("s", 2).await,
+        Err(WalError::Fenced(_)) | Err(WalError::Storage(_))
+    ));
+}
+
+async fn crash_recovery_and_clean_handover(t: TestStore) {
+    {
+        let a = StreamStore::open(t.store.clone(), "a", config())
+            .await
+            .unwrap();
+        let s = a.open_stream("crash", 1).await.unwrap();
+        for i in 0..20 {
+            s.append_durable(1, 3, i, payload("crash", i as u64))
+                .await
+                .unwrap();
+        }
+        a.compact().await.unwrap(); // part in a segment, part in the WAL
+        for i in 20..25 {
+            s.append_durable(1, 3, i, payload("crash", i as u64))
+                .await
+                .unwrap();
+        }
+        // Dropped without close: a crash.
+    }
+    let b = StreamStore::open(t.store.clone(), "b", config())
+        .await
+        .unwrap();
+    let s = b.open_stream("crash", 2).await.unwrap();
+    let all = read_all(&s).await;
+    assert_eq!(all.len(), 25);
+    assert_eq!(
+        all.iter().map(|(o, _)| *o).collect::<Vec<_>>(),
+        (0..25).map(|i| i * 3).collect::<Vec<_>>()
+    );
+
+    // Clean close, then a handover to C needs no fence.
+    s.append_durable(2, 1, 99, Bytes::from_static(b"last"))
+        .await
+        .unwrap();
+    s.close().await.unwrap();
+    let fences_before = b.metadata().read(|st, _| st.fences.len());
+    let c = StreamStore::open(t.store.clone(), "c", config())
+        .await
+        .unwrap();
+    let s = c.open_stream("crash", 3).await.unwrap();
+    c.metadata().catch_up().await.unwrap();
+    assert_eq!(
+        c.metadata().read(|st, _| st.fences.len()),
+        fences_before,
+        "a handover writes no fence"
+    );
+    let all = read_all(&s).await;
+    assert_eq!(all.len(), 26);
+    assert_eq!(all.last().unwrap().1, Bytes::from_static(b"last"));
+}
+
+async fn compaction_keeps_bytes_and_collects_the_wal(t: TestStore) {
+    let node = StreamStore::open(
+        t.store.clone(),
+        "n1",
+        WalConfig {
+            segment_bytes_max: 200,
+            tail_cache_bytes_max: 0,
+            ..config()
+        },
+    )
+    .await
+    .unwrap();
+    let s = node.open_stream("s", 1).await.unwrap();
+    for i in 0..30 {
+        s.append_durable(1, 1, 1000 + i, payload("s", i as u64))
+            .await
+            .unwrap();
+    }
+    let before = read_all(&s).await;
+    let wal_before = wal_objects(&t.store).await;
+    assert!(wal_before >= 30, "{wal_before}");
+    let segments = node.compact().await.unwrap();
+    assert!(segments > 1, "small segment_bytes_max splits: {segments}");
+    let after = read_all(&s).await;
+    assert_eq!(
+        before, after,
+        "reads return the same bytes after compaction"
+    );
+    let wal_after = wal_objects(&t.store).await;
+    assert!(
+        wal_after < wal_before / 2,
+        "WAL objects collected: {wal_before} -> {wal_after}"
+    );
+
+    // Timestamp lookups across segments.
+    assert_eq!(s.offset_for_timestamp(0).await.unwrap(), Some(0));
+    assert_eq!(s.offset_for_timestamp(1017).await.unwrap(), Some(17));
+    assert_eq!(s.offset_for_timestamp(5000).await.unwrap(), None);
+
+    // Trim whole segments: the start moves; reads below it fail cleanly.
+    let start = s.trim(15).await.unwrap();
+    assert_eq!(start, 15);
+    assert_eq!(s.start_offset(), 15);
+    let err = s.read(3, 100).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            WalError::OffsetOutOfRange {
+                offset: 3,
+                start: 15,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let rest = read_all(&s).await;
+    assert_eq!(rest.first().unwrap().0, 15);
+    assert_eq!(rest.len(), 15);
+    // A new owner sees the trimmed start too.
+    drop(s);
+    let other = StreamStore::open(t.store.clone(), "n2", config())
+        .await
+        .unwrap();
+    let s2 = other.open_stream("s", 2).await.unwrap();
+    assert_eq!(s2.start_offset(), 15);
+    assert_eq!(read_all(&s2).await, rest);
+}
+
+async fn epochs_are_checked(t: TestStore) {
+    let node = StreamStore::open(t.store.clone(), "n1", config())
+        .await
+        .unwrap();
+    let s = node.open_stream("s", 5).await.unwrap();
+    assert!(matches!(
+        s.append_durable(4, 1, 0, Bytes::from_static(b"x")).await,
+        Err(WalError::Fenced(_))
+    ));
+    s.append_durable(5, 1, 0, Bytes::from_static(b"x"))
+        .await
+        .unwrap();
+    // Reopening on the same node under a newer epoch keeps the data.
+    let s = node.open_stream("s", 6).await.unwrap();
+    assert!(matches!(
+        s.append_durable(5, 1, 0, Bytes::from_static(b"y")).await,
+        Err(WalError::Fenced(_))
+    ));
+    assert_eq!(
+        s.append_durable(6, 1, 0, Bytes::from_static(b"y"))
+            .await
+            .unwrap(),
+        1..2
+    );
+    assert!(matches!(
+        node.open_stream("s", 6).await,
+        Err(WalError::Fenced(_))
+    ));
+}
+
+backend_tests! {
+    appends_get_contiguous_offsets_and_read_back => super::appends_get_contiguous_offsets_and_read_back;
+    acks_come_in_upload_order => super::acks_come_in_upload_order;
+    a_failed_upload_fails_later_appends_and_reopen_recovers => super::a_failed_upload_fails_later_appends_and_reopen_recovers;
+    a_takeover_fences_the_old_owner => super::a_takeover_fences_the_old_owner;
+    crash_recovery_and_clean_handover => super::crash_recovery_and_clean_handover;
+    compaction_keeps_bytes_and_collects_the_wal => super::compaction_keeps_bytes_and_collects_the_wal;
+    epochs_are_checked => super::epochs_are_checked;
+}
