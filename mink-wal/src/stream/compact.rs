@@ -289,11 +289,23 @@ pub(super) async fn close(stream: &Arc<StreamInner>) -> WalResult<()> {
         }
     }
     let _guard = store.compaction.lock().await;
-    let (epoch, records) = collect(&store, stream).await?;
-    let mut segments = Vec::new();
-    for run in split(records, store.config.segment_bytes_max) {
-        segments.push(write_segment(&store, &stream.name, epoch, &run).await?);
+    let written = async {
+        let (epoch, records) = collect(&store, stream).await?;
+        let mut segments = Vec::new();
+        for run in split(records, store.config.segment_bytes_max) {
+            segments.push(write_segment(&store, &stream.name, epoch, &run).await?);
+        }
+        Ok::<_, WalError>((epoch, segments))
     }
+    .await;
+    let (epoch, segments) = match written {
+        Ok(done) => done,
+        Err(e) => {
+            // Nothing was committed: the stream stays open and usable.
+            stream.lock().status = Status::Open;
+            return Err(e);
+        }
+    };
     let end_offset = stream.lock().acked_end;
     let command = StreamCommand::Close {
         stream: stream.name.clone(),

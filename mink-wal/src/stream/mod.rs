@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures::TryStreamExt;
 use object_store::path::Path;
-use object_store::{ObjectStore, PutMode, PutOptions, PutPayload};
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use tokio::sync::{Notify, Semaphore, mpsc, oneshot, watch};
 
 pub use meta::{SegmentMeta, StreamCommand, StreamMeta, StreamsState, WalId};
@@ -187,7 +187,8 @@ pub struct StreamStore {
     inner: Arc<StoreInner>,
 }
 
-/// Claims the next WAL generation of `node` by conditional create.
+/// Claims the next WAL generation of `node` by conditional create. The claim holds a
+/// random token, so a create that fails ambiguously is resolved by reading it back.
 async fn claim_generation(store: &Arc<dyn ObjectStore>, node: &str) -> WalResult<u64> {
     let dir = Path::from(format!("walgen/{node}"));
     let mut highest = 0u64;
@@ -197,19 +198,35 @@ async fn claim_generation(store: &Arc<dyn ObjectStore>, node: &str) -> WalResult
             highest = highest.max(g);
         }
     }
-    for generation in highest + 1..highest + 1000 {
+    let token = uuid::Uuid::new_v4().to_string();
+    let mut generation = highest + 1;
+    let mut errors = 0;
+    while errors < 8 {
         let opts = PutOptions {
             mode: PutMode::Create,
             ..Default::default()
         };
         let path = dir.clone().join(format!("{generation:020}"));
         match store
-            .put_opts(&path, PutPayload::from_static(b"claimed"), opts)
+            .put_opts(&path, PutPayload::from(token.clone().into_bytes()), opts)
             .await
         {
             Ok(_) => return Ok(generation),
-            Err(object_store::Error::AlreadyExists { .. }) => continue,
-            Err(e) => return Err(e.into()),
+            Err(object_store::Error::AlreadyExists { .. }) => generation += 1,
+            Err(e) => {
+                errors += 1;
+                tracing::debug!("claiming WAL generation {generation} of {node}: {e}");
+                match store.get(&path).await {
+                    Ok(got) => {
+                        if got.bytes().await?.as_ref() == token.as_bytes() {
+                            return Ok(generation);
+                        }
+                        generation += 1;
+                    }
+                    Err(object_store::Error::NotFound { .. }) => {}
+                    Err(e) => tracing::debug!("reading back the claim: {e}"),
+                }
+            }
         }
     }
     Err(WalError::Storage(format!(

@@ -33,7 +33,21 @@ pub(super) async fn open_stream(
     }
     let local = store.lock_streams().get(name).cloned();
     if let Some(local) = local {
-        return reopen_local(store, local, epoch).await;
+        store.meta.catch_up().await?;
+        let local_epoch = local.lock().epoch;
+        let still_ours = store.meta.read(|s, _| {
+            s.streams
+                .get(name)
+                .is_some_and(|m| m.epoch == local_epoch && m.owner.as_ref() == Some(&store.wal))
+        });
+        if still_ours {
+            return reopen_local(store, local, epoch).await;
+        }
+        // Taken over since: the local stream is stale. Forget it and open afresh.
+        local.lock().status = Status::Failed(WalError::Fenced(format!(
+            "stream {name} was taken over after epoch {local_epoch}"
+        )));
+        store.lock_streams().remove(name);
     }
     for _ in 0..TAKEOVER_ATTEMPTS_MAX {
         store.meta.catch_up().await?;
@@ -175,7 +189,12 @@ async fn reopen_local(
     };
     match propose(store, &command).await? {
         Ok(_) => {
-            local.lock().epoch = epoch;
+            let mut state = local.lock();
+            state.epoch = epoch;
+            if state.status == Status::Closing {
+                state.status = Status::Open;
+            }
+            drop(state);
             Ok(Stream { inner: local })
         }
         Err(why) => Err(WalError::Fenced(format!(
@@ -278,7 +297,12 @@ async fn fence(store: &Arc<StoreInner>, owner: &WalId, epoch: u64, stream: &str)
             Ok(_) => {}
             // The owner (or another fencer) wrote `at` meanwhile: look again.
             Err(object_store::Error::AlreadyExists { .. }) => continue,
-            Err(e) => return Err(e.into()),
+            // Ambiguous: our fence may be there. Looking again is safe either way:
+            // recovery stops at the first fence object it meets.
+            Err(e) => {
+                tracing::debug!(%owner, at, "writing a fence failed: {e}");
+                continue;
+            }
         }
         metrics::counter!("mink_wal_fences_written_total").increment(1);
         tracing::info!(%owner, at, stream, "fenced a WAL");
