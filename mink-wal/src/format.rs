@@ -126,7 +126,7 @@ fn need(buf: &[u8], n: usize, what: &str) -> WalResult<()> {
 
 /// Decodes a WAL object or a fence, checking magic, CRCs and lengths.
 pub fn decode_wal_object(what: &str, bytes: &Bytes) -> WalResult<WalObject> {
-    need(bytes, 16, what)?;
+    need(bytes, 12, what)?;
     let (body, crc) = bytes.split_at(bytes.len() - 4);
     let crc = u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]);
     if crc32c::crc32c(body) != crc {
@@ -140,6 +140,7 @@ pub fn decode_wal_object(what: &str, bytes: &Bytes) -> WalResult<WalObject> {
     if &body[..8] != WAL_MAGIC {
         return Err(corrupt(what, "wrong magic"));
     }
+    need(body, 12, what)?;
     let declared = u32::from_le_bytes(
         body[body.len() - 4..]
             .try_into()
