@@ -58,50 +58,74 @@ pub struct WalRecord {
     pub payload_range: std::ops::Range<u64>,
 }
 
-/// Builds one WAL object.
+/// Builds one WAL object without copying payloads: the object is a list of chunks
+/// (record headers and the payloads themselves), and its CRC is combined from each
+/// payload's CRC, computed once by the appender.
 pub struct WalObjectBuilder {
-    buf: BytesMut,
+    chunks: Vec<Bytes>,
+    crc: u32,
+    len: usize,
     records: u32,
 }
 
 impl Default for WalObjectBuilder {
     fn default() -> Self {
-        let mut buf = BytesMut::with_capacity(4096);
-        buf.put_slice(WAL_MAGIC);
-        Self { buf, records: 0 }
+        Self {
+            chunks: vec![Bytes::from_static(WAL_MAGIC)],
+            crc: crc32c::crc32c(WAL_MAGIC),
+            len: WAL_MAGIC.len(),
+            records: 0,
+        }
     }
 }
 
 impl WalObjectBuilder {
-    /// Appends a record; returns where its payload sits in the object.
-    pub fn push(&mut self, stream: &str, epoch: u64, record: &Record) -> std::ops::Range<u64> {
-        self.buf.put_u16_le(stream.len() as u16);
-        self.buf.put_slice(stream.as_bytes());
-        self.buf.put_u64_le(epoch);
-        self.buf.put_u64_le(record.base);
-        self.buf.put_u32_le(record.count);
-        self.buf.put_i64_le(record.timestamp_ms);
-        self.buf.put_u32_le(record.payload.len() as u32);
-        self.buf.put_u32_le(crc32c::crc32c(&record.payload));
-        let start = self.buf.len() as u64;
-        self.buf.put_slice(&record.payload);
+    /// Appends a record whose payload has CRC32C `payload_crc`; returns where its
+    /// payload sits in the object.
+    pub fn push(
+        &mut self,
+        stream: &str,
+        epoch: u64,
+        record: &Record,
+        payload_crc: u32,
+    ) -> std::ops::Range<u64> {
+        let mut header = BytesMut::with_capacity(2 + stream.len() + 36);
+        header.put_u16_le(stream.len() as u16);
+        header.put_slice(stream.as_bytes());
+        header.put_u64_le(epoch);
+        header.put_u64_le(record.base);
+        header.put_u32_le(record.count);
+        header.put_i64_le(record.timestamp_ms);
+        header.put_u32_le(record.payload.len() as u32);
+        header.put_u32_le(payload_crc);
+        self.crc = crc32c::crc32c_append(self.crc, &header);
+        self.len += header.len();
+        self.chunks.push(header.freeze());
+        let start = self.len as u64;
+        self.crc = crc32c::crc32c_combine(self.crc, payload_crc, record.payload.len());
+        self.len += record.payload.len();
+        self.chunks.push(record.payload.clone());
         self.records += 1;
-        start..self.buf.len() as u64
+        start..self.len as u64
     }
 
+    /// Bytes so far.
     pub fn len(&self) -> usize {
-        self.buf.len()
+        self.len
     }
 
     pub fn is_empty(&self) -> bool {
         self.records == 0
     }
 
-    pub fn finish(mut self) -> Bytes {
-        self.buf.put_u32_le(self.records);
-        let crc = crc32c::crc32c(&self.buf);
-        self.buf.put_u32_le(crc);
-        self.buf.freeze()
+    /// The finished object.
+    pub fn finish(mut self) -> object_store::PutPayload {
+        let count = self.records.to_le_bytes();
+        self.crc = crc32c::crc32c_append(self.crc, &count);
+        self.chunks.push(Bytes::copy_from_slice(&count));
+        self.chunks
+            .push(Bytes::copy_from_slice(&self.crc.to_le_bytes()));
+        self.chunks.into_iter().collect()
     }
 }
 
@@ -363,9 +387,14 @@ mod tests {
     #[test]
     fn wal_objects_round_trip_and_detect_corruption() {
         let mut b = WalObjectBuilder::default();
-        let r1 = b.push("s1", 3, &rec(0, 2, b"hello"));
-        b.push("s2", 1, &rec(7, 1, b"w"));
-        let bytes = b.finish();
+        let r1 = b.push("s1", 3, &rec(0, 2, b"hello"), crc32c::crc32c(b"hello"));
+        b.push("s2", 1, &rec(7, 1, b"w"), crc32c::crc32c(b"w"));
+        let bytes: Bytes = b
+            .finish()
+            .iter()
+            .flat_map(|c| c.to_vec())
+            .collect::<Vec<u8>>()
+            .into();
         let WalObject::Data(records) = decode_wal_object("t", &bytes).unwrap() else {
             panic!("not data");
         };

@@ -5,8 +5,11 @@
 //!   clients, with a local S3 API server (moto) started for the run.
 //! - `cargo xtask check-layers`: fails when a workspace crate depends on one it may
 //!   not use (DESIGN.md's table).
+//! - `cargo xtask bench NAME`: a benchmark in release mode, recorded in
+//!   docs/benchmarks.md.
 //! - `cargo xtask s3`: runs the local S3 API server in the foreground, for manual work.
 
+mod bench;
 mod layers;
 mod python;
 mod s3;
@@ -38,6 +41,14 @@ enum Task {
     },
     /// Check that workspace crates depend only on the crates DESIGN.md allows.
     CheckLayers,
+    /// Run a benchmark (release build) and record it in docs/benchmarks.md.
+    Bench {
+        /// Which benchmark: wal.
+        name: String,
+        /// Short phases, for a smoke run; docs are not updated.
+        #[arg(long)]
+        quick: bool,
+    },
     /// Run the local S3 API server (moto) until Ctrl-C and print its endpoint.
     S3,
 }
@@ -58,6 +69,7 @@ fn run() -> Result<()> {
     match args.task {
         Task::Test { no_interop, rest } => test::run(&root, !no_interop, &rest),
         Task::CheckLayers => layers::run(&root),
+        Task::Bench { name, quick } => bench::run(&root, &name, quick),
         Task::S3 => s3::run_foreground(&root),
     }
 }

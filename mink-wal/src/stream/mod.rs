@@ -445,6 +445,8 @@ impl Stream {
         if let Some(e) = self.inner.store.writer.failure() {
             return Err(e);
         }
+        // Off the writer's task and outside the stream's lock.
+        let payload_crc = crc32c::crc32c(&payload);
         let mut state = self.inner.lock();
         match &state.status {
             Status::Open => {}
@@ -473,6 +475,7 @@ impl Stream {
         let job = Job {
             stream: self.inner.clone(),
             epoch,
+            payload_crc,
             record,
             done,
             enqueued: Instant::now(),

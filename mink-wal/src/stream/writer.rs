@@ -2,9 +2,11 @@
 //!
 //! Appends from every stream of the node arrive on one channel. They collect in the
 //! open group; a group becomes one WAL object, created with `PutMode::Create` at the
-//! next sequence number. A group is sealed when the previous upload has finished (or
-//! none runs), when it reaches `group_bytes_max`, or after `linger_ms`; at most
-//! `inflight_uploads_max` uploads run at once. Completions are taken strictly in
+//! next sequence number. A group is sealed once it is `linger_ms` old (at once with
+//! the default 0) or reaches `group_bytes_max`, whenever fewer than
+//! `inflight_uploads_max` uploads run; while all upload slots are busy it keeps
+//! growing, so the group that follows a finished upload carries everything that
+//! arrived meanwhile. Completions are taken strictly in
 //! sequence order (`FuturesOrdered`), so an append is acknowledged only once its upload
 //! and every earlier one completed. The first failure fails its group, every later
 //! group and every later append: the writer is then dead and the node must reopen its
@@ -19,7 +21,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use futures::stream::FuturesOrdered;
 use object_store::path::Path;
-use object_store::{ObjectStore, PutMode, PutOptions, PutPayload};
+use object_store::{ObjectStore, PutMode, PutOptions};
 use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot, watch};
 
 use super::StreamInner;
@@ -27,6 +29,10 @@ use super::meta::WalId;
 use crate::config::WalConfig;
 use crate::error::{WalError, WalResult};
 use crate::format::{Record, WalObjectBuilder};
+
+/// Scheduler yields after an acknowledgement during which new appends are gathered
+/// into the open group (see `run_writer`). A few microseconds, no timer.
+const ACK_GATHER_YIELDS: usize = 4;
 
 /// The object key of WAL sequence `seq` of `wal`.
 pub fn wal_path(wal: &WalId, seq: u64) -> Path {
@@ -43,6 +49,8 @@ pub(crate) struct Job {
     pub stream: Arc<StreamInner>,
     pub epoch: u64,
     pub record: Record,
+    /// CRC32C of the payload, computed by the appender (off the writer's task).
+    pub payload_crc: u32,
     pub done: oneshot::Sender<WalResult<()>>,
     pub enqueued: Instant,
     pub _permit: OwnedSemaphorePermit,
@@ -77,6 +85,16 @@ struct Group {
 }
 
 impl Group {
+    fn add(&mut self, job: Job) {
+        let range = self
+            .builder
+            .push(&job.stream.name, job.epoch, &job.record, job.payload_crc);
+        if self.jobs.is_empty() {
+            self.opened = Instant::now();
+        }
+        self.jobs.push((job, range));
+    }
+
     fn new() -> Self {
         Self {
             builder: WalObjectBuilder::default(),
@@ -102,35 +120,32 @@ pub(crate) async fn run_writer(
     let mut open = true;
     loop {
         // Seal and upload while the rules allow.
-        let now = Instant::now();
-        let lingered = now.duration_since(group.opened) >= linger;
+        let lingered = group.opened.elapsed() >= linger;
         let full = group.builder.len() as u64 >= config.group_bytes_max;
-        if !group.jobs.is_empty()
-            && inflight.len() < inflight_max
-            && (full || (lingered && (inflight.is_empty() || !linger.is_zero())) || !open)
-        {
+        if !group.jobs.is_empty() && inflight.len() < inflight_max && (full || lingered || !open) {
             let sealed = std::mem::replace(&mut group, Group::new());
             let seq = shared.next_seq.fetch_add(1, Ordering::SeqCst);
             if inflight_seqs.is_empty() {
                 shared.oldest_unacked.store(seq, Ordering::SeqCst);
             }
             inflight_seqs.push_back(seq);
+            let len = sealed.builder.len();
             let bytes = sealed.builder.finish();
             metrics::histogram!("mink_wal_group_records").record(sealed.jobs.len() as f64);
-            metrics::histogram!("mink_wal_group_bytes").record(bytes.len() as f64);
+            metrics::histogram!("mink_wal_group_bytes").record(len as f64);
             let path = wal_path(&wal, seq);
             let store = store.clone();
             inflight_jobs.push_back(Sealed {
                 seq,
                 jobs: sealed.jobs,
-                bytes: bytes.len(),
+                bytes: len,
             });
             inflight.push_back(async move {
                 let opts = PutOptions {
                     mode: PutMode::Create,
                     ..Default::default()
                 };
-                store.put_opts(&path, PutPayload::from(bytes), opts).await
+                store.put_opts(&path, bytes, opts).await
             });
             continue;
         }
@@ -140,14 +155,7 @@ pub(crate) async fn run_writer(
         let linger_deadline = tokio::time::Instant::from_std(group.opened + linger);
         tokio::select! {
             job = rx.recv(), if open => match job {
-                Some(job) => {
-                    let record = job.record.clone();
-                    let range = group.builder.push(&job.stream.name, job.epoch, &record);
-                    if group.jobs.is_empty() {
-                        group.opened = Instant::now();
-                    }
-                    group.jobs.push((job, range));
-                }
+                Some(job) => group.add(job),
                 None => open = false,
             },
             Some(result) = inflight.next(), if !inflight.is_empty() => {
@@ -166,6 +174,15 @@ pub(crate) async fn run_writer(
                         }
                         let oldest = inflight_seqs.front().copied().unwrap_or_else(|| shared.next_seq.load(Ordering::SeqCst));
                         shared.oldest_unacked.store(oldest, Ordering::SeqCst);
+                        // The appenders just acknowledged often append again at once.
+                        // Let them run and gather what they send before sealing, so they
+                        // ride the next upload instead of waiting for the one after.
+                        for _ in 0..ACK_GATHER_YIELDS {
+                            tokio::task::yield_now().await;
+                            while let Ok(job) = rx.try_recv() {
+                                group.add(job);
+                            }
+                        }
                     }
                     Err(e) => {
                         let err = match e {

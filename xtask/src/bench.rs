@@ -1,0 +1,69 @@
+//! `cargo xtask bench NAME`: runs a benchmark binary in release mode and splices its
+//! Markdown report into docs/benchmarks.md between `<!-- bench:NAME -->` markers.
+
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+/// Benchmarks: name, package, bench target, what it measures.
+pub const BENCHES: &[(&str, &str, &str, &str)] = &[(
+    "wal",
+    "mink-wal",
+    "wal",
+    "s3stream append latency and throughput against raw object-store PUTs",
+)];
+
+pub fn run(root: &Path, name: &str, quick: bool) -> Result<()> {
+    let Some((_, package, target, what)) = BENCHES.iter().find(|(n, ..)| *n == name) else {
+        let known: Vec<&str> = BENCHES.iter().map(|(n, ..)| *n).collect();
+        bail!("unknown benchmark {name:?}; known: {}", known.join(", "));
+    };
+    eprintln!("bench {name}: {what}");
+    let mut cmd = Command::new("cargo");
+    cmd.current_dir(root)
+        .args(["bench", "--quiet", "-p", package, "--bench", target, "--"]);
+    if quick {
+        cmd.arg("--quick");
+    }
+    let output = cmd
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("cannot run cargo bench")?;
+    if !output.status.success() {
+        bail!("the {name} benchmark failed: {}", output.status);
+    }
+    let report = String::from_utf8(output.stdout).context("the report is not UTF-8")?;
+    print!("{report}");
+    if quick {
+        eprintln!("quick mode: docs/benchmarks.md left unchanged");
+        return Ok(());
+    }
+    splice(&root.join("docs/benchmarks.md"), name, &report)
+}
+
+/// Replaces the text between `<!-- bench:NAME -->` and `<!-- /bench:NAME -->` (or
+/// appends a new section) with `report`.
+fn splice(path: &Path, name: &str, report: &str) -> Result<()> {
+    let doc = std::fs::read_to_string(path).unwrap_or_else(|_| "# Benchmarks\n".into());
+    let open = format!("<!-- bench:{name} -->");
+    let close = format!("<!-- /bench:{name} -->");
+    let date = Command::new("date")
+        .arg("-u")
+        .arg("+%Y-%m-%d")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .unwrap_or_default();
+    let section = format!(
+        "{open}\n_Measured {} with `cargo xtask bench {name}`._\n\n{report}{close}",
+        date.trim()
+    );
+    let updated = match (doc.find(&open), doc.find(&close)) {
+        (Some(a), Some(b)) if a < b => format!("{}{section}{}", &doc[..a], &doc[b + close.len()..]),
+        _ => format!("{}\n## {name}\n\n{section}\n", doc.trim_end()),
+    };
+    std::fs::write(path, updated).with_context(|| format!("cannot write {}", path.display()))?;
+    eprintln!("updated {}", path.display());
+    Ok(())
+}
