@@ -1,9 +1,12 @@
 //! `mink-wal`: the object-storage toolkit Mink's durability rests on.
 //!
-//! It owns opening object stores from a URL ([`store`]) and, as it grows, the
-//! `ObjectLog` (a totally ordered log of objects appended by conditional create) and
-//! s3stream (streams with epochs, a group-commit WAL, fencing, recovery, compaction
-//! into segments, range reads and trim).
+//! - [`store`]: object stores from a URL; [`fault`]: a seeded fault and latency
+//!   injecting wrapper for tests and benchmarks.
+//! - [`objectlog`]: `ObjectLog`, a totally ordered log of objects appended by
+//!   conditional create, feeding a deterministic state machine.
+//! - [`stream`]: s3stream — streams with epochs, one group-commit WAL per node with
+//!   acks in upload order, fencing, recovery, compaction into indexed segments, reads
+//!   and trim. [`format`] holds the byte formats of its objects.
 //!
 //! Architecture invariant: mink-wal knows nothing of tables, buckets, Arrow or any
 //! protocol. Its unit is a stream of opaque records with offsets; another project can
@@ -24,3 +27,8 @@ pub use format::Record;
 pub use objectlog::{Appended, LogState, ObjectLog, ObjectLogOptions};
 pub use store::open_object_store;
 pub use stream::{PendingAppend, Reservation, Stream, StreamStore, WalId};
+
+/// The README's example, compiled and run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctest;

@@ -46,6 +46,10 @@ pub fn run(root: &Path, interop: bool, rest: &[String]) -> Result<()> {
     tests.args(rest);
     with_s3(&mut tests);
     run_checked(&mut tests)?;
+    if cargo_has("nextest") && rest.is_empty() {
+        // nextest does not run doctests; the README examples are doctests.
+        run_checked(cargo().args(["test", "--workspace", "--doc"]))?;
+    }
 
     if interop {
         run_checked(cargo().args(["build", "--workspace", "--bins"]))?;
