@@ -299,6 +299,15 @@ impl<S: LogState> ObjectLog<S> {
                 if indices.is_empty() {
                     return Ok(found);
                 }
+                // A listing taken while entries are created may miss one it should
+                // hold (directory walks are not snapshots). Read it directly.
+                let before = self.applied_index();
+                if let Some(i) = self.probe_locked(token).await? {
+                    found = Some(i);
+                }
+                if self.applied_index() > before {
+                    continue;
+                }
                 return Err(WalError::Corrupt(format!(
                     "object log {}: entry {} is missing and no snapshot covers it",
                     self.log_dir,
