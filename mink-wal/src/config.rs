@@ -59,6 +59,10 @@ pub struct WalConfig {
     pub compaction_interval_ms: u64,
     /// The largest segment object compaction writes, in bytes. Default 64 MiB.
     pub segment_bytes_max: u64,
+    /// WAL objects of a dead generation (its node has a newer one, and no stream
+    /// names it as owner) are deleted once older than this, in milliseconds.
+    /// Default 600,000 (10 minutes).
+    pub dead_wal_grace_ms: u64,
 }
 
 impl Default for WalConfig {
@@ -71,6 +75,7 @@ impl Default for WalConfig {
             tail_cache_bytes_max: 64 << 20,
             compaction_interval_ms: 30_000,
             segment_bytes_max: 64 << 20,
+            dead_wal_grace_ms: 600_000,
         }
     }
 }

@@ -403,7 +403,63 @@ async fn epochs_are_checked(t: TestStore) {
     ));
 }
 
+async fn dead_generations_are_collected(t: TestStore) {
+    let grace0 = WalConfig {
+        dead_wal_grace_ms: 0,
+        ..config()
+    };
+    {
+        let a = StreamStore::open(t.store.clone(), "a", grace0.clone())
+            .await
+            .unwrap();
+        let s = a.open_stream("s", 1).await.unwrap();
+        let kept = a.open_stream("kept", 1).await.unwrap();
+        for i in 0..5 {
+            s.append_durable(1, 1, i, payload("s", i as u64))
+                .await
+                .unwrap();
+            kept.append_durable(1, 1, i, payload("kept", i as u64))
+                .await
+                .unwrap();
+        }
+        // Crash.
+    }
+    let count = |prefix: &'static str| {
+        let store = t.store.clone();
+        async move {
+            store
+                .list(Some(&Path::from(prefix)))
+                .try_collect::<Vec<_>>()
+                .await
+                .unwrap()
+                .len()
+        }
+    };
+    let b = StreamStore::open(t.store.clone(), "b", grace0.clone())
+        .await
+        .unwrap();
+    let s = b.open_stream("s", 2).await.unwrap();
+    assert_eq!(read_all(&s).await.len(), 5);
+    // a/1 still owns "kept": nothing of it may go, even once a has restarted.
+    let _a2 = StreamStore::open(t.store.clone(), "a", grace0.clone())
+        .await
+        .unwrap();
+    assert_eq!(b.gc_dead_wals().await.unwrap(), 0);
+    let before = count("wal/a").await;
+    assert!(before > 0);
+    // Once "kept" is taken over too, a/1 is dead and unreferenced: its objects go.
+    let kept = b.open_stream("kept", 2).await.unwrap();
+    assert_eq!(read_all(&kept).await.len(), 5);
+    let deleted = b.gc_dead_wals().await.unwrap();
+    assert_eq!(deleted, before);
+    assert_eq!(count("wal/a").await, 0);
+    // Everything is still readable (it was recovered into segments).
+    assert_eq!(read_all(&s).await.len(), 5);
+    assert_eq!(read_all(&kept).await.len(), 5);
+}
+
 backend_tests! {
+    dead_generations_are_collected => super::dead_generations_are_collected;
     appends_get_contiguous_offsets_and_read_back => super::appends_get_contiguous_offsets_and_read_back;
     acks_come_in_upload_order => super::acks_come_in_upload_order;
     a_failed_upload_fails_later_appends_and_reopen_recovers => super::a_failed_upload_fails_later_appends_and_reopen_recovers;

@@ -389,3 +389,79 @@ pub(super) async fn trim(stream: &Arc<StreamInner>, start: u64) -> WalResult<u64
     }
     Ok(start)
 }
+
+/// Deletes WAL objects of dead generations: generations whose node has claimed a newer
+/// one and that no stream names as owner, objects older than `dead_wal_grace_ms`. Any
+/// node may run it. Returns the number of objects deleted.
+pub(super) async fn gc_dead_wals(store: &Arc<StoreInner>) -> WalResult<usize> {
+    use futures::TryStreamExt;
+    let claims: Vec<Path> = store
+        .store
+        .list(Some(&Path::from("walgen")))
+        .map_ok(|m| m.location)
+        .try_collect()
+        .await?;
+    let mut newest: std::collections::BTreeMap<String, u64> = Default::default();
+    let mut all = Vec::new();
+    for claim in claims {
+        let segments: Vec<String> = claim.parts().map(|p| p.as_ref().to_string()).collect();
+        let [_, node, generation] = segments.as_slice() else {
+            continue;
+        };
+        let Ok(generation) = generation.parse::<u64>() else {
+            continue;
+        };
+        let entry = newest.entry(node.clone()).or_default();
+        *entry = (*entry).max(generation);
+        all.push(super::meta::WalId {
+            node: node.clone(),
+            generation,
+        });
+    }
+    store.meta.catch_up().await?;
+    let referenced: std::collections::BTreeSet<super::meta::WalId> = store
+        .meta
+        .read(|s, _| s.streams.values().filter_map(|m| m.owner.clone()).collect());
+    let cutoff = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .saturating_sub(std::time::Duration::from_millis(
+            store.config.dead_wal_grace_ms,
+        ))
+        .as_millis() as i64;
+    let mut deleted = 0;
+    for wal in all {
+        if wal == store.wal
+            || referenced.contains(&wal)
+            || newest.get(&wal.node).is_none_or(|g| *g <= wal.generation)
+        {
+            continue;
+        }
+        let doomed: Vec<object_store::Result<Path>> = store
+            .store
+            .list(Some(&super::writer::wal_dir(&wal)))
+            .try_filter(|m| futures::future::ready(m.last_modified.timestamp_millis() <= cutoff))
+            .map_ok(|m| m.location)
+            .collect()
+            .await;
+        let doomed: Vec<object_store::Result<Path>> =
+            doomed.into_iter().filter(|p| p.is_ok()).collect();
+        let count = doomed.len();
+        let results: Vec<object_store::Result<Path>> = store
+            .store
+            .delete_stream(futures::stream::iter(doomed).boxed())
+            .collect()
+            .await;
+        for r in results {
+            match r {
+                Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if count > 0 {
+            tracing::info!(%wal, objects = count, "deleted the WAL objects of a dead generation");
+        }
+        deleted += count;
+    }
+    Ok(deleted)
+}

@@ -314,12 +314,21 @@ impl StreamStore {
         compact::compact_all(&self.inner).await
     }
 
+    /// Deletes WAL objects of dead generations (see `docs/s3stream.md`). Returns the
+    /// number of objects deleted.
+    pub async fn gc_dead_wals(&self) -> WalResult<usize> {
+        compact::gc_dead_wals(&self.inner).await
+    }
+
     /// Runs compaction every `compaction_interval_ms`, or sooner when the node holds
-    /// `segment_bytes_max` of uncompacted data, until `shutdown` resolves.
+    /// `segment_bytes_max` of uncompacted data, until `shutdown` resolves. Every tenth
+    /// round also collects dead WAL generations.
     pub async fn run_compactor(&self, shutdown: impl std::future::Future<Output = ()>) {
         tokio::pin!(shutdown);
         let interval = Duration::from_millis(self.inner.config.compaction_interval_ms.max(1));
+        let mut round = 0u64;
         loop {
+            round += 1;
             tokio::select! {
                 _ = &mut shutdown => return,
                 _ = tokio::time::sleep(interval) => {}
@@ -330,6 +339,11 @@ impl StreamStore {
             }
             if let Err(e) = self.compact().await {
                 tracing::warn!(wal = %self.inner.wal, "compaction failed: {e}");
+            }
+            if round.is_multiple_of(10)
+                && let Err(e) = self.gc_dead_wals().await
+            {
+                tracing::warn!(wal = %self.inner.wal, "dead WAL collection failed: {e}");
             }
         }
     }
