@@ -456,6 +456,17 @@ async fn dead_generations_are_collected(t: TestStore) {
     // Everything is still readable (it was recovered into segments).
     assert_eq!(read_all(&s).await.len(), 5);
     assert_eq!(read_all(&kept).await.len(), 5);
+
+    // An orphan segment (as a rejected commit leaves) goes; named ones stay.
+    let orphan = Path::from("seg/s/00000000000000000099-9-orphan");
+    t.store
+        .put(&orphan, object_store::PutPayload::from_static(b"junk"))
+        .await
+        .unwrap();
+    let segments_before = count("seg/s").await;
+    assert_eq!(b.gc_orphan_segments().await.unwrap(), 1);
+    assert_eq!(count("seg/s").await, segments_before - 1);
+    assert_eq!(read_all(&s).await.len(), 5);
 }
 
 backend_tests! {

@@ -465,3 +465,53 @@ pub(super) async fn gc_dead_wals(store: &Arc<StoreInner>) -> WalResult<usize> {
     }
     Ok(deleted)
 }
+
+/// Deletes segment objects of this node's streams that no metadata entry names (left by
+/// a compaction or takeover whose commit was rejected), once older than
+/// `dead_wal_grace_ms`. Returns the number deleted.
+pub(super) async fn gc_orphan_segments(store: &Arc<StoreInner>) -> WalResult<usize> {
+    use futures::TryStreamExt;
+    store.meta.catch_up().await?;
+    let cutoff = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .saturating_sub(std::time::Duration::from_millis(
+            store.config.dead_wal_grace_ms,
+        ))
+        .as_millis() as i64;
+    let names: Vec<String> = store.lock_streams().keys().cloned().collect();
+    let mut deleted = 0;
+    for name in names {
+        let known: std::collections::BTreeSet<String> = store.meta.read(|s, _| {
+            s.streams
+                .get(&name)
+                .map(|m| m.segments.iter().map(|seg| seg.key.clone()).collect())
+                .unwrap_or_default()
+        });
+        let orphans: Vec<object_store::Result<Path>> = store
+            .store
+            .list(Some(&Path::from(format!("seg/{name}"))))
+            .try_filter(|m| {
+                let named = known.contains(m.location.as_ref());
+                futures::future::ready(!named && m.last_modified.timestamp_millis() <= cutoff)
+            })
+            .map_ok(|m| m.location)
+            .collect()
+            .await;
+        let orphans: Vec<object_store::Result<Path>> =
+            orphans.into_iter().filter(|p| p.is_ok()).collect();
+        deleted += orphans.len();
+        let results: Vec<object_store::Result<Path>> = store
+            .store
+            .delete_stream(futures::stream::iter(orphans).boxed())
+            .collect()
+            .await;
+        for r in results {
+            match r {
+                Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    Ok(deleted)
+}

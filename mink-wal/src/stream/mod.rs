@@ -320,9 +320,15 @@ impl StreamStore {
         compact::gc_dead_wals(&self.inner).await
     }
 
+    /// Deletes segment objects of this node's streams that no metadata names (left
+    /// by rejected commits) and that are older than `dead_wal_grace_ms`.
+    pub async fn gc_orphan_segments(&self) -> WalResult<usize> {
+        compact::gc_orphan_segments(&self.inner).await
+    }
+
     /// Runs compaction every `compaction_interval_ms`, or sooner when the node holds
     /// `segment_bytes_max` of uncompacted data, until `shutdown` resolves. Every tenth
-    /// round also collects dead WAL generations.
+    /// round also collects dead WAL generations and orphan segments.
     pub async fn run_compactor(&self, shutdown: impl std::future::Future<Output = ()>) {
         tokio::pin!(shutdown);
         let interval = Duration::from_millis(self.inner.config.compaction_interval_ms.max(1));
@@ -340,10 +346,13 @@ impl StreamStore {
             if let Err(e) = self.compact().await {
                 tracing::warn!(wal = %self.inner.wal, "compaction failed: {e}");
             }
-            if round.is_multiple_of(10)
-                && let Err(e) = self.gc_dead_wals().await
-            {
-                tracing::warn!(wal = %self.inner.wal, "dead WAL collection failed: {e}");
+            if round.is_multiple_of(10) {
+                if let Err(e) = self.gc_dead_wals().await {
+                    tracing::warn!(wal = %self.inner.wal, "dead WAL collection failed: {e}");
+                }
+                if let Err(e) = self.gc_orphan_segments().await {
+                    tracing::warn!(wal = %self.inner.wal, "orphan segment collection failed: {e}");
+                }
             }
         }
     }
