@@ -1,13 +1,21 @@
 //! `mink-log`: the log tablet of one bucket.
 //!
-//! It owns, as it grows, the batch header and format, offset assignment, the commit
-//! timestamp, the high watermark and log start, writer windows (idempotence), tailing
-//! readers, scans, timestamp lookup and TTL. Today it holds its configuration.
+//! - [`batch`]: the batch format — a fixed binary header (offsets, commit timestamp,
+//!   leader epoch, schema id, writer and sequences, change types) and the Arrow IPC
+//!   record batch without its schema (docs/log-format.md).
+//! - [`window`]: writer windows, which make idempotent writers exactly-once.
+//! - [`tablet`]: `LogTablet` — appends with offsets and commit timestamps, the high
+//!   watermark, scans, the long-poll tail, offset lookups, recovery and TTL.
 //!
 //! Architecture invariant: a log tablet is one s3stream stream and knows nothing of
 //! leadership, metadata, KV state or protocols. It is told its epoch; it never decides
-//! who leads.
+//! who leads. Readers never see past the high watermark (the durable end).
 
+pub mod batch;
 pub mod config;
+pub mod tablet;
+pub mod window;
 
+pub use batch::{BatchHeader, LogBatch, NO_WRITER};
 pub use config::LogConfig;
+pub use tablet::{AppendRequest, Appended, LogTablet, OffsetSpec, ScanResult, wal_error};

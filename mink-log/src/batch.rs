@@ -1,0 +1,351 @@
+//! The log batch: a fixed binary header, then the Arrow IPC record batch message
+//! without its schema (the header's `schema_id` names it). docs/log-format.md holds the
+//! byte table; every integer is little-endian.
+
+use std::collections::HashMap;
+
+use arrow::array::RecordBatch;
+use arrow::buffer::Buffer;
+use arrow::datatypes::SchemaRef;
+use arrow::ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteContext, IpcWriteOptions};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use mink_types::{ChangeType, MinkError, Result, SchemaId};
+
+/// `MKB1`.
+pub const MAGIC: u32 = u32::from_le_bytes(*b"MKB1");
+/// Bytes before the change types: magic 4, base offset 8, commit timestamp 8, leader
+/// epoch 8, CRC 4, record count 4, schema id 4, writer id 8, first sequence 8, last
+/// sequence 8, attributes 2.
+pub const FIXED_HEADER_LEN: usize = 4 + 8 + 8 + 8 + 4 + 4 + 4 + 8 + 8 + 8 + 2;
+/// Where the CRC sits; it covers every byte after it. The fields before it are
+/// assigned by the leader at append time (like Kafka's base offset), so a batch is
+/// encoded once, outside the tablet's lock, and stamped under it.
+pub const CRC_AT: usize = 4 + 8 + 8 + 8;
+/// Attribute bit: the header holds one change type per row (primary-key tables).
+pub const ATTR_CHANGE_TYPES: u16 = 1;
+/// The writer id of a batch written without idempotence.
+pub const NO_WRITER: i64 = -1;
+
+/// Everything in a batch's header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchHeader {
+    pub base_offset: i64,
+    pub record_count: i32,
+    pub commit_timestamp: i64,
+    pub leader_epoch: i64,
+    pub schema_id: SchemaId,
+    pub writer_id: i64,
+    pub first_sequence: i64,
+    pub last_sequence: i64,
+    pub attributes: u16,
+    /// One per row for primary-key tables; empty (all `+A`) for log tables.
+    pub change_types: Vec<ChangeType>,
+}
+
+impl BatchHeader {
+    /// The offset after the batch's last row.
+    pub fn end_offset(&self) -> i64 {
+        self.base_offset + self.record_count as i64
+    }
+
+    /// The change type of row `i`.
+    pub fn change_type(&self, i: usize) -> ChangeType {
+        self.change_types
+            .get(i)
+            .copied()
+            .unwrap_or(ChangeType::AppendOnly)
+    }
+}
+
+/// A decoded batch.
+#[derive(Debug, Clone)]
+pub struct LogBatch {
+    pub header: BatchHeader,
+    pub batch: RecordBatch,
+    /// Encoded size in bytes.
+    pub size: usize,
+}
+
+fn corrupt(what: impl std::fmt::Display) -> MinkError {
+    MinkError::Internal(format!("corrupt log batch: {what}"))
+}
+
+/// Encodes `batch` with `header` (whose `record_count` and change types must match).
+pub fn encode(header: &BatchHeader, batch: &RecordBatch) -> Result<BytesMut> {
+    if header.record_count as usize != batch.num_rows() {
+        return Err(MinkError::Internal(format!(
+            "header says {} rows, the batch has {}",
+            header.record_count,
+            batch.num_rows()
+        )));
+    }
+    let has_changes = header.attributes & ATTR_CHANGE_TYPES != 0;
+    if has_changes && header.change_types.len() != batch.num_rows() {
+        return Err(MinkError::invalid(
+            "changes",
+            format!(
+                "{} change types for {} rows",
+                header.change_types.len(),
+                batch.num_rows()
+            ),
+        ));
+    }
+    let (_, encoded) = IpcDataGenerator::default().encode(
+        batch,
+        &mut DictionaryTracker::new(false),
+        &IpcWriteOptions::default(),
+        &mut IpcWriteContext::default(),
+    )?;
+    let changes = if has_changes {
+        header.change_types.len()
+    } else {
+        0
+    };
+    let mut buf = BytesMut::with_capacity(
+        FIXED_HEADER_LEN + changes + 4 + encoded.ipc_message.len() + encoded.arrow_data.len(),
+    );
+    buf.put_u32_le(MAGIC);
+    buf.put_i64_le(header.base_offset);
+    buf.put_i64_le(header.commit_timestamp);
+    buf.put_i64_le(header.leader_epoch);
+    buf.put_u32_le(0); // CRC, filled below
+    buf.put_i32_le(header.record_count);
+    buf.put_i32_le(header.schema_id);
+    buf.put_i64_le(header.writer_id);
+    buf.put_i64_le(header.first_sequence);
+    buf.put_i64_le(header.last_sequence);
+    buf.put_u16_le(header.attributes);
+    if has_changes {
+        for c in &header.change_types {
+            buf.put_u8(c.to_byte());
+        }
+    }
+    buf.put_u32_le(encoded.ipc_message.len() as u32);
+    buf.put_slice(&encoded.ipc_message);
+    buf.put_slice(&encoded.arrow_data);
+    let crc = crc32c::crc32c(&buf[CRC_AT + 4..]);
+    buf[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
+    Ok(buf)
+}
+
+/// Sets the fields the leader assigns at append time (outside the CRC).
+pub fn stamp(buf: &mut BytesMut, base_offset: i64, commit_timestamp: i64, leader_epoch: i64) {
+    buf[4..12].copy_from_slice(&base_offset.to_le_bytes());
+    buf[12..20].copy_from_slice(&commit_timestamp.to_le_bytes());
+    buf[20..28].copy_from_slice(&leader_epoch.to_le_bytes());
+}
+
+/// Decodes and checks a header (magic, CRC over the whole batch, lengths) without
+/// decoding the rows. Returns the header and where the IPC message starts.
+pub fn decode_header(bytes: &[u8]) -> Result<(BatchHeader, usize)> {
+    if bytes.len() < FIXED_HEADER_LEN + 4 {
+        return Err(corrupt(format!("truncated: {} bytes", bytes.len())));
+    }
+    let mut cur = bytes;
+    let magic = cur.get_u32_le();
+    if magic != MAGIC {
+        return Err(corrupt(format!("wrong magic {magic:#010x}")));
+    }
+    let base_offset = cur.get_i64_le();
+    let commit_timestamp = cur.get_i64_le();
+    let leader_epoch = cur.get_i64_le();
+    let crc = cur.get_u32_le();
+    if crc32c::crc32c(&bytes[CRC_AT + 4..]) != crc {
+        return Err(corrupt("CRC mismatch"));
+    }
+    let mut header = BatchHeader {
+        base_offset,
+        record_count: cur.get_i32_le(),
+        commit_timestamp,
+        leader_epoch,
+        schema_id: cur.get_i32_le(),
+        writer_id: cur.get_i64_le(),
+        first_sequence: cur.get_i64_le(),
+        last_sequence: cur.get_i64_le(),
+        attributes: cur.get_u16_le(),
+        change_types: vec![],
+    };
+    if header.record_count < 1 {
+        return Err(corrupt(format!("record count {}", header.record_count)));
+    }
+    if header.attributes & ATTR_CHANGE_TYPES != 0 {
+        let n = header.record_count as usize;
+        if cur.len() < n + 4 {
+            return Err(corrupt("truncated change types"));
+        }
+        header.change_types = cur[..n]
+            .iter()
+            .map(|b| {
+                ChangeType::from_byte(*b).map_err(|_| corrupt(format!("unknown change type {b}")))
+            })
+            .collect::<Result<_>>()?;
+        cur.advance(n);
+    }
+    let ipc_len = cur.get_u32_le() as usize;
+    if cur.len() < ipc_len {
+        return Err(corrupt("truncated IPC message"));
+    }
+    Ok((header, bytes.len() - cur.len()))
+}
+
+/// Decodes a whole batch. `schema_of` maps a schema id to its Arrow schema; an unknown
+/// id is an error.
+pub fn decode(
+    bytes: &Bytes,
+    schema_of: impl Fn(SchemaId) -> Option<SchemaRef>,
+) -> Result<LogBatch> {
+    let (header, ipc_start) = decode_header(bytes)?;
+    let schema = schema_of(header.schema_id).ok_or_else(|| {
+        MinkError::SchemaMismatch(format!(
+            "the batch at offset {} names schema id {}, which this table does not have",
+            header.base_offset, header.schema_id
+        ))
+    })?;
+    let ipc_len = u32::from_le_bytes(
+        bytes[ipc_start - 4..ipc_start]
+            .try_into()
+            .map_err(|_| corrupt("truncated"))?,
+    ) as usize;
+    let message = arrow::ipc::root_as_message(&bytes[ipc_start..ipc_start + ipc_len])
+        .map_err(|e| corrupt(format!("bad IPC message: {e}")))?;
+    let ipc_batch = message
+        .header_as_record_batch()
+        .ok_or_else(|| corrupt("the IPC message is not a record batch"))?;
+    let body = Buffer::from(bytes.slice(ipc_start + ipc_len..));
+    let batch = arrow::ipc::reader::read_record_batch(
+        &body,
+        ipc_batch,
+        schema,
+        &HashMap::new(),
+        None,
+        &message.version(),
+    )
+    .map_err(|e| corrupt(format!("bad IPC body: {e}")))?;
+    if batch.num_rows() != header.record_count as usize {
+        return Err(corrupt(format!(
+            "the header says {} rows, the IPC batch holds {}",
+            header.record_count,
+            batch.num_rows()
+        )));
+    }
+    Ok(LogBatch {
+        header,
+        batch,
+        size: bytes.len(),
+    })
+}
+
+/// A schema registry as a function, for [`decode`].
+pub fn schemas(map: &HashMap<SchemaId, SchemaRef>) -> impl Fn(SchemaId) -> Option<SchemaRef> + '_ {
+    |id| map.get(&id).cloned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{Int64Array, StringArray};
+    use arrow::datatypes::{DataType, Field, Schema};
+    use std::sync::Arc;
+
+    fn schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("name", DataType::Utf8, true),
+        ]))
+    }
+
+    fn sample(changes: bool) -> (BatchHeader, RecordBatch) {
+        let batch = RecordBatch::try_new(
+            schema(),
+            vec![
+                Arc::new(Int64Array::from(vec![1, 2, 3])),
+                Arc::new(StringArray::from(vec![Some("a"), None, Some("c")])),
+            ],
+        )
+        .unwrap();
+        let header = BatchHeader {
+            base_offset: 42,
+            record_count: 3,
+            commit_timestamp: 1_700_000_000_000,
+            leader_epoch: 7,
+            schema_id: 1,
+            writer_id: 9,
+            first_sequence: 5,
+            last_sequence: 5,
+            attributes: if changes { ATTR_CHANGE_TYPES } else { 0 },
+            change_types: if changes {
+                vec![
+                    ChangeType::Insert,
+                    ChangeType::UpdateBefore,
+                    ChangeType::UpdateAfter,
+                ]
+            } else {
+                vec![]
+            },
+        };
+        (header, batch)
+    }
+
+    fn registry() -> HashMap<SchemaId, SchemaRef> {
+        HashMap::from([(1, schema())])
+    }
+
+    #[test]
+    fn batches_round_trip() {
+        for changes in [false, true] {
+            let (header, batch) = sample(changes);
+            let bytes = encode(&header, &batch).unwrap().freeze();
+            let decoded = decode(&bytes, schemas(&registry())).unwrap();
+            assert_eq!(decoded.header, header);
+            assert_eq!(decoded.batch, batch);
+            assert_eq!(decoded.size, bytes.len());
+            assert_eq!(decode_header(&bytes).unwrap().0, header);
+        }
+        // Stamping leaves the CRC valid.
+        let (header, batch) = sample(false);
+        let mut buf = encode(&header, &batch).unwrap();
+        stamp(&mut buf, 1000, 5, 3);
+        let got = decode(&buf.freeze(), schemas(&registry())).unwrap().header;
+        assert_eq!(
+            (got.base_offset, got.commit_timestamp, got.leader_epoch),
+            (1000, 5, 3)
+        );
+    }
+
+    #[test]
+    fn every_kind_of_corruption_is_detected() {
+        let (header, batch) = sample(true);
+        let bytes = encode(&header, &batch).unwrap().freeze();
+        let err = |b: Vec<u8>| {
+            decode(&Bytes::from(b), schemas(&registry()))
+                .unwrap_err()
+                .to_string()
+        };
+
+        let mut wrong_magic = bytes.to_vec();
+        wrong_magic[0] = b'X';
+        assert!(err(wrong_magic).contains("wrong magic"));
+
+        let mut flipped = bytes.to_vec();
+        let last = flipped.len() - 1;
+        flipped[last] ^= 0x40;
+        assert!(err(flipped).contains("CRC mismatch"));
+
+        assert!(err(bytes[..bytes.len() - 10].to_vec()).contains("CRC mismatch"));
+        assert!(err(bytes[..20].to_vec()).contains("truncated"));
+
+        // A record count that disagrees with the IPC batch (CRC made valid again).
+        let mut count = bytes.to_vec();
+        count[CRC_AT + 4..CRC_AT + 8].copy_from_slice(&2i32.to_le_bytes());
+        let changes_end = FIXED_HEADER_LEN + 3;
+        // Drop one change type so the layout stays consistent with the new count.
+        count.remove(changes_end - 1);
+        let crc = crc32c::crc32c(&count[CRC_AT + 4..]);
+        count[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
+        assert!(err(count).contains("the header says 2 rows, the IPC batch holds 3"));
+
+        let unknown = decode(&bytes, |_| None).unwrap_err();
+        assert!(matches!(unknown, MinkError::SchemaMismatch(_)));
+        assert!(unknown.to_string().contains("schema id 1"));
+    }
+}

@@ -1,0 +1,656 @@
+//! The log tablet of one bucket: appends with idempotent writers, the high watermark,
+//! scans, the long-poll tail, offset lookups, recovery and TTL.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
+use mink_types::{ChangeType, MinkError, Result, Schema, SchemaId, TableBucket};
+use mink_wal::{Stream, WalError};
+use tokio::sync::{Semaphore, watch};
+
+use crate::batch::{self, ATTR_CHANGE_TYPES, BatchHeader, LogBatch, NO_WRITER};
+use crate::config::LogConfig;
+use crate::window::{Check, Entry, Windows};
+
+/// One batch to append.
+#[derive(Debug, Clone)]
+pub struct AppendRequest {
+    /// The idempotent writer, or [`NO_WRITER`].
+    pub writer_id: i64,
+    pub first_sequence: i64,
+    pub last_sequence: i64,
+    pub schema_id: SchemaId,
+    /// One per row for primary-key tables (the changelog); `None` for log tables.
+    pub change_types: Option<Vec<ChangeType>>,
+    pub batch: RecordBatch,
+}
+
+/// Where a batch landed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Appended {
+    pub first_offset: i64,
+    pub last_offset: i64,
+    pub duplicated: bool,
+    pub commit_timestamp: i64,
+}
+
+/// Rows read from the log.
+#[derive(Debug, Clone)]
+pub struct ScanResult {
+    pub batches: Vec<LogBatch>,
+    pub high_watermark: i64,
+    pub log_start: i64,
+}
+
+impl ScanResult {
+    /// Encoded bytes of the batches.
+    pub fn bytes(&self) -> usize {
+        self.batches.iter().map(|b| b.size).sum()
+    }
+
+    /// The offset after the last row returned (or `from` when empty).
+    pub fn next_offset(&self, from: i64) -> i64 {
+        self.batches.last().map_or(from, |b| b.header.end_offset())
+    }
+}
+
+/// Which offset `list_offsets` looks up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OffsetSpec {
+    /// The log start.
+    Earliest,
+    /// The high watermark.
+    Latest,
+    /// The first offset whose commit timestamp is at or after this one (ms).
+    Timestamp(i64),
+}
+
+struct State {
+    windows: Windows,
+    last_commit_timestamp: i64,
+    failed: Option<MinkError>,
+}
+
+struct Inner {
+    bucket: TableBucket,
+    stream: Stream,
+    epoch: u64,
+    primary_key: bool,
+    config: LogConfig,
+    schemas: RwLock<HashMap<SchemaId, (Schema, SchemaRef)>>,
+    state: Mutex<State>,
+    inflight: Arc<Semaphore>,
+}
+
+/// A bucket's log. Cheap to clone.
+#[derive(Clone)]
+pub struct LogTablet {
+    inner: Arc<Inner>,
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Maps mink-wal's errors to Mink's, with the bucket for context.
+pub fn wal_error(bucket: TableBucket, err: WalError) -> MinkError {
+    match err {
+        WalError::Storage(e) => MinkError::StorageFailure(format!("{bucket}: {e}")),
+        WalError::Fenced(e) => MinkError::Fenced(format!("{bucket}: {e}")),
+        WalError::Closed(e) => MinkError::Unavailable(format!("{bucket}: {e}")),
+        WalError::OffsetOutOfRange { offset, start, .. } => MinkError::OffsetOutOfRange {
+            bucket,
+            offset: offset as i64,
+            log_start: start as i64,
+            high_watermark: -1,
+        },
+        WalError::TooLarge(e) => MinkError::LimitExceeded {
+            what: format!("{bucket}: {e}"),
+            limit: mink_wal::stream::PAYLOAD_BYTES_MAX as u64,
+            actual: 0,
+        },
+        WalError::Corrupt(e) => MinkError::Internal(format!("{bucket}: {e}")),
+        WalError::Config(e) => MinkError::invalid("stream", format!("{bucket}: {e}")),
+    }
+}
+
+impl LogTablet {
+    /// Opens the tablet on `stream` (open under `epoch`), registering `schemas`, and
+    /// rebuilds the writer windows and the last commit timestamp from the log.
+    pub async fn open(
+        bucket: TableBucket,
+        stream: Stream,
+        primary_key: bool,
+        schemas: Vec<Schema>,
+        config: LogConfig,
+    ) -> Result<Self> {
+        config
+            .validate()
+            .map_err(|e| MinkError::invalid("log config", e))?;
+        let epoch = stream.epoch();
+        let tablet = Self {
+            inner: Arc::new(Inner {
+                bucket,
+                stream,
+                epoch,
+                primary_key,
+                inflight: Arc::new(Semaphore::new(config.inflight_appends_max as usize)),
+                config,
+                schemas: RwLock::new(HashMap::new()),
+                state: Mutex::new(State {
+                    windows: Windows::default(),
+                    last_commit_timestamp: i64::MIN,
+                    failed: None,
+                }),
+            }),
+        };
+        for schema in schemas {
+            tablet.register_schema(schema);
+        }
+        tablet.recover().await?;
+        Ok(tablet)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.inner.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn bucket(&self) -> TableBucket {
+        self.inner.bucket
+    }
+
+    /// The epoch the tablet's stream is open under.
+    pub fn epoch(&self) -> u64 {
+        self.inner.epoch
+    }
+
+    /// Adds a schema version (after `alter_table`).
+    pub fn register_schema(&self, schema: Schema) {
+        let arrow = schema.to_arrow();
+        self.inner
+            .schemas
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(schema.schema_id, (schema, arrow));
+    }
+
+    fn arrow_schema(&self, id: SchemaId) -> Option<SchemaRef> {
+        self.inner
+            .schemas
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&id)
+            .map(|(_, a)| a.clone())
+    }
+
+    /// The end of durable data: readers never see past it.
+    pub fn high_watermark(&self) -> i64 {
+        self.inner.stream.durable_end() as i64
+    }
+
+    /// The first readable offset.
+    pub fn log_start(&self) -> i64 {
+        self.inner.stream.start_offset() as i64
+    }
+
+    /// Why the tablet failed, if it did. A failed tablet acknowledges nothing more and
+    /// must be reopened from the log (under a newer epoch).
+    pub fn failure(&self) -> Option<MinkError> {
+        self.lock().failed.clone()
+    }
+
+    /// The writer window of `writer` (inspection and tests).
+    pub fn writer_window(&self, writer: i64) -> Vec<(i64, i64, i64, i64)> {
+        self.lock()
+            .windows
+            .window(writer)
+            .iter()
+            .map(|e| {
+                (
+                    e.first_sequence,
+                    e.last_sequence,
+                    e.first_offset,
+                    e.last_offset,
+                )
+            })
+            .collect()
+    }
+
+    fn validate(&self, req: &AppendRequest) -> Result<()> {
+        let bucket = self.inner.bucket;
+        let schemas = self.inner.schemas.read().unwrap_or_else(|e| e.into_inner());
+        let Some((schema, _)) = schemas.get(&req.schema_id) else {
+            return Err(MinkError::invalid(
+                "schema_id",
+                format!("{bucket}: the table has no schema {}", req.schema_id),
+            ));
+        };
+        schema.check_batch(&req.batch)?;
+        if req.batch.num_rows() == 0 {
+            return Err(MinkError::invalid(
+                "batch",
+                "a batch needs at least one row",
+            ));
+        }
+        if req.batch.num_rows() > i32::MAX as usize {
+            return Err(MinkError::LimitExceeded {
+                what: "rows in one batch".into(),
+                limit: i32::MAX as u64,
+                actual: req.batch.num_rows() as u64,
+            });
+        }
+        match (&req.change_types, self.inner.primary_key) {
+            (Some(c), true) if c.len() == req.batch.num_rows() => {}
+            (Some(c), true) => {
+                return Err(MinkError::invalid(
+                    "changes",
+                    format!("{} change types for {} rows", c.len(), req.batch.num_rows()),
+                ));
+            }
+            (None, true) => {
+                return Err(MinkError::invalid(
+                    "changes",
+                    "a primary-key table's log needs change types",
+                ));
+            }
+            (Some(_), false) => {
+                return Err(MinkError::invalid(
+                    "changes",
+                    "a log table takes no change types",
+                ));
+            }
+            (None, false) => {}
+        }
+        if req.writer_id != NO_WRITER {
+            if req.writer_id < 0 {
+                return Err(MinkError::invalid(
+                    "writer_id",
+                    format!("{} is not a writer id", req.writer_id),
+                ));
+            }
+            if req.first_sequence < 0 || req.last_sequence < req.first_sequence {
+                return Err(MinkError::invalid(
+                    "batch_sequence",
+                    format!(
+                        "sequences {}..={} are not a range",
+                        req.first_sequence, req.last_sequence
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Appends one batch: checks the writer window, assigns offsets and the commit
+    /// timestamp, and resolves once the batch (and every earlier one of the node) is
+    /// durable. Many appends may be in flight; they are acknowledged in order.
+    pub async fn append(&self, req: AppendRequest) -> Result<Appended> {
+        let bucket = self.inner.bucket;
+        self.validate(&req)?;
+        let rows = req.batch.num_rows() as i64;
+        let header = BatchHeader {
+            base_offset: 0,
+            record_count: rows as i32,
+            commit_timestamp: 0,
+            leader_epoch: self.inner.epoch as i64,
+            schema_id: req.schema_id,
+            writer_id: req.writer_id,
+            first_sequence: req.first_sequence,
+            last_sequence: req.last_sequence,
+            attributes: if self.inner.primary_key {
+                ATTR_CHANGE_TYPES
+            } else {
+                0
+            },
+            change_types: req.change_types.clone().unwrap_or_default(),
+        };
+        // Encoded once, outside the lock; stamped with offset and time under it.
+        let mut encoded = batch::encode(&header, &req.batch)?;
+        if encoded.len() as u64 > self.inner.config.batch_bytes_max {
+            return Err(MinkError::LimitExceeded {
+                what: format!("{bucket}: encoded batch bytes"),
+                limit: self.inner.config.batch_bytes_max,
+                actual: encoded.len() as u64,
+            });
+        }
+        let _slot = self
+            .inner
+            .inflight
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| MinkError::Unavailable(format!("{bucket}: the tablet is closing")))?;
+        let reservation = self
+            .inner
+            .stream
+            .reserve(encoded.len())
+            .await
+            .map_err(|e| wal_error(bucket, e))?;
+
+        enum Step {
+            Duplicate(Entry),
+            Go(
+                mink_wal::PendingAppend,
+                i64,
+                i64,
+                Arc<watch::Sender<crate::window::Outcome>>,
+            ),
+        }
+        let step = {
+            let mut state = self.lock();
+            if let Some(e) = &state.failed {
+                return Err(e.clone());
+            }
+            let mut duplicate = None;
+            if req.writer_id != NO_WRITER {
+                match state
+                    .windows
+                    .check(req.writer_id, req.first_sequence, req.last_sequence)
+                {
+                    Check::New => {}
+                    Check::Duplicate(entry) => duplicate = Some(entry),
+                    Check::OutOfOrder { expected } => {
+                        return Err(MinkError::OutOfOrderSequence {
+                            bucket,
+                            writer_id: req.writer_id,
+                            first_sequence: req.first_sequence,
+                            expected,
+                        });
+                    }
+                }
+            }
+            match duplicate {
+                Some(entry) => Step::Duplicate(entry),
+                None => {
+                    let base = self.inner.stream.next_offset() as i64;
+                    let ts = now_ms().max(state.last_commit_timestamp);
+                    batch::stamp(&mut encoded, base, ts, self.inner.epoch as i64);
+                    let pending = match self.inner.stream.append(
+                        reservation,
+                        self.inner.epoch,
+                        rows as u32,
+                        ts,
+                        encoded.freeze(),
+                    ) {
+                        Ok(p) => p,
+                        Err(e) => {
+                            let err = wal_error(bucket, e);
+                            state.failed = Some(err.clone());
+                            return Err(err);
+                        }
+                    };
+                    state.last_commit_timestamp = ts;
+                    let outcome = Arc::new(watch::channel(None).0);
+                    if req.writer_id != NO_WRITER {
+                        state.windows.push(
+                            req.writer_id,
+                            Entry {
+                                first_sequence: req.first_sequence,
+                                last_sequence: req.last_sequence,
+                                first_offset: base,
+                                last_offset: base + rows - 1,
+                                commit_timestamp: ts,
+                                pending: Some(outcome.clone()),
+                            },
+                        );
+                    }
+                    Step::Go(pending, base, ts, outcome)
+                }
+            }
+        };
+        match step {
+            Step::Duplicate(entry) => {
+                metrics::counter!("mink_log_duplicate_batches_total").increment(1);
+                let appended = Appended {
+                    first_offset: entry.first_offset,
+                    last_offset: entry.last_offset,
+                    duplicated: true,
+                    commit_timestamp: entry.commit_timestamp,
+                };
+                let Some(pending) = entry.pending else {
+                    return Ok(appended);
+                };
+                // The original is still in flight: answer as it is answered.
+                let mut rx = pending.subscribe();
+                loop {
+                    if let Some(outcome) = rx.borrow_and_update().clone() {
+                        return outcome.map(|()| appended);
+                    }
+                    if rx.changed().await.is_err() {
+                        return Err(MinkError::Unavailable(format!(
+                            "{bucket}: the original append vanished"
+                        )));
+                    }
+                }
+            }
+            Step::Go(pending, base, ts, outcome) => match pending.durable().await {
+                Ok(range) => {
+                    debug_assert_eq!(
+                        range.start as i64, base,
+                        "the stream assigned another offset"
+                    );
+                    self.lock().windows.complete(req.writer_id, base);
+                    outcome.send_replace(Some(Ok(())));
+                    metrics::counter!("mink_log_appended_rows_total").increment(rows as u64);
+                    Ok(Appended {
+                        first_offset: base,
+                        last_offset: base + rows - 1,
+                        duplicated: false,
+                        commit_timestamp: ts,
+                    })
+                }
+                Err(e) => {
+                    let err = wal_error(bucket, e);
+                    self.lock().failed = Some(err.clone());
+                    outcome.send_replace(Some(Err(err.clone())));
+                    Err(err)
+                }
+            },
+        }
+    }
+
+    /// Decodes a stream record into a batch, checking that its header agrees with
+    /// where the stream holds it.
+    fn decode(&self, record: &mink_wal::Record) -> Result<LogBatch> {
+        let decoded = batch::decode(&record.payload, |id| self.arrow_schema(id))?;
+        if decoded.header.base_offset != record.base as i64
+            || decoded.header.record_count as u32 != record.count
+        {
+            return Err(MinkError::Internal(format!(
+                "{}: the batch at stream offset {} claims offsets {}..{}",
+                self.inner.bucket,
+                record.base,
+                decoded.header.base_offset,
+                decoded.header.end_offset()
+            )));
+        }
+        Ok(decoded)
+    }
+
+    /// Reads batches from `from` up to the high watermark, about `max_bytes` (at
+    /// least one batch, capped by `scan_bytes_max`). A batch that begins before `from`
+    /// is cut to start at it. `from` below the log start or above the high watermark
+    /// is `OffsetOutOfRange`.
+    pub async fn scan(&self, from: i64, max_bytes: usize) -> Result<ScanResult> {
+        let bucket = self.inner.bucket;
+        let (log_start, hw) = (self.log_start(), self.high_watermark());
+        if from < log_start || from > hw {
+            return Err(MinkError::OffsetOutOfRange {
+                bucket,
+                offset: from,
+                log_start,
+                high_watermark: hw,
+            });
+        }
+        let max_bytes = max_bytes
+            .min(self.inner.config.scan_bytes_max as usize)
+            .max(1);
+        let records = match self.inner.stream.read(from as u64, max_bytes).await {
+            Ok(r) => r,
+            Err(WalError::OffsetOutOfRange { .. }) => {
+                return Err(MinkError::OffsetOutOfRange {
+                    bucket,
+                    offset: from,
+                    log_start: self.log_start(),
+                    high_watermark: self.high_watermark(),
+                });
+            }
+            Err(e) => return Err(wal_error(bucket, e)),
+        };
+        let mut batches = Vec::with_capacity(records.len());
+        for record in &records {
+            let mut b = self.decode(record)?;
+            if b.header.base_offset < from {
+                let skip = (from - b.header.base_offset) as usize;
+                b.batch = b.batch.slice(skip, b.batch.num_rows() - skip);
+                if !b.header.change_types.is_empty() {
+                    b.header.change_types.drain(..skip);
+                }
+                b.header.base_offset = from;
+                b.header.record_count -= skip as i32;
+            }
+            batches.push(b);
+        }
+        Ok(ScanResult {
+            batches,
+            high_watermark: self.high_watermark(),
+            log_start: self.log_start(),
+        })
+    }
+
+    /// Long-poll: returns once at least `min_bytes` (and at least one batch) are
+    /// readable from `from`, or after `max_wait` with whatever is there (maybe
+    /// nothing). Woken by the high watermark, never by polling.
+    pub async fn tail(
+        &self,
+        from: i64,
+        min_bytes: usize,
+        max_wait: Duration,
+        max_bytes: usize,
+    ) -> Result<ScanResult> {
+        let deadline = tokio::time::Instant::now() + max_wait;
+        let mut hw = self.inner.stream.subscribe();
+        loop {
+            if let Some(e) = self.failure() {
+                return Err(e);
+            }
+            let available = self.high_watermark();
+            let expired = tokio::time::Instant::now() >= deadline;
+            if available > from || expired {
+                let result = self.scan(from, max_bytes).await?;
+                if result.bytes() >= min_bytes.max(1) || expired {
+                    return Ok(result);
+                }
+            }
+            tokio::select! {
+                changed = hw.changed() => {
+                    if changed.is_err() {
+                        return Err(MinkError::Unavailable(format!("{}: the stream closed", self.inner.bucket)));
+                    }
+                }
+                _ = tokio::time::sleep_until(deadline) => {}
+            }
+        }
+    }
+
+    /// EARLIEST (log start), LATEST (high watermark) or the first offset whose commit
+    /// timestamp is at or after a time; `None` when every row is older.
+    pub async fn list_offsets(&self, spec: OffsetSpec) -> Result<Option<i64>> {
+        Ok(match spec {
+            OffsetSpec::Earliest => Some(self.log_start()),
+            OffsetSpec::Latest => Some(self.high_watermark()),
+            OffsetSpec::Timestamp(ts) => self
+                .inner
+                .stream
+                .offset_for_timestamp(ts)
+                .await
+                .map_err(|e| wal_error(self.inner.bucket, e))?
+                .map(|o| o as i64)
+                .filter(|o| *o < self.high_watermark()),
+        })
+    }
+
+    /// Trims data whose commit timestamp is older than `ttl` (whole segments are
+    /// deleted; only compacted data can go). Returns the new log start.
+    pub async fn trim_expired(&self, ttl: Duration) -> Result<i64> {
+        let cutoff = now_ms() - ttl.as_millis() as i64;
+        let bucket = self.inner.bucket;
+        let target = match self
+            .inner
+            .stream
+            .offset_for_timestamp(cutoff)
+            .await
+            .map_err(|e| wal_error(bucket, e))?
+        {
+            Some(offset) => offset,
+            None => self.inner.stream.durable_end(),
+        };
+        let start = self
+            .inner
+            .stream
+            .trim(target)
+            .await
+            .map_err(|e| wal_error(bucket, e))?;
+        Ok(start as i64)
+    }
+
+    /// Rebuilds writer windows and the last commit timestamp by reading the log's
+    /// headers from its start. (A checkpoint of writer state would bound this; see
+    /// docs/log-format.md.)
+    async fn recover(&self) -> Result<()> {
+        let bucket = self.inner.bucket;
+        let end = self.inner.stream.durable_end();
+        let mut pos = self.inner.stream.start_offset();
+        let mut windows = Windows::default();
+        let mut last_ts = i64::MIN;
+        let mut batches = 0u64;
+        while pos < end {
+            let records = self
+                .inner
+                .stream
+                .read(pos, 8 << 20)
+                .await
+                .map_err(|e| wal_error(bucket, e))?;
+            if records.is_empty() {
+                return Err(MinkError::Internal(format!(
+                    "{bucket}: recovery made no progress at {pos}"
+                )));
+            }
+            for record in records {
+                let (h, _) = batch::decode_header(&record.payload)?;
+                if h.base_offset != record.base as i64 {
+                    return Err(MinkError::Internal(format!(
+                        "{bucket}: the batch at stream offset {} claims offset {}",
+                        record.base, h.base_offset
+                    )));
+                }
+                last_ts = last_ts.max(h.commit_timestamp);
+                if h.writer_id != NO_WRITER {
+                    windows.push(
+                        h.writer_id,
+                        Entry {
+                            first_sequence: h.first_sequence,
+                            last_sequence: h.last_sequence,
+                            first_offset: h.base_offset,
+                            last_offset: h.end_offset() - 1,
+                            commit_timestamp: h.commit_timestamp,
+                            pending: None,
+                        },
+                    );
+                }
+                pos = record.end();
+                batches += 1;
+            }
+        }
+        let mut state = self.lock();
+        state.windows = windows;
+        state.last_commit_timestamp = last_ts;
+        tracing::debug!(%bucket, batches, high_watermark = end, "log tablet recovered");
+        Ok(())
+    }
+}

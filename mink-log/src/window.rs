@@ -1,0 +1,169 @@
+//! Writer windows: the last batches of each idempotent writer, as sequence ranges,
+//! so that a retried batch is recognised and answered with its original offsets.
+//!
+//! A Mink batch is one sequence (`first == last`); a Kafka batch covers
+//! `base_sequence ..= base_sequence + count - 1`. A batch whose range equals one in
+//! the window is a duplicate. Otherwise its first sequence must follow the last one of
+//! the window; a writer's first batch may start anywhere.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use mink_types::MinkError;
+use tokio::sync::watch;
+
+/// Batches remembered per writer.
+pub const WINDOW_BATCHES: usize = 5;
+/// Writers remembered per bucket; beyond it the writer idle the longest is forgotten.
+pub const WRITERS_MAX: usize = 100_000;
+
+/// The outcome of an append, shared with duplicates that arrive while it is pending.
+pub type Outcome = Option<Result<(), MinkError>>;
+
+#[derive(Debug, Clone)]
+pub struct Entry {
+    pub first_sequence: i64,
+    pub last_sequence: i64,
+    pub first_offset: i64,
+    pub last_offset: i64,
+    pub commit_timestamp: i64,
+    /// `Some` while the append is not yet durable.
+    pub pending: Option<Arc<watch::Sender<Outcome>>>,
+}
+
+/// What to do with a batch.
+#[derive(Debug)]
+pub enum Check {
+    /// Append it.
+    New,
+    /// A retry of this entry.
+    Duplicate(Entry),
+    /// A gap or a rewind; `expected` is the sequence that would follow.
+    OutOfOrder { expected: i64 },
+}
+
+#[derive(Debug, Default)]
+pub struct Windows {
+    writers: HashMap<i64, VecDeque<Entry>>,
+}
+
+impl Windows {
+    pub fn check(&self, writer: i64, first: i64, last: i64) -> Check {
+        let Some(window) = self.writers.get(&writer) else {
+            return Check::New;
+        };
+        if let Some(entry) = window
+            .iter()
+            .find(|e| e.first_sequence == first && e.last_sequence == last)
+        {
+            return Check::Duplicate(entry.clone());
+        }
+        match window.back() {
+            Some(latest) if first != latest.last_sequence + 1 => Check::OutOfOrder {
+                expected: latest.last_sequence + 1,
+            },
+            _ => Check::New,
+        }
+    }
+
+    pub fn push(&mut self, writer: i64, entry: Entry) {
+        if !self.writers.contains_key(&writer) && self.writers.len() >= WRITERS_MAX {
+            // Forget the writer whose latest batch is the oldest.
+            if let Some(idle) = self
+                .writers
+                .iter()
+                .min_by_key(|(_, w)| w.back().map_or(i64::MIN, |e| e.commit_timestamp))
+                .map(|(id, _)| *id)
+            {
+                self.writers.remove(&idle);
+            }
+        }
+        let window = self.writers.entry(writer).or_default();
+        window.push_back(entry);
+        while window.len() > WINDOW_BATCHES {
+            window.pop_front();
+        }
+    }
+
+    /// Marks the entry starting at `first_offset` durable.
+    pub fn complete(&mut self, writer: i64, first_offset: i64) {
+        if let Some(e) = self
+            .writers
+            .get_mut(&writer)
+            .and_then(|w| w.iter_mut().find(|e| e.first_offset == first_offset))
+        {
+            e.pending = None;
+        }
+    }
+
+    /// The number of writers remembered.
+    pub fn writers(&self) -> usize {
+        self.writers.len()
+    }
+
+    /// A writer's window, oldest first (for tests and inspection).
+    pub fn window(&self, writer: i64) -> Vec<Entry> {
+        self.writers
+            .get(&writer)
+            .map(|w| w.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(first: i64, last: i64, offset: i64) -> Entry {
+        Entry {
+            first_sequence: first,
+            last_sequence: last,
+            first_offset: offset,
+            last_offset: offset + (last - first),
+            commit_timestamp: offset,
+            pending: None,
+        }
+    }
+
+    #[test]
+    fn duplicates_gaps_and_the_first_batch() {
+        let mut w = Windows::default();
+        assert!(
+            matches!(w.check(1, 17, 17), Check::New),
+            "a writer's first batch may start anywhere"
+        );
+        w.push(1, entry(17, 17, 0));
+        assert!(matches!(w.check(1, 18, 18), Check::New));
+        assert!(matches!(w.check(1, 17, 17), Check::Duplicate(e) if e.first_offset == 0));
+        assert!(matches!(
+            w.check(1, 20, 20),
+            Check::OutOfOrder { expected: 18 }
+        ));
+        assert!(matches!(
+            w.check(1, 16, 16),
+            Check::OutOfOrder { expected: 18 }
+        ));
+        // Kafka-style ranges.
+        w.push(1, entry(18, 27, 1));
+        assert!(matches!(w.check(1, 18, 27), Check::Duplicate(e) if e.last_offset == 10));
+        assert!(matches!(
+            w.check(1, 18, 20),
+            Check::OutOfOrder { expected: 28 }
+        ));
+        assert!(matches!(w.check(1, 28, 30), Check::New));
+    }
+
+    #[test]
+    fn only_the_last_five_batches_are_kept() {
+        let mut w = Windows::default();
+        for s in 0..8 {
+            w.push(3, entry(s, s, s * 10));
+        }
+        let kept: Vec<i64> = w.window(3).iter().map(|e| e.first_sequence).collect();
+        assert_eq!(kept, vec![3, 4, 5, 6, 7]);
+        assert!(matches!(
+            w.check(3, 2, 2),
+            Check::OutOfOrder { expected: 8 }
+        ));
+    }
+}

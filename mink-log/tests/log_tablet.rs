@@ -1,0 +1,410 @@
+//! The log tablet on values: idempotence, retries after failures, ordering, tailing,
+//! timestamp lookups across segments, recovery of writer windows, TTL.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow::array::{Int64Array, RecordBatch, StringArray};
+use mink_log::{AppendRequest, LogConfig, LogTablet, NO_WRITER, OffsetSpec};
+use mink_types::{Column, DataType, MinkError, Schema, TableBucket};
+use mink_wal::fault::{FaultConfig, FaultyStore};
+use mink_wal::{StreamStore, WalConfig};
+use object_store::ObjectStore;
+use object_store::memory::InMemory;
+
+const BUCKET: TableBucket = TableBucket {
+    table_id: 1,
+    partition_id: None,
+    bucket: 0,
+};
+
+fn schema() -> Schema {
+    Schema::new(
+        1,
+        vec![
+            Column::new("id", DataType::BigInt, false),
+            Column::new("v", DataType::String, true),
+        ],
+    )
+}
+
+fn rows(ids: std::ops::Range<i64>) -> RecordBatch {
+    RecordBatch::try_new(
+        schema().to_arrow(),
+        vec![
+            Arc::new(Int64Array::from_iter_values(ids.clone())),
+            Arc::new(StringArray::from_iter_values(ids.map(|i| format!("v{i}")))),
+        ],
+    )
+    .unwrap()
+}
+
+fn req(writer: i64, seq: i64, ids: std::ops::Range<i64>) -> AppendRequest {
+    AppendRequest {
+        writer_id: writer,
+        first_sequence: seq,
+        last_sequence: seq,
+        schema_id: 1,
+        change_types: None,
+        batch: rows(ids),
+    }
+}
+
+fn wal_config() -> WalConfig {
+    WalConfig {
+        compaction_interval_ms: 3_600_000,
+        segment_bytes_max: 1,
+        ..Default::default()
+    }
+}
+
+struct Env {
+    store: Arc<dyn ObjectStore>,
+    faulty: FaultyStore,
+    node: StreamStore,
+    epoch: u64,
+}
+
+impl Env {
+    async fn new() -> Self {
+        let faulty = FaultyStore::new(Arc::new(InMemory::new()), FaultConfig::default());
+        let store: Arc<dyn ObjectStore> = Arc::new(faulty.clone());
+        let node = StreamStore::open(store.clone(), "n1", wal_config())
+            .await
+            .unwrap();
+        Self {
+            store,
+            faulty,
+            node,
+            epoch: 0,
+        }
+    }
+
+    /// Opens the bucket's tablet under the next epoch (a new incarnation if asked).
+    async fn tablet(&mut self, new_incarnation: bool) -> LogTablet {
+        if new_incarnation {
+            self.node = StreamStore::open(self.store.clone(), "n1", wal_config())
+                .await
+                .unwrap();
+        }
+        self.epoch += 1;
+        let stream = self.node.open_stream("t1-b0", self.epoch).await.unwrap();
+        LogTablet::open(BUCKET, stream, false, vec![schema()], LogConfig::default())
+            .await
+            .unwrap()
+    }
+}
+
+async fn all_ids(tablet: &LogTablet) -> Vec<i64> {
+    let mut ids = Vec::new();
+    let mut pos = tablet.log_start();
+    while pos < tablet.high_watermark() {
+        let scan = tablet.scan(pos, 1 << 20).await.unwrap();
+        for b in &scan.batches {
+            let col = b
+                .batch
+                .column(0)
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap();
+            ids.extend(col.values().iter().copied());
+        }
+        pos = scan.next_offset(pos);
+    }
+    ids
+}
+
+#[tokio::test]
+async fn offsets_are_contiguous_and_a_duplicate_returns_the_original() {
+    let mut env = Env::new().await;
+    let tablet = env.tablet(false).await;
+    let a = tablet.append(req(7, 0, 0..3)).await.unwrap();
+    assert_eq!((a.first_offset, a.last_offset, a.duplicated), (0, 2, false));
+    let b = tablet.append(req(7, 1, 3..5)).await.unwrap();
+    assert_eq!((b.first_offset, b.last_offset), (3, 4));
+    assert!(
+        b.commit_timestamp >= a.commit_timestamp,
+        "commit timestamps never go back"
+    );
+    let again = tablet.append(req(7, 0, 0..3)).await.unwrap();
+    assert_eq!(
+        (again.first_offset, again.last_offset, again.duplicated),
+        (0, 2, true)
+    );
+    assert_eq!(again.commit_timestamp, a.commit_timestamp);
+    assert_eq!(tablet.high_watermark(), 5);
+    assert_eq!(all_ids(&tablet).await, vec![0, 1, 2, 3, 4]);
+    // Without a writer id nothing is deduplicated.
+    tablet.append(req(NO_WRITER, 0, 5..6)).await.unwrap();
+    tablet.append(req(NO_WRITER, 0, 5..6)).await.unwrap();
+    assert_eq!(tablet.high_watermark(), 7);
+}
+
+#[tokio::test]
+async fn out_of_order_sequences_are_rejected_and_change_nothing() {
+    let mut env = Env::new().await;
+    let tablet = env.tablet(false).await;
+    tablet.append(req(1, 10, 0..2)).await.unwrap();
+    for bad in [12, 9] {
+        let err = tablet.append(req(1, bad, 2..4)).await.unwrap_err();
+        match err {
+            MinkError::OutOfOrderSequence {
+                writer_id,
+                first_sequence,
+                expected,
+                ..
+            } => assert_eq!((writer_id, first_sequence, expected), (1, bad, 11)),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(tablet.high_watermark(), 2);
+    assert_eq!(
+        tablet.append(req(1, 11, 2..4)).await.unwrap().first_offset,
+        2
+    );
+}
+
+#[tokio::test]
+async fn a_retry_after_a_failed_upload_is_written_exactly_once() {
+    for landed in [false, true] {
+        let mut env = Env::new().await;
+        let tablet = env.tablet(false).await;
+        tablet.append(req(5, 0, 0..2)).await.unwrap();
+        if landed {
+            env.faulty.time_out_next_puts(1);
+        } else {
+            env.faulty.fail_next_puts(1);
+        }
+        let err = tablet.append(req(5, 1, 2..4)).await.unwrap_err();
+        assert!(matches!(err, MinkError::StorageFailure(_)), "{err:?}");
+        assert!(tablet.failure().is_some());
+        // The node restarts its WAL and reopens the tablet from the log.
+        let tablet = env.tablet(true).await;
+        let retry = tablet.append(req(5, 1, 2..4)).await.unwrap();
+        assert_eq!(retry.duplicated, landed, "landed={landed}");
+        assert_eq!((retry.first_offset, retry.last_offset), (2, 3));
+        assert_eq!(all_ids(&tablet).await, vec![0, 1, 2, 3], "landed={landed}");
+    }
+}
+
+#[tokio::test]
+async fn recovery_restores_writer_windows() {
+    let mut env = Env::new().await;
+    let tablet = env.tablet(false).await;
+    for seq in 0..7 {
+        tablet
+            .append(req(3, seq, seq * 2..seq * 2 + 2))
+            .await
+            .unwrap();
+    }
+    tablet.append(req(4, 100, 14..15)).await.unwrap();
+    env.node.compact().await.unwrap();
+    let before = (tablet.writer_window(3), tablet.writer_window(4));
+    drop(tablet);
+    let tablet = env.tablet(true).await;
+    assert_eq!((tablet.writer_window(3), tablet.writer_window(4)), before);
+    assert_eq!(tablet.writer_window(3).len(), 5);
+    let dup = tablet.append(req(3, 6, 12..14)).await.unwrap();
+    assert!(dup.duplicated);
+    assert_eq!(dup.first_offset, 12);
+    assert!(matches!(
+        tablet.append(req(3, 9, 15..16)).await.unwrap_err(),
+        MinkError::OutOfOrderSequence { expected: 7, .. }
+    ));
+    assert_eq!(
+        tablet.append(req(3, 7, 15..16)).await.unwrap().first_offset,
+        15
+    );
+}
+
+#[tokio::test]
+async fn a_tail_wakes_when_data_arrives() {
+    let mut env = Env::new().await;
+    let tablet = env.tablet(false).await;
+    let reader = tablet.clone();
+    let waiting =
+        tokio::spawn(async move { reader.tail(0, 1, Duration::from_secs(30), 1 << 20).await });
+    tokio::task::yield_now().await;
+    assert!(!waiting.is_finished());
+    tablet.append(req(NO_WRITER, 0, 0..4)).await.unwrap();
+    // The failsafe timeout only guards the test run; the tail returns on the append.
+    let got = tokio::time::timeout(Duration::from_secs(20), waiting)
+        .await
+        .expect("the tail was not woken")
+        .unwrap()
+        .unwrap();
+    assert_eq!(got.batches.len(), 1);
+    assert_eq!(got.batches[0].batch.num_rows(), 4);
+    assert_eq!(got.high_watermark, 4);
+
+    // With nothing new, the tail returns empty at its deadline.
+    let empty = tablet
+        .tail(4, 1, Duration::from_millis(20), 1 << 20)
+        .await
+        .unwrap();
+    assert!(empty.batches.is_empty());
+    // min_bytes larger than one batch waits for more.
+    let reader = tablet.clone();
+    let big = tokio::spawn(async move {
+        reader
+            .tail(4, 10_000, Duration::from_secs(30), 1 << 20)
+            .await
+    });
+    tablet.append(req(NO_WRITER, 0, 4..5)).await.unwrap();
+    tokio::task::yield_now().await;
+    assert!(!big.is_finished(), "one small batch is below min_bytes");
+    for i in 0..50 {
+        tablet
+            .append(req(NO_WRITER, 0, 5 + i * 20..25 + i * 20))
+            .await
+            .unwrap();
+        if big.is_finished() {
+            break;
+        }
+    }
+    let got = tokio::time::timeout(Duration::from_secs(20), big)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(got.bytes() >= 10_000);
+}
+
+#[tokio::test]
+async fn scans_cut_at_the_requested_offset_and_check_ranges() {
+    let mut env = Env::new().await;
+    let tablet = env.tablet(false).await;
+    tablet.append(req(NO_WRITER, 0, 0..5)).await.unwrap();
+    let scan = tablet.scan(3, 1 << 20).await.unwrap();
+    assert_eq!(scan.batches[0].header.base_offset, 3);
+    assert_eq!(scan.batches[0].batch.num_rows(), 2);
+    assert!(tablet.scan(5, 100).await.unwrap().batches.is_empty());
+    assert!(matches!(
+        tablet.scan(6, 100).await.unwrap_err(),
+        MinkError::OffsetOutOfRange {
+            offset: 6,
+            high_watermark: 5,
+            ..
+        }
+    ));
+}
+
+#[tokio::test]
+async fn timestamp_lookups_across_segments() {
+    let mut env = Env::new().await;
+    let tablet = env.tablet(false).await;
+    let mut appended = Vec::new();
+    for i in 0..12i64 {
+        appended.push(
+            tablet
+                .append(req(NO_WRITER, 0, i * 2..i * 2 + 2))
+                .await
+                .unwrap(),
+        );
+        if i % 4 == 3 {
+            env.node.compact().await.unwrap(); // one segment per compaction
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    for a in &appended {
+        let expected = appended
+            .iter()
+            .find(|b| b.commit_timestamp >= a.commit_timestamp)
+            .unwrap()
+            .first_offset;
+        assert_eq!(
+            tablet
+                .list_offsets(OffsetSpec::Timestamp(a.commit_timestamp))
+                .await
+                .unwrap(),
+            Some(expected)
+        );
+    }
+    let last = appended.last().unwrap().commit_timestamp;
+    assert_eq!(
+        tablet
+            .list_offsets(OffsetSpec::Timestamp(last + 1))
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(
+        tablet.list_offsets(OffsetSpec::Earliest).await.unwrap(),
+        Some(0)
+    );
+    assert_eq!(
+        tablet.list_offsets(OffsetSpec::Latest).await.unwrap(),
+        Some(24)
+    );
+}
+
+#[tokio::test]
+async fn ttl_moves_the_log_start_and_reads_below_it_fail() {
+    let mut env = Env::new().await;
+    let tablet = env.tablet(false).await;
+    for i in 0..5i64 {
+        tablet
+            .append(req(NO_WRITER, 0, i * 2..i * 2 + 2))
+            .await
+            .unwrap();
+    }
+    env.node.compact().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    let fresh = tablet.append(req(NO_WRITER, 0, 10..12)).await.unwrap();
+    env.node.compact().await.unwrap();
+    let start = tablet
+        .trim_expired(Duration::from_millis(40))
+        .await
+        .unwrap();
+    assert_eq!(start, fresh.first_offset);
+    assert_eq!(tablet.log_start(), 10);
+    assert!(matches!(
+        tablet.scan(0, 100).await.unwrap_err(),
+        MinkError::OffsetOutOfRange {
+            offset: 0,
+            log_start: 10,
+            ..
+        }
+    ));
+    assert_eq!(all_ids(&tablet).await, vec![10, 11]);
+    assert_eq!(
+        tablet.list_offsets(OffsetSpec::Earliest).await.unwrap(),
+        Some(10)
+    );
+}
+
+#[tokio::test]
+async fn bad_batches_are_rejected_with_a_reason() {
+    let mut env = Env::new().await;
+    let tablet = env.tablet(false).await;
+    let mut r = req(NO_WRITER, 0, 0..2);
+    r.schema_id = 9;
+    assert!(
+        tablet
+            .append(r)
+            .await
+            .unwrap_err()
+            .to_string()
+            .contains("no schema 9")
+    );
+    let mut r = req(NO_WRITER, 0, 0..2);
+    r.change_types = Some(vec![mink_types::ChangeType::Insert; 2]);
+    assert!(
+        tablet
+            .append(r)
+            .await
+            .unwrap_err()
+            .to_string()
+            .contains("log table takes no change types")
+    );
+    let wrong =
+        RecordBatch::try_from_iter(vec![("id", Arc::new(StringArray::from(vec!["x"])) as _)])
+            .unwrap();
+    let mut r = req(NO_WRITER, 0, 0..1);
+    r.batch = wrong;
+    assert!(matches!(
+        tablet.append(r).await.unwrap_err(),
+        MinkError::SchemaMismatch(_)
+    ));
+    assert_eq!(tablet.high_watermark(), 0, "nothing was written");
+}
