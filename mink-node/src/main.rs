@@ -21,6 +21,12 @@ struct Args {
     print_config: bool,
 }
 
+/// mimalloc keeps freed memory for reuse: encoding a 1 MB batch into a fresh buffer
+/// is ~10× faster than with the system allocator, which returns large blocks to the
+/// kernel and page-faults them back (measured in `cargo xtask bench log`).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));

@@ -14,6 +14,10 @@ use mink_wal::{ObjectStoreConfig, StreamStore, WalConfig, open_object_store};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
+/// The allocator mink-node runs with.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 struct Run {
     appends: u64,
     bytes: u64,

@@ -7,12 +7,20 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 
 /// Benchmarks: name, package, bench target, what it measures.
-pub const BENCHES: &[(&str, &str, &str, &str)] = &[(
-    "wal",
-    "mink-wal",
-    "wal",
-    "s3stream append latency and throughput against raw object-store PUTs",
-)];
+pub const BENCHES: &[(&str, &str, &str, &str)] = &[
+    (
+        "wal",
+        "mink-wal",
+        "wal",
+        "s3stream append latency and throughput against raw object-store PUTs",
+    ),
+    (
+        "log",
+        "mink-log",
+        "log",
+        "log-tablet appends against raw s3stream appends; scans from memory and segments",
+    ),
+];
 
 pub fn run(root: &Path, name: &str, quick: bool) -> Result<()> {
     let Some((_, package, target, what)) = BENCHES.iter().find(|(n, ..)| *n == name) else {
