@@ -599,6 +599,31 @@ impl LogTablet {
         Ok(start as i64)
     }
 
+    /// Trims expired data every `log.ttl_check_interval_ms` until `shutdown` resolves;
+    /// `ttl` is read each round (it changes with `alter_table`), `None` keeps all.
+    pub async fn run_ttl(
+        &self,
+        ttl: impl Fn() -> Option<Duration>,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) {
+        tokio::pin!(shutdown);
+        let interval = Duration::from_millis(self.inner.config.ttl_check_interval_ms.max(1));
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => return,
+                _ = tokio::time::sleep(interval) => {}
+            }
+            if self.failure().is_some() {
+                return;
+            }
+            if let Some(ttl) = ttl()
+                && let Err(e) = self.trim_expired(ttl).await
+            {
+                tracing::warn!(bucket = %self.inner.bucket, "TTL trim failed: {e}");
+            }
+        }
+    }
+
     /// Rebuilds writer windows and the last commit timestamp by reading the log's
     /// headers from its start. (A checkpoint of writer state would bound this; see
     /// docs/log-format.md.)
