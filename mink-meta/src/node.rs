@@ -1,0 +1,648 @@
+//! `MetaNode`: one node's view of the metadata log, its heartbeat, the lease, and —
+//! while it holds the lease — the coordinator's duties.
+//!
+//! - **View.** The metadata `ObjectLog` applied to `MetaState`; a tailer keeps it
+//!   fresh, backing off while idle; `wait_for(index)` serves `mink-min-applied-index`.
+//! - **Heartbeat.** Every `heartbeat_interval_ms` the node overwrites `nodes/{node}`
+//!   with a counter. Liveness is judged by whether that object *changes*, on the
+//!   observer's own clock, so clocks need not agree.
+//! - **Lease.** A node takes the lease (`AcquireLease` with term + 1, one winner per
+//!   term by conditional create) when there is no holder or the holder's heartbeat has
+//!   not changed for `lease_timeout_ms`. Every duty of the holder is a proposal carrying
+//!   its term; the state machine rejects a stale term, so a deposed holder that has not
+//!   noticed yet cannot act.
+//! - **Duties.** Assign leaders to buckets that have none (balanced by count over live
+//!   nodes), declare nodes dead whose heartbeat stopped for `node_session_timeout_ms`
+//!   and move their buckets (new epochs), expire group and producer offsets, write
+//!   snapshots of the metadata log, and `rebalance` on request.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use mink_types::{MinkError, Result, TableDescriptor, TablePath};
+use mink_wal::{Appended, ObjectLog, WalError};
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::config::MetaConfig;
+use crate::state::{MetaCommand, MetaState, PartitionInfo, TableInfo};
+
+/// Bucket moves in one `AssignBuckets` proposal, at most.
+const ASSIGNMENTS_PER_PROPOSAL_MAX: usize = 1_000;
+/// How often the lease holder expires offsets.
+const EXPIRE_EVERY: Duration = Duration::from_secs(60);
+
+fn storage(e: WalError) -> MinkError {
+    match e {
+        WalError::Storage(e) => MinkError::StorageFailure(format!("metadata log: {e}")),
+        other => MinkError::Internal(format!("metadata log: {other}")),
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// What a node last saw of another node's heartbeat object, and when it changed.
+struct Seen {
+    content: bytes::Bytes,
+    changed_at: Instant,
+}
+
+struct Inner {
+    node: String,
+    incarnation: u64,
+    store: Arc<dyn ObjectStore>,
+    log: ObjectLog<MetaState>,
+    config: MetaConfig,
+    heartbeat: AtomicU64,
+    seen: Mutex<HashMap<String, Seen>>,
+    /// Serializes this node's proposals whose result is read back from the state.
+    proposing: tokio::sync::Mutex<()>,
+    shutdown: watch::Sender<bool>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+    last_snapshot: AtomicU64,
+}
+
+/// One node's metadata service. Cheap to clone.
+#[derive(Clone)]
+pub struct MetaNode {
+    inner: Arc<Inner>,
+}
+
+impl MetaNode {
+    /// Opens the metadata log (from its latest snapshot), registers this node as a new
+    /// incarnation, and starts the tailer, the heartbeat and the lease loop.
+    pub async fn open(
+        store: Arc<dyn ObjectStore>,
+        node: &str,
+        flight_addr: &str,
+        kafka_addr: &str,
+        config: MetaConfig,
+    ) -> Result<Self> {
+        config
+            .validate()
+            .map_err(|e| MinkError::invalid("meta config", e))?;
+        let log = ObjectLog::open(store.clone(), "meta", MetaState::default())
+            .await
+            .map_err(storage)?;
+        let mut incarnation = log.read(|s, _| s.nodes.get(node).map_or(0, |n| n.incarnation)) + 1;
+        loop {
+            let command = MetaCommand::RegisterNode {
+                node: node.to_string(),
+                flight_addr: flight_addr.to_string(),
+                kafka_addr: kafka_addr.to_string(),
+                incarnation,
+            };
+            match log.append(&command).await.map_err(storage)? {
+                Appended::At(_) => break,
+                Appended::Rejected(MinkError::InvalidArgument { field, .. })
+                    if field == "incarnation" =>
+                {
+                    incarnation =
+                        log.read(|s, _| s.nodes.get(node).map_or(0, |n| n.incarnation)) + 1;
+                }
+                Appended::Rejected(e) => return Err(e),
+            }
+        }
+        let meta = Self {
+            inner: Arc::new(Inner {
+                node: node.to_string(),
+                incarnation,
+                store,
+                log,
+                config,
+                heartbeat: AtomicU64::new(0),
+                seen: Mutex::new(HashMap::new()),
+                proposing: tokio::sync::Mutex::new(()),
+                shutdown: watch::channel(false).0,
+                tasks: Mutex::new(Vec::new()),
+                last_snapshot: AtomicU64::new(0),
+            }),
+        };
+        meta.beat().await;
+        let tasks = vec![
+            tokio::spawn(meta.clone().tail_loop()),
+            tokio::spawn(meta.clone().heartbeat_loop()),
+            tokio::spawn(meta.clone().lease_loop()),
+        ];
+        *meta.inner.tasks.lock().unwrap_or_else(|e| e.into_inner()) = tasks;
+        tracing::info!(node, incarnation, "metadata node started");
+        Ok(meta)
+    }
+
+    pub fn node_id(&self) -> &str {
+        &self.inner.node
+    }
+
+    /// This process's incarnation of the node.
+    pub fn incarnation(&self) -> u64 {
+        self.inner.incarnation
+    }
+
+    /// The index of the last applied metadata entry (`mink-applied-index`).
+    pub fn applied_index(&self) -> u64 {
+        self.inner.log.applied_index()
+    }
+
+    /// Reads the applied state.
+    pub fn read<R>(&self, f: impl FnOnce(&MetaState) -> R) -> R {
+        self.inner.log.read(|s, _| f(s))
+    }
+
+    /// A copy of the applied state and its index.
+    pub fn snapshot(&self) -> (MetaState, u64) {
+        self.inner.log.read(|s, i| (s.clone(), i))
+    }
+
+    /// Changes of the applied index.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.inner.log.subscribe()
+    }
+
+    /// Waits (at most `timeout`, capped by `applied_index_wait_max_ms`) until `index`
+    /// is applied (`mink-min-applied-index`). Returns the applied index.
+    pub async fn wait_for(&self, index: u64, timeout: Duration) -> Result<u64> {
+        let cap = Duration::from_millis(self.inner.config.applied_index_wait_max_ms);
+        let reached = self
+            .inner
+            .log
+            .wait_for(index, timeout.min(cap))
+            .await
+            .map_err(storage)?;
+        if reached < index {
+            return Err(MinkError::Unavailable(format!(
+                "metadata index {index} not applied within {:?} (at {reached})",
+                timeout.min(cap)
+            )));
+        }
+        Ok(reached)
+    }
+
+    /// Validates and appends a command. Returns its index.
+    pub async fn propose(&self, command: MetaCommand) -> Result<u64> {
+        let result = self.inner.log.append(&command).await.map_err(storage)?;
+        match result {
+            Appended::At(index) => {
+                metrics::counter!("mink_meta_proposals_total").increment(1);
+                Ok(index)
+            }
+            Appended::Rejected(e) => Err(e),
+        }
+    }
+
+    /// Applies every entry appended so far (a forced catch-up).
+    pub async fn inner_catch_up(&self) {
+        if let Err(e) = self.inner.log.catch_up().await {
+            tracing::debug!("catch-up: {e}");
+        }
+    }
+
+    /// Whether this node holds the lease in its current view.
+    pub fn is_lease_holder(&self) -> bool {
+        self.read(|s| s.lease.holder.as_deref() == Some(self.inner.node.as_str()))
+    }
+
+    /// The current lease term and holder.
+    pub fn lease(&self) -> (u64, Option<String>) {
+        self.read(|s| (s.lease.term, s.lease.holder.clone()))
+    }
+
+    // ---- catalog -------------------------------------------------------------
+
+    pub async fn create_database(&self, name: &str) -> Result<u64> {
+        self.propose(MetaCommand::CreateDatabase {
+            name: name.to_string(),
+        })
+        .await
+    }
+
+    pub async fn drop_database(&self, name: &str, cascade: bool) -> Result<u64> {
+        self.propose(MetaCommand::DropDatabase {
+            name: name.to_string(),
+            cascade,
+        })
+        .await
+    }
+
+    /// Creates a table; returns it as applied.
+    pub async fn create_table(
+        &self,
+        path: &TablePath,
+        descriptor: TableDescriptor,
+    ) -> Result<(TableInfo, u64)> {
+        let index = self
+            .propose(MetaCommand::CreateTable {
+                path: path.clone(),
+                descriptor,
+                at_ms: now_ms(),
+            })
+            .await?;
+        let table = self
+            .read(|s| s.table(path).cloned())
+            .ok_or_else(|| MinkError::NotFound(format!("table {path} (dropped meanwhile)")))?;
+        Ok((table, index))
+    }
+
+    /// Creates a partition, or finds it when it exists.
+    pub async fn create_partition(
+        &self,
+        path: &TablePath,
+        name: &str,
+    ) -> Result<(PartitionInfo, u64)> {
+        if let Some(p) = self.read(|s| s.table(path).and_then(|t| t.partitions.get(name).cloned()))
+        {
+            return Ok((p, self.applied_index()));
+        }
+        let index = self
+            .propose(MetaCommand::CreatePartition {
+                path: path.clone(),
+                name: name.to_string(),
+            })
+            .await?;
+        let p = self
+            .read(|s| s.table(path).and_then(|t| t.partitions.get(name).cloned()))
+            .ok_or_else(|| {
+                MinkError::NotFound(format!("partition {name} of {path} (dropped meanwhile)"))
+            })?;
+        Ok((p, index))
+    }
+
+    /// Takes a block of `count` writer ids from the shared allocator.
+    pub async fn allocate_writer_ids(&self, count: u64) -> Result<std::ops::Range<i64>> {
+        let _one_at_a_time = self.inner.proposing.lock().await;
+        self.propose(MetaCommand::AllocateWriterIds {
+            node: self.inner.node.clone(),
+            count,
+        })
+        .await?;
+        let (start, count) = self
+            .read(|s| s.writer_blocks.get(&self.inner.node).copied())
+            .ok_or_else(|| {
+                MinkError::Internal("writer-id block missing after allocation".into())
+            })?;
+        Ok(start..start + count as i64)
+    }
+
+    /// Commits group offsets, kept for `retention_ms` after this commit (the Kafka
+    /// layer passes the requested retention or `group_offsets_ttl_ms`).
+    pub async fn commit_group_offsets(
+        &self,
+        group: &str,
+        offsets: BTreeMap<String, (i64, String)>,
+        retention_ms: i64,
+    ) -> Result<u64> {
+        self.propose(MetaCommand::CommitGroupOffsets {
+            group: group.to_string(),
+            offsets,
+            at_ms: now_ms(),
+            retention_ms,
+        })
+        .await
+    }
+
+    // ---- lease-holder duties ---------------------------------------------------
+
+    /// Evens out bucket counts over live nodes with the fewest moves. Only the lease
+    /// holder can; others get `NotLeader`-style `Unavailable` naming the holder.
+    pub async fn rebalance(&self) -> Result<usize> {
+        let (term, holder) = self.lease();
+        if holder.as_deref() != Some(self.inner.node.as_str()) {
+            return Err(MinkError::Unavailable(format!(
+                "rebalance runs on the lease holder ({})",
+                holder.unwrap_or_else(|| "none yet".into())
+            )));
+        }
+        let moves = self.read(plan_rebalance);
+        let count = moves.len();
+        for chunk in moves.chunks(ASSIGNMENTS_PER_PROPOSAL_MAX) {
+            self.propose(MetaCommand::AssignBuckets {
+                term,
+                assignments: chunk.to_vec(),
+            })
+            .await?;
+        }
+        Ok(count)
+    }
+
+    /// Stops the background tasks without a goodbye (as a crash would), or, with
+    /// `clean`, releasing the lease first.
+    pub async fn shutdown(&self, clean: bool) {
+        if clean {
+            let (term, holder) = self.lease();
+            if holder.as_deref() == Some(self.inner.node.as_str()) {
+                let _ = self
+                    .propose(MetaCommand::ReleaseLease {
+                        node: self.inner.node.clone(),
+                        term,
+                    })
+                    .await;
+            }
+        }
+        self.inner.shutdown.send_replace(true);
+        for task in self
+            .inner
+            .tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
+            task.abort();
+        }
+    }
+
+    async fn stopped(&self) {
+        let mut rx = self.inner.shutdown.subscribe();
+        let _ = rx.wait_for(|stop| *stop).await;
+    }
+
+    async fn tail_loop(self) {
+        let max = Duration::from_millis(self.inner.config.tail_idle_interval_max_ms);
+        let min = Duration::from_millis(20).min(max);
+        let me = self.clone();
+        self.inner.log.run_tailer(min, max, me.stopped()).await;
+    }
+
+    /// Overwrites `nodes/{node}` with the next counter value.
+    async fn beat(&self) {
+        let n = self.inner.heartbeat.fetch_add(1, Ordering::Relaxed) + 1;
+        let body = serde_json::json!({
+            "node": self.inner.node,
+            "incarnation": self.inner.incarnation,
+            "beat": n,
+            "at_ms": now_ms(),
+        })
+        .to_string();
+        let path = Path::from(format!("nodes/{}", self.inner.node));
+        if let Err(e) = self.inner.store.put(&path, PutPayload::from(body)).await {
+            tracing::warn!("heartbeat failed: {e}");
+        }
+    }
+
+    async fn heartbeat_loop(self) {
+        let interval = Duration::from_millis(self.inner.config.heartbeat_interval_ms);
+        loop {
+            tokio::select! {
+                _ = self.stopped() => return,
+                _ = tokio::time::sleep(interval) => self.beat().await,
+            }
+        }
+    }
+
+    /// How long `node`'s heartbeat object has been unchanged, on our clock.
+    async fn silent_for(&self, node: &str) -> Duration {
+        let path = Path::from(format!("nodes/{node}"));
+        let content = match self.inner.store.get(&path).await {
+            Ok(got) => got.bytes().await.unwrap_or_default(),
+            Err(_) => bytes::Bytes::new(),
+        };
+        let now = Instant::now();
+        let mut seen = self.inner.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = seen.entry(node.to_string()).or_insert_with(|| Seen {
+            content: content.clone(),
+            changed_at: now,
+        });
+        if entry.content != content {
+            entry.content = content;
+            entry.changed_at = now;
+        }
+        now.duration_since(entry.changed_at)
+    }
+
+    async fn lease_loop(self) {
+        let interval = Duration::from_millis(self.inner.config.heartbeat_interval_ms);
+        let mut last_expire = Instant::now();
+        loop {
+            tokio::select! {
+                _ = self.stopped() => return,
+                _ = tokio::time::sleep(interval) => {}
+            }
+            if let Err(e) = self.lease_round(&mut last_expire).await {
+                tracing::debug!(node = %self.inner.node, "lease round: {e}");
+            }
+        }
+    }
+
+    async fn lease_round(&self, last_expire: &mut Instant) -> Result<()> {
+        let (term, holder) = self.lease();
+        match holder {
+            Some(h) if h == self.inner.node => self.duties(term, last_expire).await,
+            Some(h) => {
+                let silent = self.silent_for(&h).await;
+                if silent >= Duration::from_millis(self.inner.config.lease_timeout_ms) {
+                    tracing::info!(node = %self.inner.node, holder = %h, ?silent, "taking over the lease");
+                    self.acquire(term + 1).await?;
+                }
+                Ok(())
+            }
+            None => self.acquire(term + 1).await,
+        }
+    }
+
+    async fn acquire(&self, term: u64) -> Result<()> {
+        match self
+            .propose(MetaCommand::AcquireLease {
+                node: self.inner.node.clone(),
+                term,
+            })
+            .await
+        {
+            Ok(_) => {
+                metrics::counter!("mink_meta_lease_acquired_total").increment(1);
+                tracing::info!(node = %self.inner.node, term, "holding the lease");
+                Ok(())
+            }
+            // Someone else took this term first: fine.
+            Err(MinkError::Fenced(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn duties(&self, term: u64, last_expire: &mut Instant) -> Result<()> {
+        // Dead nodes.
+        let others: Vec<String> = self.read(|s| {
+            s.nodes
+                .iter()
+                .filter(|(n, info)| info.alive && **n != self.inner.node)
+                .map(|(n, _)| n.clone())
+                .collect()
+        });
+        let session = Duration::from_millis(self.inner.config.node_session_timeout_ms);
+        for node in others {
+            if self.silent_for(&node).await >= session {
+                tracing::warn!(%node, "declaring a node dead: its heartbeat stopped");
+                self.propose(MetaCommand::NodeDown { term, node }).await?;
+            }
+        }
+        // Buckets without a live leader.
+        let assignments = self.read(plan_orphans);
+        for chunk in assignments.chunks(ASSIGNMENTS_PER_PROPOSAL_MAX) {
+            self.propose(MetaCommand::AssignBuckets {
+                term,
+                assignments: chunk.to_vec(),
+            })
+            .await?;
+        }
+        if last_expire.elapsed() >= EXPIRE_EVERY {
+            *last_expire = Instant::now();
+            self.propose(MetaCommand::ExpireOffsets {
+                term,
+                now_ms: now_ms(),
+            })
+            .await?;
+        }
+        // Snapshots of the metadata log.
+        let applied = self.applied_index();
+        let last = self.inner.last_snapshot.load(Ordering::Relaxed);
+        if applied >= last + self.inner.config.snapshot_every_entries {
+            let at = self.inner.log.write_snapshot().await.map_err(storage)?;
+            self.inner.last_snapshot.store(at, Ordering::Relaxed);
+            if let Err(e) = self.inner.log.delete_covered(at).await {
+                tracing::debug!("metadata cleanup: {e}");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Live nodes and how many buckets each leads.
+fn load(state: &MetaState) -> BTreeMap<String, usize> {
+    let mut load: BTreeMap<String, usize> = state
+        .nodes
+        .iter()
+        .filter(|(_, n)| n.alive)
+        .map(|(n, _)| (n.clone(), 0))
+        .collect();
+    for b in state.buckets.values() {
+        if let Some(count) = b.leader.as_ref().and_then(|l| load.get_mut(l)) {
+            *count += 1;
+        }
+    }
+    load
+}
+
+fn least_loaded(load: &BTreeMap<String, usize>) -> Option<String> {
+    load.iter()
+        .min_by_key(|(n, c)| (**c, (*n).clone()))
+        .map(|(n, _)| n.clone())
+}
+
+/// Buckets with no live leader, each given to the live node leading the fewest.
+pub fn plan_orphans(state: &MetaState) -> Vec<(String, String)> {
+    let mut load = load(state);
+    let mut out = Vec::new();
+    for (key, b) in &state.buckets {
+        let live = b.leader.as_ref().is_some_and(|l| load.contains_key(l));
+        if live {
+            continue;
+        }
+        let Some(node) = least_loaded(&load) else {
+            return out;
+        };
+        *load.entry(node.clone()).or_default() += 1;
+        out.push((key.clone(), node));
+    }
+    out
+}
+
+/// The fewest moves that leave every live node within one bucket of the others.
+pub fn plan_rebalance(state: &MetaState) -> Vec<(String, String)> {
+    let mut load = load(state);
+    let mut moves = Vec::new();
+    let mut by_node: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (key, b) in &state.buckets {
+        if let Some(l) = b.leader.as_ref().filter(|l| load.contains_key(*l)) {
+            by_node.entry(l.clone()).or_default().push(key.clone());
+        }
+    }
+    loop {
+        let (Some((max_node, max)), Some((min_node, min))) = (
+            load.iter()
+                .max_by_key(|(n, c)| (**c, std::cmp::Reverse((*n).clone())))
+                .map(|(n, c)| (n.clone(), *c)),
+            load.iter()
+                .min_by_key(|(n, c)| (**c, (*n).clone()))
+                .map(|(n, c)| (n.clone(), *c)),
+        ) else {
+            return moves;
+        };
+        if max <= min + 1 {
+            return moves;
+        }
+        let Some(bucket) = by_node.get_mut(&max_node).and_then(|v| v.pop()) else {
+            return moves;
+        };
+        if let Some(c) = load.get_mut(&max_node) {
+            *c -= 1;
+        }
+        *load.entry(min_node.clone()).or_default() += 1;
+        moves.push((bucket, min_node));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{BucketState, NodeInfo};
+    use mink_types::TableBucket;
+
+    fn state(leaders: &[Option<&str>], nodes: &[(&str, bool)]) -> MetaState {
+        let mut s = MetaState::default();
+        for (n, alive) in nodes {
+            s.nodes.insert(
+                n.to_string(),
+                NodeInfo {
+                    flight_addr: String::new(),
+                    kafka_addr: String::new(),
+                    incarnation: 1,
+                    alive: *alive,
+                },
+            );
+        }
+        for (i, l) in leaders.iter().enumerate() {
+            let bucket = TableBucket::new(1, None, i as u32);
+            s.buckets.insert(
+                bucket.stream_name(),
+                BucketState {
+                    bucket,
+                    leader: l.map(str::to_string),
+                    epoch: 1,
+                },
+            );
+        }
+        s
+    }
+
+    #[test]
+    fn orphans_go_to_the_least_loaded_live_nodes() {
+        let s = state(
+            &[Some("a"), Some("a"), None, Some("dead"), None],
+            &[("a", true), ("b", true), ("dead", false)],
+        );
+        let plan = plan_orphans(&s);
+        let to: Vec<&str> = plan.iter().map(|(_, n)| n.as_str()).collect();
+        assert_eq!(to, vec!["b", "b", "a"]);
+    }
+
+    #[test]
+    fn rebalance_moves_the_fewest_buckets() {
+        let s = state(&[Some("a"); 6], &[("a", true), ("b", true), ("c", true)]);
+        let moves = plan_rebalance(&s);
+        assert_eq!(moves.len(), 4);
+        let to_b = moves.iter().filter(|(_, n)| n == "b").count();
+        let to_c = moves.iter().filter(|(_, n)| n == "c").count();
+        assert_eq!((to_b, to_c), (2, 2));
+        let balanced = state(
+            &[Some("a"), Some("b"), Some("c"), Some("a")],
+            &[("a", true), ("b", true), ("c", true)],
+        );
+        assert!(plan_rebalance(&balanced).is_empty());
+    }
+}

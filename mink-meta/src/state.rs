@@ -1,0 +1,736 @@
+//! The metadata state machine: every node applies the same commands in the same order
+//! and reaches the same state. Commands are validated against the state before they
+//! are appended ([`LogState::validate`]), so the log holds no invalid entry, and
+//! applying one never fails.
+
+use std::collections::BTreeMap;
+
+use mink_types::{
+    Column, MinkError, PartitionId, Result, Schema, SchemaId, TableBucket, TableDescriptor,
+    TableId, TablePath, validate_name,
+};
+use mink_wal::LogState;
+use serde::{Deserialize, Serialize};
+
+/// Writer ids handed out in one allocation, at most.
+pub const WRITER_ID_BLOCK_MAX: u64 = 100_000;
+/// Partitions one table may have.
+pub const PARTITIONS_MAX: usize = 10_000;
+
+/// A registered node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    pub flight_addr: String,
+    pub kafka_addr: String,
+    /// Grows with every restart; each incarnation writes its own WAL generation.
+    pub incarnation: u64,
+    /// False once the lease holder declared it dead; true again when it registers.
+    pub alive: bool,
+}
+
+/// The lease: who coordinates the cluster, under which term.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseState {
+    /// Grows by one with every acquisition.
+    pub term: u64,
+    pub holder: Option<String>,
+}
+
+/// A partition of a partitioned table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionInfo {
+    pub id: PartitionId,
+    pub name: String,
+}
+
+/// A table as the catalog knows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TableInfo {
+    pub id: TableId,
+    pub path: TablePath,
+    /// The current definition; `descriptor.schema` is the newest schema.
+    pub descriptor: TableDescriptor,
+    /// Every schema version, oldest first.
+    pub schemas: Vec<Schema>,
+    pub partitions: BTreeMap<String, PartitionInfo>,
+    pub created_at_ms: i64,
+}
+
+impl TableInfo {
+    pub fn schema(&self, id: SchemaId) -> Option<&Schema> {
+        self.schemas.iter().find(|s| s.schema_id == id)
+    }
+}
+
+/// Who leads a bucket, under which epoch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BucketState {
+    pub bucket: TableBucket,
+    pub leader: Option<String>,
+    /// Grows with every change of leader (and every restart of the leader).
+    pub epoch: u64,
+}
+
+/// One committed Kafka group offset.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupOffset {
+    pub offset: i64,
+    pub metadata: String,
+    pub committed_at_ms: i64,
+    pub expires_at_ms: i64,
+}
+
+/// Offsets a producer registered (exactly-once sinks).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProducerOffsets {
+    /// By bucket (`TableBucket::stream_name`).
+    pub offsets: BTreeMap<String, i64>,
+    pub expires_at_ms: i64,
+}
+
+/// Where a bucket's latest KV snapshot is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KvSnapshotPointer {
+    pub snapshot_id: u64,
+    /// The log offset the snapshot covers (replay starts here).
+    pub log_offset: i64,
+    pub location: String,
+}
+
+/// Where a table's latest lake snapshot is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LakeSnapshotPointer {
+    pub snapshot_id: i64,
+    pub location: String,
+    /// Log offsets tiered, by bucket.
+    pub log_offsets: BTreeMap<String, i64>,
+}
+
+/// Every command of the metadata log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MetaCommand {
+    /// A node starts (a new incarnation): buckets it led get new epochs.
+    RegisterNode {
+        node: String,
+        flight_addr: String,
+        kafka_addr: String,
+        incarnation: u64,
+    },
+    /// Take the lease under `term` (the current term + 1).
+    AcquireLease {
+        node: String,
+        term: u64,
+    },
+    /// Give the lease up (clean shutdown).
+    ReleaseLease {
+        node: String,
+        term: u64,
+    },
+    /// The lease holder declares a node dead.
+    NodeDown {
+        term: u64,
+        node: String,
+    },
+    CreateDatabase {
+        name: String,
+    },
+    DropDatabase {
+        name: String,
+        cascade: bool,
+    },
+    CreateTable {
+        path: TablePath,
+        descriptor: TableDescriptor,
+        at_ms: i64,
+    },
+    AlterTable {
+        path: TablePath,
+        add_columns: Vec<Column>,
+        set_properties: BTreeMap<String, String>,
+    },
+    DropTable {
+        path: TablePath,
+    },
+    /// Creating a partition that exists is a no-op, so two nodes creating one on
+    /// demand both succeed.
+    CreatePartition {
+        path: TablePath,
+        name: String,
+    },
+    DropPartition {
+        path: TablePath,
+        name: String,
+    },
+    /// The lease holder moves buckets: each named bucket gets `leader`, epoch + 1.
+    AssignBuckets {
+        term: u64,
+        assignments: Vec<(String, String)>,
+    },
+    /// Hands `count` writer ids to `node`.
+    AllocateWriterIds {
+        node: String,
+        count: u64,
+    },
+    RegisterProducerOffsets {
+        producer_id: String,
+        offsets: BTreeMap<String, i64>,
+        at_ms: i64,
+        ttl_ms: i64,
+    },
+    DeleteProducerOffsets {
+        producer_id: String,
+    },
+    CommitGroupOffsets {
+        group: String,
+        /// `topic/partition` → offset, metadata.
+        offsets: BTreeMap<String, (i64, String)>,
+        at_ms: i64,
+        retention_ms: i64,
+    },
+    DeleteGroup {
+        group: String,
+    },
+    /// The lease holder drops group and producer offsets that expired by `now_ms`.
+    ExpireOffsets {
+        term: u64,
+        now_ms: i64,
+    },
+    SetKvSnapshot {
+        bucket: String,
+        pointer: KvSnapshotPointer,
+    },
+    SetLakeSnapshot {
+        table_id: TableId,
+        pointer: LakeSnapshotPointer,
+    },
+}
+
+/// The whole cluster metadata.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetaState {
+    pub nodes: BTreeMap<String, NodeInfo>,
+    pub lease: LeaseState,
+    pub databases: BTreeMap<String, i64>,
+    pub tables: BTreeMap<TableId, TableInfo>,
+    /// `db.table` → id.
+    pub table_ids: BTreeMap<String, TableId>,
+    /// By `TableBucket::stream_name`.
+    pub buckets: BTreeMap<String, BucketState>,
+    pub next_table_id: TableId,
+    pub next_partition_id: PartitionId,
+    pub next_writer_id: i64,
+    /// The last block of writer ids each node got: `[start, start + count)`.
+    pub writer_blocks: BTreeMap<String, (i64, u64)>,
+    pub producer_offsets: BTreeMap<String, ProducerOffsets>,
+    pub group_offsets: BTreeMap<String, BTreeMap<String, GroupOffset>>,
+    pub kv_snapshots: BTreeMap<String, KvSnapshotPointer>,
+    pub lake_snapshots: BTreeMap<TableId, LakeSnapshotPointer>,
+}
+
+fn not_found(what: impl Into<String>) -> MinkError {
+    MinkError::NotFound(what.into())
+}
+
+impl MetaState {
+    pub fn table(&self, path: &TablePath) -> Option<&TableInfo> {
+        self.table_ids
+            .get(&path.to_string())
+            .and_then(|id| self.tables.get(id))
+    }
+
+    fn table_or_err(&self, path: &TablePath) -> Result<&TableInfo> {
+        self.table(path)
+            .ok_or_else(|| not_found(format!("table {path}")))
+    }
+
+    fn check_term(&self, term: u64) -> Result<()> {
+        if term != self.lease.term || self.lease.holder.is_none() {
+            return Err(MinkError::Fenced(format!(
+                "lease term {term} is not the current term {}",
+                self.lease.term
+            )));
+        }
+        Ok(())
+    }
+
+    /// The buckets of a table (of one partition, or of the unpartitioned table).
+    pub fn buckets_of(&self, table: TableId, partition: Option<PartitionId>) -> Vec<&BucketState> {
+        self.buckets
+            .values()
+            .filter(|b| b.bucket.table_id == table && b.bucket.partition_id == partition)
+            .collect()
+    }
+
+    fn add_buckets(&mut self, table: TableId, partition: Option<PartitionId>, count: u32) {
+        for b in 0..count {
+            let bucket = TableBucket::new(table, partition, b);
+            self.buckets.insert(
+                bucket.stream_name(),
+                BucketState {
+                    bucket,
+                    leader: None,
+                    epoch: 0,
+                },
+            );
+        }
+    }
+
+    /// Removes a table's buckets (all, or one partition's) and their KV snapshot
+    /// pointers.
+    fn remove_buckets(&mut self, table: TableId, partition: Option<PartitionId>) {
+        self.buckets.retain(|_, b| {
+            b.bucket.table_id != table
+                || (partition.is_some() && b.bucket.partition_id != partition)
+        });
+        let buckets = &self.buckets;
+        self.kv_snapshots.retain(|k, _| buckets.contains_key(k));
+    }
+}
+
+impl LogState for MetaState {
+    type Entry = MetaCommand;
+    type Rejection = MinkError;
+
+    fn validate(&self, command: &MetaCommand) -> Result<()> {
+        match command {
+            MetaCommand::RegisterNode {
+                node,
+                flight_addr,
+                incarnation,
+                ..
+            } => {
+                validate_name("node id", node)?;
+                if flight_addr.is_empty() {
+                    return Err(MinkError::invalid("flight_addr", "must not be empty"));
+                }
+                if let Some(existing) = self.nodes.get(node)
+                    && *incarnation <= existing.incarnation
+                {
+                    return Err(MinkError::invalid(
+                        "incarnation",
+                        format!(
+                            "node {node} is at incarnation {}; {incarnation} is not newer",
+                            existing.incarnation
+                        ),
+                    ));
+                }
+                Ok(())
+            }
+            MetaCommand::AcquireLease { node, term } => {
+                if !self.nodes.get(node).is_some_and(|n| n.alive) {
+                    return Err(not_found(format!("live node {node}")));
+                }
+                if *term != self.lease.term + 1 {
+                    return Err(MinkError::Fenced(format!(
+                        "lease term {term} does not follow the current term {}",
+                        self.lease.term
+                    )));
+                }
+                Ok(())
+            }
+            MetaCommand::ReleaseLease { node, term } | MetaCommand::NodeDown { term, node } => {
+                self.check_term(*term)?;
+                if matches!(command, MetaCommand::ReleaseLease { .. })
+                    && self.lease.holder.as_ref() != Some(node)
+                {
+                    return Err(MinkError::Fenced(format!("{node} does not hold the lease")));
+                }
+                if !self.nodes.contains_key(node) {
+                    return Err(not_found(format!("node {node}")));
+                }
+                Ok(())
+            }
+            MetaCommand::CreateDatabase { name } => {
+                validate_name("database name", name)?;
+                if self.databases.contains_key(name) {
+                    return Err(MinkError::AlreadyExists(format!("database {name}")));
+                }
+                Ok(())
+            }
+            MetaCommand::DropDatabase { name, cascade } => {
+                if !self.databases.contains_key(name) {
+                    return Err(not_found(format!("database {name}")));
+                }
+                let prefix = format!("{name}.");
+                if !cascade && self.table_ids.keys().any(|p| p.starts_with(&prefix)) {
+                    return Err(MinkError::invalid(
+                        "database",
+                        format!("database {name} is not empty; drop its tables or use cascade"),
+                    ));
+                }
+                Ok(())
+            }
+            MetaCommand::CreateTable {
+                path, descriptor, ..
+            } => {
+                if !self.databases.contains_key(path.database.as_str()) {
+                    return Err(not_found(format!("database {}", path.database)));
+                }
+                if self.table(path).is_some() {
+                    return Err(MinkError::AlreadyExists(format!("table {path}")));
+                }
+                descriptor.validate()?;
+                if descriptor.schema.schema_id != 1 {
+                    return Err(MinkError::invalid(
+                        "schema.schema_id",
+                        "a new table starts at schema 1",
+                    ));
+                }
+                Ok(())
+            }
+            MetaCommand::AlterTable {
+                path,
+                add_columns,
+                set_properties,
+            } => {
+                let table = self.table_or_err(path)?;
+                if add_columns.is_empty() && set_properties.is_empty() {
+                    return Err(MinkError::invalid("alter_table", "nothing to change"));
+                }
+                let mut next = table.descriptor.clone();
+                if !add_columns.is_empty() {
+                    next.schema = next.schema.with_added_columns(add_columns)?;
+                }
+                for (k, v) in set_properties {
+                    next.properties.set(k, v)?;
+                }
+                next.validate()
+            }
+            MetaCommand::DropTable { path } => self.table_or_err(path).map(|_| ()),
+            MetaCommand::CreatePartition { path, name } => {
+                let table = self.table_or_err(path)?;
+                if !table.descriptor.is_partitioned() {
+                    return Err(MinkError::invalid(
+                        "partition",
+                        format!("table {path} is not partitioned"),
+                    ));
+                }
+                validate_name("partition name", name)?;
+                if !table.partitions.contains_key(name) && table.partitions.len() >= PARTITIONS_MAX
+                {
+                    return Err(MinkError::LimitExceeded {
+                        what: format!("partitions of {path}"),
+                        limit: PARTITIONS_MAX as u64,
+                        actual: table.partitions.len() as u64 + 1,
+                    });
+                }
+                Ok(())
+            }
+            MetaCommand::DropPartition { path, name } => {
+                let table = self.table_or_err(path)?;
+                if !table.partitions.contains_key(name) {
+                    return Err(not_found(format!("partition {name} of {path}")));
+                }
+                Ok(())
+            }
+            MetaCommand::AssignBuckets { term, assignments } => {
+                self.check_term(*term)?;
+                for (bucket, node) in assignments {
+                    if !self.buckets.contains_key(bucket) {
+                        return Err(not_found(format!("bucket {bucket}")));
+                    }
+                    if !self.nodes.get(node).is_some_and(|n| n.alive) {
+                        return Err(not_found(format!("live node {node}")));
+                    }
+                }
+                Ok(())
+            }
+            MetaCommand::AllocateWriterIds { node, count } => {
+                if !self.nodes.contains_key(node) {
+                    return Err(not_found(format!("node {node}")));
+                }
+                if *count == 0 || *count > WRITER_ID_BLOCK_MAX {
+                    return Err(MinkError::invalid(
+                        "count",
+                        format!("must be within 1..={WRITER_ID_BLOCK_MAX}"),
+                    ));
+                }
+                Ok(())
+            }
+            MetaCommand::RegisterProducerOffsets {
+                producer_id,
+                offsets,
+                ttl_ms,
+                ..
+            } => {
+                if producer_id.is_empty() || producer_id.len() > 256 {
+                    return Err(MinkError::invalid("producer_id", "must be 1 to 256 bytes"));
+                }
+                if *ttl_ms <= 0 {
+                    return Err(MinkError::invalid("ttl_ms", "must be positive"));
+                }
+                for bucket in offsets.keys() {
+                    if !self.buckets.contains_key(bucket) {
+                        return Err(not_found(format!("bucket {bucket}")));
+                    }
+                }
+                Ok(())
+            }
+            MetaCommand::DeleteProducerOffsets { producer_id } => {
+                if !self.producer_offsets.contains_key(producer_id) {
+                    return Err(not_found(format!("producer offsets of {producer_id}")));
+                }
+                Ok(())
+            }
+            MetaCommand::CommitGroupOffsets {
+                group,
+                retention_ms,
+                ..
+            } => {
+                if group.is_empty() || group.len() > 256 {
+                    return Err(MinkError::invalid("group", "must be 1 to 256 bytes"));
+                }
+                if *retention_ms <= 0 {
+                    return Err(MinkError::invalid("retention_ms", "must be positive"));
+                }
+                Ok(())
+            }
+            MetaCommand::DeleteGroup { group } => {
+                if !self.group_offsets.contains_key(group) {
+                    return Err(not_found(format!("group {group}")));
+                }
+                Ok(())
+            }
+            MetaCommand::ExpireOffsets { term, .. } => self.check_term(*term),
+            MetaCommand::SetKvSnapshot { bucket, pointer } => {
+                if !self.buckets.contains_key(bucket) {
+                    return Err(not_found(format!("bucket {bucket}")));
+                }
+                if self
+                    .kv_snapshots
+                    .get(bucket)
+                    .is_some_and(|p| p.snapshot_id >= pointer.snapshot_id)
+                {
+                    return Err(MinkError::invalid("snapshot_id", "snapshot ids only grow"));
+                }
+                Ok(())
+            }
+            MetaCommand::SetLakeSnapshot { table_id, .. } => {
+                if !self.tables.contains_key(table_id) {
+                    return Err(not_found(format!("table id {table_id}")));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn apply(&mut self, index: u64, command: &MetaCommand) {
+        match command {
+            MetaCommand::RegisterNode {
+                node,
+                flight_addr,
+                kafka_addr,
+                incarnation,
+            } => {
+                self.nodes.insert(
+                    node.clone(),
+                    NodeInfo {
+                        flight_addr: flight_addr.clone(),
+                        kafka_addr: kafka_addr.clone(),
+                        incarnation: *incarnation,
+                        alive: true,
+                    },
+                );
+                // A new incarnation never reuses an epoch of the previous one.
+                for b in self.buckets.values_mut() {
+                    if b.leader.as_ref() == Some(node) {
+                        b.epoch += 1;
+                    }
+                }
+            }
+            MetaCommand::AcquireLease { node, term } => {
+                self.lease = LeaseState {
+                    term: *term,
+                    holder: Some(node.clone()),
+                };
+            }
+            MetaCommand::ReleaseLease { .. } => self.lease.holder = None,
+            MetaCommand::NodeDown { node, .. } => {
+                if let Some(n) = self.nodes.get_mut(node) {
+                    n.alive = false;
+                }
+                if self.lease.holder.as_ref() == Some(node) {
+                    self.lease.holder = None;
+                }
+            }
+            MetaCommand::CreateDatabase { name } => {
+                self.databases.insert(name.clone(), index as i64);
+            }
+            MetaCommand::DropDatabase { name, .. } => {
+                self.databases.remove(name);
+                let prefix = format!("{name}.");
+                let doomed: Vec<TableId> = self
+                    .table_ids
+                    .iter()
+                    .filter(|(p, _)| p.starts_with(&prefix))
+                    .map(|(_, id)| *id)
+                    .collect();
+                for id in doomed {
+                    if let Some(t) = self.tables.remove(&id) {
+                        self.table_ids.remove(&t.path.to_string());
+                    }
+                    self.remove_buckets(id, None);
+                }
+            }
+            MetaCommand::CreateTable {
+                path,
+                descriptor,
+                at_ms,
+            } => {
+                self.next_table_id += 1;
+                let id = self.next_table_id;
+                let mut descriptor = descriptor.clone();
+                if descriptor.bucket_keys.is_none() && descriptor.has_primary_key() {
+                    descriptor.bucket_keys = Some(descriptor.bucket_keys());
+                }
+                self.table_ids.insert(path.to_string(), id);
+                if !descriptor.is_partitioned() {
+                    self.add_buckets(id, None, descriptor.bucket_count);
+                }
+                self.tables.insert(
+                    id,
+                    TableInfo {
+                        id,
+                        path: path.clone(),
+                        schemas: vec![descriptor.schema.clone()],
+                        descriptor,
+                        partitions: BTreeMap::new(),
+                        created_at_ms: *at_ms,
+                    },
+                );
+            }
+            MetaCommand::AlterTable {
+                path,
+                add_columns,
+                set_properties,
+            } => {
+                let Some(id) = self.table_ids.get(&path.to_string()).copied() else {
+                    return;
+                };
+                if let Some(t) = self.tables.get_mut(&id) {
+                    if !add_columns.is_empty()
+                        && let Ok(next) = t.descriptor.schema.with_added_columns(add_columns)
+                    {
+                        t.descriptor.schema = next.clone();
+                        t.schemas.push(next);
+                    }
+                    for (k, v) in set_properties {
+                        let _ = t.descriptor.properties.set(k, v);
+                    }
+                }
+            }
+            MetaCommand::DropTable { path } => {
+                if let Some(id) = self.table_ids.remove(&path.to_string()) {
+                    self.tables.remove(&id);
+                    self.lake_snapshots.remove(&id);
+                    self.remove_buckets(id, None);
+                }
+            }
+            MetaCommand::CreatePartition { path, name } => {
+                let Some(id) = self.table_ids.get(&path.to_string()).copied() else {
+                    return;
+                };
+                let exists = self
+                    .tables
+                    .get(&id)
+                    .is_some_and(|t| t.partitions.contains_key(name));
+                if exists {
+                    return;
+                }
+                self.next_partition_id += 1;
+                let pid = self.next_partition_id;
+                let mut count = 0;
+                if let Some(t) = self.tables.get_mut(&id) {
+                    t.partitions.insert(
+                        name.clone(),
+                        PartitionInfo {
+                            id: pid,
+                            name: name.clone(),
+                        },
+                    );
+                    count = t.descriptor.bucket_count;
+                }
+                self.add_buckets(id, Some(pid), count);
+            }
+            MetaCommand::DropPartition { path, name } => {
+                let Some(id) = self.table_ids.get(&path.to_string()).copied() else {
+                    return;
+                };
+                let removed = self
+                    .tables
+                    .get_mut(&id)
+                    .and_then(|t| t.partitions.remove(name));
+                if let Some(p) = removed {
+                    self.remove_buckets(id, Some(p.id));
+                }
+            }
+            MetaCommand::AssignBuckets { assignments, .. } => {
+                for (bucket, node) in assignments {
+                    if let Some(b) = self.buckets.get_mut(bucket) {
+                        b.leader = Some(node.clone());
+                        b.epoch += 1;
+                    }
+                }
+            }
+            MetaCommand::AllocateWriterIds { node, count } => {
+                let start = self.next_writer_id;
+                self.next_writer_id += *count as i64;
+                self.writer_blocks.insert(node.clone(), (start, *count));
+            }
+            MetaCommand::RegisterProducerOffsets {
+                producer_id,
+                offsets,
+                at_ms,
+                ttl_ms,
+            } => {
+                self.producer_offsets.insert(
+                    producer_id.clone(),
+                    ProducerOffsets {
+                        offsets: offsets.clone(),
+                        expires_at_ms: at_ms.saturating_add(*ttl_ms),
+                    },
+                );
+            }
+            MetaCommand::DeleteProducerOffsets { producer_id } => {
+                self.producer_offsets.remove(producer_id);
+            }
+            MetaCommand::CommitGroupOffsets {
+                group,
+                offsets,
+                at_ms,
+                retention_ms,
+            } => {
+                let entry = self.group_offsets.entry(group.clone()).or_default();
+                for (key, (offset, metadata)) in offsets {
+                    entry.insert(
+                        key.clone(),
+                        GroupOffset {
+                            offset: *offset,
+                            metadata: metadata.clone(),
+                            committed_at_ms: *at_ms,
+                            expires_at_ms: at_ms.saturating_add(*retention_ms),
+                        },
+                    );
+                }
+            }
+            MetaCommand::DeleteGroup { group } => {
+                self.group_offsets.remove(group);
+            }
+            MetaCommand::ExpireOffsets { now_ms, .. } => {
+                for offsets in self.group_offsets.values_mut() {
+                    offsets.retain(|_, o| o.expires_at_ms > *now_ms);
+                }
+                self.group_offsets.retain(|_, o| !o.is_empty());
+                self.producer_offsets
+                    .retain(|_, p| p.expires_at_ms > *now_ms);
+            }
+            MetaCommand::SetKvSnapshot { bucket, pointer } => {
+                self.kv_snapshots.insert(bucket.clone(), pointer.clone());
+            }
+            MetaCommand::SetLakeSnapshot { table_id, pointer } => {
+                self.lake_snapshots.insert(*table_id, pointer.clone());
+            }
+        }
+    }
+}
