@@ -68,6 +68,7 @@ pub enum Appended<R> {
     Rejected(R),
 }
 
+#[derive(Clone)]
 struct Applied<S> {
     index: u64,
     state: S,
@@ -188,6 +189,19 @@ impl<S: LogState> ObjectLog<S> {
         self.log_dir.clone().join(format!("{index:020}"))
     }
 
+    /// Applies one entry in place. The state is cloned only while a reader holds the
+    /// previous version (`Arc::make_mut`), so a large state is not copied per entry.
+    fn apply_entry(&self, index: u64, entry: &S::Entry) {
+        {
+            let mut view = self.view.write().unwrap_or_else(|e| e.into_inner());
+            let applied = Arc::make_mut(&mut view);
+            debug_assert_eq!(applied.index + 1, index, "entries apply in order");
+            applied.state.apply(index, entry);
+            applied.index = index;
+        }
+        self.applied_tx.send_replace(index);
+    }
+
     fn current(&self) -> Arc<Applied<S>> {
         self.view.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
@@ -242,9 +256,7 @@ impl<S: LogState> ObjectLog<S> {
     /// a snapshot.
     async fn probe_locked(&self, token: Option<&[u8; 16]>) -> WalResult<Option<u64>> {
         let mut found = None;
-        let view = self.current();
-        let mut state: Option<S> = None;
-        let mut index = view.index;
+        let mut index = self.applied_index();
         loop {
             let path = self.entry_path(index + 1);
             let bytes = match self.store.get(&path).await {
@@ -253,18 +265,11 @@ impl<S: LogState> ObjectLog<S> {
                 Err(e) => return Err(e.into()),
             };
             let (entry_token, entry): ([u8; 16], S::Entry) = decode_entry(&path, &bytes)?;
-            state
-                .get_or_insert_with(|| view.state.clone())
-                .apply(index + 1, &entry);
+            self.apply_entry(index + 1, &entry);
             index += 1;
             if token == Some(&entry_token) {
                 found = Some(index);
             }
-        }
-        if let Some(state) = state {
-            *self.view.write().unwrap_or_else(|e| e.into_inner()) =
-                Arc::new(Applied { index, state });
-            self.applied_tx.send_replace(index);
         }
         Ok(found)
     }
@@ -314,7 +319,6 @@ impl<S: LogState> ObjectLog<S> {
                     applied + 1
                 )));
             }
-            let mut state = self.current().state.clone();
             let mut index = applied;
             for i in indices {
                 if i != index + 1 {
@@ -330,16 +334,11 @@ impl<S: LogState> ObjectLog<S> {
                     Err(e) => return Err(e.into()),
                 };
                 let (entry_token, entry): ([u8; 16], S::Entry) = decode_entry(&path, &bytes)?;
-                state.apply(i, &entry);
+                self.apply_entry(i, &entry);
                 index = i;
                 if token == Some(&entry_token) {
                     found = Some(i);
                 }
-            }
-            if index > applied {
-                *self.view.write().unwrap_or_else(|e| e.into_inner()) =
-                    Arc::new(Applied { index, state });
-                self.applied_tx.send_replace(index);
             }
             if index == applied {
                 return Ok(found);
@@ -389,11 +388,13 @@ impl<S: LogState> ObjectLog<S> {
             if let Some(index) = found {
                 return Ok(Appended::At(index));
             }
-            let view = self.current();
-            if let Err(rejection) = view.state.validate(entry) {
-                return Ok(Appended::Rejected(rejection));
-            }
-            let next = view.index + 1;
+            let next = {
+                let view = self.current();
+                if let Err(rejection) = view.state.validate(entry) {
+                    return Ok(Appended::Rejected(rejection));
+                }
+                view.index + 1
+            };
             let opts = PutOptions {
                 mode: PutMode::Create,
                 ..Default::default()
@@ -408,11 +409,7 @@ impl<S: LogState> ObjectLog<S> {
                 .await
             {
                 Ok(_) => {
-                    let mut state = view.state.clone();
-                    state.apply(next, entry);
-                    *self.view.write().unwrap_or_else(|e| e.into_inner()) =
-                        Arc::new(Applied { index: next, state });
-                    self.applied_tx.send_replace(next);
+                    self.apply_entry(next, entry);
                     return Ok(Appended::At(next));
                 }
                 Err(object_store::Error::AlreadyExists { .. }) => {

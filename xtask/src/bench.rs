@@ -20,6 +20,12 @@ pub const BENCHES: &[(&str, &str, &str, &str)] = &[
         "log",
         "log-tablet appends against raw s3stream appends; scans from memory and segments",
     ),
+    (
+        "meta",
+        "mink-meta",
+        "meta",
+        "metadata proposals/s, lease failover time, start-up from snapshot and from replay",
+    ),
 ];
 
 pub fn run(root: &Path, name: &str, quick: bool) -> Result<()> {
