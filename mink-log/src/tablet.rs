@@ -290,6 +290,13 @@ impl LogTablet {
     /// timestamp, and resolves once the batch (and every earlier one of the node) is
     /// durable. Many appends may be in flight; they are acknowledged in order.
     pub async fn append(&self, req: AppendRequest) -> Result<Appended> {
+        self.submit(req).await?.wait().await
+    }
+
+    /// The first half of [`LogTablet::append`]: returns once the batch has its offsets
+    /// and is on its way (or is known to be a duplicate). Submissions are ordered: a
+    /// caller that submits A then B gets A's offsets below B's.
+    pub async fn submit(&self, req: AppendRequest) -> Result<Submitted> {
         let bucket = self.inner.bucket;
         self.validate(&req)?;
         let rows = req.batch.num_rows() as i64;
@@ -318,7 +325,7 @@ impl LogTablet {
                 actual: encoded.len() as u64,
             });
         }
-        let _slot = self
+        let slot = self
             .inner
             .inflight
             .clone()
@@ -332,15 +339,6 @@ impl LogTablet {
             .await
             .map_err(|e| wal_error(bucket, e))?;
 
-        enum Step {
-            Duplicate(Entry),
-            Go(
-                mink_wal::PendingAppend,
-                i64,
-                i64,
-                Arc<watch::Sender<crate::window::Outcome>>,
-            ),
-        }
         let step = {
             let mut state = self.lock();
             if let Some(e) = &state.failed {
@@ -403,55 +401,13 @@ impl LogTablet {
                 }
             }
         };
-        match step {
-            Step::Duplicate(entry) => {
-                metrics::counter!("mink_log_duplicate_batches_total").increment(1);
-                let appended = Appended {
-                    first_offset: entry.first_offset,
-                    last_offset: entry.last_offset,
-                    duplicated: true,
-                    commit_timestamp: entry.commit_timestamp,
-                };
-                let Some(pending) = entry.pending else {
-                    return Ok(appended);
-                };
-                // The original is still in flight: answer as it is answered.
-                let mut rx = pending.subscribe();
-                loop {
-                    if let Some(outcome) = rx.borrow_and_update().clone() {
-                        return outcome.map(|()| appended);
-                    }
-                    if rx.changed().await.is_err() {
-                        return Err(MinkError::Unavailable(format!(
-                            "{bucket}: the original append vanished"
-                        )));
-                    }
-                }
-            }
-            Step::Go(pending, base, ts, outcome) => match pending.durable().await {
-                Ok(range) => {
-                    debug_assert_eq!(
-                        range.start as i64, base,
-                        "the stream assigned another offset"
-                    );
-                    self.lock().windows.complete(req.writer_id, base);
-                    outcome.send_replace(Some(Ok(())));
-                    metrics::counter!("mink_log_appended_rows_total").increment(rows as u64);
-                    Ok(Appended {
-                        first_offset: base,
-                        last_offset: base + rows - 1,
-                        duplicated: false,
-                        commit_timestamp: ts,
-                    })
-                }
-                Err(e) => {
-                    let err = wal_error(bucket, e);
-                    self.lock().failed = Some(err.clone());
-                    outcome.send_replace(Some(Err(err.clone())));
-                    Err(err)
-                }
-            },
-        }
+        Ok(Submitted {
+            tablet: self.clone(),
+            step,
+            writer_id: req.writer_id,
+            rows,
+            _slot: slot,
+        })
     }
 
     /// Decodes a stream record into a batch, checking that its header agrees with
@@ -677,5 +633,94 @@ impl LogTablet {
         state.last_commit_timestamp = last_ts;
         tracing::debug!(%bucket, batches, high_watermark = end, "log tablet recovered");
         Ok(())
+    }
+}
+
+enum Step {
+    Duplicate(Entry),
+    Go(
+        mink_wal::PendingAppend,
+        i64,
+        i64,
+        Arc<watch::Sender<crate::window::Outcome>>,
+    ),
+}
+
+/// A batch with its offsets, on its way to durability ([`LogTablet::submit`]).
+pub struct Submitted {
+    tablet: LogTablet,
+    step: Step,
+    writer_id: i64,
+    rows: i64,
+    _slot: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Submitted {
+    /// The offsets the batch got (or, for a duplicate, had).
+    pub fn offsets(&self) -> (i64, i64) {
+        match &self.step {
+            Step::Duplicate(e) => (e.first_offset, e.last_offset),
+            Step::Go(_, base, _, _) => (*base, *base + self.rows - 1),
+        }
+    }
+
+    /// Whether this is a retry of a batch already in the log (or in flight).
+    pub fn is_duplicate(&self) -> bool {
+        matches!(self.step, Step::Duplicate(_))
+    }
+
+    /// Resolves once the batch is durable.
+    pub async fn wait(self) -> Result<Appended> {
+        let rows = self.rows;
+        match self.step {
+            Step::Duplicate(entry) => {
+                metrics::counter!("mink_log_duplicate_batches_total").increment(1);
+                let appended = Appended {
+                    first_offset: entry.first_offset,
+                    last_offset: entry.last_offset,
+                    duplicated: true,
+                    commit_timestamp: entry.commit_timestamp,
+                };
+                let Some(pending) = entry.pending else {
+                    return Ok(appended);
+                };
+                // The original is still in flight: answer as it is answered.
+                let mut rx = pending.subscribe();
+                loop {
+                    if let Some(outcome) = rx.borrow_and_update().clone() {
+                        return outcome.map(|()| appended);
+                    }
+                    if rx.changed().await.is_err() {
+                        return Err(MinkError::Unavailable(format!(
+                            "{}: the original append vanished",
+                            self.tablet.inner.bucket
+                        )));
+                    }
+                }
+            }
+            Step::Go(pending, base, ts, outcome) => match pending.durable().await {
+                Ok(range) => {
+                    debug_assert_eq!(
+                        range.start as i64, base,
+                        "the stream assigned another offset"
+                    );
+                    self.tablet.lock().windows.complete(self.writer_id, base);
+                    outcome.send_replace(Some(Ok(())));
+                    metrics::counter!("mink_log_appended_rows_total").increment(rows as u64);
+                    Ok(Appended {
+                        first_offset: base,
+                        last_offset: base + rows - 1,
+                        duplicated: false,
+                        commit_timestamp: ts,
+                    })
+                }
+                Err(e) => {
+                    let err = wal_error(self.tablet.inner.bucket, e);
+                    self.tablet.lock().failed = Some(err.clone());
+                    outcome.send_replace(Some(Err(err.clone())));
+                    Err(err)
+                }
+            },
+        }
     }
 }
