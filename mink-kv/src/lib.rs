@@ -1,8 +1,7 @@
 //! `mink-kv`: KV tablets of primary-key tables.
 //!
-//! It owns, as it grows, the `KvStore` trait with its fjall and redb backends, the
-//! merge engines, partial updates, the changelog, the prewrite buffer, lookups,
-//! snapshots and recovery by replay. Today it holds its configuration.
+//! - [`store`]: the `KvStore` trait, one namespace per bucket, with the fjall and redb
+//!   backends (cargo features, both on by default; `kv.backend` chooses).
 //!
 //! Architecture invariant: the local store is a cache of the log, never a source of
 //! truth. It is never fsynced; after a crash it is consistent at some flushed offset
@@ -10,5 +9,11 @@
 //! leadership, metadata or protocols.
 
 pub mod config;
+#[cfg(feature = "fjall")]
+mod fjall_store;
+#[cfg(feature = "redb")]
+mod redb_store;
+pub mod store;
 
 pub use config::{KvBackend, KvConfig};
+pub use store::{KvNamespace, KvOp, KvStore, open_kv_store};

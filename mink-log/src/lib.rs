@@ -18,4 +18,6 @@ pub mod window;
 
 pub use batch::{BatchHeader, LogBatch, NO_WRITER};
 pub use config::LogConfig;
-pub use tablet::{AppendRequest, Appended, LogTablet, OffsetSpec, ScanResult, Submitted, wal_error};
+pub use tablet::{
+    AppendRequest, Appended, LogTablet, OffsetSpec, ScanResult, Submitted, wal_error,
+};

@@ -406,7 +406,74 @@ impl LogTablet {
             step,
             writer_id: req.writer_id,
             rows,
-            _slot: slot,
+            _slot: Some(slot),
+        })
+    }
+
+    /// Checks a writer's batch against its window without appending: `Ok(None)` when
+    /// new, `Ok(Some(_))` for a duplicate (wait on it for the original offsets),
+    /// `OutOfOrderSequence` otherwise. A KV tablet checks before it merges, so that a
+    /// retried Put is never merged twice.
+    pub fn check_sequence(
+        &self,
+        writer_id: i64,
+        first: i64,
+        last: i64,
+    ) -> Result<Option<Submitted>> {
+        if writer_id == NO_WRITER {
+            return Ok(None);
+        }
+        let state = self.lock();
+        if let Some(e) = &state.failed {
+            return Err(e.clone());
+        }
+        match state.windows.check(writer_id, first, last) {
+            Check::New => Ok(None),
+            Check::Duplicate(entry) => Ok(Some(Submitted {
+                tablet: self.clone(),
+                rows: entry.last_offset - entry.first_offset + 1,
+                step: Step::Duplicate(entry),
+                writer_id,
+                _slot: None,
+            })),
+            Check::OutOfOrder { expected } => Err(MinkError::OutOfOrderSequence {
+                bucket: self.inner.bucket,
+                writer_id,
+                first_sequence: first,
+                expected,
+            }),
+        }
+    }
+
+    /// Records a writer's batch that produced no rows (a Put that changed nothing), so
+    /// that its sequence advances. It occupies no offset: its range is empty, at the
+    /// current end. Kept in memory only: after a restart the window ends at the last
+    /// batch in the log (see docs/log-format.md).
+    pub fn record_empty(&self, writer_id: i64, first: i64, last: i64) -> Result<Appended> {
+        let mut state = self.lock();
+        if let Some(e) = &state.failed {
+            return Err(e.clone());
+        }
+        let at = self.inner.stream.next_offset() as i64;
+        let ts = now_ms().max(state.last_commit_timestamp);
+        if writer_id != NO_WRITER {
+            state.windows.push(
+                writer_id,
+                Entry {
+                    first_sequence: first,
+                    last_sequence: last,
+                    first_offset: at,
+                    last_offset: at - 1,
+                    commit_timestamp: ts,
+                    pending: None,
+                },
+            );
+        }
+        Ok(Appended {
+            first_offset: at,
+            last_offset: at - 1,
+            duplicated: false,
+            commit_timestamp: ts,
         })
     }
 
@@ -652,7 +719,7 @@ pub struct Submitted {
     step: Step,
     writer_id: i64,
     rows: i64,
-    _slot: tokio::sync::OwnedSemaphorePermit,
+    _slot: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl Submitted {

@@ -1,0 +1,185 @@
+//! The redb backend: one table per namespace, plus a `mink-meta` table holding each
+//! namespace's flushed offset, written in the same transaction. Commits use
+//! `Durability::None`: a crash rolls back to an earlier consistent commit.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use mink_types::Result;
+use redb::{Database, Durability, ReadableDatabase, TableDefinition};
+
+use crate::store::{KvNamespace, KvOp, KvPairs, KvStore, check_namespace, prefix_end, store_error};
+
+const META: TableDefinition<&str, i64> = TableDefinition::new("mink-meta");
+
+pub struct RedbStore {
+    db: Arc<Database>,
+}
+
+impl RedbStore {
+    pub fn open(dir: &Path) -> Result<Self> {
+        let db = Database::create(dir.join("kv.redb")).map_err(store_error)?;
+        Ok(Self { db: Arc::new(db) })
+    }
+}
+
+impl KvStore for RedbStore {
+    fn namespace(&self, name: &str) -> Result<Arc<dyn KvNamespace>> {
+        check_namespace(name)?;
+        let ns = RedbNamespace {
+            db: self.db.clone(),
+            table: format!("b-{name}"),
+            name: name.to_string(),
+        };
+        // Create the table so that reads find it.
+        let mut tx = self.db.begin_write().map_err(store_error)?;
+        tx.set_durability(Durability::None).map_err(store_error)?;
+        tx.open_table(ns.def()).map_err(store_error)?;
+        tx.open_table(META).map_err(store_error)?;
+        tx.commit().map_err(store_error)?;
+        Ok(Arc::new(ns))
+    }
+
+    fn drop_namespace(&self, name: &str) -> Result<()> {
+        check_namespace(name)?;
+        let table = format!("b-{name}");
+        let mut tx = self.db.begin_write().map_err(store_error)?;
+        tx.set_durability(Durability::None).map_err(store_error)?;
+        tx.delete_table(TableDefinition::<&[u8], &[u8]>::new(&table))
+            .map_err(store_error)?;
+        tx.open_table(META)
+            .map_err(store_error)?
+            .remove(name)
+            .map_err(store_error)?;
+        tx.commit().map_err(store_error)
+    }
+}
+
+pub struct RedbNamespace {
+    db: Arc<Database>,
+    table: String,
+    name: String,
+}
+
+impl RedbNamespace {
+    fn def(&self) -> TableDefinition<'_, &'static [u8], &'static [u8]> {
+        TableDefinition::new(&self.table)
+    }
+
+    fn read<R>(
+        &self,
+        f: impl FnOnce(&redb::ReadOnlyTable<&'static [u8], &'static [u8]>) -> Result<R>,
+    ) -> Result<R> {
+        let tx = self.db.begin_read().map_err(store_error)?;
+        let table = tx.open_table(self.def()).map_err(store_error)?;
+        f(&table)
+    }
+}
+
+fn collect<'a>(
+    iter: impl Iterator<
+        Item = std::result::Result<
+            (
+                redb::AccessGuard<'a, &'static [u8]>,
+                redb::AccessGuard<'a, &'static [u8]>,
+            ),
+            redb::StorageError,
+        >,
+    >,
+    limit: usize,
+) -> Result<KvPairs> {
+    let mut out = Vec::new();
+    for item in iter.take(limit) {
+        let (k, v) = item.map_err(store_error)?;
+        out.push((k.value().to_vec(), v.value().to_vec()));
+    }
+    Ok(out)
+}
+
+impl KvNamespace for RedbNamespace {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.read(|t| Ok(t.get(key).map_err(store_error)?.map(|v| v.value().to_vec())))
+    }
+
+    fn multi_get(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
+        self.read(|t| {
+            keys.iter()
+                .map(|k| {
+                    Ok(t.get(k.as_slice())
+                        .map_err(store_error)?
+                        .map(|v| v.value().to_vec()))
+                })
+                .collect()
+        })
+    }
+
+    fn write(&self, ops: &[KvOp], flushed_offset: i64) -> Result<()> {
+        let mut tx = self.db.begin_write().map_err(store_error)?;
+        tx.set_durability(Durability::None).map_err(store_error)?;
+        {
+            let mut table = tx.open_table(self.def()).map_err(store_error)?;
+            for op in ops {
+                match op {
+                    KvOp::Put(k, v) => {
+                        table
+                            .insert(k.as_slice(), v.as_slice())
+                            .map_err(store_error)?;
+                    }
+                    KvOp::Delete(k) => {
+                        table.remove(k.as_slice()).map_err(store_error)?;
+                    }
+                }
+            }
+            let mut meta = tx.open_table(META).map_err(store_error)?;
+            meta.insert(self.name.as_str(), flushed_offset)
+                .map_err(store_error)?;
+        }
+        tx.commit().map_err(store_error)
+    }
+
+    fn flushed_offset(&self) -> Result<Option<i64>> {
+        let tx = self.db.begin_read().map_err(store_error)?;
+        let meta = match tx.open_table(META) {
+            Ok(m) => m,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(store_error(e)),
+        };
+        Ok(meta
+            .get(self.name.as_str())
+            .map_err(store_error)?
+            .map(|v| v.value()))
+    }
+
+    fn range(&self, start: &[u8], end: Option<&[u8]>, limit: usize) -> Result<KvPairs> {
+        self.read(|t| match end {
+            Some(end) => collect(t.range(start..end).map_err(store_error)?, limit),
+            None => collect(t.range(start..).map_err(store_error)?, limit),
+        })
+    }
+
+    fn prefix(&self, prefix: &[u8], limit: usize) -> Result<KvPairs> {
+        match prefix_end(prefix) {
+            Some(end) => self.range(prefix, Some(&end), limit),
+            None => self.range(prefix, None, limit),
+        }
+    }
+
+    fn snapshot(&self) -> Result<Box<dyn Iterator<Item = Result<(Vec<u8>, Vec<u8>)>> + Send>> {
+        // A read transaction is a consistent snapshot; collect lazily in chunks would
+        // need the transaction to outlive this call, so take the pairs in one go.
+        let pairs = self.range(&[], None, usize::MAX)?;
+        Ok(Box::new(pairs.into_iter().map(Ok)))
+    }
+
+    fn clear(&self) -> Result<()> {
+        let mut tx = self.db.begin_write().map_err(store_error)?;
+        tx.set_durability(Durability::None).map_err(store_error)?;
+        tx.delete_table(self.def()).map_err(store_error)?;
+        tx.open_table(self.def()).map_err(store_error)?;
+        tx.open_table(META)
+            .map_err(store_error)?
+            .remove(self.name.as_str())
+            .map_err(store_error)?;
+        tx.commit().map_err(store_error)
+    }
+}
