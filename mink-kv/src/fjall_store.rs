@@ -8,7 +8,9 @@ use std::sync::{Arc, Mutex};
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, Readable};
 use mink_types::Result;
 
-use crate::store::{KvNamespace, KvOp, KvPairs, KvStore, check_namespace, prefix_end, store_error};
+use crate::store::{
+    KvNamespace, KvOp, KvPairs, KvStore, PairIter, check_namespace, prefix_end, store_error,
+};
 
 pub struct FjallStore {
     db: Database,
@@ -149,7 +151,7 @@ impl KvNamespace for FjallNamespace {
         }
     }
 
-    fn snapshot(&self) -> Result<Box<dyn Iterator<Item = Result<(Vec<u8>, Vec<u8>)>> + Send>> {
+    fn snapshot(&self) -> Result<PairIter> {
         let snapshot = self.db.snapshot();
         let iter = snapshot.iter(&self.keyspace);
         Ok(Box::new(iter.map(|g| {

@@ -8,7 +8,9 @@ use std::sync::Arc;
 use mink_types::Result;
 use redb::{Database, Durability, ReadableDatabase, TableDefinition};
 
-use crate::store::{KvNamespace, KvOp, KvPairs, KvStore, check_namespace, prefix_end, store_error};
+use crate::store::{
+    KvNamespace, KvOp, KvPairs, KvStore, PairIter, check_namespace, prefix_end, store_error,
+};
 
 const META: TableDefinition<&str, i64> = TableDefinition::new("mink-meta");
 
@@ -164,7 +166,7 @@ impl KvNamespace for RedbNamespace {
         }
     }
 
-    fn snapshot(&self) -> Result<Box<dyn Iterator<Item = Result<(Vec<u8>, Vec<u8>)>> + Send>> {
+    fn snapshot(&self) -> Result<PairIter> {
         // A read transaction is a consistent snapshot; collect lazily in chunks would
         // need the transaction to outlive this call, so take the pairs in one go.
         let pairs = self.range(&[], None, usize::MAX)?;

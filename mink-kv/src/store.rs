@@ -21,6 +21,9 @@ pub enum KvOp {
 /// Key-value pairs in key order.
 pub type KvPairs = Vec<(Vec<u8>, Vec<u8>)>;
 
+/// A consistent iterator over a namespace.
+pub type PairIter = Box<dyn Iterator<Item = Result<(Vec<u8>, Vec<u8>)>> + Send>;
+
 /// A store holding many namespaces.
 pub trait KvStore: Send + Sync {
     /// Opens (creating if needed) the namespace `name` (`[A-Za-z0-9_-]+`).
@@ -44,7 +47,7 @@ pub trait KvNamespace: Send + Sync {
     /// Pairs whose key starts with `prefix`, at most `limit`.
     fn prefix(&self, prefix: &[u8], limit: usize) -> Result<KvPairs>;
     /// Every pair, from one consistent snapshot, in key order.
-    fn snapshot(&self) -> Result<Box<dyn Iterator<Item = Result<(Vec<u8>, Vec<u8>)>> + Send>>;
+    fn snapshot(&self) -> Result<PairIter>;
     /// Removes every pair and the flushed offset.
     fn clear(&self) -> Result<()>;
 }
