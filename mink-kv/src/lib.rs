@@ -11,9 +11,13 @@
 pub mod config;
 #[cfg(feature = "fjall")]
 mod fjall_store;
+pub mod merge;
 #[cfg(feature = "redb")]
 mod redb_store;
+pub mod row;
 pub mod store;
+pub mod tablet;
 
 pub use config::{KvBackend, KvConfig};
 pub use store::{KvNamespace, KvOp, KvStore, open_kv_store};
+pub use tablet::{KvTablet, LookupResult, PutRequest};

@@ -1,0 +1,528 @@
+//! KV tablets on values: every merge engine, partial updates and deletes, schema
+//! evolution, idempotence, recovery by replay on both backends, bad input.
+
+use std::sync::Arc;
+
+use arrow::array::{Array, BooleanArray, Int64Array, RecordBatch, StringArray};
+use mink_kv::{KvBackend, KvTablet, PutRequest, open_kv_store};
+use mink_log::{LogConfig, LogTablet, NO_WRITER};
+use mink_types::{
+    ChangeType, Column, DataType, MinkError, Schema, TableBucket, TableDescriptor, TableProperties,
+};
+use mink_wal::{StreamStore, WalConfig};
+use object_store::ObjectStore;
+use object_store::memory::InMemory;
+
+const BUCKET: TableBucket = TableBucket {
+    table_id: 1,
+    partition_id: None,
+    bucket: 0,
+};
+
+fn schema() -> Schema {
+    Schema::new(
+        1,
+        vec![
+            Column::new("id", DataType::BigInt, false),
+            Column::new("name", DataType::String, true),
+            Column::new("score", DataType::BigInt, true),
+        ],
+    )
+}
+
+fn table(props: &[(&str, &str)]) -> TableDescriptor {
+    let mut properties = TableProperties::default();
+    for (k, v) in props {
+        properties.set(k, v).unwrap();
+    }
+    let d = TableDescriptor {
+        primary_key: vec!["id".into()],
+        properties,
+        ..TableDescriptor::log_table(schema())
+    };
+    d.validate().unwrap();
+    d
+}
+
+struct Env {
+    store: Arc<dyn ObjectStore>,
+    node: StreamStore,
+    epoch: u64,
+    dir: tempfile::TempDir,
+    backend: KvBackend,
+}
+
+impl Env {
+    async fn new(backend: KvBackend) -> Self {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let node = StreamStore::open(store.clone(), "n1", WalConfig::default())
+            .await
+            .unwrap();
+        Self {
+            store,
+            node,
+            epoch: 0,
+            dir: tempfile::tempdir().unwrap(),
+            backend,
+        }
+    }
+
+    /// Opens the tablet (under the next epoch) on the KV store in `dir`.
+    async fn open_in(&mut self, descriptor: &TableDescriptor, dir: &std::path::Path) -> KvTablet {
+        self.epoch += 1;
+        let stream = self.node.open_stream("t1-b0", self.epoch).await.unwrap();
+        let log = LogTablet::open(
+            BUCKET,
+            stream,
+            true,
+            vec![descriptor.schema.clone()],
+            LogConfig::default(),
+        )
+        .await
+        .unwrap();
+        let kv = open_kv_store(self.backend, dir).unwrap();
+        KvTablet::open(
+            BUCKET,
+            log,
+            kv.namespace("t1-b0").unwrap(),
+            descriptor.clone(),
+            vec![descriptor.schema.clone()],
+        )
+        .await
+        .unwrap()
+    }
+
+    async fn open(&mut self, descriptor: &TableDescriptor) -> KvTablet {
+        let dir = self.dir.path().to_path_buf();
+        self.open_in(descriptor, &dir).await
+    }
+}
+
+fn batch(rows: &[(i64, Option<&str>, Option<i64>)]) -> RecordBatch {
+    RecordBatch::try_new(
+        schema().to_arrow(),
+        vec![
+            Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.0))),
+            Arc::new(StringArray::from(
+                rows.iter().map(|r| r.1).collect::<Vec<_>>(),
+            )),
+            Arc::new(Int64Array::from(
+                rows.iter().map(|r| r.2).collect::<Vec<_>>(),
+            )),
+        ],
+    )
+    .unwrap()
+}
+
+fn put(rows: &[(i64, Option<&str>, Option<i64>)]) -> PutRequest {
+    PutRequest {
+        writer_id: NO_WRITER,
+        batch_sequence: 0,
+        schema_id: 1,
+        target_columns: None,
+        changes: None,
+        batch: batch(rows),
+    }
+}
+
+fn delete(ids: &[i64]) -> PutRequest {
+    let rows: Vec<_> = ids.iter().map(|i| (*i, None, None)).collect();
+    PutRequest {
+        changes: Some(vec![ChangeType::Delete; ids.len()]),
+        ..put(&rows)
+    }
+}
+
+type Change = (String, i64, Option<String>, Option<i64>);
+
+/// The whole changelog so far.
+async fn changelog(t: &KvTablet) -> Vec<Change> {
+    let mut out = Vec::new();
+    let log = t.log();
+    let mut pos = log.log_start();
+    while pos < log.high_watermark() {
+        let scan = log.scan(pos, 1 << 20).await.unwrap();
+        for b in &scan.batches {
+            let ids = b
+                .batch
+                .column(0)
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap();
+            let names = b
+                .batch
+                .column(1)
+                .as_any()
+                .downcast_ref::<StringArray>()
+                .unwrap();
+            let scores = b
+                .batch
+                .column(2)
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap();
+            for i in 0..b.batch.num_rows() {
+                out.push((
+                    b.header.change_type(i).to_string(),
+                    ids.value(i),
+                    (!names.is_null(i)).then(|| names.value(i).to_string()),
+                    (!scores.is_null(i)).then(|| scores.value(i)),
+                ));
+            }
+        }
+        pos = scan.next_offset(pos);
+    }
+    out
+}
+
+fn c(ct: &str, id: i64, name: Option<&str>, score: Option<i64>) -> Change {
+    (ct.into(), id, name.map(Into::into), score)
+}
+
+/// Looks up ids; missing ones are `None`.
+fn get(t: &KvTablet, ids: &[i64]) -> Vec<Option<(Option<String>, Option<i64>)>> {
+    let keys =
+        RecordBatch::try_from_iter(vec![("id", Arc::new(Int64Array::from(ids.to_vec())) as _)])
+            .unwrap();
+    let found = t.lookup(&keys).unwrap();
+    let names = found
+        .batch
+        .column(1)
+        .as_any()
+        .downcast_ref::<StringArray>()
+        .unwrap();
+    let scores = found
+        .batch
+        .column(2)
+        .as_any()
+        .downcast_ref::<Int64Array>()
+        .unwrap();
+    let mut out = vec![None; ids.len()];
+    for (row, key) in found.key_index.iter().enumerate() {
+        out[*key as usize] = Some((
+            (!names.is_null(row)).then(|| names.value(row).to_string()),
+            (!scores.is_null(row)).then(|| scores.value(row)),
+        ));
+    }
+    out
+}
+
+fn v(name: Option<&str>, score: Option<i64>) -> Option<(Option<String>, Option<i64>)> {
+    Some((name.map(Into::into), score))
+}
+
+async fn last_row_changelog_and_state(backend: KvBackend) {
+    let mut env = Env::new(backend).await;
+    let t = env.open(&table(&[])).await;
+    t.put(put(&[(1, Some("a"), Some(10)), (2, Some("b"), Some(20))]))
+        .await
+        .unwrap();
+    t.put(put(&[(1, Some("a"), Some(11))])).await.unwrap();
+    let same = t.put(put(&[(2, Some("b"), Some(20))])).await.unwrap();
+    assert!(
+        same.last_offset < same.first_offset,
+        "an unchanged row writes nothing"
+    );
+    t.put(delete(&[2])).await.unwrap();
+    t.put(delete(&[3])).await.unwrap();
+    assert_eq!(
+        changelog(&t).await,
+        vec![
+            c("+I", 1, Some("a"), Some(10)),
+            c("+I", 2, Some("b"), Some(20)),
+            c("-U", 1, Some("a"), Some(10)),
+            c("+U", 1, Some("a"), Some(11)),
+            c("-D", 2, Some("b"), Some(20)),
+        ]
+    );
+    assert_eq!(
+        get(&t, &[1, 2, 3]),
+        vec![v(Some("a"), Some(11)), None, None]
+    );
+    // Two rows of one key in one batch merge in order.
+    t.put(put(&[(5, Some("x"), Some(1)), (5, Some("y"), Some(2))]))
+        .await
+        .unwrap();
+    assert_eq!(get(&t, &[5]), vec![v(Some("y"), Some(2))]);
+}
+
+async fn first_row_and_versioned(backend: KvBackend) {
+    let mut env = Env::new(backend).await;
+    let t = env.open(&table(&[("merge_engine", "first_row")])).await;
+    t.put(put(&[(1, Some("a"), Some(1))])).await.unwrap();
+    t.put(put(&[(1, Some("b"), Some(2))])).await.unwrap();
+    t.put(delete(&[1])).await.unwrap();
+    assert_eq!(changelog(&t).await, vec![c("+I", 1, Some("a"), Some(1))]);
+    assert_eq!(get(&t, &[1]), vec![v(Some("a"), Some(1))]);
+
+    let mut env = Env::new(backend).await;
+    let t = env
+        .open(&table(&[("merge_engine", "versioned(score)")]))
+        .await;
+    t.put(put(&[(1, Some("v5"), Some(5))])).await.unwrap();
+    t.put(put(&[(1, Some("v3"), Some(3))])).await.unwrap();
+    t.put(put(&[(1, Some("vnull"), None)])).await.unwrap();
+    t.put(put(&[(1, Some("v5b"), Some(5))])).await.unwrap();
+    t.put(put(&[(2, Some("null-first"), None)])).await.unwrap();
+    assert_eq!(
+        changelog(&t).await,
+        vec![
+            c("+I", 1, Some("v5"), Some(5)),
+            c("-U", 1, Some("v5"), Some(5)),
+            c("+U", 1, Some("v5b"), Some(5)),
+        ]
+    );
+    assert_eq!(get(&t, &[1, 2]), vec![v(Some("v5b"), Some(5)), None]);
+}
+
+async fn aggregation_and_idempotence(backend: KvBackend) {
+    let mut env = Env::new(backend).await;
+    let t = env
+        .open(&table(&[
+            ("merge_engine", "aggregation"),
+            ("aggregation.score", "sum"),
+            ("aggregation.name", "listagg(|)"),
+        ]))
+        .await;
+    let mut p = put(&[(1, Some("a"), Some(5))]);
+    p.writer_id = 9;
+    t.put(p.clone()).await.unwrap();
+    // A retry of the same batch is recognised, not summed twice.
+    let retry = t.put(p).await.unwrap();
+    assert!(retry.duplicated);
+    let mut p = put(&[(1, Some("b"), Some(7)), (1, None, None)]);
+    p.writer_id = 9;
+    p.batch_sequence = 1;
+    t.put(p).await.unwrap();
+    assert_eq!(get(&t, &[1]), vec![v(Some("a|b"), Some(12))]);
+    t.put(delete(&[1])).await.unwrap();
+    assert_eq!(
+        get(&t, &[1]),
+        vec![v(Some("a|b"), Some(12))],
+        "aggregation ignores deletes"
+    );
+}
+
+async fn partial_updates_and_partial_deletes(backend: KvBackend) {
+    let mut env = Env::new(backend).await;
+    let t = env.open(&table(&[])).await;
+    t.put(put(&[(1, Some("a"), Some(10))])).await.unwrap();
+    let partial = |rows: &[(i64, Option<i64>)], delete: bool| {
+        let batch = RecordBatch::try_from_iter(vec![
+            (
+                "id",
+                Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.0))) as _,
+            ),
+            (
+                "score",
+                Arc::new(Int64Array::from(
+                    rows.iter().map(|r| r.1).collect::<Vec<_>>(),
+                )) as _,
+            ),
+        ])
+        .unwrap();
+        let batch = RecordBatch::try_new(
+            Arc::new(arrow::datatypes::Schema::new(vec![
+                arrow::datatypes::Field::new("id", arrow::datatypes::DataType::Int64, false),
+                arrow::datatypes::Field::new("score", arrow::datatypes::DataType::Int64, true),
+            ])),
+            batch.columns().to_vec(),
+        )
+        .unwrap();
+        PutRequest {
+            writer_id: NO_WRITER,
+            batch_sequence: 0,
+            schema_id: 1,
+            target_columns: Some(vec!["id".into(), "score".into()]),
+            changes: delete.then(|| vec![ChangeType::Delete; rows.len()]),
+            batch,
+        }
+    };
+    t.put(partial(&[(1, Some(99)), (2, Some(7))], false))
+        .await
+        .unwrap();
+    assert_eq!(
+        get(&t, &[1, 2]),
+        vec![v(Some("a"), Some(99)), v(None, Some(7))]
+    );
+    // Partial delete: score becomes null; row 1 keeps its name, row 2 has nothing left.
+    t.put(partial(&[(1, None), (2, None)], true)).await.unwrap();
+    assert_eq!(get(&t, &[1, 2]), vec![v(Some("a"), None), None]);
+    let log = changelog(&t).await;
+    assert_eq!(log.last().unwrap(), &c("-D", 2, None, Some(7)));
+}
+
+async fn crash_after_ack_before_flush_recovers_the_acknowledged_state(backend: KvBackend) {
+    let mut env = Env::new(backend).await;
+    let d = table(&[]);
+    let t = env.open(&d).await;
+    for i in 0..20 {
+        t.put(put(&[(i % 7, Some("n"), Some(i))])).await.unwrap();
+    }
+    t.put(delete(&[3])).await.unwrap();
+    let ids: Vec<i64> = (0..7).collect();
+    let expected = get(&t, &ids);
+    drop(t);
+    // A store that never saw a flush (as if the node died right after the acks).
+    let empty = tempfile::tempdir().unwrap();
+    let t = env.open_in(&d, empty.path()).await;
+    assert_eq!(get(&t, &ids), expected);
+    // And the original store, reused from its flushed offset.
+    let t = env.open(&d).await;
+    assert_eq!(get(&t, &ids), expected);
+    t.put(put(&[(100, Some("after"), None)])).await.unwrap();
+    assert_eq!(get(&t, &[100]), vec![v(Some("after"), None)]);
+    let _ = &env.store;
+}
+
+async fn schema_evolution_reads_old_rows_with_nulls(backend: KvBackend) {
+    let mut env = Env::new(backend).await;
+    let d = table(&[]);
+    let t = env.open(&d).await;
+    t.put(put(&[(1, Some("a"), Some(1))])).await.unwrap();
+    let v2 = d
+        .schema
+        .with_added_columns(&[Column::new("flag", DataType::Boolean, true)])
+        .unwrap();
+    let d2 = TableDescriptor {
+        schema: v2.clone(),
+        ..d.clone()
+    };
+    t.update_table(d2, vec![d.schema.clone(), v2.clone()])
+        .unwrap();
+    let keys =
+        RecordBatch::try_from_iter(vec![("id", Arc::new(Int64Array::from(vec![1])) as _)]).unwrap();
+    let found = t.lookup(&keys).unwrap();
+    assert_eq!(found.batch.num_columns(), 4);
+    assert!(found.batch.column(3).is_null(0));
+    // Old schema id is refused after the change; new rows use schema 2.
+    assert!(matches!(
+        t.put(put(&[(2, None, None)])).await.unwrap_err(),
+        MinkError::SchemaMismatch(_)
+    ));
+    let b2 = RecordBatch::try_new(
+        v2.to_arrow(),
+        vec![
+            Arc::new(Int64Array::from(vec![1])),
+            Arc::new(StringArray::from(vec![Some("a")])),
+            Arc::new(Int64Array::from(vec![Some(2)])),
+            Arc::new(BooleanArray::from(vec![Some(true)])),
+        ],
+    )
+    .unwrap();
+    t.put(PutRequest {
+        schema_id: 2,
+        batch: b2,
+        ..put(&[])
+    })
+    .await
+    .unwrap();
+    let found = t.lookup(&keys).unwrap();
+    assert!(
+        found
+            .batch
+            .column(3)
+            .as_any()
+            .downcast_ref::<BooleanArray>()
+            .unwrap()
+            .value(0)
+    );
+}
+
+async fn bad_input_is_rejected_and_changes_nothing(backend: KvBackend) {
+    let mut env = Env::new(backend).await;
+    let t = env.open(&table(&[("merge_engine", "first_row")])).await;
+    let hw = t.log().high_watermark();
+    let mut wrong_id = put(&[(1, None, None)]);
+    wrong_id.schema_id = 7;
+    assert!(
+        t.put(wrong_id)
+            .await
+            .unwrap_err()
+            .to_string()
+            .contains("no schema 7")
+    );
+    let mut partial = put(&[(1, None, None)]);
+    partial.target_columns = Some(vec!["id".into(), "name".into(), "score".into()]);
+    assert!(
+        t.put(partial)
+            .await
+            .unwrap_err()
+            .to_string()
+            .contains("first_row merge engine does not take partial updates")
+    );
+    let nulls = RecordBatch::try_new(
+        Arc::new(arrow::datatypes::Schema::new(vec![
+            arrow::datatypes::Field::new("id", arrow::datatypes::DataType::Int64, true),
+            arrow::datatypes::Field::new("name", arrow::datatypes::DataType::Utf8, true),
+            arrow::datatypes::Field::new("score", arrow::datatypes::DataType::Int64, true),
+        ])),
+        vec![
+            Arc::new(Int64Array::from(vec![None::<i64>])),
+            Arc::new(StringArray::from(vec![None::<&str>])),
+            Arc::new(Int64Array::from(vec![None::<i64>])),
+        ],
+    )
+    .unwrap();
+    let err = t
+        .put(PutRequest {
+            batch: nulls,
+            ..put(&[])
+        })
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("NOT NULL"), "{err}");
+    assert_eq!(t.log().high_watermark(), hw);
+
+    let mut env = Env::new(backend).await;
+    let t = env.open(&table(&[])).await;
+    let mut no_key = put(&[(1, None, None)]);
+    no_key.target_columns = Some(vec!["name".into()]);
+    assert!(
+        t.put(no_key)
+            .await
+            .unwrap_err()
+            .to_string()
+            .contains("every primary-key column")
+    );
+    let mut mismatch = put(&[(1, None, None)]);
+    mismatch.changes = Some(vec![]);
+    assert!(
+        t.put(mismatch)
+            .await
+            .unwrap_err()
+            .to_string()
+            .contains("0 change types for 1 rows")
+    );
+    let d = table(&[("delete_behavior", "disable")]);
+    let mut env = Env::new(backend).await;
+    let t = env.open(&d).await;
+    assert!(
+        t.put(delete(&[1]))
+            .await
+            .unwrap_err()
+            .to_string()
+            .contains("deletes are disabled")
+    );
+}
+
+macro_rules! both {
+    ($($name:ident),*) => {
+        mod fjall {
+            $( #[tokio::test] async fn $name() { super::$name(mink_kv::KvBackend::Fjall).await } )*
+        }
+        mod redb {
+            $( #[tokio::test] async fn $name() { super::$name(mink_kv::KvBackend::Redb).await } )*
+        }
+    };
+}
+
+both!(
+    last_row_changelog_and_state,
+    first_row_and_versioned,
+    aggregation_and_idempotence,
+    partial_updates_and_partial_deletes,
+    crash_after_ack_before_flush_recovers_the_acknowledged_state,
+    schema_evolution_reads_old_rows_with_nulls,
+    bad_input_is_rejected_and_changes_nothing
+);
