@@ -15,9 +15,11 @@ pub mod merge;
 #[cfg(feature = "redb")]
 mod redb_store;
 pub mod row;
+pub mod snapshot;
 pub mod store;
 pub mod tablet;
 
 pub use config::{KvBackend, KvConfig};
+pub use snapshot::{SnapshotInfo, SnapshotStore};
 pub use store::{KvNamespace, KvOp, KvStore, open_kv_store};
 pub use tablet::{KvTablet, LookupResult, PutRequest};

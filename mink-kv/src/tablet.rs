@@ -22,6 +22,7 @@ use mink_types::{
 
 use crate::merge::{Decision, Merger, target_mask};
 use crate::row::{Row, decode_row, encode_row, row_schema_id, rows_of, rows_to_batch};
+use crate::snapshot::{SnapshotInfo, SnapshotStore};
 use crate::store::{KvNamespace, KvOp};
 
 /// One Put batch.
@@ -67,6 +68,7 @@ struct Inner {
     /// Serializes merge-and-submit and flushes of this bucket.
     puts: tokio::sync::Mutex<()>,
     failed: Mutex<Option<MinkError>>,
+    snapshots: Option<SnapshotStore>,
 }
 
 /// A bucket's KV tablet. Cheap to clone.
@@ -89,13 +91,15 @@ fn table_state(descriptor: TableDescriptor, schemas: Vec<Schema>) -> Result<Tabl
 
 impl KvTablet {
     /// Opens the tablet over `log` (already open) and `store`, replaying the changelog
-    /// from the store's flushed offset up to the high watermark.
+    /// from the store's flushed offset up to the high watermark (after loading the
+    /// newest snapshot when the store is behind it).
     pub async fn open(
         bucket: TableBucket,
         log: LogTablet,
         store: Arc<dyn KvNamespace>,
         descriptor: TableDescriptor,
         schemas: Vec<Schema>,
+        snapshots: Option<SnapshotStore>,
     ) -> Result<Self> {
         if !descriptor.has_primary_key() {
             return Err(MinkError::invalid(
@@ -112,8 +116,10 @@ impl KvTablet {
                 prewrite: Mutex::new(BTreeMap::new()),
                 puts: tokio::sync::Mutex::new(()),
                 failed: Mutex::new(None),
+                snapshots,
             }),
         };
+        tablet.load_snapshot_if_behind().await?;
         tablet.replay().await?;
         Ok(tablet)
     }
@@ -492,13 +498,92 @@ impl KvTablet {
         rows_to_batch(&schema, &rows.iter().collect::<Vec<_>>())
     }
 
+    /// Writes a snapshot of the bucket's state to object storage (flushing first).
+    /// Returns `None` when the tablet has no snapshot store.
+    pub async fn snapshot(&self) -> Result<Option<SnapshotInfo>> {
+        let Some(snapshots) = self.inner.snapshots.clone() else {
+            return Ok(None);
+        };
+        self.flush().await?;
+        // Hold the put lock: no flush may move the store while it is read.
+        let (offset, batches, schema) = {
+            let _guard = self.inner.puts.lock().await;
+            let offset = self
+                .inner
+                .store
+                .flushed_offset()?
+                .unwrap_or(self.inner.log.log_start());
+            let schema = self.table().descriptor.schema.clone();
+            let mut batches = Vec::new();
+            let mut rows = Vec::new();
+            for pair in self.inner.store.snapshot()? {
+                let (_, value) = pair?;
+                rows.push(self.decode(&value)?);
+                if rows.len() == crate::snapshot::SNAPSHOT_BATCH_ROWS {
+                    batches.push(rows_to_batch(&schema, &rows.iter().collect::<Vec<_>>())?);
+                    rows.clear();
+                }
+            }
+            if !rows.is_empty() {
+                batches.push(rows_to_batch(&schema, &rows.iter().collect::<Vec<_>>())?);
+            }
+            (offset, batches, schema)
+        };
+        Ok(Some(snapshots.write(&schema, offset, &batches).await?))
+    }
+
+    /// Loads the newest snapshot into the store when the store is behind it (empty, or
+    /// older than the log start).
+    async fn load_snapshot_if_behind(&self) -> Result<()> {
+        let Some(snapshots) = self.inner.snapshots.clone() else {
+            return Ok(());
+        };
+        let flushed = self.inner.store.flushed_offset()?;
+        let Some(&newest) = snapshots.list().await?.last() else {
+            return Ok(());
+        };
+        let behind = flushed.is_none_or(|f| f < newest && f < self.inner.log.log_start());
+        if !behind || newest > self.inner.log.high_watermark() {
+            return Ok(());
+        }
+        let schema = self.table().descriptor.schema.clone();
+        let pk: Vec<usize> = self
+            .table()
+            .descriptor
+            .primary_key
+            .iter()
+            .filter_map(|k| schema.index_of(k))
+            .collect();
+        self.inner.store.clear()?;
+        let mut key = Vec::new();
+        for batch in snapshots.read(newest).await? {
+            schema.check_batch(&batch)?;
+            let encoder = KeyEncoder::new(&batch, &pk)?;
+            let mut ops = Vec::with_capacity(batch.num_rows());
+            for (i, row) in rows_of(&batch)?.iter().enumerate() {
+                encoder.encode(i, &mut key)?;
+                ops.push(KvOp::Put(key.clone(), encode_row(&schema, row)?));
+            }
+            // The offset is recorded only with the last batch below.
+            self.inner.store.write(&ops, -1)?;
+        }
+        self.inner.store.write(&[], newest)?;
+        tracing::info!(bucket = %self.inner.bucket, offset = newest, "KV store loaded from a snapshot");
+        Ok(())
+    }
+
     /// Replays the changelog from the store's flushed offset to the high watermark.
     async fn replay(&self) -> Result<()> {
         let log = &self.inner.log;
         let hw = log.high_watermark();
         let flushed = self.inner.store.flushed_offset()?;
         let mut pos = match flushed {
-            Some(f) => f,
+            Some(f) if f >= 0 => f,
+            // A fresh store, or a snapshot load that did not finish: start over.
+            Some(_) => {
+                self.inner.store.clear()?;
+                log.log_start()
+            }
             None => log.log_start(),
         };
         if pos < log.log_start() {

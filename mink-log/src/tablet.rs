@@ -598,6 +598,18 @@ impl LogTablet {
         })
     }
 
+    /// Moves the log start to `offset` (at most the compacted end); whole segments
+    /// below it are deleted. Returns the new log start.
+    pub async fn trim_before(&self, offset: i64) -> Result<i64> {
+        let start = self
+            .inner
+            .stream
+            .trim(offset.max(0) as u64)
+            .await
+            .map_err(|e| wal_error(self.inner.bucket, e))?;
+        Ok(start as i64)
+    }
+
     /// Trims data whose commit timestamp is older than `ttl` (whole segments are
     /// deleted; only compacted data can go). Returns the new log start.
     pub async fn trim_expired(&self, ttl: Duration) -> Result<i64> {

@@ -1,0 +1,122 @@
+//! KV snapshots on object storage: a bucket's whole state at one log offset, as an
+//! Arrow IPC stream of the table's current schema, at
+//! `{prefix}/{offset:020}.arrow`. The newest `retain` are kept. Recovery loads the
+//! newest snapshot into the local store and replays the changelog from its offset.
+
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use arrow::ipc::reader::StreamReader;
+use arrow::ipc::writer::StreamWriter;
+use futures::TryStreamExt;
+use mink_types::{MinkError, Result, Schema};
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+
+/// Rows per Arrow batch in a snapshot.
+pub const SNAPSHOT_BATCH_ROWS: usize = 8_192;
+
+/// Where one bucket's snapshots live.
+#[derive(Clone)]
+pub struct SnapshotStore {
+    pub store: Arc<dyn ObjectStore>,
+    /// e.g. `kv/t3/p-/b1` (see `TableBucket`).
+    pub prefix: String,
+    /// Snapshots kept (at least 1).
+    pub retain: usize,
+}
+
+/// A written snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotInfo {
+    /// The log offset the snapshot covers: replay starts here.
+    pub log_offset: i64,
+    pub location: String,
+    pub rows: u64,
+    pub bytes: u64,
+}
+
+fn storage(e: object_store::Error) -> MinkError {
+    MinkError::StorageFailure(format!("KV snapshot: {e}"))
+}
+
+impl SnapshotStore {
+    fn path(&self, offset: i64) -> Path {
+        Path::from(format!("{}/{offset:020}.arrow", self.prefix))
+    }
+
+    /// Snapshot offsets, oldest first.
+    pub async fn list(&self) -> Result<Vec<i64>> {
+        let mut offsets: Vec<i64> = self
+            .store
+            .list(Some(&Path::from(self.prefix.as_str())))
+            .try_filter_map(|m| async move {
+                Ok(m.location
+                    .filename()
+                    .and_then(|f| f.strip_suffix(".arrow"))
+                    .and_then(|f| f.parse::<i64>().ok()))
+            })
+            .try_collect()
+            .await
+            .map_err(storage)?;
+        offsets.sort_unstable();
+        Ok(offsets)
+    }
+
+    /// Writes batches as the snapshot at `offset`, then deletes all but the newest
+    /// `retain`.
+    pub async fn write(
+        &self,
+        schema: &Schema,
+        offset: i64,
+        batches: &[RecordBatch],
+    ) -> Result<SnapshotInfo> {
+        let mut buf = Vec::new();
+        {
+            let mut writer = StreamWriter::try_new(&mut buf, &schema.to_arrow())?;
+            for b in batches {
+                writer.write(b)?;
+            }
+            writer.finish()?;
+        }
+        let bytes = buf.len() as u64;
+        let path = self.path(offset);
+        self.store
+            .put(&path, PutPayload::from(buf))
+            .await
+            .map_err(storage)?;
+        let offsets = self.list().await?;
+        let keep = self.retain.max(1);
+        if offsets.len() > keep {
+            for old in &offsets[..offsets.len() - keep] {
+                match self.store.delete(&self.path(*old)).await {
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                    Err(e) => tracing::warn!("could not delete old KV snapshot {old}: {e}"),
+                }
+            }
+        }
+        metrics::counter!("mink_kv_snapshots_written_total").increment(1);
+        Ok(SnapshotInfo {
+            log_offset: offset,
+            location: path.to_string(),
+            rows: batches.iter().map(|b| b.num_rows() as u64).sum(),
+            bytes,
+        })
+    }
+
+    /// Reads the snapshot at `offset` as Arrow batches.
+    pub async fn read(&self, offset: i64) -> Result<Vec<RecordBatch>> {
+        let bytes = self
+            .store
+            .get(&self.path(offset))
+            .await
+            .map_err(storage)?
+            .bytes()
+            .await
+            .map_err(storage)?;
+        let reader = StreamReader::try_new(std::io::Cursor::new(bytes), None)?;
+        reader
+            .map(|b| b.map_err(|e| MinkError::Internal(format!("KV snapshot at {offset}: {e}"))))
+            .collect()
+    }
+}
