@@ -21,6 +21,12 @@ pub const BENCHES: &[(&str, &str, &str, &str)] = &[
         "log-tablet appends against raw s3stream appends; scans from memory and segments",
     ),
     (
+        "kv",
+        "mink-kv",
+        "kv",
+        "KV upserts and lookups on fjall and redb against log appends of the same rows",
+    ),
+    (
         "meta",
         "mink-meta",
         "meta",
