@@ -532,6 +532,31 @@ impl KvTablet {
         Ok(Some(snapshots.write(&schema, offset, &batches).await?))
     }
 
+    /// Writes a snapshot every `interval` until `shutdown` resolves (the node records
+    /// each in the metadata log through `on_snapshot`).
+    pub async fn run_snapshots(
+        &self,
+        interval: std::time::Duration,
+        on_snapshot: impl Fn(SnapshotInfo),
+        shutdown: impl std::future::Future<Output = ()>,
+    ) {
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => return,
+                _ = tokio::time::sleep(interval) => {}
+            }
+            if self.failure().is_some() {
+                return;
+            }
+            match self.snapshot().await {
+                Ok(Some(info)) => on_snapshot(info),
+                Ok(None) => return,
+                Err(e) => tracing::warn!(bucket = %self.inner.bucket, "KV snapshot failed: {e}"),
+            }
+        }
+    }
+
     /// Loads the newest snapshot into the store when the store is behind it (empty, or
     /// older than the log start).
     async fn load_snapshot_if_behind(&self) -> Result<()> {

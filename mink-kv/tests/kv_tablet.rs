@@ -555,6 +555,82 @@ async fn snapshots_plus_replay_equal_the_live_state(backend: KvBackend) {
     assert_eq!(get(&t, &ids), live);
 }
 
+async fn prefix_lookups_use_the_leading_key_columns(backend: KvBackend) {
+    let mut env = Env::new(backend).await;
+    let two_keys = Schema::new(
+        1,
+        vec![
+            Column::new("user", DataType::String, false),
+            Column::new("item", DataType::BigInt, false),
+            Column::new("qty", DataType::BigInt, true),
+        ],
+    );
+    let d = TableDescriptor {
+        primary_key: vec!["user".into(), "item".into()],
+        bucket_keys: Some(vec!["user".into()]),
+        ..TableDescriptor::log_table(two_keys.clone())
+    };
+    d.validate().unwrap();
+    env.epoch += 1;
+    let stream = env.node.open_stream("t1-b0", env.epoch).await.unwrap();
+    let log = LogTablet::open(
+        BUCKET,
+        stream,
+        true,
+        vec![two_keys.clone()],
+        LogConfig::default(),
+    )
+    .await
+    .unwrap();
+    let kv = open_kv_store(backend, env.dir.path()).unwrap();
+    let t = KvTablet::open(
+        BUCKET,
+        log,
+        kv.namespace("t1-b0").unwrap(),
+        d,
+        vec![two_keys.clone()],
+        None,
+    )
+    .await
+    .unwrap();
+    let rows = |users: &[&str], items: &[i64]| {
+        RecordBatch::try_new(
+            two_keys.to_arrow(),
+            vec![
+                Arc::new(StringArray::from(users.to_vec())),
+                Arc::new(Int64Array::from(items.to_vec())),
+                Arc::new(Int64Array::from(items.to_vec())),
+            ],
+        )
+        .unwrap()
+    };
+    t.put(PutRequest {
+        batch: rows(&["ann", "bob", "ann", "annie"], &[2, 1, 1, 9]),
+        ..put(&[])
+    })
+    .await
+    .unwrap();
+    let mut prefix = Vec::new();
+    mink_types::encode_values(
+        &[DataType::String],
+        &[mink_types::KeyValue::String("ann".into())],
+        &mut prefix,
+    )
+    .unwrap();
+    let found = t.prefix_lookup(&prefix, 100).unwrap();
+    let items = found
+        .column(1)
+        .as_any()
+        .downcast_ref::<Int64Array>()
+        .unwrap();
+    assert_eq!(
+        items.values().to_vec(),
+        vec![1, 2],
+        "ann's rows in key order, not annie's"
+    );
+    assert_eq!(t.prefix_lookup(&prefix, 1).unwrap().num_rows(), 1);
+}
+
 macro_rules! both {
     ($($name:ident),*) => {
         mod fjall {
@@ -574,5 +650,6 @@ both!(
     crash_after_ack_before_flush_recovers_the_acknowledged_state,
     schema_evolution_reads_old_rows_with_nulls,
     bad_input_is_rejected_and_changes_nothing,
-    snapshots_plus_replay_equal_the_live_state
+    snapshots_plus_replay_equal_the_live_state,
+    prefix_lookups_use_the_leading_key_columns
 );
