@@ -1,13 +1,15 @@
-//! `mink-flight`: the Arrow Flight adapter and the Rust client.
+//! `mink-flight`: the Arrow Flight adapter.
 //!
-//! It owns, as it grows, the JSON descriptors, tickets and actions, the gRPC status
-//! mapping, the `mink-applied-index` headers, the Flight server over a handler trait
-//! it defines, and the Rust client (client-side routing, one idempotent sequence per
-//! bucket, retries on NotLeader). Today it holds its configuration.
+//! - [`protocol`]: the JSON descriptors, per-batch metadata, tickets and results.
+//! - [`server`]: the Flight server over the [`server::MinkService`] trait the node
+//!   implements; gRPC status mapping; the `mink-applied-index` headers.
 //!
 //! Architecture invariant: this crate speaks Flight and nothing else. It never
-//! touches storage or metadata; `mink-node` implements its handler trait.
+//! touches storage or metadata; `mink-node` implements its service trait.
 
 pub mod config;
+pub mod protocol;
+pub mod server;
 
 pub use config::FlightConfig;
+pub use server::{FlightServer, MinkService};

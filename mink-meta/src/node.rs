@@ -310,6 +310,28 @@ impl MetaNode {
 
     // ---- lease-holder duties ---------------------------------------------------
 
+    /// When this node holds the lease, gives buckets without a leader one now (after
+    /// `create_table`, so that writes need not wait for the next duty round).
+    pub async fn assign_now(&self) {
+        let (term, holder) = self.lease();
+        if holder.as_deref() != Some(self.inner.node.as_str()) {
+            return;
+        }
+        let assignments = self.read(plan_orphans);
+        for chunk in assignments.chunks(ASSIGNMENTS_PER_PROPOSAL_MAX) {
+            if let Err(e) = self
+                .propose(MetaCommand::AssignBuckets {
+                    term,
+                    assignments: chunk.to_vec(),
+                })
+                .await
+            {
+                tracing::debug!("assigning buckets: {e}");
+                return;
+            }
+        }
+    }
+
     /// Evens out bucket counts over live nodes with the fewest moves. Only the lease
     /// holder can; others get `NotLeader`-style `Unavailable` naming the holder.
     pub async fn rebalance(&self) -> Result<usize> {

@@ -10,5 +10,6 @@
 
 pub mod config;
 pub mod node;
+pub mod service;
 
 pub use config::MinkConfig;

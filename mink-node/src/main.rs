@@ -72,17 +72,18 @@ fn main() -> ExitCode {
             node_id = %node.config.node_id,
             data_dir = %node.config.data_dir.display(),
             object_store = %node.config.object_store.url,
+            flight = %node.flight_addr,
             "node started"
         );
         tracing::warn!(
-            "this build serves no clients yet: the Flight ({}), Kafka ({}) and admin ({}) \
-             listeners are not implemented, so nothing is listening on them",
-            node.config.listeners.flight,
+            "not served yet: the Kafka ({}) and admin ({}) listeners are not implemented, \
+             so nothing listens there; Flight serves log tables (see README)",
             node.config.listeners.kafka,
             node.config.listeners.admin
         );
         shutdown_signal().await;
         tracing::info!("shutting down");
+        node.stop().await;
         ExitCode::SUCCESS
     })
 }

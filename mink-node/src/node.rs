@@ -1,21 +1,36 @@
-//! Start-up and shutdown of a node.
+//! Start-up, serving and shutdown of a node.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
+use arrow_flight::flight_service_server::FlightServiceServer;
 use futures::StreamExt;
+use mink_flight::FlightServer;
+use mink_meta::MetaNode;
+use mink_wal::StreamStore;
 use object_store::ObjectStore;
 use object_store::path::Path;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
 
 use crate::MinkConfig;
+use crate::service::NodeService;
 
-/// A node that has checked its data directory and object store.
+/// A running node.
 pub struct Node {
     pub config: MinkConfig,
     pub store: Arc<dyn ObjectStore>,
+    pub meta: MetaNode,
+    pub streams: StreamStore,
+    /// The address the Flight listener is bound to.
+    pub flight_addr: SocketAddr,
+    shutdown: watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Node {
-    /// Creates the data directory, opens the object store and proves it answers.
+    /// Creates the data directory, opens the object store and proves it answers,
+    /// binds the Flight listener, joins the cluster (metadata log, WAL) and serves.
     pub async fn start(config: MinkConfig) -> anyhow::Result<Self> {
         std::fs::create_dir_all(&config.data_dir).map_err(|e| {
             anyhow::anyhow!(
@@ -33,7 +48,93 @@ impl Node {
                 config.object_store.url
             );
         }
-        Ok(Self { config, store })
+        drop(listing);
+        let listener = TcpListener::bind(config.listeners.flight)
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "listeners.flight {}: cannot bind: {e}",
+                    config.listeners.flight
+                )
+            })?;
+        let flight_addr = listener.local_addr()?;
+        let advertised = config
+            .advertised
+            .flight
+            .clone()
+            .unwrap_or_else(|| flight_addr.to_string());
+        let meta = MetaNode::open(
+            store.clone(),
+            &config.node_id,
+            &advertised,
+            &config.advertised_kafka(),
+            config.meta.clone(),
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("joining the cluster: {e}"))?;
+        let streams = StreamStore::open(store.clone(), &config.node_id, config.wal.clone())
+            .await
+            .map_err(|e| anyhow::anyhow!("starting the WAL: {e}"))?;
+        let (shutdown, _) = watch::channel(false);
+        let stopped = |tx: &watch::Sender<bool>| {
+            let mut rx = tx.subscribe();
+            async move {
+                let _ = rx.wait_for(|s| *s).await;
+            }
+        };
+        let mut tasks = Vec::new();
+        {
+            let streams = streams.clone();
+            let stop = stopped(&shutdown);
+            tasks.push(tokio::spawn(
+                async move { streams.run_compactor(stop).await },
+            ));
+        }
+        let service = Arc::new(NodeService::new(
+            config.clone(),
+            meta.clone(),
+            streams.clone(),
+        ));
+        let max = config.flight.message_bytes_max as usize;
+        let flight = FlightServiceServer::new(FlightServer::new(service))
+            .max_decoding_message_size(max)
+            .max_encoding_message_size(max);
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let stop = stopped(&shutdown);
+        let concurrent = config.flight.concurrent_streams_max;
+        tasks.push(tokio::spawn(async move {
+            let served = tonic::transport::Server::builder()
+                .max_concurrent_streams(concurrent)
+                .add_service(flight)
+                .serve_with_incoming_shutdown(incoming, stop)
+                .await;
+            if let Err(e) = served {
+                tracing::error!("the Flight server stopped: {e}");
+            }
+        }));
+        tracing::info!(addr = %flight_addr, "Flight listening on {flight_addr}");
+        Ok(Self {
+            config,
+            store,
+            meta,
+            streams,
+            flight_addr,
+            shutdown,
+            tasks,
+        })
+    }
+
+    /// Stops serving, closes every stream cleanly (a handover: the next owner needs
+    /// no fence), releases the lease and stops the metadata tasks.
+    pub async fn stop(self) {
+        self.shutdown.send_replace(true);
+        for task in self.tasks {
+            let _ = task.await;
+        }
+        if let Err(e) = self.streams.close_all().await {
+            tracing::warn!("closing streams: {e}");
+        }
+        self.meta.shutdown(true).await;
     }
 }
 

@@ -1,0 +1,185 @@
+//! The JSON messages of Mink's Flight protocol (docs/protocol.md): descriptors,
+//! per-batch metadata, tickets, results and the redirect. Serde externally tagged
+//! enums with snake_case fields: `{"AppendTable": {"path": "db.t", "schema_id": 1}}`.
+
+use mink_types::{BucketId, ChangeType, MinkError, Result, SchemaId, TableBucket, TablePath};
+use serde::{Deserialize, Serialize};
+
+/// The most bytes a JSON body (descriptor, ticket, action) may have.
+pub const JSON_BYTES_MAX: usize = 1 << 20;
+
+/// What a DoPut stream writes to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub enum WriteDescriptor {
+    /// A log table's bucket, on its leader.
+    Append {
+        bucket: TableBucket,
+        schema_id: SchemaId,
+        #[serde(default)]
+        writer_id: Option<i64>,
+    },
+    /// A primary-key table's bucket, on its leader.
+    Put {
+        bucket: TableBucket,
+        schema_id: SchemaId,
+        #[serde(default)]
+        writer_id: Option<i64>,
+        #[serde(default)]
+        target_columns: Option<Vec<String>>,
+    },
+    /// A log table, routed by the receiving node.
+    AppendTable {
+        path: TablePath,
+        schema_id: SchemaId,
+    },
+    /// A primary-key table, routed by the receiving node.
+    PutTable {
+        path: TablePath,
+        schema_id: SchemaId,
+        #[serde(default)]
+        target_columns: Option<Vec<String>>,
+    },
+}
+
+/// The app metadata of each batch of a DoPut stream.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WriteBatch {
+    /// The batch's sequence for idempotence (with a writer id).
+    #[serde(default)]
+    pub batch_sequence: Option<i64>,
+    /// Per row, for Put: upsert (`+I`, `+U`) or delete (`-D`, `-U`).
+    #[serde(default)]
+    pub changes: Option<Vec<ChangeType>>,
+}
+
+/// Where one bucket's rows landed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BucketWritten {
+    pub bucket: TableBucket,
+    pub first_offset: i64,
+    pub last_offset: i64,
+    pub duplicated: bool,
+}
+
+/// The answer to each DoPut batch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WriteResult {
+    Written {
+        first_offset: i64,
+        last_offset: i64,
+        duplicated: bool,
+    },
+    Routed {
+        buckets: Vec<BucketWritten>,
+    },
+}
+
+/// What a DoGet reads.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub enum ReadTicket {
+    /// A bucket's log from `offset` up to the high watermark.
+    Scan {
+        bucket: TableBucket,
+        offset: i64,
+        #[serde(default)]
+        max_bytes: Option<u64>,
+    },
+    /// The first `limit` rows of a bucket.
+    LimitScan { bucket: TableBucket, limit: u64 },
+    /// The latest KV snapshot of a bucket.
+    Snapshot { bucket: TableBucket },
+    /// Lake and log together (not served yet).
+    Union { path: TablePath },
+    /// Lake data only (not served yet).
+    Lake { path: TablePath },
+}
+
+/// The app metadata of each DoGet batch of a scan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScanBatch {
+    pub bucket: TableBucket,
+    pub base_offset: i64,
+    pub high_watermark: i64,
+    /// Per row, for primary-key tables.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub change_types: Option<Vec<ChangeType>>,
+}
+
+/// The body of a NotLeader status.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Redirect {
+    pub bucket: TableBucket,
+    pub to: Option<String>,
+}
+
+/// A bucket number in a routed result.
+pub type Bucket = BucketId;
+
+/// Parses a JSON body, naming what it was for in the error.
+pub fn parse_json<T: serde::de::DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<T> {
+    if bytes.len() > JSON_BYTES_MAX {
+        return Err(MinkError::LimitExceeded {
+            what: format!("{what} bytes"),
+            limit: JSON_BYTES_MAX as u64,
+            actual: bytes.len() as u64,
+        });
+    }
+    serde_json::from_slice(bytes)
+        .map_err(|e| MinkError::invalid(what, format!("malformed JSON: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_have_the_documented_json() {
+        let d: WriteDescriptor = parse_json(
+            "descriptor",
+            br#"{"AppendTable": {"path": "db.t", "schema_id": 1}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            d,
+            WriteDescriptor::AppendTable {
+                path: TablePath::parse("db.t").unwrap(),
+                schema_id: 1
+            }
+        );
+        let t: ReadTicket = parse_json(
+            "ticket",
+            br#"{"Scan": {"bucket": {"table_id": 1, "partition_id": null, "bucket": 0}, "offset": 0}}"#,
+        )
+        .unwrap();
+        assert!(matches!(
+            t,
+            ReadTicket::Scan {
+                offset: 0,
+                max_bytes: None,
+                ..
+            }
+        ));
+        let w = serde_json::to_string(&WriteResult::Written {
+            first_offset: 0,
+            last_offset: 9,
+            duplicated: false,
+        })
+        .unwrap();
+        assert_eq!(
+            w,
+            r#"{"Written":{"first_offset":0,"last_offset":9,"duplicated":false}}"#
+        );
+        let err = parse_json::<WriteDescriptor>("descriptor", b"{nope").unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("invalid descriptor: malformed JSON"),
+            "{err}"
+        );
+        assert!(
+            parse_json::<WriteDescriptor>("descriptor", br#"{"Append": {"bucket": 1}}"#).is_err()
+        );
+    }
+}

@@ -1,0 +1,394 @@
+//! The Flight server over a [`MinkService`] that `mink-node` implements. This module
+//! speaks Flight (framing, metadata, headers, status codes) and nothing else.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
+use arrow::ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteContext, IpcWriteOptions};
+use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
+use arrow_flight::flight_service_server::FlightService;
+use arrow_flight::{
+    Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightEndpoint, FlightInfo,
+    HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaAsIpc, SchemaResult, Ticket,
+};
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::stream;
+use futures::{StreamExt, TryStreamExt};
+use mink_types::{MinkError, TablePath};
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::protocol::{
+    ReadTicket, Redirect, ScanBatch, WriteBatch, WriteDescriptor, WriteResult, parse_json,
+};
+
+/// Response header: the metadata index the serving node had applied.
+pub const APPLIED_INDEX_HEADER: &str = "mink-applied-index";
+/// Request header: wait until this index is applied before serving.
+pub const MIN_APPLIED_INDEX_HEADER: &str = "mink-min-applied-index";
+
+/// Every action the protocol has, with a one-line description (ListActions).
+pub const ACTIONS: &[(&str, &str)] = &[
+    ("init_writer", "Allocate an idempotent writer id"),
+    (
+        "list_offsets",
+        "Earliest, latest or by-timestamp offsets of buckets",
+    ),
+    ("register_producer_offsets", "Register a producer's offsets"),
+    ("get_producer_offsets", "Read a producer's offsets"),
+    ("delete_producer_offsets", "Delete a producer's offsets"),
+    ("lookup", "Rows by primary key"),
+    ("prefix_lookup", "Rows by bucket-key prefix"),
+    ("create_database", "Create a database"),
+    ("drop_database", "Drop a database"),
+    ("list_databases", "List databases"),
+    ("database_exists", "Whether a database exists"),
+    ("create_table", "Create a table"),
+    ("drop_table", "Drop a table"),
+    ("list_tables", "List the tables of a database"),
+    ("table_exists", "Whether a table exists"),
+    ("get_table", "A table's definition"),
+    ("alter_table", "Add columns or change properties"),
+    ("create_partition", "Create a partition"),
+    ("drop_partition", "Drop a partition"),
+    ("list_partitions", "List a table's partitions"),
+    ("latest_kv_snapshot", "The latest KV snapshot of a bucket"),
+    ("lake_snapshot", "The latest lake snapshot of a table"),
+    ("metadata", "A table's buckets and their leaders"),
+    ("describe_cluster", "Nodes and the lease"),
+    ("get_config", "The node's effective configuration"),
+    ("node_stats", "The node's counters"),
+    ("rebalance", "Even out bucket leadership"),
+    ("health", "Whether the node serves"),
+];
+
+/// One batch of a read, with its scan metadata.
+pub type ReadBatch = (RecordBatch, ScanBatch);
+
+/// What the node does for the Flight server.
+#[async_trait]
+pub trait MinkService: Send + Sync + 'static {
+    /// The metadata index this node has applied.
+    fn applied_index(&self) -> u64;
+    /// Waits (bounded) until `index` is applied.
+    async fn wait_applied(&self, index: u64) -> Result<(), MinkError>;
+    /// Runs an action with a JSON body; returns a JSON result.
+    async fn action(&self, name: &str, body: &[u8]) -> Result<Vec<u8>, MinkError>;
+    /// Writes one batch.
+    async fn write(
+        &self,
+        descriptor: &WriteDescriptor,
+        batch: RecordBatch,
+        meta: WriteBatch,
+    ) -> Result<WriteResult, MinkError>;
+    /// Reads what a ticket names: the schema and the batches.
+    async fn read(&self, ticket: ReadTicket) -> Result<(SchemaRef, Vec<ReadBatch>), MinkError>;
+    /// The current Arrow schema of a table.
+    async fn table_schema(&self, path: &TablePath) -> Result<SchemaRef, MinkError>;
+    /// Every table, with its current Arrow schema.
+    async fn tables(&self) -> Result<Vec<(TablePath, SchemaRef)>, MinkError>;
+}
+
+/// Maps Mink's errors to gRPC statuses (spec/protocols.txt "Errors").
+pub fn status(err: MinkError) -> Status {
+    let message = err.to_string();
+    match err {
+        MinkError::NotLeader { bucket, leader } => {
+            let body = serde_json::to_vec(&Redirect { bucket, to: leader }).unwrap_or_default();
+            Status::with_details(tonic::Code::FailedPrecondition, message, Bytes::from(body))
+        }
+        MinkError::Unavailable(_) | MinkError::StorageFailure(_) => Status::unavailable(message),
+        MinkError::InvalidArgument { .. } | MinkError::SchemaMismatch(_) => {
+            Status::invalid_argument(message)
+        }
+        MinkError::NotFound(_) => Status::not_found(message),
+        MinkError::AlreadyExists(_) => Status::already_exists(message),
+        MinkError::OutOfOrderSequence { .. } => Status::failed_precondition(message),
+        MinkError::OffsetOutOfRange { .. } => Status::out_of_range(message),
+        MinkError::Fenced(_) => Status::aborted(message),
+        MinkError::LimitExceeded { .. } => Status::resource_exhausted(message),
+        MinkError::Unimplemented(_) => Status::unimplemented(message),
+        MinkError::Internal(_) => Status::internal(message),
+    }
+}
+
+/// The Flight server.
+pub struct FlightServer<S> {
+    service: Arc<S>,
+}
+
+impl<S: MinkService> FlightServer<S> {
+    pub fn new(service: Arc<S>) -> Self {
+        Self { service }
+    }
+
+    async fn before<T>(&self, request: &Request<T>) -> Result<(), Status> {
+        if let Some(v) = request.metadata().get(MIN_APPLIED_INDEX_HEADER) {
+            let index: u64 = v
+                .to_str()
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .ok_or_else(|| {
+                    Status::invalid_argument(format!(
+                        "{MIN_APPLIED_INDEX_HEADER} must be an integer"
+                    ))
+                })?;
+            self.service.wait_applied(index).await.map_err(status)?;
+        }
+        Ok(())
+    }
+
+    fn respond<T>(&self, body: T) -> Response<T> {
+        let mut response = Response::new(body);
+        if let Ok(v) = self.service.applied_index().to_string().parse() {
+            response.metadata_mut().insert(APPLIED_INDEX_HEADER, v);
+        }
+        response
+    }
+}
+
+fn encode_read(schema: &SchemaRef, batches: Vec<ReadBatch>) -> Result<Vec<FlightData>, Status> {
+    let options = IpcWriteOptions::default();
+    let mut out = vec![FlightData::from(SchemaAsIpc::new(schema, &options))];
+    let generator = IpcDataGenerator::default();
+    let mut tracker = DictionaryTracker::new(false);
+    let mut context = IpcWriteContext::default();
+    for (batch, meta) in batches {
+        let (dicts, encoded) = generator
+            .encode(&batch, &mut tracker, &options, &mut context)
+            .map_err(|e| Status::internal(format!("encoding a batch: {e}")))?;
+        out.extend(dicts.into_iter().map(FlightData::from));
+        let meta = serde_json::to_vec(&meta).map_err(|e| Status::internal(e.to_string()))?;
+        out.push(FlightData::from(encoded).with_app_metadata(meta));
+    }
+    Ok(out)
+}
+
+type Stream<T> = Pin<Box<dyn futures::Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+#[async_trait]
+impl<S: MinkService> FlightService for FlightServer<S> {
+    type HandshakeStream = Stream<HandshakeResponse>;
+    type ListFlightsStream = Stream<FlightInfo>;
+    type DoGetStream = Stream<FlightData>;
+    type DoPutStream = Stream<PutResult>;
+    type DoActionStream = Stream<arrow_flight::Result>;
+    type ListActionsStream = Stream<ActionType>;
+    type DoExchangeStream = Stream<FlightData>;
+
+    async fn handshake(
+        &self,
+        _: Request<Streaming<HandshakeRequest>>,
+    ) -> Result<Response<Self::HandshakeStream>, Status> {
+        Err(Status::unimplemented(
+            "Handshake is not served: Mink does not authenticate (spec/protocols.txt)",
+        ))
+    }
+
+    async fn poll_flight_info(
+        &self,
+        _: Request<FlightDescriptor>,
+    ) -> Result<Response<PollInfo>, Status> {
+        Err(Status::unimplemented("PollFlightInfo is not served"))
+    }
+
+    async fn list_flights(
+        &self,
+        request: Request<Criteria>,
+    ) -> Result<Response<Self::ListFlightsStream>, Status> {
+        self.before(&request).await?;
+        let tables = self.service.tables().await.map_err(status)?;
+        let infos: Vec<Result<FlightInfo, Status>> = tables
+            .into_iter()
+            .map(|(path, schema)| {
+                FlightInfo::new()
+                    .try_with_schema(&schema)
+                    .map(|i| i.with_descriptor(FlightDescriptor::new_path(vec![path.to_string()])))
+                    .map_err(|e| Status::internal(e.to_string()))
+            })
+            .collect();
+        Ok(self.respond(stream::iter(infos).boxed()))
+    }
+
+    async fn get_flight_info(
+        &self,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        self.before(&request).await?;
+        let path = descriptor_path(request.get_ref())?;
+        let schema = self.service.table_schema(&path).await.map_err(status)?;
+        let info = FlightInfo::new()
+            .try_with_schema(&schema)
+            .map_err(|e| Status::internal(e.to_string()))?
+            .with_descriptor(request.get_ref().clone())
+            .with_endpoint(FlightEndpoint::new());
+        Ok(self.respond(info))
+    }
+
+    async fn get_schema(
+        &self,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<SchemaResult>, Status> {
+        self.before(&request).await?;
+        let path = descriptor_path(request.get_ref())?;
+        let schema = self.service.table_schema(&path).await.map_err(status)?;
+        let result = SchemaAsIpc::new(&schema, &IpcWriteOptions::default())
+            .try_into()
+            .map_err(|e: arrow::error::ArrowError| Status::internal(e.to_string()))?;
+        Ok(self.respond(result))
+    }
+
+    async fn do_get(
+        &self,
+        request: Request<Ticket>,
+    ) -> Result<Response<Self::DoGetStream>, Status> {
+        self.before(&request).await?;
+        let ticket: ReadTicket = parse_json("ticket", &request.get_ref().ticket).map_err(status)?;
+        let (schema, batches) = self.service.read(ticket).await.map_err(status)?;
+        let data = encode_read(&schema, batches)?;
+        Ok(self.respond(stream::iter(data.into_iter().map(Ok)).boxed()))
+    }
+
+    async fn do_put(
+        &self,
+        request: Request<Streaming<FlightData>>,
+    ) -> Result<Response<Self::DoPutStream>, Status> {
+        self.before(&request).await?;
+        let mut incoming = request.into_inner().peekable();
+        // The descriptor arrives on the first message.
+        let first = Pin::new(&mut incoming)
+            .peek()
+            .await
+            .ok_or_else(|| Status::invalid_argument("an empty DoPut stream"))?
+            .as_ref()
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let descriptor = first.flight_descriptor.as_ref().ok_or_else(|| {
+            Status::invalid_argument("the first DoPut message carries no descriptor")
+        })?;
+        let descriptor: WriteDescriptor =
+            parse_json("descriptor", &descriptor.cmd).map_err(status)?;
+        let service = self.service.clone();
+        let mut decoder = FlightDataDecoder::new(
+            incoming.map_err(|e| arrow_flight::error::FlightError::Tonic(Box::new(e))),
+        );
+        let results = async_stream(move |tx| async move {
+            while let Some(item) = decoder.next().await {
+                let decoded = match item {
+                    Ok(d) => d,
+                    Err(e) => {
+                        let _ = tx
+                            .send(Err(Status::invalid_argument(format!("bad Arrow IPC: {e}"))))
+                            .await;
+                        return;
+                    }
+                };
+                let DecodedPayload::RecordBatch(batch) = decoded.payload else {
+                    continue;
+                };
+                let meta: WriteBatch = if decoded.inner.app_metadata.is_empty() {
+                    WriteBatch::default()
+                } else {
+                    match parse_json("batch metadata", &decoded.inner.app_metadata) {
+                        Ok(m) => m,
+                        Err(e) => {
+                            let _ = tx.send(Err(status(e))).await;
+                            return;
+                        }
+                    }
+                };
+                let result = service.write(&descriptor, batch, meta).await;
+                let message = match result {
+                    Ok(r) => serde_json::to_vec(&r)
+                        .map(|m| PutResult {
+                            app_metadata: m.into(),
+                        })
+                        .map_err(|e| Status::internal(e.to_string())),
+                    Err(e) => Err(status(e)),
+                };
+                let failed = message.is_err();
+                if tx.send(message).await.is_err() || failed {
+                    return;
+                }
+            }
+        });
+        Ok(self.respond(results))
+    }
+
+    async fn do_action(
+        &self,
+        request: Request<Action>,
+    ) -> Result<Response<Self::DoActionStream>, Status> {
+        self.before(&request).await?;
+        let action = request.get_ref();
+        if !ACTIONS.iter().any(|(name, _)| *name == action.r#type) {
+            return Err(Status::invalid_argument(format!(
+                "unknown action {:?}; ListActions lists them",
+                action.r#type
+            )));
+        }
+        let body = self
+            .service
+            .action(&action.r#type, &action.body)
+            .await
+            .map_err(status)?;
+        let result = arrow_flight::Result { body: body.into() };
+        Ok(self.respond(stream::iter(vec![Ok(result)]).boxed()))
+    }
+
+    async fn list_actions(
+        &self,
+        request: Request<Empty>,
+    ) -> Result<Response<Self::ListActionsStream>, Status> {
+        self.before(&request).await?;
+        let actions: Vec<Result<ActionType, Status>> = ACTIONS
+            .iter()
+            .map(|(name, description)| {
+                Ok(ActionType {
+                    r#type: name.to_string(),
+                    description: description.to_string(),
+                })
+            })
+            .collect();
+        Ok(self.respond(stream::iter(actions).boxed()))
+    }
+
+    async fn do_exchange(
+        &self,
+        _: Request<Streaming<FlightData>>,
+    ) -> Result<Response<Self::DoExchangeStream>, Status> {
+        Err(Status::unimplemented(
+            "DoExchange (Tail) is not implemented yet",
+        ))
+    }
+}
+
+/// A table path from a descriptor: a path of one `db.table` element, or a command
+/// holding `{"path": "db.table"}`.
+fn descriptor_path(descriptor: &FlightDescriptor) -> Result<TablePath, Status> {
+    if let [one] = descriptor.path.as_slice() {
+        return TablePath::parse(one).map_err(status);
+    }
+    #[derive(serde::Deserialize)]
+    struct PathCmd {
+        path: TablePath,
+    }
+    let cmd: PathCmd = parse_json("descriptor", &descriptor.cmd).map_err(status)?;
+    Ok(cmd.path)
+}
+
+/// A stream fed by a task through a bounded channel.
+fn async_stream<T, F, Fut>(f: F) -> Stream<T>
+where
+    T: Send + 'static,
+    F: FnOnce(tokio::sync::mpsc::Sender<Result<T, Status>>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    tokio::spawn(f(tx));
+    futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    })
+    .boxed()
+}

@@ -1,0 +1,76 @@
+"""Starting and stopping a mink-node process for the interop suites."""
+
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+
+from conftest import clean_env
+
+
+class NodeProcess:
+    """A mink-node on loopback ports chosen by the OS, with its stderr collected."""
+
+    def __init__(self, binary, workdir, env=None):
+        self.lines = []
+        self.proc = subprocess.Popen(
+            [str(binary)],
+            cwd=workdir,
+            env=clean_env(
+                {
+                    "RUST_LOG": "info",
+                    "MINK_LISTENERS__FLIGHT": "127.0.0.1:0",
+                    "MINK_META__HEARTBEAT_INTERVAL_MS": "200",
+                    "MINK_META__LEASE_TIMEOUT_MS": "2000",
+                    "MINK_META__NODE_SESSION_TIMEOUT_MS": "3000",
+                    "MINK_META__TAIL_IDLE_INTERVAL_MAX_MS": "200",
+                    **(env or {}),
+                }
+            ),
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            text=True,
+        )
+        self.flight_port = None
+        found = threading.Event()
+
+        def pump():
+            for line in self.proc.stderr:
+                self.lines.append(line)
+                m = re.search(r"Flight listening on 127\.0\.0\.1:(\d+)", line)
+                if m:
+                    self.flight_port = int(m.group(1))
+                    found.set()
+            found.set()
+
+        threading.Thread(target=pump, daemon=True).start()
+        if not found.wait(60) or self.flight_port is None:
+            self.kill()
+            raise AssertionError("the node did not start:\n" + "".join(self.lines))
+
+    @property
+    def location(self):
+        return f"grpc://127.0.0.1:{self.flight_port}"
+
+    def stop(self, sig=signal.SIGTERM, timeout=30):
+        self.proc.send_signal(sig)
+        return self.proc.wait(timeout=timeout)
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+
+def retry(fn, timeout=15, what="operation"):
+    """Retries `fn` while the cluster settles (bucket leaders being assigned)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return fn()
+        except Exception as e:  # noqa: BLE001 - any transient error, re-raised at the deadline
+            if time.monotonic() > deadline or "no leader yet" not in str(e):
+                raise
+            time.sleep(0.1)

@@ -1,0 +1,140 @@
+"""A node over Arrow Flight, driven by pyarrow.flight (a client we did not write)."""
+
+import json
+
+import pyarrow as pa
+import pyarrow.flight as flight
+import pytest
+
+from node_proc import NodeProcess, retry
+
+
+def action(client, name, body=None):
+    results = list(client.do_action(flight.Action(name, json.dumps(body or {}).encode())))
+    assert len(results) == 1
+    return json.loads(results[0].body.to_pybytes())
+
+
+@pytest.fixture()
+def node(mink_node, tmp_path):
+    proc = NodeProcess(mink_node, tmp_path)
+    client = flight.connect(proc.location)
+    yield proc, client
+    client.close()
+    proc.kill()
+
+
+EVENTS = {
+    "schema": {
+        "columns": [
+            {"name": "id", "type": "BIGINT", "nullable": False},
+            {"name": "msg", "type": "STRING"},
+        ]
+    },
+    "bucket_keys": ["id"],
+    "bucket_count": 3,
+}
+
+SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("msg", pa.string())])
+
+
+def append_table(client, path, batch, schema_id=1, sequence=None):
+    descriptor = flight.FlightDescriptor.for_command(
+        json.dumps({"AppendTable": {"path": path, "schema_id": schema_id}})
+    )
+    writer, reader = client.do_put(descriptor, batch.schema)
+    meta = {} if sequence is None else {"batch_sequence": sequence}
+    writer.write_with_metadata(batch, pa.py_buffer(json.dumps(meta).encode()))
+    writer.done_writing()
+    answer = reader.read()
+    # Without an answer the server ended the stream with an error: close raises it.
+    writer.close()
+    assert answer is not None, "no answer and no error"
+    return json.loads(answer.to_pybytes())
+
+
+def scan_all(client, path):
+    meta = action(client, "metadata", {"path": path})
+    rows = []
+    for b in meta["buckets"]:
+        ticket = flight.Ticket(json.dumps({"Scan": {"bucket": b["bucket"], "offset": 0}}).encode())
+        reader = client.do_get(ticket)
+        for chunk in reader:
+            scan = json.loads(chunk.app_metadata.to_pybytes())
+            assert scan["bucket"] == b["bucket"]
+            rows.extend(chunk.data.to_pylist())
+    return rows
+
+
+def test_catalog_write_scan_and_discovery(node):
+    _, client = node
+    action(client, "create_database", {"name": "db"})
+    assert action(client, "list_databases") == ["db"]
+    created = action(client, "create_table", {"path": "db.events", "descriptor": EVENTS})
+    assert created["table_id"] >= 1
+    assert action(client, "list_tables", {"database": "db"}) == ["events"]
+    assert action(client, "table_exists", {"path": "db.events"}) == {"exists": True}
+
+    batch = pa.record_batch(
+        [pa.array(range(100), pa.int64()), pa.array([f"m{i}" for i in range(100)])], schema=SCHEMA
+    )
+    routed = retry(lambda: append_table(client, "db.events", batch))
+    buckets = routed["Routed"]["buckets"]
+    assert sum(b["last_offset"] - b["first_offset"] + 1 for b in buckets) == 100
+    assert len(buckets) == 3, "100 keys hash to every one of 3 buckets"
+
+    rows = scan_all(client, "db.events")
+    assert sorted(r["id"] for r in rows) == list(range(100))
+    assert {r["msg"] for r in rows} == {f"m{i}" for i in range(100)}
+
+    flights = list(client.list_flights())
+    assert [f.descriptor.path[0].decode() for f in flights] == ["db.events"]
+    schema = client.get_schema(flight.FlightDescriptor.for_path("db.events")).schema
+    assert schema.names == ["id", "msg"]
+    names = {a.type for a in client.list_actions()}
+    assert {"create_table", "metadata", "lookup", "health"} <= names
+    assert action(client, "health")["status"] == "serving"
+
+
+def test_bad_input_gets_precise_errors_and_changes_nothing(node):
+    _, client = node
+    action(client, "create_database", {"name": "db"})
+    action(client, "create_table", {"path": "db.events", "descriptor": EVENTS})
+    good = pa.record_batch([pa.array([1], pa.int64()), pa.array(["x"])], schema=SCHEMA)
+    retry(lambda: append_table(client, "db.events", good))
+
+    with pytest.raises(pa.ArrowInvalid, match="malformed JSON"):
+        list(client.do_action(flight.Action("create_database", b"{not json")))
+    with pytest.raises(pa.ArrowInvalid, match="unknown action"):
+        list(client.do_action(flight.Action("make_coffee", b"{}")))
+    with pytest.raises(pa.ArrowInvalid, match="schema"):
+        append_table(client, "db.events", good, schema_id=7)
+    nullable = pa.schema([pa.field("id", pa.int64()), pa.field("msg", pa.string())])
+    null_key = pa.record_batch([pa.array([None], pa.int64()), pa.array(["x"])], schema=nullable)
+    with pytest.raises(pa.ArrowInvalid, match="null"):
+        append_table(client, "db.events", null_key)
+    with pytest.raises(pa.ArrowKeyError, match="not found: table db.nope"):
+        append_table(client, "db.nope", good)
+    with pytest.raises(pa.ArrowException, match="already exists"):
+        action(client, "create_database", {"name": "db"})
+    with pytest.raises(NotImplementedError, match="Union and Lake"):
+        list(client.do_get(flight.Ticket(json.dumps({"Lake": {"path": "db.events"}}).encode())))
+    assert len(scan_all(client, "db.events")) == 1, "nothing was written by the bad requests"
+
+
+def test_acknowledged_rows_survive_a_restart(node, mink_node, tmp_path):
+    proc, client = node
+    action(client, "create_database", {"name": "db"})
+    action(client, "create_table", {"path": "db.events", "descriptor": EVENTS})
+    batch = pa.record_batch([pa.array(range(10), pa.int64()), pa.array(["a"] * 10)], schema=SCHEMA)
+    retry(lambda: append_table(client, "db.events", batch))
+    client.close()
+    assert proc.stop() == 0, "SIGTERM closes cleanly"
+    again = NodeProcess(mink_node, tmp_path)
+    try:
+        client2 = flight.connect(again.location)
+        rows = retry(lambda: scan_all(client2, "db.events"))
+        assert sorted(r["id"] for r in rows) == list(range(10))
+        client2.close()
+    finally:
+        again.kill()
