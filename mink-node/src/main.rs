@@ -61,6 +61,7 @@ fn main() -> ExitCode {
         }
     };
     runtime.block_on(async move {
+        let shutdown = shutdown_signal();
         let node = match Node::start(config).await {
             Ok(node) => node,
             Err(e) => {
@@ -81,7 +82,7 @@ fn main() -> ExitCode {
             node.config.listeners.kafka,
             node.config.listeners.admin
         );
-        shutdown_signal().await;
+        shutdown.await;
         tracing::info!("shutting down");
         node.stop().await;
         ExitCode::SUCCESS

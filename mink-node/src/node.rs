@@ -138,27 +138,38 @@ impl Node {
     }
 }
 
-/// Resolves on Ctrl-C or SIGTERM.
-pub async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// Registers for Ctrl-C and SIGTERM at once (so a signal sent during start-up is
+/// not lost) and returns a future that resolves on the first of them. Call it inside
+/// the runtime, before starting anything.
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
     {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(term) => term,
-                Err(e) => {
-                    tracing::warn!("cannot listen for SIGTERM: {e}");
-                    let _ = ctrl_c.await;
-                    return;
+        use tokio::signal::unix::{SignalKind, signal};
+        let term = signal(SignalKind::terminate());
+        let int = signal(SignalKind::interrupt());
+        async move {
+            match (term, int) {
+                (Ok(mut term), Ok(mut int)) => {
+                    tokio::select! {
+                        _ = term.recv() => {}
+                        _ = int.recv() => {}
+                    }
                 }
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
+                (term, int) => {
+                    tracing::warn!(
+                        "cannot listen for signals ({:?}, {:?}); waiting for Ctrl-C only",
+                        term.err(),
+                        int.err()
+                    );
+                    let _ = tokio::signal::ctrl_c().await;
+                }
+            }
         }
     }
     #[cfg(not(unix))]
     {
-        let _ = ctrl_c.await;
+        async move {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
