@@ -442,12 +442,13 @@ impl MetaNode {
         let interval = Duration::from_millis(self.inner.config.heartbeat_interval_ms);
         let mut last_expire = Instant::now();
         loop {
+            // A round at once: a lone node takes a free lease without waiting.
+            if let Err(e) = self.lease_round(&mut last_expire).await {
+                tracing::debug!(node = %self.inner.node, "lease round: {e}");
+            }
             tokio::select! {
                 _ = self.stopped() => return,
                 _ = tokio::time::sleep(interval) => {}
-            }
-            if let Err(e) = self.lease_round(&mut last_expire).await {
-                tracing::debug!(node = %self.inner.node, "lease round: {e}");
             }
         }
     }
