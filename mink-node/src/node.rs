@@ -90,10 +90,13 @@ impl Node {
                 async move { streams.run_compactor(stop).await },
             ));
         }
+        let kv = mink_kv::open_kv_store(config.kv.backend, &config.data_dir.join("kv"))
+            .map_err(|e| anyhow::anyhow!("opening the KV store: {e}"))?;
         let service = Arc::new(NodeService::new(
             config.clone(),
             meta.clone(),
             streams.clone(),
+            kv,
         ));
         let max = config.flight.message_bytes_max as usize;
         let flight = FlightServiceServer::new(FlightServer::new(service))

@@ -1,12 +1,13 @@
 //! The node service both listeners front: catalog actions through the metadata log,
 //! the tablet manager, the write path for log tables, and reads.
 //!
-//! Built so far: catalog and cluster actions; `Append` (a bucket, on its leader) and
-//! `AppendTable` (routed by this node) for unpartitioned log tables; `Scan`. Anything
+//! Built so far: catalog and cluster actions, `init_writer`, `list_offsets`, `lookup`;
+//! `Append`/`AppendTable` for log tables and `Put`/`PutTable` for primary-key tables
+//! (unpartitioned); `Scan`. Anything
 //! else answers `Unimplemented` naming what is missing.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arrow::array::{RecordBatch, new_null_array};
@@ -18,21 +19,53 @@ use mink_flight::protocol::{
     BucketWritten, ReadTicket, ScanBatch, WriteBatch, WriteDescriptor, WriteResult, parse_json,
 };
 use mink_flight::server::ReadBatch;
-use mink_log::{AppendRequest, LogTablet, NO_WRITER};
+use mink_kv::{KvStore, KvTablet, PutRequest, SnapshotStore};
+use mink_log::{AppendRequest, LogTablet, NO_WRITER, OffsetSpec};
 use mink_meta::{MetaNode, TableInfo};
-use mink_types::{MinkError, Result, TableBucket, TableDescriptor, TablePath, split_by_bucket};
+use mink_types::{
+    ChangeType, KeyValue, MinkError, Result, TableBucket, TableDescriptor, TablePath,
+    encode_values, hash_bucket, split_by_bucket,
+};
 use mink_wal::StreamStore;
 use serde::Deserialize;
 
 use crate::MinkConfig;
+
+/// A bucket's open tablet: a log, or a log under a KV tablet.
+#[derive(Clone)]
+enum Tablet {
+    Log(LogTablet),
+    Kv(KvTablet),
+}
+
+impl Tablet {
+    fn log(&self) -> &LogTablet {
+        match self {
+            Tablet::Log(l) => l,
+            Tablet::Kv(k) => k.log(),
+        }
+    }
+
+    fn failed(&self) -> bool {
+        match self {
+            Tablet::Log(l) => l.failure().is_some(),
+            Tablet::Kv(k) => k.failure().is_some() || k.log().failure().is_some(),
+        }
+    }
+}
+
+/// Writer ids handed to this node at a time.
+const WRITER_ID_BLOCK: u64 = 1_000;
 
 /// The node's service.
 pub struct NodeService {
     config: MinkConfig,
     meta: MetaNode,
     streams: StreamStore,
-    tablets: tokio::sync::Mutex<HashMap<TableBucket, (u64, LogTablet)>>,
+    kv: Arc<dyn KvStore>,
+    tablets: tokio::sync::Mutex<HashMap<TableBucket, (u64, Tablet)>>,
     round_robin: Mutex<HashMap<i64, u32>>,
+    writer_ids: tokio::sync::Mutex<std::ops::Range<i64>>,
 }
 
 fn json<T: serde::Serialize>(value: &T) -> Result<Vec<u8>> {
@@ -59,6 +92,29 @@ struct DatabaseBody {
     database: String,
 }
 
+/// Keys in one lookup, at most.
+const LOOKUP_KEYS_MAX: usize = 10_000;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListOffsetsBody {
+    path: TablePath,
+    /// `earliest`, `latest` or `timestamp`.
+    spec: String,
+    #[serde(default)]
+    timestamp: Option<i64>,
+    #[serde(default)]
+    buckets: Option<Vec<u32>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LookupBody {
+    path: TablePath,
+    /// Primary-key values, one array per key, in primary-key column order.
+    keys: Vec<Vec<serde_json::Value>>,
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct CreateTableBody {
@@ -69,13 +125,20 @@ struct CreateTableBody {
 }
 
 impl NodeService {
-    pub fn new(config: MinkConfig, meta: MetaNode, streams: StreamStore) -> Self {
+    pub fn new(
+        config: MinkConfig,
+        meta: MetaNode,
+        streams: StreamStore,
+        kv: Arc<dyn KvStore>,
+    ) -> Self {
         Self {
             config,
             meta,
             streams,
+            kv,
             tablets: tokio::sync::Mutex::new(HashMap::new()),
             round_robin: Mutex::new(HashMap::new()),
+            writer_ids: tokio::sync::Mutex::new(0..0),
         }
     }
 
@@ -91,9 +154,9 @@ impl NodeService {
             .ok_or_else(|| MinkError::NotFound(format!("table id {id}")))
     }
 
-    /// The log tablet of `bucket`, opened under the bucket's current epoch when this
-    /// node leads it.
-    async fn tablet(&self, bucket: TableBucket) -> Result<LogTablet> {
+    /// The tablet of `bucket`, opened under the bucket's current epoch when this node
+    /// leads it; `NotLeader` (with the leader's address) or `Unavailable` otherwise.
+    async fn tablet(&self, bucket: TableBucket) -> Result<Tablet> {
         let (state, leader_addr) = self.meta.read(|s| {
             let b = s.buckets.get(&bucket.stream_name()).cloned();
             let addr = b
@@ -121,32 +184,213 @@ impl NodeService {
         let mut tablets = self.tablets.lock().await;
         if let Some((epoch, tablet)) = tablets.get(&bucket)
             && *epoch == state.epoch
-            && tablet.failure().is_none()
+            && !tablet.failed()
         {
             return Ok(tablet.clone());
         }
         let table = self.table_by_id(bucket.table_id)?;
-        if table.descriptor.has_primary_key() {
-            return Err(MinkError::Unimplemented(format!(
-                "writes to primary-key table {} over Flight are not wired to KV tablets yet",
-                table.path
-            )));
-        }
+        let pk = table.descriptor.has_primary_key();
         let stream = self
             .streams
             .open_stream(&bucket.stream_name(), state.epoch)
             .await
             .map_err(|e| mink_log::wal_error(bucket, e))?;
-        let tablet = LogTablet::open(
+        let log = LogTablet::open(
             bucket,
             stream,
-            false,
+            pk,
             table.schemas.clone(),
             self.config.log.clone(),
         )
         .await?;
+        let tablet = if pk {
+            let snapshots = SnapshotStore {
+                store: self.streams.object_store(),
+                prefix: format!(
+                    "kv/{}/{}/{}",
+                    bucket.table_id,
+                    bucket
+                        .partition_id
+                        .map_or("-".to_string(), |p| p.to_string()),
+                    bucket.bucket
+                ),
+                retain: self.config.kv.snapshots_retained as usize,
+            };
+            let ns = self.kv.namespace(&bucket.stream_name())?;
+            Tablet::Kv(
+                KvTablet::open(
+                    bucket,
+                    log,
+                    ns,
+                    table.descriptor.clone(),
+                    table.schemas.clone(),
+                    Some(snapshots),
+                )
+                .await?,
+            )
+        } else {
+            Tablet::Log(log)
+        };
         tablets.insert(bucket, (state.epoch, tablet.clone()));
         Ok(tablet)
+    }
+
+    async fn log_tablet(&self, bucket: TableBucket) -> Result<LogTablet> {
+        match self.tablet(bucket).await? {
+            Tablet::Log(l) => Ok(l),
+            Tablet::Kv(_) => Err(MinkError::invalid(
+                "descriptor",
+                format!("{bucket} belongs to a primary-key table: use Put"),
+            )),
+        }
+    }
+
+    async fn kv_tablet(&self, bucket: TableBucket) -> Result<KvTablet> {
+        match self.tablet(bucket).await? {
+            Tablet::Kv(k) => Ok(k),
+            Tablet::Log(_) => Err(MinkError::invalid(
+                "descriptor",
+                format!("{bucket} belongs to a log table: use Append"),
+            )),
+        }
+    }
+
+    /// A bucket-addressed write must carry only rows of that bucket (when the table
+    /// has bucket keys): otherwise lookups would look for them elsewhere.
+    fn check_rows_belong(&self, bucket: TableBucket, batch: &RecordBatch) -> Result<()> {
+        let table = self.table_by_id(bucket.table_id)?;
+        let d = &table.descriptor;
+        let keys = d.bucket_keys();
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let indices: Vec<usize> = keys
+            .iter()
+            .map(|k| {
+                batch.schema().index_of(k).map_err(|_| {
+                    MinkError::invalid("batch", format!("the batch lacks bucket-key column {k:?}"))
+                })
+            })
+            .collect::<Result<_>>()?;
+        let per_row = mink_types::bucket_per_row(batch, &indices, d.bucketing, d.bucket_count)?;
+        if let Some((row, other)) = per_row
+            .iter()
+            .enumerate()
+            .find(|(_, b)| **b != bucket.bucket)
+        {
+            return Err(MinkError::invalid(
+                "batch",
+                format!(
+                    "row {row} belongs to bucket {other}, not to {bucket}; route rows by their bucket keys"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn sequence(writer: Option<i64>, meta: &WriteBatch) -> Result<(i64, i64)> {
+        match (writer, meta.batch_sequence) {
+            (Some(w), Some(s)) => Ok((w, s)),
+            (Some(_), None) => Err(MinkError::invalid(
+                "batch_sequence",
+                "a write with a writer_id needs a batch_sequence",
+            )),
+            (None, s) => Ok((NO_WRITER, s.unwrap_or(0))),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn put(
+        &self,
+        bucket: TableBucket,
+        schema_id: i32,
+        writer: Option<i64>,
+        target_columns: Option<Vec<String>>,
+        batch: RecordBatch,
+        changes: Option<Vec<ChangeType>>,
+        meta: &WriteBatch,
+    ) -> Result<BucketWritten> {
+        let (writer_id, batch_sequence) = Self::sequence(writer, meta)?;
+        self.check_rows_belong(bucket, &batch)?;
+        let tablet = self.kv_tablet(bucket).await?;
+        let appended = tablet
+            .put(PutRequest {
+                writer_id,
+                batch_sequence,
+                schema_id,
+                target_columns,
+                changes,
+                batch,
+            })
+            .await?;
+        Ok(BucketWritten {
+            bucket,
+            first_offset: appended.first_offset,
+            last_offset: appended.last_offset,
+            duplicated: appended.duplicated,
+        })
+    }
+
+    async fn put_table(
+        &self,
+        path: &TablePath,
+        schema_id: i32,
+        target_columns: Option<Vec<String>>,
+        batch: RecordBatch,
+        meta: &WriteBatch,
+    ) -> Result<WriteResult> {
+        let table = self.table(path)?;
+        let d = &table.descriptor;
+        if !d.has_primary_key() {
+            return Err(MinkError::invalid(
+                "descriptor",
+                format!("{path} has no primary key: write it with AppendTable"),
+            ));
+        }
+        if d.is_partitioned() {
+            return Err(MinkError::Unimplemented(format!(
+                "PutTable to partitioned table {path} (partition routing is not built yet)"
+            )));
+        }
+        if let Some(c) = &meta.changes
+            && c.len() != batch.num_rows()
+        {
+            return Err(MinkError::invalid(
+                "changes",
+                format!("{} change types for {} rows", c.len(), batch.num_rows()),
+            ));
+        }
+        let indices: Vec<usize> = d
+            .bucket_keys()
+            .iter()
+            .map(|k| {
+                batch.schema().index_of(k).map_err(|_| {
+                    MinkError::invalid("batch", format!("the batch lacks bucket-key column {k:?}"))
+                })
+            })
+            .collect::<Result<_>>()?;
+        let mut results = Vec::new();
+        for part in split_by_bucket(&batch, &indices, d.bucketing, d.bucket_count)? {
+            let rows = take_record_batch(&batch, &part.rows)?;
+            let changes = meta
+                .changes
+                .as_ref()
+                .map(|c| part.rows.values().iter().map(|i| c[*i as usize]).collect());
+            let bucket = TableBucket::new(table.id, None, part.bucket);
+            results.push(
+                self.put(
+                    bucket,
+                    schema_id,
+                    None,
+                    target_columns.clone(),
+                    rows,
+                    changes,
+                    meta,
+                )
+                .await?,
+            );
+        }
+        Ok(WriteResult::Routed { buckets: results })
     }
 
     async fn append(
@@ -157,18 +401,9 @@ impl NodeService {
         batch: RecordBatch,
         meta: &WriteBatch,
     ) -> Result<BucketWritten> {
-        let tablet = self.tablet(bucket).await?;
-        let writer_id = writer.unwrap_or(NO_WRITER);
-        let sequence = match (writer, meta.batch_sequence) {
-            (Some(_), Some(s)) => s,
-            (Some(_), None) => {
-                return Err(MinkError::invalid(
-                    "batch_sequence",
-                    "a write with a writer_id needs a batch_sequence",
-                ));
-            }
-            (None, s) => s.unwrap_or(0),
-        };
+        let tablet = self.log_tablet(bucket).await?;
+        let (writer_id, sequence) = Self::sequence(writer, meta)?;
+        self.check_rows_belong(bucket, &batch)?;
         let appended = tablet
             .append(AppendRequest {
                 writer_id,
@@ -258,6 +493,119 @@ impl NodeService {
             }
         }
         Ok(WriteResult::Routed { buckets: results })
+    }
+
+    /// Rows by primary key, answered as an Arrow IPC stream of the found rows (grouped
+    /// by bucket, missing keys skipped). Every key's bucket must be led here.
+    async fn lookup(&self, body: LookupBody) -> Result<Vec<u8>> {
+        let table = self.table(&body.path)?;
+        let d = &table.descriptor;
+        if !d.has_primary_key() {
+            return Err(MinkError::invalid(
+                "path",
+                format!("{} has no primary key", body.path),
+            ));
+        }
+        if d.is_partitioned() {
+            return Err(MinkError::Unimplemented(
+                "lookups on partitioned tables".into(),
+            ));
+        }
+        if body.keys.len() > LOOKUP_KEYS_MAX {
+            return Err(MinkError::LimitExceeded {
+                what: "keys in one lookup".into(),
+                limit: LOOKUP_KEYS_MAX as u64,
+                actual: body.keys.len() as u64,
+            });
+        }
+        let pk_types: Vec<mink_types::DataType> = d
+            .primary_key
+            .iter()
+            .map(|k| {
+                d.schema
+                    .column(k)
+                    .map(|c| c.data_type)
+                    .ok_or_else(|| MinkError::Internal(format!("no column {k}")))
+            })
+            .collect::<Result<_>>()?;
+        let bucket_positions: Vec<usize> = d
+            .bucket_keys()
+            .iter()
+            .filter_map(|k| d.primary_key.iter().position(|p| p == k))
+            .collect();
+        let mut by_bucket: std::collections::BTreeMap<u32, Vec<Vec<KeyValue>>> = Default::default();
+        for (i, key) in body.keys.iter().enumerate() {
+            if key.len() != pk_types.len() {
+                return Err(MinkError::invalid(
+                    format!("keys[{i}]"),
+                    format!("{} values for {} key columns", key.len(), pk_types.len()),
+                ));
+            }
+            let values: Vec<KeyValue> = key
+                .iter()
+                .zip(&pk_types)
+                .map(|(v, ty)| {
+                    let text = match v {
+                        serde_json::Value::String(s) => s.clone(),
+                        serde_json::Value::Null => {
+                            return Err(MinkError::invalid(
+                                format!("keys[{i}]"),
+                                "key values must not be null",
+                            ));
+                        }
+                        other => other.to_string(),
+                    };
+                    KeyValue::parse(*ty, &text)
+                })
+                .collect::<Result<_>>()?;
+            let types: Vec<_> = bucket_positions.iter().map(|p| pk_types[*p]).collect();
+            let vals: Vec<_> = bucket_positions
+                .iter()
+                .map(|p| values[*p].clone())
+                .collect();
+            let bucket = match d.bucketing {
+                mink_types::BucketingRule::Hash => {
+                    let mut encoded = Vec::new();
+                    encode_values(&types, &vals, &mut encoded)?;
+                    hash_bucket(&encoded, d.bucket_count)
+                }
+                mink_types::BucketingRule::Iceberg => {
+                    let h = mink_types::bucketing::iceberg_hash(&vals[0])?;
+                    ((h & i32::MAX) as u32) % d.bucket_count
+                }
+            };
+            by_bucket.entry(bucket).or_default().push(values);
+        }
+        let schema = d.schema.to_arrow();
+        let fields: Vec<arrow::datatypes::Field> = d
+            .primary_key
+            .iter()
+            .zip(&pk_types)
+            .map(|(n, t)| arrow::datatypes::Field::new(n, t.to_arrow(), false))
+            .collect();
+        let key_schema = Arc::new(arrow::datatypes::Schema::new(fields));
+        let mut out = Vec::new();
+        {
+            let mut writer = arrow::ipc::writer::StreamWriter::try_new(&mut out, &schema)?;
+            for (bucket, keys) in by_bucket {
+                let tablet = self
+                    .kv_tablet(TableBucket::new(table.id, None, bucket))
+                    .await?;
+                let columns = (0..pk_types.len())
+                    .map(|c| {
+                        mink_types::key::key_values_to_array(
+                            pk_types[c],
+                            &keys.iter().map(|k| &k[c]).collect::<Vec<_>>(),
+                        )
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                let key_batch = RecordBatch::try_new(key_schema.clone(), columns)?;
+                let found = tablet.lookup(&key_batch)?;
+                writer.write(&found.batch)?;
+            }
+            writer.finish()?;
+        }
+        Ok(out)
     }
 
     fn metadata_json(&self, path: &TablePath) -> Result<serde_json::Value> {
@@ -398,6 +746,57 @@ impl MinkService for NodeService {
                 let moved = self.meta.rebalance().await?;
                 json(&serde_json::json!({"moved": moved}))
             }
+            "init_writer" => {
+                let mut ids = self.writer_ids.lock().await;
+                if ids.is_empty() {
+                    *ids = self.meta.allocate_writer_ids(WRITER_ID_BLOCK).await?;
+                }
+                let id = ids.start;
+                ids.start += 1;
+                json(&serde_json::json!({"writer_id": id}))
+            }
+            "list_offsets" => {
+                let b: ListOffsetsBody = parse_json("list_offsets body", body)?;
+                let table = self.table(&b.path)?;
+                let spec = match b.spec.as_str() {
+                    "earliest" => OffsetSpec::Earliest,
+                    "latest" => OffsetSpec::Latest,
+                    "timestamp" => OffsetSpec::Timestamp(b.timestamp.ok_or_else(|| {
+                        MinkError::invalid("timestamp", "the timestamp spec needs a timestamp (ms)")
+                    })?),
+                    other => {
+                        return Err(MinkError::invalid(
+                            "spec",
+                            format!("{other:?} is not earliest, latest or timestamp"),
+                        ));
+                    }
+                };
+                if table.descriptor.is_partitioned() {
+                    return Err(MinkError::Unimplemented(
+                        "list_offsets on partitioned tables".into(),
+                    ));
+                }
+                let buckets: Vec<u32> = b
+                    .buckets
+                    .unwrap_or_else(|| (0..table.descriptor.bucket_count).collect());
+                let mut out = Vec::new();
+                for bucket in buckets {
+                    if bucket >= table.descriptor.bucket_count {
+                        return Err(MinkError::invalid(
+                            "buckets",
+                            format!("{} has no bucket {bucket}", b.path),
+                        ));
+                    }
+                    let tb = TableBucket::new(table.id, None, bucket);
+                    let offset = self.tablet(tb).await?.log().list_offsets(spec).await?;
+                    out.push(serde_json::json!({"bucket": tb, "offset": offset}));
+                }
+                json(&out)
+            }
+            "lookup" => {
+                let b: LookupBody = parse_json("lookup body", body)?;
+                self.lookup(b).await
+            }
             other => Err(MinkError::Unimplemented(format!(
                 "the {other} action is not built yet"
             ))),
@@ -435,10 +834,37 @@ impl MinkService for NodeService {
             WriteDescriptor::AppendTable { path, schema_id } => {
                 self.append_table(path, *schema_id, batch, &meta).await
             }
-            WriteDescriptor::Put { .. } | WriteDescriptor::PutTable { .. } => {
-                Err(MinkError::Unimplemented(
-                    "Put and PutTable (primary-key tables over Flight) are not built yet".into(),
-                ))
+            WriteDescriptor::Put {
+                bucket,
+                schema_id,
+                writer_id,
+                target_columns,
+            } => {
+                let changes = meta.changes.clone();
+                let w = self
+                    .put(
+                        *bucket,
+                        *schema_id,
+                        *writer_id,
+                        target_columns.clone(),
+                        batch,
+                        changes,
+                        &meta,
+                    )
+                    .await?;
+                Ok(WriteResult::Written {
+                    first_offset: w.first_offset,
+                    last_offset: w.last_offset,
+                    duplicated: w.duplicated,
+                })
+            }
+            WriteDescriptor::PutTable {
+                path,
+                schema_id,
+                target_columns,
+            } => {
+                self.put_table(path, *schema_id, target_columns.clone(), batch, &meta)
+                    .await
             }
         }
     }
@@ -454,7 +880,7 @@ impl MinkService for NodeService {
                 let schema = table.descriptor.schema.to_arrow();
                 let tablet = self.tablet(bucket).await?;
                 let max = max_bytes.unwrap_or(self.config.log.scan_bytes_max) as usize;
-                let scan = tablet.scan(offset, max).await?;
+                let scan = tablet.log().scan(offset, max).await?;
                 let batches = scan
                     .batches
                     .into_iter()

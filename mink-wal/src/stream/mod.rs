@@ -296,6 +296,11 @@ impl StreamStore {
         self.inner.writer.failure()
     }
 
+    /// The object store this service writes to.
+    pub fn object_store(&self) -> Arc<dyn ObjectStore> {
+        self.inner.store.clone()
+    }
+
     /// The stream-metadata log (read-only use: inspection, tests, tooling).
     pub fn metadata(&self) -> &ObjectLog<StreamsState> {
         &self.inner.meta
