@@ -241,3 +241,36 @@ def test_primary_key_tables_upsert_partially_update_delete_and_look_up(node):
     assert again["duplicated"] is True
     assert (again["first_offset"], again["last_offset"]) == (first["first_offset"], first["last_offset"])
     assert lookup(client, [key]) == {key: ("w", 1)}
+
+
+def test_sigkill_loses_nothing_acknowledged(node, mink_node, tmp_path):
+    import signal
+
+    proc, client = node
+    action(client, "create_database", {"name": "db"})
+    action(client, "create_table", {"path": "db.events", "descriptor": EVENTS})
+    action(client, "create_table", {"path": "db.users", "descriptor": USERS})
+    acked = []
+    for i in range(20):
+        batch = pa.record_batch([pa.array([i], pa.int64()), pa.array([f"m{i}"])], schema=SCHEMA)
+        retry(lambda: append_table(client, "db.events", batch))
+        acked.append(i)
+    users = pa.record_batch(
+        [pa.array([1, 2], pa.int64()), pa.array(["ann", "bob"]), pa.array([1, 2], pa.int64())], schema=USER_SCHEMA
+    )
+    retry(lambda: put_table(client, users))
+    client.close()
+    proc.stop(signal.SIGKILL)
+    again = NodeProcess(mink_node, tmp_path)
+    try:
+        client2 = flight.connect(again.location)
+        rows = retry(lambda: scan_all(client2, "db.events"))
+        assert sorted(r["id"] for r in rows) == acked, "every acknowledged row, once"
+        assert retry(lambda: lookup(client2, [1, 2])) == {1: ("ann", 1), 2: ("bob", 2)}
+        # And the node keeps taking writes.
+        more = pa.record_batch([pa.array([99], pa.int64()), pa.array(["after"])], schema=SCHEMA)
+        retry(lambda: append_table(client2, "db.events", more))
+        assert len(scan_all(client2, "db.events")) == 21
+        client2.close()
+    finally:
+        again.kill()
