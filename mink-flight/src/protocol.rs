@@ -97,6 +97,38 @@ pub enum ReadTicket {
     Lake { path: TablePath },
 }
 
+/// The descriptor of a DoExchange tail: which bucket to follow.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub enum ExchangeDescriptor {
+    Tail { bucket: TableBucket },
+}
+
+/// One long poll of a tail, as the app metadata of a client message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TailPoll {
+    /// Read from here.
+    pub offset: i64,
+    /// Wait at most this long for `min_bytes` (capped by `flight.tail_wait_max_ms`).
+    #[serde(default)]
+    pub max_wait_ms: u64,
+    /// Return as soon as this many bytes are readable (at least one batch).
+    #[serde(default)]
+    pub min_bytes: u64,
+    #[serde(default)]
+    pub max_bytes: Option<u64>,
+}
+
+/// The message that ends the answer to one poll.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TailEnd {
+    TailEnd {
+        next_offset: i64,
+        high_watermark: i64,
+    },
+}
+
 /// The app metadata of each DoGet batch of a scan.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ScanBatch {

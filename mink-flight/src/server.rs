@@ -21,7 +21,8 @@ use mink_types::{MinkError, TablePath};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::protocol::{
-    ReadTicket, Redirect, ScanBatch, WriteBatch, WriteDescriptor, WriteResult, parse_json,
+    ExchangeDescriptor, ReadTicket, Redirect, ScanBatch, TailEnd, TailPoll, WriteBatch,
+    WriteDescriptor, WriteResult, parse_json,
 };
 
 /// Response header: the metadata index the serving node had applied.
@@ -89,6 +90,12 @@ pub trait MinkService: Send + Sync + 'static {
     async fn table_schema(&self, path: &TablePath) -> Result<SchemaRef, MinkError>;
     /// Every table, with its current Arrow schema.
     async fn tables(&self) -> Result<Vec<(TablePath, SchemaRef)>, MinkError>;
+    /// One long poll of a bucket: the table schema, the batches, the high watermark.
+    async fn tail(
+        &self,
+        bucket: mink_types::TableBucket,
+        poll: TailPoll,
+    ) -> Result<(SchemaRef, Vec<ReadBatch>, i64), MinkError>;
 }
 
 /// Maps Mink's errors to gRPC statuses (spec/protocols.txt "Errors").
@@ -152,6 +159,13 @@ impl<S: MinkService> FlightServer<S> {
 fn encode_read(schema: &SchemaRef, batches: Vec<ReadBatch>) -> Result<Vec<FlightData>, Status> {
     let options = IpcWriteOptions::default();
     let mut out = vec![FlightData::from(SchemaAsIpc::new(schema, &options))];
+    out.extend(encode_batches(batches)?);
+    Ok(out)
+}
+
+fn encode_batches(batches: Vec<ReadBatch>) -> Result<Vec<FlightData>, Status> {
+    let options = IpcWriteOptions::default();
+    let mut out = Vec::new();
     let generator = IpcDataGenerator::default();
     let mut tracker = DictionaryTracker::new(false);
     let mut context = IpcWriteContext::default();
@@ -354,13 +368,94 @@ impl<S: MinkService> FlightService for FlightServer<S> {
         Ok(self.respond(stream::iter(actions).boxed()))
     }
 
+    /// Tail: the first message names the bucket (`{"Tail": {"bucket": ...}}`); every
+    /// client message's app metadata is a `TailPoll`. Each poll is answered with its
+    /// batches (the schema first, once) and a `TailEnd` message.
     async fn do_exchange(
         &self,
-        _: Request<Streaming<FlightData>>,
+        request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoExchangeStream>, Status> {
-        Err(Status::unimplemented(
-            "DoExchange (Tail) is not implemented yet",
-        ))
+        self.before(&request).await?;
+        let mut incoming = request.into_inner();
+        let first = incoming
+            .message()
+            .await?
+            .ok_or_else(|| Status::invalid_argument("an empty DoExchange stream"))?;
+        let descriptor = first.flight_descriptor.as_ref().ok_or_else(|| {
+            Status::invalid_argument("the first DoExchange message carries no descriptor")
+        })?;
+        let ExchangeDescriptor::Tail { bucket } =
+            parse_json("descriptor", &descriptor.cmd).map_err(status)?;
+        let service = self.service.clone();
+        let answers = async_stream(move |tx| async move {
+            // Clients may send the descriptor alone first, then the polls.
+            let mut message = if first.app_metadata.is_empty() {
+                match incoming.message().await {
+                    Ok(m) => m,
+                    Err(e) => {
+                        let _ = tx.send(Err(e)).await;
+                        return;
+                    }
+                }
+            } else {
+                Some(first)
+            };
+            let mut schema_sent = false;
+            while let Some(m) = message.take() {
+                let poll: TailPoll = match parse_json("tail poll", &m.app_metadata) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        let _ = tx.send(Err(status(e))).await;
+                        return;
+                    }
+                };
+                let offset = poll.offset;
+                let (schema, batches, high_watermark) = match service.tail(bucket, poll).await {
+                    Ok(answer) => answer,
+                    Err(e) => {
+                        let _ = tx.send(Err(status(e))).await;
+                        return;
+                    }
+                };
+                let next_offset = batches
+                    .last()
+                    .map_or(offset, |(b, meta)| meta.base_offset + b.num_rows() as i64);
+                let mut data = Vec::new();
+                if !schema_sent {
+                    data.push(FlightData::from(SchemaAsIpc::new(
+                        &schema,
+                        &IpcWriteOptions::default(),
+                    )));
+                    schema_sent = true;
+                }
+                match encode_batches(batches) {
+                    Ok(d) => data.extend(d),
+                    Err(e) => {
+                        let _ = tx.send(Err(e)).await;
+                        return;
+                    }
+                }
+                let end = serde_json::to_vec(&TailEnd::TailEnd {
+                    next_offset,
+                    high_watermark,
+                })
+                .unwrap_or_default();
+                data.push(FlightData::new().with_app_metadata(end));
+                for d in data {
+                    if tx.send(Ok(d)).await.is_err() {
+                        return;
+                    }
+                }
+                message = match incoming.message().await {
+                    Ok(m) => m,
+                    Err(e) => {
+                        let _ = tx.send(Err(e)).await;
+                        return;
+                    }
+                };
+            }
+        });
+        Ok(self.respond(answers))
     }
 }
 

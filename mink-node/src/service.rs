@@ -16,7 +16,8 @@ use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use mink_flight::MinkService;
 use mink_flight::protocol::{
-    BucketWritten, ReadTicket, ScanBatch, WriteBatch, WriteDescriptor, WriteResult, parse_json,
+    BucketWritten, ReadTicket, ScanBatch, TailPoll, WriteBatch, WriteDescriptor, WriteResult,
+    parse_json,
 };
 use mink_flight::server::ReadBatch;
 use mink_kv::{KvStore, KvTablet, PutRequest, SnapshotStore};
@@ -908,6 +909,37 @@ impl MinkService for NodeService {
                     .into(),
             )),
         }
+    }
+
+    async fn tail(
+        &self,
+        bucket: TableBucket,
+        poll: TailPoll,
+    ) -> Result<(SchemaRef, Vec<ReadBatch>, i64)> {
+        let table = self.table_by_id(bucket.table_id)?;
+        let schema = table.descriptor.schema.to_arrow();
+        let tablet = self.tablet(bucket).await?;
+        let wait = Duration::from_millis(poll.max_wait_ms.min(self.config.flight.tail_wait_max_ms));
+        let max = poll.max_bytes.unwrap_or(self.config.log.scan_bytes_max) as usize;
+        let scan = tablet
+            .log()
+            .tail(poll.offset, poll.min_bytes as usize, wait, max)
+            .await?;
+        let batches = scan
+            .batches
+            .into_iter()
+            .map(|b| {
+                let meta = ScanBatch {
+                    bucket,
+                    base_offset: b.header.base_offset,
+                    high_watermark: scan.high_watermark,
+                    change_types: (!b.header.change_types.is_empty())
+                        .then(|| b.header.change_types.clone()),
+                };
+                Ok((as_schema(b.batch, &schema)?, meta))
+            })
+            .collect::<Result<_>>()?;
+        Ok((schema, batches, scan.high_watermark))
     }
 
     async fn table_schema(&self, path: &TablePath) -> Result<SchemaRef> {

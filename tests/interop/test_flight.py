@@ -274,3 +274,43 @@ def test_sigkill_loses_nothing_acknowledged(node, mink_node, tmp_path):
         client2.close()
     finally:
         again.kill()
+
+
+def test_tail_long_polls_and_wakes_when_rows_arrive(node):
+    import threading
+
+    _, client = node
+    action(client, "create_database", {"name": "db"})
+    one_bucket = dict(EVENTS, bucket_count=1)
+    action(client, "create_table", {"path": "db.events", "descriptor": one_bucket})
+    bucket = action(client, "metadata", {"path": "db.events"})["buckets"][0]
+    descriptor = flight.FlightDescriptor.for_command(json.dumps({"Tail": {"bucket": bucket["bucket"]}}))
+    writer, reader = client.do_exchange(descriptor)
+
+    def poll(offset, max_wait_ms, min_bytes=1):
+        writer.write_metadata(
+            pa.py_buffer(json.dumps({"offset": offset, "max_wait_ms": max_wait_ms, "min_bytes": min_bytes}).encode())
+        )
+        rows = []
+        while True:
+            chunk = reader.read_chunk()
+            meta = json.loads(chunk.app_metadata.to_pybytes())
+            if "TailEnd" in meta:
+                return rows, meta["TailEnd"]
+            rows.extend(chunk.data.to_pylist())
+
+    # Nothing to read yet beyond what exists: the poll waits until rows arrive. The
+    # writer runs later on its own thread; the assertion is on the rows, not on time.
+    start = retry(lambda: action(client, "list_offsets", {"path": "db.events", "spec": "latest"}))[0]["offset"]
+    batch = pa.record_batch([pa.array([7, 8], pa.int64()), pa.array(["a", "b"])], schema=SCHEMA)
+    later = threading.Timer(0.3, lambda: append_table(flight.connect(node[0].location), "db.events", batch))
+    later.start()
+    rows, end = poll(start, 20_000)
+    later.join()
+    assert [r["id"] for r in rows] == [7, 8]
+    assert end["next_offset"] == start + 2
+    # With nothing new, the poll ends empty at its deadline.
+    rows, end = poll(end["next_offset"], 50)
+    assert rows == [] and end["next_offset"] == start + 2
+    writer.done_writing()
+    writer.close()
