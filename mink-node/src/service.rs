@@ -25,7 +25,7 @@ use mink_log::{AppendRequest, LogTablet, NO_WRITER, OffsetSpec};
 use mink_meta::{MetaNode, TableInfo};
 use mink_types::{
     ChangeType, KeyValue, MinkError, Result, TableBucket, TableDescriptor, TablePath,
-    encode_values, hash_bucket, split_by_bucket,
+    encode_values, hash_bucket, split_by_bucket, split_by_partition,
 };
 use mink_wal::StreamStore;
 use serde::Deserialize;
@@ -91,6 +91,13 @@ struct PathBody {
 #[serde(deny_unknown_fields)]
 struct DatabaseBody {
     database: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PartitionBody {
+    path: TablePath,
+    name: String,
 }
 
 /// Keys in one lookup, at most.
@@ -332,68 +339,6 @@ impl NodeService {
         })
     }
 
-    async fn put_table(
-        &self,
-        path: &TablePath,
-        schema_id: i32,
-        target_columns: Option<Vec<String>>,
-        batch: RecordBatch,
-        meta: &WriteBatch,
-    ) -> Result<WriteResult> {
-        let table = self.table(path)?;
-        let d = &table.descriptor;
-        if !d.has_primary_key() {
-            return Err(MinkError::invalid(
-                "descriptor",
-                format!("{path} has no primary key: write it with AppendTable"),
-            ));
-        }
-        if d.is_partitioned() {
-            return Err(MinkError::Unimplemented(format!(
-                "PutTable to partitioned table {path} (partition routing is not built yet)"
-            )));
-        }
-        if let Some(c) = &meta.changes
-            && c.len() != batch.num_rows()
-        {
-            return Err(MinkError::invalid(
-                "changes",
-                format!("{} change types for {} rows", c.len(), batch.num_rows()),
-            ));
-        }
-        let indices: Vec<usize> = d
-            .bucket_keys()
-            .iter()
-            .map(|k| {
-                batch.schema().index_of(k).map_err(|_| {
-                    MinkError::invalid("batch", format!("the batch lacks bucket-key column {k:?}"))
-                })
-            })
-            .collect::<Result<_>>()?;
-        let mut results = Vec::new();
-        for part in split_by_bucket(&batch, &indices, d.bucketing, d.bucket_count)? {
-            let rows = take_record_batch(&batch, &part.rows)?;
-            let changes = meta
-                .changes
-                .as_ref()
-                .map(|c| part.rows.values().iter().map(|i| c[*i as usize]).collect());
-            let bucket = TableBucket::new(table.id, None, part.bucket);
-            results.push(
-                self.put(
-                    bucket,
-                    schema_id,
-                    None,
-                    target_columns.clone(),
-                    rows,
-                    changes,
-                    meta,
-                )
-                .await?,
-            );
-        }
-        Ok(WriteResult::Routed { buckets: results })
-    }
-
     async fn append(
         &self,
         bucket: TableBucket,
@@ -423,6 +368,70 @@ impl NodeService {
         })
     }
 
+    /// Where each row of a table-addressed batch goes: partitions first (created on
+    /// demand), then buckets (hash of the bucket keys, or round-robin per batch).
+    /// Returns each bucket with the original row indices it gets.
+    async fn route(
+        &self,
+        table: &TableInfo,
+        batch: &RecordBatch,
+    ) -> Result<Vec<(TableBucket, Vec<u32>)>> {
+        let d = &table.descriptor;
+        let column = |k: &String| {
+            batch
+                .schema()
+                .index_of(k)
+                .map_err(|_| MinkError::invalid("batch", format!("the batch lacks column {k:?}")))
+        };
+        let mut parts: Vec<(Option<i64>, Vec<u32>)> = Vec::new();
+        if d.is_partitioned() {
+            let keys: Vec<usize> = d.partition_keys.iter().map(column).collect::<Result<_>>()?;
+            for p in split_by_partition(batch, &keys)? {
+                let known = self.meta.read(|s| {
+                    s.table(&table.path)
+                        .and_then(|t| t.partitions.get(&p.name).map(|p| p.id))
+                });
+                let id = match known {
+                    Some(id) => id,
+                    None => {
+                        let (info, _) = self.meta.create_partition(&table.path, &p.name).await?;
+                        self.meta.assign_now().await;
+                        info.id
+                    }
+                };
+                parts.push((Some(id), p.rows.values().to_vec()));
+            }
+        } else {
+            parts.push((None, (0..batch.num_rows() as u32).collect()));
+        }
+        let bucket_keys: Vec<usize> = d.bucket_keys().iter().map(column).collect::<Result<_>>()?;
+        let mut out = Vec::new();
+        for (partition, rows) in parts {
+            if bucket_keys.is_empty() {
+                let bucket = {
+                    let mut rr = self.round_robin.lock().unwrap_or_else(|e| e.into_inner());
+                    let next = rr.entry(table.id).or_insert(0);
+                    let b = *next % d.bucket_count;
+                    *next = next.wrapping_add(1);
+                    b
+                };
+                out.push((TableBucket::new(table.id, partition, bucket), rows));
+                continue;
+            }
+            let sub = take_record_batch(batch, &arrow::array::UInt32Array::from(rows.clone()))?;
+            for part in split_by_bucket(&sub, &bucket_keys, d.bucketing, d.bucket_count)? {
+                let original = part
+                    .rows
+                    .values()
+                    .iter()
+                    .map(|i| rows[*i as usize])
+                    .collect();
+                out.push((TableBucket::new(table.id, partition, part.bucket), original));
+            }
+        }
+        Ok(out)
+    }
+
     async fn append_table(
         &self,
         path: &TablePath,
@@ -438,11 +447,6 @@ impl NodeService {
                 format!("{path} has a primary key: write it with PutTable"),
             ));
         }
-        if d.is_partitioned() {
-            return Err(MinkError::Unimplemented(format!(
-                "AppendTable to partitioned table {path} (partition routing is not built yet)"
-            )));
-        }
         if schema_id != d.schema.schema_id {
             return Err(MinkError::SchemaMismatch(format!(
                 "{path} is at schema {}, the batch claims {schema_id}",
@@ -450,48 +454,57 @@ impl NodeService {
             )));
         }
         d.schema.check_batch(&batch)?;
-        let keys = d.bucket_keys();
         let mut results = Vec::new();
-        if keys.is_empty() {
-            let bucket = {
-                let mut rr = self.round_robin.lock().unwrap_or_else(|e| e.into_inner());
-                let next = rr.entry(table.id).or_insert(0);
-                let b = *next % d.bucket_count;
-                *next = next.wrapping_add(1);
-                b
-            };
+        for (bucket, rows) in self.route(&table, &batch).await? {
+            let part = take_record_batch(&batch, &arrow::array::UInt32Array::from(rows))?;
+            results.push(self.append(bucket, schema_id, None, part, meta).await?);
+        }
+        Ok(WriteResult::Routed { buckets: results })
+    }
+
+    async fn put_table(
+        &self,
+        path: &TablePath,
+        schema_id: i32,
+        target_columns: Option<Vec<String>>,
+        batch: RecordBatch,
+        meta: &WriteBatch,
+    ) -> Result<WriteResult> {
+        let table = self.table(path)?;
+        let d = &table.descriptor;
+        if !d.has_primary_key() {
+            return Err(MinkError::invalid(
+                "descriptor",
+                format!("{path} has no primary key: write it with AppendTable"),
+            ));
+        }
+        if let Some(c) = &meta.changes
+            && c.len() != batch.num_rows()
+        {
+            return Err(MinkError::invalid(
+                "changes",
+                format!("{} change types for {} rows", c.len(), batch.num_rows()),
+            ));
+        }
+        let mut results = Vec::new();
+        for (bucket, rows) in self.route(&table, &batch).await? {
+            let changes = meta
+                .changes
+                .as_ref()
+                .map(|c| rows.iter().map(|i| c[*i as usize]).collect());
+            let part = take_record_batch(&batch, &arrow::array::UInt32Array::from(rows))?;
             results.push(
-                self.append(
-                    TableBucket::new(table.id, None, bucket),
+                self.put(
+                    bucket,
                     schema_id,
                     None,
-                    batch,
+                    target_columns.clone(),
+                    part,
+                    changes,
                     meta,
                 )
                 .await?,
             );
-        } else {
-            let indices: Vec<usize> = keys
-                .iter()
-                .map(|k| {
-                    d.schema
-                        .index_of(k)
-                        .ok_or_else(|| MinkError::Internal(format!("bucket key {k} missing")))
-                })
-                .collect::<Result<_>>()?;
-            for part in split_by_bucket(&batch, &indices, d.bucketing, d.bucket_count)? {
-                let rows = take_record_batch(&batch, &part.rows)?;
-                results.push(
-                    self.append(
-                        TableBucket::new(table.id, None, part.bucket),
-                        schema_id,
-                        None,
-                        rows,
-                        meta,
-                    )
-                    .await?,
-                );
-            }
         }
         Ok(WriteResult::Routed { buckets: results })
     }
@@ -611,12 +624,19 @@ impl NodeService {
 
     fn metadata_json(&self, path: &TablePath) -> Result<serde_json::Value> {
         let table = self.table(path)?;
+        let partition_names: HashMap<i64, String> = table
+            .partitions
+            .values()
+            .map(|p| (p.id, p.name.clone()))
+            .collect();
         let buckets = self.meta.read(|s| {
-            s.buckets_of(table.id, None)
-                .into_iter()
+            s.buckets
+                .values()
+                .filter(|b| b.bucket.table_id == table.id)
                 .map(|b| {
                     serde_json::json!({
                         "bucket": b.bucket,
+                        "partition": b.bucket.partition_id.and_then(|p| partition_names.get(&p)),
                         "leader": b.leader,
                         "leader_address": b.leader.as_ref().and_then(|l| s.nodes.get(l)).map(|n| n.flight_addr.clone()),
                         "epoch": b.epoch,
@@ -797,6 +817,28 @@ impl MinkService for NodeService {
             "lookup" => {
                 let b: LookupBody = parse_json("lookup body", body)?;
                 self.lookup(b).await
+            }
+            "list_partitions" => {
+                let b: PathBody = parse_json("list_partitions body", body)?;
+                let table = self.table(&b.path)?;
+                json(&table.partitions.values().collect::<Vec<_>>())
+            }
+            "create_partition" => {
+                let b: PartitionBody = parse_json("create_partition body", body)?;
+                let (p, index) = self.meta.create_partition(&b.path, &b.name).await?;
+                self.meta.assign_now().await;
+                json(&serde_json::json!({"partition_id": p.id, "index": index}))
+            }
+            "drop_partition" => {
+                let b: PartitionBody = parse_json("drop_partition body", body)?;
+                let index = self
+                    .meta
+                    .propose(mink_meta::MetaCommand::DropPartition {
+                        path: b.path,
+                        name: b.name,
+                    })
+                    .await?;
+                json(&serde_json::json!({"index": index}))
             }
             other => Err(MinkError::Unimplemented(format!(
                 "the {other} action is not built yet"

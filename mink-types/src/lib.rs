@@ -15,6 +15,7 @@ pub mod change;
 pub mod error;
 pub mod key;
 pub mod names;
+pub mod partition;
 pub mod schema;
 pub mod table;
 pub mod types;
@@ -27,6 +28,7 @@ pub use names::{
     BucketId, DatabaseName, PartitionId, PartitionName, TableBucket, TableId, TableName, TablePath,
     validate_name,
 };
+pub use partition::{PartitionRows, split_by_partition};
 pub use schema::{Column, Schema, SchemaId};
 pub use table::{
     AggFunction, BucketingRule, DeleteBehavior, LogTtl, MergeEngine, TableDescriptor,

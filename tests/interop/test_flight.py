@@ -314,3 +314,39 @@ def test_tail_long_polls_and_wakes_when_rows_arrive(node):
     assert rows == [] and end["next_offset"] == start + 2
     writer.done_writing()
     writer.close()
+
+
+def test_partitions_are_created_on_demand(node):
+    _, client = node
+    action(client, "create_database", {"name": "db"})
+    daily = {
+        "schema": {
+            "columns": [
+                {"name": "day", "type": "STRING", "nullable": False},
+                {"name": "id", "type": "BIGINT", "nullable": False},
+                {"name": "msg", "type": "STRING"},
+            ]
+        },
+        "partition_keys": ["day"],
+        "bucket_keys": ["id"],
+        "bucket_count": 2,
+    }
+    action(client, "create_table", {"path": "db.daily", "descriptor": daily})
+    schema = pa.schema(
+        [pa.field("day", pa.string(), nullable=False), pa.field("id", pa.int64(), nullable=False), pa.field("msg", pa.string())]
+    )
+    batch = pa.record_batch(
+        [pa.array(["2026-11-28", "2026-11-29", "2026-11-29"]), pa.array([1, 2, 3], pa.int64()), pa.array(["a", "b", "c"])],
+        schema=schema,
+    )
+    routed = retry(lambda: append_table(client, "db.daily", batch))
+    assert sum(b["last_offset"] - b["first_offset"] + 1 for b in routed["Routed"]["buckets"]) == 3
+    names = sorted(p["name"] for p in action(client, "list_partitions", {"path": "db.daily"}))
+    assert names == ["2026-11-28", "2026-11-29"]
+    rows = scan_all(client, "db.daily")
+    assert sorted((r["day"], r["id"]) for r in rows) == [("2026-11-28", 1), ("2026-11-29", 2), ("2026-11-29", 3)]
+    # A value that makes no partition name is refused precisely, and nothing is written.
+    bad = pa.record_batch([pa.array(["no/slash"]), pa.array([4], pa.int64()), pa.array(["x"])], schema=schema)
+    with pytest.raises(pa.ArrowInvalid, match="partition name"):
+        append_table(client, "db.daily", bad)
+    assert len(scan_all(client, "db.daily")) == 3
