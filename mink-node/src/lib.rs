@@ -9,6 +9,7 @@
 //! implements the handler traits the protocol crates define; nothing depends on it.
 
 pub mod config;
+pub mod forward;
 pub mod node;
 pub mod service;
 

@@ -67,6 +67,7 @@ pub struct NodeService {
     tablets: tokio::sync::Mutex<HashMap<TableBucket, (u64, Tablet)>>,
     round_robin: Mutex<HashMap<i64, u32>>,
     writer_ids: tokio::sync::Mutex<std::ops::Range<i64>>,
+    forwarder: crate::forward::Forwarder,
 }
 
 fn json<T: serde::Serialize>(value: &T) -> Result<Vec<u8>> {
@@ -147,6 +148,7 @@ impl NodeService {
             tablets: tokio::sync::Mutex::new(HashMap::new()),
             round_robin: Mutex::new(HashMap::new()),
             writer_ids: tokio::sync::Mutex::new(0..0),
+            forwarder: crate::forward::Forwarder::default(),
         }
     }
 
@@ -368,6 +370,32 @@ impl NodeService {
         })
     }
 
+    /// Writes a bucket's part at its leader; the answer as a `BucketWritten`.
+    async fn forwarded(
+        &self,
+        addr: &str,
+        bucket: TableBucket,
+        descriptor: &WriteDescriptor,
+        part: &RecordBatch,
+        meta: &WriteBatch,
+    ) -> Result<BucketWritten> {
+        match self.forwarder.write(addr, descriptor, part, meta).await? {
+            WriteResult::Written {
+                first_offset,
+                last_offset,
+                duplicated,
+            } => Ok(BucketWritten {
+                bucket,
+                first_offset,
+                last_offset,
+                duplicated,
+            }),
+            other => Err(MinkError::Internal(format!(
+                "{addr} answered a bucket write with {other:?}"
+            ))),
+        }
+    }
+
     /// Where each row of a table-addressed batch goes: partitions first (created on
     /// demand), then buckets (hash of the bucket keys, or round-robin per batch).
     /// Returns each bucket with the original row indices it gets.
@@ -457,7 +485,24 @@ impl NodeService {
         let mut results = Vec::new();
         for (bucket, rows) in self.route(&table, &batch).await? {
             let part = take_record_batch(&batch, &arrow::array::UInt32Array::from(rows))?;
-            results.push(self.append(bucket, schema_id, None, part, meta).await?);
+            let written = match self
+                .append(bucket, schema_id, None, part.clone(), meta)
+                .await
+            {
+                Err(MinkError::NotLeader {
+                    leader: Some(addr), ..
+                }) => {
+                    let descriptor = WriteDescriptor::Append {
+                        bucket,
+                        schema_id,
+                        writer_id: None,
+                    };
+                    self.forwarded(&addr, bucket, &descriptor, &part, meta)
+                        .await?
+                }
+                other => other?,
+            };
+            results.push(written);
         }
         Ok(WriteResult::Routed { buckets: results })
     }
@@ -493,18 +538,37 @@ impl NodeService {
                 .as_ref()
                 .map(|c| rows.iter().map(|i| c[*i as usize]).collect());
             let part = take_record_batch(&batch, &arrow::array::UInt32Array::from(rows))?;
-            results.push(
-                self.put(
+            let result = self
+                .put(
                     bucket,
                     schema_id,
                     None,
                     target_columns.clone(),
-                    part,
-                    changes,
+                    part.clone(),
+                    changes.clone(),
                     meta,
                 )
-                .await?,
-            );
+                .await;
+            let written = match result {
+                Err(MinkError::NotLeader {
+                    leader: Some(addr), ..
+                }) => {
+                    let descriptor = WriteDescriptor::Put {
+                        bucket,
+                        schema_id,
+                        writer_id: None,
+                        target_columns: target_columns.clone(),
+                    };
+                    let meta = WriteBatch {
+                        batch_sequence: None,
+                        changes,
+                    };
+                    self.forwarded(&addr, bucket, &descriptor, &part, &meta)
+                        .await?
+                }
+                other => other?,
+            };
+            results.push(written);
         }
         Ok(WriteResult::Routed { buckets: results })
     }

@@ -1,0 +1,93 @@
+"""Three nodes sharing one object store: routing, forwarding, redirects and
+read-your-writes across nodes, with pyarrow.flight as the client."""
+
+import json
+import time
+
+import pyarrow as pa
+import pyarrow.flight as flight
+import pytest
+
+from node_proc import NodeProcess, retry
+from test_flight import EVENTS, SCHEMA, action, append_table
+
+
+@pytest.fixture()
+def cluster(mink_node, tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    nodes = []
+    try:
+        for i in range(3):
+            nodes.append(
+                NodeProcess(
+                    mink_node,
+                    tmp_path,
+                    {
+                        "MINK_NODE_ID": f"n{i}",
+                        "MINK_DATA_DIR": str(tmp_path / f"n{i}"),
+                        "MINK_OBJECT_STORE__URL": f"file://{shared}",
+                    },
+                )
+            )
+        clients = [flight.connect(n.location) for n in nodes]
+        yield nodes, clients
+        for c in clients:
+            c.close()
+    finally:
+        for n in nodes:
+            n.kill()
+
+
+def wait_until(probe, timeout=15):
+    """Polls `probe` until it returns something, for cluster state that settles."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = probe()
+        if found is not None:
+            return found
+        time.sleep(0.1)
+    return None
+
+
+def scan_bucket(location, bucket):
+    client = flight.connect(f"grpc://{location}")
+    ticket = flight.Ticket(json.dumps({"Scan": {"bucket": bucket, "offset": 0}}).encode())
+    rows = client.do_get(ticket).read_all().to_pylist()
+    client.close()
+    return rows
+
+
+def test_writes_are_routed_and_forwarded_across_three_nodes(cluster):
+    nodes, clients = cluster
+    first = clients[0]
+    action(first, "create_database", {"name": "db"})
+    created = action(first, "create_table", {"path": "db.events", "descriptor": dict(EVENTS, bucket_count=6)})
+
+    # Read-your-writes on another node through mink-min-applied-index.
+    options = flight.FlightCallOptions(headers=[(b"mink-min-applied-index", str(created["index"]).encode())])
+    [result] = clients[2].do_action(flight.Action("list_tables", json.dumps({"database": "db"}).encode()), options)
+    assert json.loads(result.body.to_pybytes()) == ["events"]
+
+    def spread():
+        meta = action(first, "metadata", {"path": "db.events"})
+        leaders = {b["leader"] for b in meta["buckets"]}
+        return meta if None not in leaders and len(leaders) == 3 else None
+
+    meta = wait_until(spread)
+    assert meta is not None, "the six buckets are spread over the three nodes"
+
+    batch = pa.record_batch([pa.array(range(60), pa.int64()), pa.array([f"m{i}" for i in range(60)])], schema=SCHEMA)
+    routed = retry(lambda: append_table(clients[1], "db.events", batch))
+    assert len(routed["Routed"]["buckets"]) == 6
+    rows = []
+    for b in meta["buckets"]:
+        rows.extend(scan_bucket(b["leader_address"], b["bucket"]))
+    assert sorted(r["id"] for r in rows) == list(range(60))
+
+    # A bucket read at a node that does not lead it: NotLeader with the leader's address.
+    b = meta["buckets"][0]
+    other = next(n for n in nodes if f"127.0.0.1:{n.flight_port}" != b["leader_address"])
+    with pytest.raises(pa.ArrowException, match="not the leader") as err:
+        scan_bucket(f"127.0.0.1:{other.flight_port}", b["bucket"])
+    assert b["leader_address"] in str(err.value)
