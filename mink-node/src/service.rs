@@ -64,7 +64,8 @@ pub struct NodeService {
     meta: MetaNode,
     streams: StreamStore,
     kv: Arc<dyn KvStore>,
-    tablets: tokio::sync::Mutex<HashMap<TableBucket, (u64, Tablet)>>,
+    /// Open tablets with the epoch and the number of schema versions they know.
+    tablets: tokio::sync::Mutex<HashMap<TableBucket, (u64, usize, Tablet)>>,
     round_robin: Mutex<HashMap<i64, u32>>,
     writer_ids: tokio::sync::Mutex<std::ops::Range<i64>>,
     forwarder: crate::forward::Forwarder,
@@ -92,6 +93,48 @@ struct PathBody {
 #[serde(deny_unknown_fields)]
 struct DatabaseBody {
     database: String,
+}
+
+/// How long registered producer offsets live without a new registration.
+const PRODUCER_OFFSETS_TTL_MS: i64 = 7 * 24 * 3600 * 1000;
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AlterTableBody {
+    path: TablePath,
+    #[serde(default)]
+    add_columns: Vec<mink_types::Column>,
+    #[serde(default)]
+    set_properties: std::collections::BTreeMap<String, String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProducerOffsetsBody {
+    producer_id: String,
+    path: TablePath,
+    /// Bucket number → offset.
+    offsets: std::collections::BTreeMap<u32, i64>,
+    #[serde(default)]
+    ttl_ms: Option<i64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProducerIdBody {
+    producer_id: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BucketBody {
+    bucket: TableBucket,
 }
 
 #[derive(Deserialize)]
@@ -192,13 +235,27 @@ impl NodeService {
             }
         }
         let mut tablets = self.tablets.lock().await;
-        if let Some((epoch, tablet)) = tablets.get(&bucket)
+        let table = self.table_by_id(bucket.table_id)?;
+        if let Some((epoch, versions, tablet)) = tablets.get_mut(&bucket)
             && *epoch == state.epoch
             && !tablet.failed()
         {
+            if *versions != table.schemas.len() {
+                // The table was altered: teach the tablet the new schema.
+                match tablet {
+                    Tablet::Log(l) => {
+                        for schema in &table.schemas {
+                            l.register_schema(schema.clone());
+                        }
+                    }
+                    Tablet::Kv(k) => {
+                        k.update_table(table.descriptor.clone(), table.schemas.clone())?
+                    }
+                }
+                *versions = table.schemas.len();
+            }
             return Ok(tablet.clone());
         }
-        let table = self.table_by_id(bucket.table_id)?;
         let pk = table.descriptor.has_primary_key();
         let stream = self
             .streams
@@ -216,14 +273,7 @@ impl NodeService {
         let tablet = if pk {
             let snapshots = SnapshotStore {
                 store: self.streams.object_store(),
-                prefix: format!(
-                    "kv/{}/{}/{}",
-                    bucket.table_id,
-                    bucket
-                        .partition_id
-                        .map_or("-".to_string(), |p| p.to_string()),
-                    bucket.bucket
-                ),
+                prefix: snapshot_prefix(bucket),
                 retain: self.config.kv.snapshots_retained as usize,
             };
             let ns = self.kv.namespace(&bucket.stream_name())?;
@@ -241,7 +291,7 @@ impl NodeService {
         } else {
             Tablet::Log(log)
         };
-        tablets.insert(bucket, (state.epoch, tablet.clone()));
+        tablets.insert(bucket, (state.epoch, table.schemas.len(), tablet.clone()));
         Ok(tablet)
     }
 
@@ -712,6 +762,18 @@ impl NodeService {
     }
 }
 
+/// Where a bucket's KV snapshots live.
+fn snapshot_prefix(bucket: TableBucket) -> String {
+    format!(
+        "kv/{}/{}/{}",
+        bucket.table_id,
+        bucket
+            .partition_id
+            .map_or("-".to_string(), |p| p.to_string()),
+        bucket.bucket
+    )
+}
+
 /// Columns of `batch` arranged as `schema` (by name; columns it lacks are null).
 fn as_schema(batch: RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
     if batch.schema().fields() == schema.fields() {
@@ -882,6 +944,114 @@ impl MinkService for NodeService {
                 let b: LookupBody = parse_json("lookup body", body)?;
                 self.lookup(b).await
             }
+            "alter_table" => {
+                let b: AlterTableBody = parse_json("alter_table body", body)?;
+                let index = self
+                    .meta
+                    .propose(mink_meta::MetaCommand::AlterTable {
+                        path: b.path,
+                        add_columns: b.add_columns,
+                        set_properties: b.set_properties,
+                    })
+                    .await?;
+                json(&serde_json::json!({"index": index}))
+            }
+            "register_producer_offsets" => {
+                let b: ProducerOffsetsBody = parse_json("register_producer_offsets body", body)?;
+                let table = self.table(&b.path)?;
+                let offsets = b
+                    .offsets
+                    .into_iter()
+                    .map(|(bucket, offset)| {
+                        (
+                            TableBucket::new(table.id, None, bucket).stream_name(),
+                            offset,
+                        )
+                    })
+                    .collect();
+                let index = self
+                    .meta
+                    .propose(mink_meta::MetaCommand::RegisterProducerOffsets {
+                        producer_id: b.producer_id,
+                        offsets,
+                        at_ms: now_ms(),
+                        ttl_ms: b.ttl_ms.unwrap_or(PRODUCER_OFFSETS_TTL_MS),
+                    })
+                    .await?;
+                json(&serde_json::json!({"index": index}))
+            }
+            "get_producer_offsets" => {
+                let b: ProducerIdBody = parse_json("get_producer_offsets body", body)?;
+                let found = self
+                    .meta
+                    .read(|s| s.producer_offsets.get(&b.producer_id).cloned())
+                    .ok_or_else(|| {
+                        MinkError::NotFound(format!("producer offsets of {}", b.producer_id))
+                    })?;
+                json(&found)
+            }
+            "delete_producer_offsets" => {
+                let b: ProducerIdBody = parse_json("delete_producer_offsets body", body)?;
+                let index = self
+                    .meta
+                    .propose(mink_meta::MetaCommand::DeleteProducerOffsets {
+                        producer_id: b.producer_id,
+                    })
+                    .await?;
+                json(&serde_json::json!({"index": index}))
+            }
+            "latest_kv_snapshot" => {
+                let b: BucketBody = parse_json("latest_kv_snapshot body", body)?;
+                let tablet = self.kv_tablet(b.bucket).await?;
+                let info = tablet.snapshot().await?.ok_or_else(|| {
+                    MinkError::Internal("the KV tablet has no snapshot store".into())
+                })?;
+                let pointer = mink_meta::state::KvSnapshotPointer {
+                    snapshot_id: info.log_offset.max(0) as u64,
+                    log_offset: info.log_offset,
+                    location: info.location.clone(),
+                };
+                // Recorded for others; an equal snapshot id is already recorded.
+                let _ = self
+                    .meta
+                    .propose(mink_meta::MetaCommand::SetKvSnapshot {
+                        bucket: b.bucket.stream_name(),
+                        pointer,
+                    })
+                    .await;
+                json(&serde_json::json!({
+                    "log_offset": info.log_offset,
+                    "location": info.location,
+                    "rows": info.rows,
+                    "bytes": info.bytes,
+                }))
+            }
+            "lake_snapshot" => {
+                let b: PathBody = parse_json("lake_snapshot body", body)?;
+                let table = self.table(&b.path)?;
+                let pointer = self
+                    .meta
+                    .read(|s| s.lake_snapshots.get(&table.id).cloned())
+                    .ok_or_else(|| {
+                        MinkError::NotFound(format!(
+                            "a lake snapshot of {} (lake tiering does not exist yet)",
+                            b.path
+                        ))
+                    })?;
+                json(&pointer)
+            }
+            "node_stats" => {
+                let tablets = self.tablets.lock().await;
+                json(&serde_json::json!({
+                    "node_id": self.meta.node_id(),
+                    "incarnation": self.meta.incarnation(),
+                    "wal": self.streams.wal_id().to_string(),
+                    "wal_failure": self.streams.failure().map(|e| e.to_string()),
+                    "tablets_open": tablets.len(),
+                    "applied_index": self.meta.applied_index(),
+                    "lease": self.meta.lease(),
+                }))
+            }
             "list_partitions" => {
                 let b: PathBody = parse_json("list_partitions body", body)?;
                 let table = self.table(&b.path)?;
@@ -1004,12 +1174,65 @@ impl MinkService for NodeService {
                     .collect::<Result<_>>()?;
                 Ok((schema, batches))
             }
-            ReadTicket::LimitScan { .. } => Err(MinkError::Unimplemented(
-                "the LimitScan ticket is not built yet".into(),
-            )),
-            ReadTicket::Snapshot { .. } => Err(MinkError::Unimplemented(
-                "the Snapshot ticket is not built yet".into(),
-            )),
+            ReadTicket::LimitScan { bucket, limit } => {
+                let table = self.table_by_id(bucket.table_id)?;
+                let schema = table.descriptor.schema.to_arrow();
+                let tablet = self.tablet(bucket).await?;
+                let log = tablet.log();
+                let mut pos = log.log_start();
+                let mut rows = 0u64;
+                let mut out = Vec::new();
+                while rows < limit && pos < log.high_watermark() {
+                    let scan = log
+                        .scan(pos, self.config.log.scan_bytes_max as usize)
+                        .await?;
+                    pos = scan.next_offset(pos);
+                    for b in scan.batches {
+                        if rows >= limit {
+                            break;
+                        }
+                        let take = (limit - rows).min(b.batch.num_rows() as u64) as usize;
+                        rows += take as u64;
+                        let meta = ScanBatch {
+                            bucket,
+                            base_offset: b.header.base_offset,
+                            high_watermark: scan.high_watermark,
+                            change_types: (!b.header.change_types.is_empty())
+                                .then(|| b.header.change_types[..take].to_vec()),
+                        };
+                        out.push((as_schema(b.batch.slice(0, take), &schema)?, meta));
+                    }
+                }
+                Ok((schema, out))
+            }
+            ReadTicket::Snapshot { bucket } => {
+                let table = self.table_by_id(bucket.table_id)?;
+                let schema = table.descriptor.schema.to_arrow();
+                let tablet = self.kv_tablet(bucket).await?;
+                let info = tablet.snapshot().await?.ok_or_else(|| {
+                    MinkError::Internal("the KV tablet has no snapshot store".into())
+                })?;
+                let store = SnapshotStore {
+                    store: self.streams.object_store(),
+                    prefix: snapshot_prefix(bucket),
+                    retain: self.config.kv.snapshots_retained as usize,
+                };
+                let batches = store
+                    .read(info.log_offset)
+                    .await?
+                    .into_iter()
+                    .map(|b| {
+                        let meta = ScanBatch {
+                            bucket,
+                            base_offset: info.log_offset,
+                            high_watermark: info.log_offset,
+                            change_types: None,
+                        };
+                        Ok((as_schema(b, &schema)?, meta))
+                    })
+                    .collect::<Result<_>>()?;
+                Ok((schema, batches))
+            }
             ReadTicket::Union { .. } | ReadTicket::Lake { .. } => Err(MinkError::Unimplemented(
                 "lake tiering does not exist yet, so Union and Lake tickets are not implemented"
                     .into(),

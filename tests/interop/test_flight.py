@@ -350,3 +350,54 @@ def test_partitions_are_created_on_demand(node):
     with pytest.raises(pa.ArrowInvalid, match="partition name"):
         append_table(client, "db.daily", bad)
     assert len(scan_all(client, "db.daily")) == 3
+
+
+def test_alter_producer_offsets_snapshots_limit_scan_and_stats(node):
+    _, client = node
+    action(client, "create_database", {"name": "db"})
+    action(client, "create_table", {"path": "db.events", "descriptor": dict(EVENTS, bucket_count=1)})
+    action(client, "create_table", {"path": "db.users", "descriptor": dict(USERS, bucket_count=1)})
+    batch = pa.record_batch([pa.array(range(5), pa.int64()), pa.array(["a"] * 5)], schema=SCHEMA)
+    retry(lambda: append_table(client, "db.events", batch))
+
+    # Schema evolution: a nullable column at the end, then rows under schema 2.
+    action(client, "alter_table", {"path": "db.events", "add_columns": [{"name": "tag", "type": "STRING"}]})
+    table = action(client, "get_table", {"path": "db.events"})
+    assert [s["schema_id"] for s in table["schemas"]] == [1, 2]
+    v2 = pa.schema(list(SCHEMA) + [pa.field("tag", pa.string())])
+    tagged = pa.record_batch([pa.array([9], pa.int64()), pa.array(["b"]), pa.array(["new"])], schema=v2)
+    append_table(client, "db.events", tagged, schema_id=2)
+    with pytest.raises(pa.ArrowInvalid, match="schema"):
+        append_table(client, "db.events", batch, schema_id=1)
+    bucket = action(client, "metadata", {"path": "db.events"})["buckets"][0]["bucket"]
+    rows = client.do_get(flight.Ticket(json.dumps({"Scan": {"bucket": bucket, "offset": 0}}).encode())).read_all()
+    assert rows.schema.names == ["id", "msg", "tag"]
+    assert rows.column("tag").to_pylist() == [None] * 5 + ["new"], "old rows read with the new column null"
+
+    # LimitScan: the first rows of a bucket.
+    first = client.do_get(flight.Ticket(json.dumps({"LimitScan": {"bucket": bucket, "limit": 3}}).encode())).read_all()
+    assert first.column("id").to_pylist() == [0, 1, 2]
+
+    # Producer offsets.
+    action(client, "register_producer_offsets", {"producer_id": "sink-1", "path": "db.events", "offsets": {"0": 6}})
+    got = action(client, "get_producer_offsets", {"producer_id": "sink-1"})
+    assert list(got["offsets"].values()) == [6]
+    action(client, "delete_producer_offsets", {"producer_id": "sink-1"})
+    with pytest.raises(pa.ArrowKeyError):
+        action(client, "get_producer_offsets", {"producer_id": "sink-1"})
+
+    # KV snapshots, readable through the Snapshot ticket.
+    users = pa.record_batch(
+        [pa.array([1, 2], pa.int64()), pa.array(["ann", "bob"]), pa.array([1, 2], pa.int64())], schema=USER_SCHEMA
+    )
+    put_table(client, users)
+    ubucket = action(client, "metadata", {"path": "db.users"})["buckets"][0]["bucket"]
+    snap = action(client, "latest_kv_snapshot", {"bucket": ubucket})
+    assert snap["rows"] == 2
+    state = client.do_get(flight.Ticket(json.dumps({"Snapshot": {"bucket": ubucket}}).encode())).read_all()
+    assert sorted(state.column("name").to_pylist()) == ["ann", "bob"]
+
+    with pytest.raises(pa.ArrowKeyError, match="lake tiering does not exist yet"):
+        action(client, "lake_snapshot", {"path": "db.events"})
+    stats = action(client, "node_stats")
+    assert stats["tablets_open"] == 2 and stats["wal_failure"] is None
