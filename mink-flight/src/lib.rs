@@ -3,13 +3,16 @@
 //! - [`protocol`]: the JSON descriptors, per-batch metadata, tickets and results.
 //! - [`server`]: the Flight server over the [`server::MinkService`] trait the node
 //!   implements; gRPC status mapping; the `mink-applied-index` headers.
+//! - [`client`]: the Rust client (client-side routing, idempotent writes with retries).
 //!
 //! Architecture invariant: this crate speaks Flight and nothing else. It never
 //! touches storage or metadata; `mink-node` implements its service trait.
 
+pub mod client;
 pub mod config;
 pub mod protocol;
 pub mod server;
 
+pub use client::MinkClient;
 pub use config::FlightConfig;
 pub use server::{FlightServer, MinkService};

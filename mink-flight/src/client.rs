@@ -1,0 +1,672 @@
+//! The Rust client: connects to any node, routes rows on the client (partition, then
+//! bucket) from the table's metadata, keeps one idempotent sequence per bucket under a
+//! writer id from `init_writer`, retries with the same sequence after a failure or a
+//! `NotLeader` (refreshing its routing), and reads, tails, looks up and administers.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use arrow::array::{RecordBatch, UInt32Array};
+use arrow::compute::take_record_batch;
+use arrow::ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteContext, IpcWriteOptions};
+use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
+use arrow_flight::flight_service_client::FlightServiceClient;
+use arrow_flight::{Action, FlightData, FlightDescriptor, SchemaAsIpc, Ticket};
+use futures::{StreamExt, TryStreamExt};
+use mink_types::{
+    ChangeType, MinkError, Result, TableBucket, TableDescriptor, TablePath, split_by_bucket,
+    split_by_partition,
+};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use tonic::transport::Channel;
+
+use crate::protocol::{
+    BucketWritten, ReadTicket, Redirect, ScanBatch, WriteBatch, WriteDescriptor, WriteResult,
+};
+
+/// Attempts of one bucket write before the error is returned.
+const WRITE_ATTEMPTS_MAX: u32 = 8;
+
+#[derive(Debug, Clone, Deserialize)]
+struct PartitionMeta {
+    id: i64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct TableMeta {
+    id: i64,
+    descriptor: TableDescriptor,
+    #[serde(default)]
+    partitions: HashMap<String, PartitionMeta>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct BucketMeta {
+    bucket: TableBucket,
+    leader_address: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct Metadata {
+    table: TableMeta,
+    buckets: Vec<BucketMeta>,
+}
+
+/// A client of a Mink cluster.
+pub struct MinkClient {
+    bootstrap: String,
+    connections: tokio::sync::Mutex<HashMap<String, FlightServiceClient<Channel>>>,
+    routing: tokio::sync::Mutex<HashMap<TablePath, Metadata>>,
+    writer_id: tokio::sync::OnceCell<i64>,
+    sequences: tokio::sync::Mutex<HashMap<TableBucket, i64>>,
+    round_robin: std::sync::Mutex<HashMap<i64, u32>>,
+}
+
+/// A gRPC status back into Mink's error.
+pub fn status_to_error(status: tonic::Status) -> MinkError {
+    let message = status.message().to_string();
+    match status.code() {
+        tonic::Code::FailedPrecondition if message.starts_with("not the leader") => {
+            match serde_json::from_slice::<Redirect>(status.details()) {
+                Ok(r) => MinkError::NotLeader {
+                    bucket: r.bucket,
+                    leader: r.to,
+                },
+                Err(_) => MinkError::Unavailable(message),
+            }
+        }
+        tonic::Code::FailedPrecondition if message.starts_with("out-of-order") => {
+            MinkError::invalid("batch_sequence", message)
+        }
+        tonic::Code::InvalidArgument => MinkError::invalid("request", message),
+        tonic::Code::NotFound => MinkError::NotFound(message),
+        tonic::Code::AlreadyExists => MinkError::AlreadyExists(message),
+        tonic::Code::Unimplemented => MinkError::Unimplemented(message),
+        tonic::Code::Aborted => MinkError::Fenced(message),
+        tonic::Code::ResourceExhausted => MinkError::LimitExceeded {
+            what: message,
+            limit: 0,
+            actual: 0,
+        },
+        tonic::Code::Internal | tonic::Code::OutOfRange => MinkError::Internal(message),
+        _ => MinkError::Unavailable(message),
+    }
+}
+
+fn encode(
+    batch: &RecordBatch,
+    descriptor: Option<&WriteDescriptor>,
+    meta: &WriteBatch,
+) -> Result<Vec<FlightData>> {
+    let options = IpcWriteOptions::default();
+    let mut schema = FlightData::from(SchemaAsIpc::new(&batch.schema(), &options));
+    if let Some(d) = descriptor {
+        let cmd = serde_json::to_vec(d).map_err(|e| MinkError::Internal(e.to_string()))?;
+        schema.flight_descriptor = Some(FlightDescriptor::new_cmd(cmd));
+    }
+    let (_, encoded) = IpcDataGenerator::default().encode(
+        batch,
+        &mut DictionaryTracker::new(false),
+        &options,
+        &mut IpcWriteContext::default(),
+    )?;
+    let meta = serde_json::to_vec(meta).map_err(|e| MinkError::Internal(e.to_string()))?;
+    Ok(vec![
+        schema,
+        FlightData::from(encoded).with_app_metadata(meta),
+    ])
+}
+
+impl MinkClient {
+    /// Connects to any node of the cluster (`host:port`).
+    pub async fn connect(addr: &str) -> Result<Self> {
+        let client = Self {
+            bootstrap: addr.to_string(),
+            connections: tokio::sync::Mutex::new(HashMap::new()),
+            routing: tokio::sync::Mutex::new(HashMap::new()),
+            writer_id: tokio::sync::OnceCell::new(),
+            sequences: tokio::sync::Mutex::new(HashMap::new()),
+            round_robin: std::sync::Mutex::new(HashMap::new()),
+        };
+        client.connection(addr).await?;
+        Ok(client)
+    }
+
+    async fn connection(&self, addr: &str) -> Result<FlightServiceClient<Channel>> {
+        let mut connections = self.connections.lock().await;
+        if let Some(c) = connections.get(addr) {
+            return Ok(c.clone());
+        }
+        let channel = Channel::from_shared(format!("http://{addr}"))
+            .map_err(|e| MinkError::invalid("address", format!("{addr}: {e}")))?
+            .connect_timeout(Duration::from_secs(5))
+            .connect()
+            .await
+            .map_err(|e| MinkError::Unavailable(format!("cannot connect to {addr}: {e}")))?;
+        let client = FlightServiceClient::new(channel)
+            .max_decoding_message_size(usize::MAX)
+            .max_encoding_message_size(usize::MAX);
+        connections.insert(addr.to_string(), client.clone());
+        Ok(client)
+    }
+
+    /// Runs an action on the bootstrap node; returns its raw result body.
+    pub async fn action_raw(&self, name: &str, body: &serde_json::Value) -> Result<Vec<u8>> {
+        let mut client = self.connection(&self.bootstrap.clone()).await?;
+        let action = Action {
+            r#type: name.to_string(),
+            body: serde_json::to_vec(body)
+                .map_err(|e| MinkError::Internal(e.to_string()))?
+                .into(),
+        };
+        let mut results = client
+            .do_action(action)
+            .await
+            .map_err(status_to_error)?
+            .into_inner();
+        let first = results
+            .message()
+            .await
+            .map_err(status_to_error)?
+            .ok_or_else(|| MinkError::Internal(format!("the {name} action answered nothing")))?;
+        Ok(first.body.to_vec())
+    }
+
+    /// Runs an action with a JSON result.
+    pub async fn action<R: DeserializeOwned>(
+        &self,
+        name: &str,
+        body: serde_json::Value,
+    ) -> Result<R> {
+        let bytes = self.action_raw(name, &body).await?;
+        serde_json::from_slice(&bytes)
+            .map_err(|e| MinkError::Internal(format!("{name} answered: {e}")))
+    }
+
+    pub async fn create_database(&self, name: &str) -> Result<()> {
+        self.action::<serde_json::Value>("create_database", serde_json::json!({"name": name}))
+            .await
+            .map(|_| ())
+    }
+
+    /// Creates a table; returns its id.
+    pub async fn create_table(
+        &self,
+        path: &TablePath,
+        descriptor: &TableDescriptor,
+    ) -> Result<i64> {
+        let created: serde_json::Value = self
+            .action(
+                "create_table",
+                serde_json::json!({"path": path, "descriptor": descriptor}),
+            )
+            .await?;
+        created["table_id"]
+            .as_i64()
+            .ok_or_else(|| MinkError::Internal("create_table answered no table id".into()))
+    }
+
+    async fn metadata(&self, path: &TablePath, refresh: bool) -> Result<Metadata> {
+        if !refresh && let Some(m) = self.routing.lock().await.get(path) {
+            return Ok(m.clone());
+        }
+        let meta: Metadata = self
+            .action("metadata", serde_json::json!({"path": path}))
+            .await?;
+        self.routing.lock().await.insert(path.clone(), meta.clone());
+        Ok(meta)
+    }
+
+    /// This client's writer id (one `init_writer` per client).
+    pub async fn writer_id(&self) -> Result<i64> {
+        self.writer_id
+            .get_or_try_init(|| async {
+                let v: serde_json::Value =
+                    self.action("init_writer", serde_json::json!({})).await?;
+                v["writer_id"]
+                    .as_i64()
+                    .ok_or_else(|| MinkError::Internal("init_writer answered no writer id".into()))
+            })
+            .await
+            .copied()
+    }
+
+    /// Rows of `batch` per bucket (partitions created on demand), as the node routes.
+    async fn route(
+        &self,
+        path: &TablePath,
+        batch: &RecordBatch,
+    ) -> Result<Vec<(TableBucket, RecordBatch)>> {
+        let mut meta = self.metadata(path, false).await?;
+        let d = meta.table.descriptor.clone();
+        let column = |k: &String| {
+            batch
+                .schema()
+                .index_of(k)
+                .map_err(|_| MinkError::invalid("batch", format!("the batch lacks column {k:?}")))
+        };
+        let mut parts: Vec<(Option<i64>, RecordBatch)> = Vec::new();
+        if d.is_partitioned() {
+            let keys: Vec<usize> = d.partition_keys.iter().map(column).collect::<Result<_>>()?;
+            for p in split_by_partition(batch, &keys)? {
+                if !meta.table.partitions.contains_key(&p.name) {
+                    let _: serde_json::Value = self
+                        .action(
+                            "create_partition",
+                            serde_json::json!({"path": path, "name": p.name}),
+                        )
+                        .await?;
+                    meta = self.metadata(path, true).await?;
+                }
+                let id = meta
+                    .table
+                    .partitions
+                    .get(&p.name)
+                    .map(|p| p.id)
+                    .ok_or_else(|| {
+                        MinkError::Unavailable(format!("partition {} not visible yet", p.name))
+                    })?;
+                parts.push((Some(id), take_record_batch(batch, &p.rows)?));
+            }
+        } else {
+            parts.push((None, batch.clone()));
+        }
+        let keys: Vec<usize> = d.bucket_keys().iter().map(column).collect::<Result<_>>()?;
+        let mut out = Vec::new();
+        for (partition, part) in parts {
+            if keys.is_empty() {
+                let bucket = {
+                    let mut rr = self.round_robin.lock().unwrap_or_else(|e| e.into_inner());
+                    let next = rr.entry(meta.table.id).or_insert(0);
+                    let b = *next % d.bucket_count;
+                    *next = next.wrapping_add(1);
+                    b
+                };
+                out.push((TableBucket::new(meta.table.id, partition, bucket), part));
+                continue;
+            }
+            for rows in split_by_bucket(&part, &keys, d.bucketing, d.bucket_count)? {
+                out.push((
+                    TableBucket::new(meta.table.id, partition, rows.bucket),
+                    take_record_batch(&part, &rows.rows)?,
+                ));
+            }
+        }
+        Ok(out)
+    }
+
+    async fn leader_of(
+        &self,
+        path: &TablePath,
+        bucket: TableBucket,
+        refresh: bool,
+    ) -> Result<String> {
+        let meta = self.metadata(path, refresh).await?;
+        meta.buckets
+            .iter()
+            .find(|b| b.bucket == bucket)
+            .and_then(|b| b.leader_address.clone())
+            .ok_or_else(|| MinkError::Unavailable(format!("{bucket} has no leader yet")))
+    }
+
+    /// Writes one bucket's rows at its leader with the bucket's next sequence; retries
+    /// with the same sequence after `NotLeader` (refreshing the routing) or an
+    /// unavailable leader.
+    async fn write_bucket(
+        &self,
+        path: &TablePath,
+        bucket: TableBucket,
+        make: impl Fn(i64) -> WriteDescriptor,
+        batch: &RecordBatch,
+        changes: Option<Vec<ChangeType>>,
+    ) -> Result<BucketWritten> {
+        let writer_id = self.writer_id().await?;
+        let sequence = {
+            let mut seqs = self.sequences.lock().await;
+            let next = seqs.entry(bucket).or_insert(0);
+            let s = *next;
+            *next += 1;
+            s
+        };
+        let meta = WriteBatch {
+            batch_sequence: Some(sequence),
+            changes,
+        };
+        let descriptor = make(writer_id);
+        let mut refresh = false;
+        let mut last = None;
+        for attempt in 0..WRITE_ATTEMPTS_MAX {
+            if attempt > 0 {
+                tokio::time::sleep(Duration::from_millis(50 << attempt.min(5))).await;
+            }
+            let leader = match self.leader_of(path, bucket, refresh).await {
+                Ok(l) => l,
+                Err(e) => {
+                    refresh = true;
+                    last = Some(e);
+                    continue;
+                }
+            };
+            match self.put_at(&leader, &descriptor, batch, &meta).await {
+                Ok(WriteResult::Written {
+                    first_offset,
+                    last_offset,
+                    duplicated,
+                }) => {
+                    return Ok(BucketWritten {
+                        bucket,
+                        first_offset,
+                        last_offset,
+                        duplicated,
+                    });
+                }
+                Ok(other) => {
+                    return Err(MinkError::Internal(format!(
+                        "a bucket write answered {other:?}"
+                    )));
+                }
+                Err(
+                    e @ (MinkError::NotLeader { .. }
+                    | MinkError::Unavailable(_)
+                    | MinkError::StorageFailure(_)),
+                ) => {
+                    refresh = true;
+                    last = Some(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| MinkError::Unavailable(format!("{bucket}: no attempt made"))))
+    }
+
+    async fn put_at(
+        &self,
+        addr: &str,
+        descriptor: &WriteDescriptor,
+        batch: &RecordBatch,
+        meta: &WriteBatch,
+    ) -> Result<WriteResult> {
+        let mut client = self.connection(addr).await?;
+        let data = encode(batch, Some(descriptor), meta)?;
+        let mut results = client
+            .do_put(futures::stream::iter(data))
+            .await
+            .map_err(status_to_error)?
+            .into_inner();
+        let first = results
+            .message()
+            .await
+            .map_err(status_to_error)?
+            .ok_or_else(|| MinkError::Internal("a write answered nothing".into()))?;
+        serde_json::from_slice(&first.app_metadata)
+            .map_err(|e| MinkError::Internal(format!("a write answered: {e}")))
+    }
+
+    /// Appends rows to a log table, routed on the client, exactly once per bucket.
+    pub async fn append(
+        &self,
+        path: &TablePath,
+        batch: &RecordBatch,
+    ) -> Result<Vec<BucketWritten>> {
+        let schema_id = self
+            .metadata(path, false)
+            .await?
+            .table
+            .descriptor
+            .schema
+            .schema_id;
+        let mut out = Vec::new();
+        for (bucket, rows) in self.route(path, batch).await? {
+            let make = |writer_id| WriteDescriptor::Append {
+                bucket,
+                schema_id,
+                writer_id: Some(writer_id),
+            };
+            out.push(self.write_bucket(path, bucket, make, &rows, None).await?);
+        }
+        Ok(out)
+    }
+
+    /// Upserts (or, with `changes`, deletes) rows of a primary-key table; with
+    /// `target_columns`, a partial update.
+    pub async fn put(
+        &self,
+        path: &TablePath,
+        batch: &RecordBatch,
+        changes: Option<Vec<ChangeType>>,
+        target_columns: Option<Vec<String>>,
+    ) -> Result<Vec<BucketWritten>> {
+        let schema_id = self
+            .metadata(path, false)
+            .await?
+            .table
+            .descriptor
+            .schema
+            .schema_id;
+        if let Some(c) = &changes
+            && c.len() != batch.num_rows()
+        {
+            return Err(MinkError::invalid(
+                "changes",
+                format!("{} change types for {} rows", c.len(), batch.num_rows()),
+            ));
+        }
+        // Route row indices so the changes follow their rows.
+        let indices = UInt32Array::from_iter_values(0..batch.num_rows() as u32);
+        let with_index = RecordBatch::try_new(
+            std::sync::Arc::new(arrow::datatypes::Schema::new(
+                batch
+                    .schema()
+                    .fields()
+                    .iter()
+                    .cloned()
+                    .chain(std::iter::once(std::sync::Arc::new(
+                        arrow::datatypes::Field::new(
+                            "__mink_row",
+                            arrow::datatypes::DataType::UInt32,
+                            false,
+                        ),
+                    )))
+                    .collect::<Vec<_>>(),
+            )),
+            batch
+                .columns()
+                .iter()
+                .cloned()
+                .chain(std::iter::once(
+                    std::sync::Arc::new(indices) as arrow::array::ArrayRef
+                ))
+                .collect(),
+        )?;
+        let mut out = Vec::new();
+        for (bucket, rows) in self.route(path, &with_index).await? {
+            let n = rows.num_columns();
+            let row_ids = rows
+                .column(n - 1)
+                .as_any()
+                .downcast_ref::<UInt32Array>()
+                .cloned();
+            let rows = rows.project(&(0..n - 1).collect::<Vec<_>>())?;
+            let part_changes = match (&changes, row_ids) {
+                (Some(c), Some(ids)) => Some(ids.values().iter().map(|i| c[*i as usize]).collect()),
+                _ => None,
+            };
+            let targets = target_columns.clone();
+            let make = move |writer_id| WriteDescriptor::Put {
+                bucket,
+                schema_id,
+                writer_id: Some(writer_id),
+                target_columns: targets.clone(),
+            };
+            out.push(
+                self.write_bucket(path, bucket, make, &rows, part_changes)
+                    .await?,
+            );
+        }
+        Ok(out)
+    }
+
+    /// Reads a bucket from `offset` at its leader.
+    pub async fn scan(
+        &self,
+        path: &TablePath,
+        bucket: TableBucket,
+        offset: i64,
+    ) -> Result<Vec<(RecordBatch, ScanBatch)>> {
+        let leader = self.leader_of(path, bucket, false).await?;
+        let ticket = ReadTicket::Scan {
+            bucket,
+            offset,
+            max_bytes: None,
+        };
+        self.read_at(&leader, &ticket).await
+    }
+
+    async fn read_at(
+        &self,
+        addr: &str,
+        ticket: &ReadTicket,
+    ) -> Result<Vec<(RecordBatch, ScanBatch)>> {
+        let mut client = self.connection(addr).await?;
+        let ticket = Ticket {
+            ticket: serde_json::to_vec(ticket)
+                .map_err(|e| MinkError::Internal(e.to_string()))?
+                .into(),
+        };
+        let stream = client
+            .do_get(ticket)
+            .await
+            .map_err(status_to_error)?
+            .into_inner();
+        let mut decoder = FlightDataDecoder::new(
+            stream.map_err(|e| arrow_flight::error::FlightError::Tonic(Box::new(e))),
+        );
+        let mut out = Vec::new();
+        while let Some(item) = decoder.next().await {
+            let decoded = item.map_err(|e| match e {
+                arrow_flight::error::FlightError::Tonic(s) => status_to_error(*s),
+                other => MinkError::Internal(other.to_string()),
+            })?;
+            if let DecodedPayload::RecordBatch(batch) = decoded.payload {
+                let meta: ScanBatch = serde_json::from_slice(&decoded.inner.app_metadata)
+                    .map_err(|e| MinkError::Internal(format!("scan metadata: {e}")))?;
+                out.push((batch, meta));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every row of a table (all buckets, all partitions), read at the leaders.
+    pub async fn scan_table(&self, path: &TablePath) -> Result<Vec<RecordBatch>> {
+        let meta = self.metadata(path, true).await?;
+        let mut out = Vec::new();
+        for b in &meta.buckets {
+            let Some(leader) = &b.leader_address else {
+                return Err(MinkError::Unavailable(format!(
+                    "{} has no leader yet",
+                    b.bucket
+                )));
+            };
+            let mut offset = 0;
+            loop {
+                let batches = self
+                    .read_at(
+                        leader,
+                        &ReadTicket::Scan {
+                            bucket: b.bucket,
+                            offset,
+                            max_bytes: None,
+                        },
+                    )
+                    .await?;
+                let Some((last, meta)) = batches.last() else {
+                    break;
+                };
+                let next = meta.base_offset + last.num_rows() as i64;
+                let done = next >= meta.high_watermark;
+                out.extend(batches.into_iter().map(|(b, _)| b));
+                offset = next;
+                if done {
+                    break;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Long poll: waits up to `max_wait` for rows of `bucket` from `offset`; returns
+    /// them and the offset to poll from next.
+    pub async fn poll(
+        &self,
+        path: &TablePath,
+        bucket: TableBucket,
+        offset: i64,
+        max_wait: Duration,
+    ) -> Result<(Vec<RecordBatch>, i64)> {
+        let leader = self.leader_of(path, bucket, false).await?;
+        let mut client = self.connection(&leader).await?;
+        let cmd = serde_json::to_vec(&crate::protocol::ExchangeDescriptor::Tail { bucket })
+            .map_err(|e| MinkError::Internal(e.to_string()))?;
+        let poll = serde_json::to_vec(&crate::protocol::TailPoll {
+            offset,
+            max_wait_ms: max_wait.as_millis() as u64,
+            min_bytes: 1,
+            max_bytes: None,
+        })
+        .map_err(|e| MinkError::Internal(e.to_string()))?;
+        let first = FlightData {
+            flight_descriptor: Some(FlightDescriptor::new_cmd(cmd)),
+            app_metadata: poll.into(),
+            ..Default::default()
+        };
+        let mut stream = client
+            .do_exchange(futures::stream::iter(vec![first]))
+            .await
+            .map_err(status_to_error)?
+            .into_inner();
+        // Decoded by hand: the answer ends with a metadata-only `TailEnd` message.
+        let mut schema: Option<arrow::datatypes::SchemaRef> = None;
+        let mut batches = Vec::new();
+        while let Some(data) = stream.message().await.map_err(status_to_error)? {
+            if data.data_header.is_empty() {
+                if let Ok(crate::protocol::TailEnd::TailEnd { next_offset, .. }) =
+                    serde_json::from_slice(&data.app_metadata)
+                {
+                    return Ok((batches, next_offset));
+                }
+                continue;
+            }
+            match &schema {
+                None => {
+                    schema = Some(std::sync::Arc::new(arrow::datatypes::Schema::try_from(
+                        &data,
+                    )?))
+                }
+                Some(s) => batches.push(arrow_flight::utils::flight_data_to_arrow_batch(
+                    &data,
+                    s.clone(),
+                    &HashMap::new(),
+                )?),
+            }
+        }
+        Err(MinkError::Unavailable(
+            "the tail ended without an answer".into(),
+        ))
+    }
+
+    /// Rows by primary key (values in key-column order), as found.
+    pub async fn lookup(
+        &self,
+        path: &TablePath,
+        keys: Vec<Vec<serde_json::Value>>,
+    ) -> Result<Vec<RecordBatch>> {
+        let bytes = self
+            .action_raw("lookup", &serde_json::json!({"path": path, "keys": keys}))
+            .await?;
+        let reader = arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None)?;
+        reader
+            .map(|b| b.map_err(|e| MinkError::Internal(e.to_string())))
+            .collect()
+    }
+}

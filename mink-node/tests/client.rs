@@ -1,0 +1,215 @@
+//! The Rust client against in-process nodes: client-side routing, scans, tails,
+//! lookups, partitions on demand, and a leader failover followed by the client.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow::array::{Array, Int64Array, RecordBatch, StringArray};
+use mink_flight::MinkClient;
+use mink_node::MinkConfig;
+use mink_node::node::Node;
+use mink_types::{Column, DataType, Schema, TableDescriptor, TablePath};
+
+fn config(dir: &std::path::Path, shared: &std::path::Path, id: &str) -> MinkConfig {
+    let mut c = MinkConfig {
+        node_id: id.into(),
+        data_dir: dir.join(id),
+        ..MinkConfig::default()
+    };
+    c.object_store.url = format!("file://{}", shared.display());
+    c.listeners.flight = "127.0.0.1:0".parse().unwrap();
+    c.meta.heartbeat_interval_ms = 100;
+    c.meta.lease_timeout_ms = 1_000;
+    c.meta.node_session_timeout_ms = 1_500;
+    c.meta.tail_idle_interval_max_ms = 100;
+    c
+}
+
+fn events() -> TableDescriptor {
+    TableDescriptor {
+        bucket_keys: Some(vec!["id".into()]),
+        bucket_count: 4,
+        ..TableDescriptor::log_table(Schema::new(
+            1,
+            vec![
+                Column::new("id", DataType::BigInt, false),
+                Column::new("msg", DataType::String, true),
+            ],
+        ))
+    }
+}
+
+fn rows(ids: std::ops::Range<i64>) -> RecordBatch {
+    let schema = events().schema.to_arrow();
+    RecordBatch::try_new(
+        schema,
+        vec![
+            Arc::new(Int64Array::from_iter_values(ids.clone())),
+            Arc::new(StringArray::from_iter_values(ids.map(|i| format!("m{i}")))),
+        ],
+    )
+    .unwrap()
+}
+
+fn ids(batches: &[RecordBatch]) -> Vec<i64> {
+    let mut out: Vec<i64> = batches
+        .iter()
+        .flat_map(|b| {
+            b.column(0)
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap()
+                .values()
+                .to_vec()
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Retries while bucket leaders are being assigned.
+async fn settle<T, F, Fut>(f: F) -> T
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = mink_types::Result<T>>,
+{
+    let mut last = None;
+    for _ in 0..100 {
+        match f().await {
+            Ok(v) => return v,
+            Err(e) => last = Some(e),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("never settled: {last:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_node_routing_scans_tails_lookups_and_partitions() {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = dir.path().join("objects");
+    let node = Node::start(config(dir.path(), &shared, "n0"))
+        .await
+        .unwrap();
+    let client = MinkClient::connect(&node.flight_addr.to_string())
+        .await
+        .unwrap();
+    client.create_database("db").await.unwrap();
+    let path = TablePath::parse("db.events").unwrap();
+    client.create_table(&path, &events()).await.unwrap();
+    let first = rows(0..40);
+    let written = settle(|| client.append(&path, &first)).await;
+    assert_eq!(
+        written
+            .iter()
+            .map(|w| w.last_offset - w.first_offset + 1)
+            .sum::<i64>(),
+        40
+    );
+    assert_eq!(
+        ids(&client.scan_table(&path).await.unwrap()),
+        (0..40).collect::<Vec<_>>()
+    );
+
+    // A tail is woken by a write.
+    let bucket = written[0].bucket;
+    let end = written[0].last_offset + 1;
+    let tail = {
+        let client = MinkClient::connect(&node.flight_addr.to_string())
+            .await
+            .unwrap();
+        let path = path.clone();
+        tokio::spawn(async move {
+            client
+                .poll(&path, bucket, end, Duration::from_secs(20))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Write rows until one lands in the tailed bucket.
+    for i in 100..140 {
+        let w = client.append(&path, &rows(i..i + 1)).await.unwrap();
+        if w[0].bucket == bucket {
+            break;
+        }
+    }
+    let (batches, next) = tokio::time::timeout(Duration::from_secs(20), tail)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(!batches.is_empty());
+    assert!(next > end);
+
+    // A primary-key table: put, then lookup.
+    let users = TablePath::parse("db.users").unwrap();
+    let d = TableDescriptor {
+        primary_key: vec!["id".into()],
+        ..events()
+    };
+    client.create_table(&users, &d).await.unwrap();
+    let ten = rows(0..10);
+    settle(|| client.put(&users, &ten, None, None)).await;
+    let found = client
+        .lookup(
+            &users,
+            vec![vec![serde_json::json!(3)], vec![serde_json::json!(99)]],
+        )
+        .await
+        .unwrap();
+    assert_eq!(ids(&found), vec![3]);
+
+    // A partition created on demand by the client's routing.
+    let daily = TablePath::parse("db.daily").unwrap();
+    let pd = TableDescriptor {
+        partition_keys: vec!["msg".into()],
+        ..events()
+    };
+    client.create_table(&daily, &pd).await.unwrap();
+    let two = rows(5..7);
+    settle(|| client.append(&daily, &two)).await;
+    let partitions: Vec<serde_json::Value> = client
+        .action("list_partitions", serde_json::json!({"path": "db.daily"}))
+        .await
+        .unwrap();
+    assert_eq!(partitions.len(), 2);
+    assert_eq!(ids(&client.scan_table(&daily).await.unwrap()), vec![5, 6]);
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_and_a_failover_the_client_follows() {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = dir.path().join("objects");
+    let mut nodes = Vec::new();
+    for i in 0..3 {
+        nodes.push(
+            Node::start(config(dir.path(), &shared, &format!("n{i}")))
+                .await
+                .unwrap(),
+        );
+    }
+    let client = MinkClient::connect(&nodes[0].flight_addr.to_string())
+        .await
+        .unwrap();
+    client.create_database("db").await.unwrap();
+    let path = TablePath::parse("db.events").unwrap();
+    client.create_table(&path, &events()).await.unwrap();
+    let first = rows(0..40);
+    settle(|| client.append(&path, &first)).await;
+
+    // Stop a node that is not the lease holder and not the one the client knows.
+    let holder = nodes[0].meta.lease().1.unwrap();
+    let victim = (1..3).find(|i| nodes[*i].meta.node_id() != holder).unwrap();
+    let victim = nodes.remove(victim);
+    victim.stop().await;
+    // Its buckets move after the session timeout; the client's routing is stale until
+    // a NotLeader or a refused connection makes it refresh. Every row still lands.
+    let second = rows(40..80);
+    settle(|| client.append(&path, &second)).await;
+    let all = settle(|| client.scan_table(&path)).await;
+    assert_eq!(ids(&all), (0..80).collect::<Vec<_>>());
+    for node in nodes {
+        node.stop().await;
+    }
+}
