@@ -32,13 +32,21 @@ impl Node {
     /// Creates the data directory, opens the object store and proves it answers,
     /// binds the Flight listener, joins the cluster (metadata log, WAL) and serves.
     pub async fn start(config: MinkConfig) -> anyhow::Result<Self> {
+        let store = mink_wal::open_object_store(&config.object_store)?;
+        Self::start_with_store(config, store).await
+    }
+
+    /// [`Node::start`] on a given object store (benchmarks wrap one with latency).
+    pub async fn start_with_store(
+        config: MinkConfig,
+        store: Arc<dyn ObjectStore>,
+    ) -> anyhow::Result<Self> {
         std::fs::create_dir_all(&config.data_dir).map_err(|e| {
             anyhow::anyhow!(
                 "data_dir {}: cannot create it: {e}",
                 config.data_dir.display()
             )
         })?;
-        let store = mink_wal::open_object_store(&config.object_store)?;
         // One cheap request proves the store is reachable and the credentials work.
         let probe = Path::from("nodes");
         let mut listing = store.list(Some(&probe));
@@ -102,7 +110,9 @@ impl Node {
         let flight = FlightServiceServer::new(FlightServer::new(service))
             .max_decoding_message_size(max)
             .max_encoding_message_size(max);
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        // Without TCP_NODELAY small answers wait for delayed ACKs (~40 ms each).
+        let incoming =
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
         let stop = stopped(&shutdown);
         let concurrent = config.flight.concurrent_streams_max;
         tasks.push(tokio::spawn(async move {

@@ -27,6 +27,12 @@ pub const BENCHES: &[(&str, &str, &str, &str)] = &[
         "KV upserts and lookups on fjall and redb against log appends of the same rows",
     ),
     (
+        "ingest",
+        "mink-node",
+        "ingest",
+        "DoPut rows/s against raw s3stream appends; write-to-tail visibility latency",
+    ),
+    (
         "meta",
         "mink-meta",
         "meta",

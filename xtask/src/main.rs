@@ -43,7 +43,7 @@ enum Task {
     CheckLayers,
     /// Run a benchmark (release build) and record it in docs/benchmarks.md.
     Bench {
-        /// Which benchmark: wal, log, kv, meta.
+        /// Which benchmark: wal, log, kv, meta, ingest.
         name: String,
         /// Short phases, for a smoke run; docs are not updated.
         #[arg(long)]

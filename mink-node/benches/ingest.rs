@@ -1,0 +1,274 @@
+//! `cargo xtask bench ingest`: DoPut throughput of one node against raw s3stream
+//! appends of the same bytes in the same run, and write→tail visibility latency.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use arrow::array::{Array, Int64Array, RecordBatch, StringArray};
+use bytes::Bytes;
+use mink_flight::MinkClient;
+use mink_node::MinkConfig;
+use mink_node::node::Node;
+use mink_types::{Column, DataType, Schema, TableBucket, TableDescriptor, TablePath};
+use mink_wal::fault::{FaultConfig, FaultyStore};
+use mink_wal::{ObjectStoreConfig, StreamStore, WalConfig, open_object_store};
+use object_store::ObjectStore;
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+const ROWS: usize = 1_000;
+const WRITERS: usize = 8;
+const BUCKETS: u32 = 4;
+
+fn descriptor() -> TableDescriptor {
+    TableDescriptor {
+        bucket_count: BUCKETS,
+        ..TableDescriptor::log_table(Schema::new(
+            1,
+            vec![
+                Column::new("id", DataType::BigInt, false),
+                Column::new("body", DataType::String, true),
+            ],
+        ))
+    }
+}
+
+fn batch(seed: i64) -> RecordBatch {
+    let body = "x".repeat(1000);
+    RecordBatch::try_new(
+        descriptor().schema.to_arrow(),
+        vec![
+            Arc::new(Int64Array::from_iter_values(seed..seed + ROWS as i64)),
+            Arc::new(StringArray::from_iter_values(
+                (0..ROWS).map(|_| body.as_str()),
+            )),
+        ],
+    )
+    .unwrap()
+}
+
+fn now_ns() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i64)
+}
+
+enum Kind {
+    File,
+    Latency(u64),
+}
+
+fn store(kind: &Kind) -> (Arc<dyn ObjectStore>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn ObjectStore> = match kind {
+        Kind::File => open_object_store(&ObjectStoreConfig {
+            url: format!("file://{}", dir.path().join("objects").display()),
+            ..Default::default()
+        })
+        .unwrap(),
+        Kind::Latency(ms) => Arc::new(FaultyStore::new(
+            Arc::new(object_store::memory::InMemory::new()),
+            FaultConfig {
+                put_latency: Duration::from_millis(*ms),
+                ..Default::default()
+            },
+        )),
+    };
+    (store, dir)
+}
+
+fn config(dir: &std::path::Path) -> MinkConfig {
+    let mut c = MinkConfig {
+        data_dir: dir.join("data"),
+        ..MinkConfig::default()
+    };
+    c.listeners.flight = "127.0.0.1:0".parse().unwrap();
+    c.wal.compaction_interval_ms = 3_600_000;
+    c
+}
+
+/// Rows/s and MB/s of `WRITERS` closed-loop Flight writers (client-side routing).
+async fn ingest(kind: &Kind, secs: f64) -> (f64, f64, usize) {
+    let (store, dir) = store(kind);
+    let node = Node::start_with_store(config(dir.path()), store)
+        .await
+        .unwrap();
+    let addr = node.flight_addr.to_string();
+    let client = MinkClient::connect(&addr).await.unwrap();
+    client.create_database("b").await.unwrap();
+    let path = TablePath::parse("b.ingest").unwrap();
+    client.create_table(&path, &descriptor()).await.unwrap();
+    let probe = batch(0);
+    let bytes_per_batch = probe.get_array_memory_size();
+    for _ in 0..100 {
+        if client.append(&path, &probe).await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let addr = addr.clone();
+            let path = path.clone();
+            tokio::spawn(async move {
+                let client = MinkClient::connect(&addr).await.unwrap();
+                let b = batch(w as i64 * 1_000_000);
+                let mut n = 0usize;
+                while Instant::now() < deadline {
+                    client.append(&path, &b).await.unwrap();
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    let mut batches = 0;
+    for t in tasks {
+        batches += t.await.unwrap();
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    node.stop().await;
+    let rows = (batches * ROWS) as f64 / elapsed;
+    (
+        rows,
+        rows * (bytes_per_batch / ROWS) as f64 / 1e6,
+        bytes_per_batch,
+    )
+}
+
+/// MB/s of raw s3stream appends of `size` bytes by `WRITERS` appenders over `BUCKETS` streams.
+async fn raw(kind: &Kind, size: usize, secs: f64) -> f64 {
+    let (store, _dir) = store(kind);
+    let node = StreamStore::open(store, "raw", WalConfig::default())
+        .await
+        .unwrap();
+    let mut streams = Vec::new();
+    for b in 0..BUCKETS {
+        streams.push(node.open_stream(&format!("raw{b}"), 1).await.unwrap());
+    }
+    let body = Bytes::from(vec![7u8; size]);
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let s = streams[w % streams.len()].clone();
+            let body = body.clone();
+            tokio::spawn(async move {
+                let mut n = 0usize;
+                while Instant::now() < deadline {
+                    s.append_durable(1, ROWS as u32, 0, body.clone())
+                        .await
+                        .unwrap();
+                    n += body.len();
+                }
+                n
+            })
+        })
+        .collect();
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.unwrap();
+    }
+    total as f64 / start.elapsed().as_secs_f64() / 1e6
+}
+
+/// Write→tail visibility: a tail polls one bucket; a writer writes rows stamped with
+/// the time; the tail measures when it sees them.
+async fn visibility(kind: &Kind, samples: usize) -> (f64, f64) {
+    let (store, dir) = store(kind);
+    let node = Node::start_with_store(config(dir.path()), store)
+        .await
+        .unwrap();
+    let addr = node.flight_addr.to_string();
+    let client = MinkClient::connect(&addr).await.unwrap();
+    client.create_database("b").await.unwrap();
+    let path = TablePath::parse("b.tail").unwrap();
+    let mut d = descriptor();
+    d.bucket_count = 1;
+    client.create_table(&path, &d).await.unwrap();
+    let stamp = |ts: i64| {
+        RecordBatch::try_new(
+            d.schema.to_arrow(),
+            vec![
+                Arc::new(Int64Array::from(vec![ts])),
+                Arc::new(StringArray::from(vec!["t"])),
+            ],
+        )
+        .unwrap()
+    };
+    for _ in 0..100 {
+        if client.append(&path, &stamp(now_ns())).await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let bucket = TableBucket::new(1, None, 0);
+    let start_offset = client
+        .scan(&path, bucket, 0)
+        .await
+        .unwrap()
+        .iter()
+        .map(|(b, _)| b.num_rows() as i64)
+        .sum::<i64>();
+    let tail = {
+        let addr = addr.clone();
+        let path = path.clone();
+        tokio::spawn(async move {
+            let client = MinkClient::connect(&addr).await.unwrap();
+            let mut offset = start_offset;
+            let mut latencies = Vec::new();
+            while latencies.len() < samples {
+                let (batches, next) = client
+                    .poll(&path, bucket, offset, Duration::from_secs(10))
+                    .await
+                    .unwrap();
+                let seen = now_ns();
+                for b in batches {
+                    let ts = b.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+                    for i in 0..ts.len() {
+                        latencies.push((seen - ts.value(i)) as f64 / 1e6);
+                    }
+                }
+                offset = next;
+            }
+            latencies
+        })
+    };
+    for _ in 0..samples {
+        client.append(&path, &stamp(now_ns())).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut latencies = tail.await.unwrap();
+    node.stop().await;
+    latencies.sort_by(f64::total_cmp);
+    (
+        latencies[latencies.len() / 2],
+        latencies[latencies.len() * 99 / 100],
+    )
+}
+
+#[tokio::main]
+async fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let secs = if quick { 0.5 } else { 3.0 };
+    let samples = if quick { 20 } else { 200 };
+    let mut out = String::from(&format!(
+        "One node in-process, {WRITERS} closed-loop writers through the Rust client (Flight DoPut, client-side routing, idempotent sequences), {BUCKETS} buckets, batches of {ROWS} rows of ~1 KB.\n\n| store | rows/s | MB/s | raw s3stream MB/s (same bytes) | ratio | write→tail p50 | write→tail p99 |\n|---|---|---|---|---|---|---|\n"
+    ));
+    for (label, kind) in [
+        ("file://", Kind::File),
+        ("20 ms PUT latency", Kind::Latency(20)),
+    ] {
+        let (rows, mbps, batch_bytes) = ingest(&kind, secs).await;
+        let raw_mbps = raw(&kind, batch_bytes, secs).await;
+        let (p50, p99) = visibility(&kind, samples).await;
+        out.push_str(&format!(
+            "| {label} | {rows:.0} | {mbps:.1} | {raw_mbps:.1} | {:.2} | {p50:.1} ms | {p99:.1} ms |\n",
+            mbps / raw_mbps
+        ));
+    }
+    print!("{out}");
+}
