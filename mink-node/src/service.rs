@@ -144,7 +144,17 @@ struct PartitionBody {
     name: String,
 }
 
-/// Keys in one lookup, at most.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PrefixLookupBody {
+    path: TablePath,
+    /// Bucket-key values, in bucket-key order.
+    prefix: Vec<serde_json::Value>,
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+/// Keys (and prefix-lookup rows) in one lookup, at most.
 const LOOKUP_KEYS_MAX: usize = 10_000;
 
 #[derive(Deserialize)]
@@ -736,6 +746,91 @@ impl NodeService {
         Ok(out)
     }
 
+    /// Rows whose primary key starts with the given bucket-key values (the bucket key
+    /// must lead the primary key), as an Arrow IPC stream, at most `limit` rows.
+    async fn prefix_lookup(&self, body: PrefixLookupBody) -> Result<Vec<u8>> {
+        let table = self.table(&body.path)?;
+        let d = &table.descriptor;
+        if !d.has_primary_key() {
+            return Err(MinkError::invalid(
+                "path",
+                format!("{} has no primary key", body.path),
+            ));
+        }
+        if d.is_partitioned() {
+            return Err(MinkError::Unimplemented(
+                "prefix lookups on partitioned tables".into(),
+            ));
+        }
+        let bucket_keys = d.bucket_keys();
+        if d.primary_key.len() <= bucket_keys.len()
+            || d.primary_key[..bucket_keys.len()] != bucket_keys[..]
+        {
+            return Err(MinkError::invalid(
+                "path",
+                format!(
+                    "{}: prefix lookups need the bucket key ({}) to lead a longer primary key ({})",
+                    body.path,
+                    bucket_keys.join(", "),
+                    d.primary_key.join(", ")
+                ),
+            ));
+        }
+        if body.prefix.len() != bucket_keys.len() {
+            return Err(MinkError::invalid(
+                "prefix",
+                format!(
+                    "{} values for {} bucket-key columns",
+                    body.prefix.len(),
+                    bucket_keys.len()
+                ),
+            ));
+        }
+        let types: Vec<mink_types::DataType> = bucket_keys
+            .iter()
+            .map(|k| {
+                d.schema
+                    .column(k)
+                    .map(|c| c.data_type)
+                    .ok_or_else(|| MinkError::Internal(format!("no column {k}")))
+            })
+            .collect::<Result<_>>()?;
+        let values: Vec<KeyValue> = body
+            .prefix
+            .iter()
+            .zip(&types)
+            .map(|(v, ty)| match v {
+                serde_json::Value::String(s) => KeyValue::parse(*ty, s),
+                serde_json::Value::Null => {
+                    Err(MinkError::invalid("prefix", "key values must not be null"))
+                }
+                other => KeyValue::parse(*ty, &other.to_string()),
+            })
+            .collect::<Result<_>>()?;
+        let mut encoded = Vec::new();
+        encode_values(&types, &values, &mut encoded)?;
+        let bucket = match d.bucketing {
+            mink_types::BucketingRule::Hash => hash_bucket(&encoded, d.bucket_count),
+            mink_types::BucketingRule::Iceberg => {
+                let h = mink_types::bucketing::iceberg_hash(&values[0])?;
+                ((h & i32::MAX) as u32) % d.bucket_count
+            }
+        };
+        let tablet = self
+            .kv_tablet(TableBucket::new(table.id, None, bucket))
+            .await?;
+        let limit = body.limit.unwrap_or(LOOKUP_KEYS_MAX).min(LOOKUP_KEYS_MAX);
+        let rows = tablet.prefix_lookup(&encoded, limit)?;
+        let mut out = Vec::new();
+        {
+            let mut writer =
+                arrow::ipc::writer::StreamWriter::try_new(&mut out, &d.schema.to_arrow())?;
+            writer.write(&rows)?;
+            writer.finish()?;
+        }
+        Ok(out)
+    }
+
     fn metadata_json(&self, path: &TablePath) -> Result<serde_json::Value> {
         let table = self.table(path)?;
         let partition_names: HashMap<i64, String> = table
@@ -1051,6 +1146,10 @@ impl MinkService for NodeService {
                     "applied_index": self.meta.applied_index(),
                     "lease": self.meta.lease(),
                 }))
+            }
+            "prefix_lookup" => {
+                let b: PrefixLookupBody = parse_json("prefix_lookup body", body)?;
+                self.prefix_lookup(b).await
             }
             "list_partitions" => {
                 let b: PathBody = parse_json("list_partitions body", body)?;

@@ -401,3 +401,46 @@ def test_alter_producer_offsets_snapshots_limit_scan_and_stats(node):
         action(client, "lake_snapshot", {"path": "db.events"})
     stats = action(client, "node_stats")
     assert stats["tablets_open"] == 2 and stats["wal_failure"] is None
+
+
+def test_prefix_lookup_by_the_leading_bucket_key(node):
+    _, client = node
+    action(client, "create_database", {"name": "db"})
+    orders = {
+        "schema": {
+            "columns": [
+                {"name": "user", "type": "STRING", "nullable": False},
+                {"name": "order", "type": "BIGINT", "nullable": False},
+                {"name": "qty", "type": "BIGINT"},
+            ]
+        },
+        "primary_key": ["user", "order"],
+        "bucket_keys": ["user"],
+        "bucket_count": 3,
+    }
+    action(client, "create_table", {"path": "db.orders", "descriptor": orders})
+    schema = pa.schema(
+        [pa.field("user", pa.string(), nullable=False), pa.field("order", pa.int64(), nullable=False), pa.field("qty", pa.int64())]
+    )
+    batch = pa.record_batch(
+        [pa.array(["ann", "bob", "ann", "annie"]), pa.array([2, 1, 1, 9], pa.int64()), pa.array([1, 2, 3, 4], pa.int64())],
+        schema=schema,
+    )
+    descriptor = flight.FlightDescriptor.for_command(json.dumps({"PutTable": {"path": "db.orders", "schema_id": 1}}))
+
+    def put():
+        writer, reader = client.do_put(descriptor, schema)
+        writer.write_with_metadata(batch, pa.py_buffer(b"{}"))
+        writer.done_writing()
+        answer = reader.read()
+        writer.close()
+        return answer
+
+    retry(put)
+    [result] = client.do_action(
+        flight.Action("prefix_lookup", json.dumps({"path": "db.orders", "prefix": ["ann"]}).encode())
+    )
+    rows = pa.ipc.open_stream(result.body.to_pybytes()).read_all().to_pylist()
+    assert [(r["user"], r["order"]) for r in rows] == [("ann", 1), ("ann", 2)], "ann's orders in key order, not annie's"
+    with pytest.raises(pa.ArrowInvalid, match="bucket-key columns"):
+        list(client.do_action(flight.Action("prefix_lookup", json.dumps({"path": "db.orders", "prefix": []}).encode())))
