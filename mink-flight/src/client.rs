@@ -25,8 +25,9 @@ use crate::protocol::{
     BucketWritten, ReadTicket, Redirect, ScanBatch, WriteBatch, WriteDescriptor, WriteResult,
 };
 
-/// Attempts of one bucket write before the error is returned.
-const WRITE_ATTEMPTS_MAX: u32 = 8;
+/// Attempts of one bucket write (with the same sequence) before the error is
+/// returned: with the backoff, about 30 s (like a producer's delivery timeout).
+const WRITE_ATTEMPTS_MAX: u32 = 24;
 
 #[derive(Debug, Clone, Deserialize)]
 struct PartitionMeta {
@@ -61,6 +62,9 @@ pub struct MinkClient {
     writer_id: tokio::sync::OnceCell<i64>,
     sequences: tokio::sync::Mutex<HashMap<TableBucket, i64>>,
     round_robin: std::sync::Mutex<HashMap<i64, u32>>,
+    /// The highest `mink-applied-index` any node answered with: sent back as
+    /// `mink-min-applied-index`, so every node serves at least what this client saw.
+    applied_index: std::sync::atomic::AtomicU64,
 }
 
 /// A gRPC status back into Mink's error.
@@ -119,6 +123,35 @@ fn encode(
 }
 
 impl MinkClient {
+    /// A request carrying `mink-min-applied-index` (read-your-writes across nodes).
+    fn request<T>(&self, body: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(body);
+        let index = self
+            .applied_index
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if index > 0
+            && let Ok(v) = index.to_string().parse()
+        {
+            request
+                .metadata_mut()
+                .insert(crate::server::MIN_APPLIED_INDEX_HEADER, v);
+        }
+        request
+    }
+
+    /// Remembers the applied index a response carries.
+    fn saw<T>(&self, response: &tonic::Response<T>) {
+        if let Some(index) = response
+            .metadata()
+            .get(crate::server::APPLIED_INDEX_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+        {
+            self.applied_index
+                .fetch_max(index, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
     /// Connects to any node of the cluster (`host:port`).
     pub async fn connect(addr: &str) -> Result<Self> {
         let client = Self {
@@ -128,6 +161,7 @@ impl MinkClient {
             writer_id: tokio::sync::OnceCell::new(),
             sequences: tokio::sync::Mutex::new(HashMap::new()),
             round_robin: std::sync::Mutex::new(HashMap::new()),
+            applied_index: std::sync::atomic::AtomicU64::new(0),
         };
         client.connection(addr).await?;
         Ok(client)
@@ -160,11 +194,12 @@ impl MinkClient {
                 .map_err(|e| MinkError::Internal(e.to_string()))?
                 .into(),
         };
-        let mut results = client
-            .do_action(action)
+        let response = client
+            .do_action(self.request(action))
             .await
-            .map_err(status_to_error)?
-            .into_inner();
+            .map_err(status_to_error)?;
+        self.saw(&response);
+        let mut results = response.into_inner();
         let first = results
             .message()
             .await
@@ -389,11 +424,12 @@ impl MinkClient {
     ) -> Result<WriteResult> {
         let mut client = self.connection(addr).await?;
         let data = encode(batch, Some(descriptor), meta)?;
-        let mut results = client
-            .do_put(futures::stream::iter(data))
+        let response = client
+            .do_put(self.request(futures::stream::iter(data)))
             .await
-            .map_err(status_to_error)?
-            .into_inner();
+            .map_err(status_to_error)?;
+        self.saw(&response);
+        let mut results = response.into_inner();
         let first = results
             .message()
             .await
@@ -403,7 +439,10 @@ impl MinkClient {
             .map_err(|e| MinkError::Internal(format!("a write answered: {e}")))
     }
 
-    /// Appends rows to a log table, routed on the client, exactly once per bucket.
+    /// Appends rows to a log table, routed on the client. Each bucket's part is
+    /// written exactly once: it is retried with the same sequence (about 30 s) until
+    /// acknowledged. The call is not atomic across buckets: when it fails, some buckets
+    /// may hold their rows, and calling it again writes those rows again.
     pub async fn append(
         &self,
         path: &TablePath,
@@ -534,11 +573,12 @@ impl MinkClient {
                 .map_err(|e| MinkError::Internal(e.to_string()))?
                 .into(),
         };
-        let stream = client
-            .do_get(ticket)
+        let response = client
+            .do_get(self.request(ticket))
             .await
-            .map_err(status_to_error)?
-            .into_inner();
+            .map_err(status_to_error)?;
+        self.saw(&response);
+        let stream = response.into_inner();
         let mut decoder = FlightDataDecoder::new(
             stream.map_err(|e| arrow_flight::error::FlightError::Tonic(Box::new(e))),
         );
@@ -621,7 +661,7 @@ impl MinkClient {
             ..Default::default()
         };
         let mut stream = client
-            .do_exchange(futures::stream::iter(vec![first]))
+            .do_exchange(self.request(futures::stream::iter(vec![first])))
             .await
             .map_err(status_to_error)?
             .into_inner();
