@@ -98,7 +98,9 @@ pub fn status_to_error(status: tonic::Status) -> MinkError {
     }
 }
 
-fn encode(
+/// The messages of a one-batch DoPut: the schema (carrying the descriptor) and the
+/// batch (carrying its `WriteBatch`).
+pub fn encode_write(
     batch: &RecordBatch,
     descriptor: Option<&WriteDescriptor>,
     meta: &WriteBatch,
@@ -120,6 +122,19 @@ fn encode(
         schema,
         FlightData::from(encoded).with_app_metadata(meta),
     ])
+}
+
+/// A Flight connection to `addr` (`host:port`) without message-size limits.
+pub async fn connect(addr: &str) -> Result<FlightServiceClient<Channel>> {
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .map_err(|e| MinkError::invalid("address", format!("{addr}: {e}")))?
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .map_err(|e| MinkError::Unavailable(format!("cannot connect to {addr}: {e}")))?;
+    Ok(FlightServiceClient::new(channel)
+        .max_decoding_message_size(usize::MAX)
+        .max_encoding_message_size(usize::MAX))
 }
 
 impl MinkClient {
@@ -172,15 +187,7 @@ impl MinkClient {
         if let Some(c) = connections.get(addr) {
             return Ok(c.clone());
         }
-        let channel = Channel::from_shared(format!("http://{addr}"))
-            .map_err(|e| MinkError::invalid("address", format!("{addr}: {e}")))?
-            .connect_timeout(Duration::from_secs(5))
-            .connect()
-            .await
-            .map_err(|e| MinkError::Unavailable(format!("cannot connect to {addr}: {e}")))?;
-        let client = FlightServiceClient::new(channel)
-            .max_decoding_message_size(usize::MAX)
-            .max_encoding_message_size(usize::MAX);
+        let client = connect(addr).await?;
         connections.insert(addr.to_string(), client.clone());
         Ok(client)
     }
@@ -423,7 +430,7 @@ impl MinkClient {
         meta: &WriteBatch,
     ) -> Result<WriteResult> {
         let mut client = self.connection(addr).await?;
-        let data = encode(batch, Some(descriptor), meta)?;
+        let data = encode_write(batch, Some(descriptor), meta)?;
         let response = client
             .do_put(self.request(futures::stream::iter(data)))
             .await

@@ -679,39 +679,13 @@ impl NodeService {
                     format!("{} values for {} key columns", key.len(), pk_types.len()),
                 ));
             }
-            let values: Vec<KeyValue> = key
-                .iter()
-                .zip(&pk_types)
-                .map(|(v, ty)| {
-                    let text = match v {
-                        serde_json::Value::String(s) => s.clone(),
-                        serde_json::Value::Null => {
-                            return Err(MinkError::invalid(
-                                format!("keys[{i}]"),
-                                "key values must not be null",
-                            ));
-                        }
-                        other => other.to_string(),
-                    };
-                    KeyValue::parse(*ty, &text)
-                })
-                .collect::<Result<_>>()?;
+            let values = json_key_values(&pk_types, key, &format!("keys[{i}]"))?;
             let types: Vec<_> = bucket_positions.iter().map(|p| pk_types[*p]).collect();
             let vals: Vec<_> = bucket_positions
                 .iter()
                 .map(|p| values[*p].clone())
                 .collect();
-            let bucket = match d.bucketing {
-                mink_types::BucketingRule::Hash => {
-                    let mut encoded = Vec::new();
-                    encode_values(&types, &vals, &mut encoded)?;
-                    hash_bucket(&encoded, d.bucket_count)
-                }
-                mink_types::BucketingRule::Iceberg => {
-                    let h = mink_types::bucketing::iceberg_hash(&vals[0])?;
-                    ((h & i32::MAX) as u32) % d.bucket_count
-                }
-            };
+            let (bucket, _) = bucket_of_values(d, &types, &vals)?;
             by_bucket.entry(bucket).or_default().push(values);
         }
         let schema = d.schema.to_arrow();
@@ -795,27 +769,8 @@ impl NodeService {
                     .ok_or_else(|| MinkError::Internal(format!("no column {k}")))
             })
             .collect::<Result<_>>()?;
-        let values: Vec<KeyValue> = body
-            .prefix
-            .iter()
-            .zip(&types)
-            .map(|(v, ty)| match v {
-                serde_json::Value::String(s) => KeyValue::parse(*ty, s),
-                serde_json::Value::Null => {
-                    Err(MinkError::invalid("prefix", "key values must not be null"))
-                }
-                other => KeyValue::parse(*ty, &other.to_string()),
-            })
-            .collect::<Result<_>>()?;
-        let mut encoded = Vec::new();
-        encode_values(&types, &values, &mut encoded)?;
-        let bucket = match d.bucketing {
-            mink_types::BucketingRule::Hash => hash_bucket(&encoded, d.bucket_count),
-            mink_types::BucketingRule::Iceberg => {
-                let h = mink_types::bucketing::iceberg_hash(&values[0])?;
-                ((h & i32::MAX) as u32) % d.bucket_count
-            }
-        };
+        let values = json_key_values(&types, &body.prefix, "prefix")?;
+        let (bucket, encoded) = bucket_of_values(d, &types, &values)?;
         let tablet = self
             .kv_tablet(TableBucket::new(table.id, None, bucket))
             .await?;
@@ -855,6 +810,68 @@ impl NodeService {
         });
         Ok(serde_json::json!({"table": table, "buckets": buckets}))
     }
+}
+
+/// Key values typed by person or program as JSON (`1`, `"ann"`), as `types`.
+fn json_key_values(
+    types: &[mink_types::DataType],
+    json: &[serde_json::Value],
+    field: &str,
+) -> Result<Vec<KeyValue>> {
+    json.iter()
+        .zip(types)
+        .map(|(v, ty)| match v {
+            serde_json::Value::String(s) => KeyValue::parse(*ty, s),
+            serde_json::Value::Null => {
+                Err(MinkError::invalid(field, "key values must not be null"))
+            }
+            other => KeyValue::parse(*ty, &other.to_string()),
+        })
+        .collect()
+}
+
+/// The bucket of bucket-key values under the table's rule, with their encoding.
+fn bucket_of_values(
+    d: &TableDescriptor,
+    types: &[mink_types::DataType],
+    values: &[KeyValue],
+) -> Result<(u32, Vec<u8>)> {
+    let mut encoded = Vec::new();
+    encode_values(types, values, &mut encoded)?;
+    let bucket = match d.bucketing {
+        mink_types::BucketingRule::Hash => hash_bucket(&encoded, d.bucket_count),
+        mink_types::BucketingRule::Iceberg => {
+            let first = values.first().ok_or_else(|| {
+                MinkError::invalid("bucket_keys", "the iceberg rule needs a bucket key")
+            })?;
+            let h = mink_types::bucketing::iceberg_hash(first)?;
+            ((h & i32::MAX) as u32) % d.bucket_count
+        }
+    };
+    Ok((bucket, encoded))
+}
+
+/// A scan's batches with their `ScanBatch` metadata, arranged as the table's current
+/// schema.
+fn read_batches(
+    bucket: TableBucket,
+    scan: mink_log::ScanResult,
+    schema: &SchemaRef,
+) -> Result<Vec<ReadBatch>> {
+    let high_watermark = scan.high_watermark;
+    scan.batches
+        .into_iter()
+        .map(|b| {
+            let meta = ScanBatch {
+                bucket,
+                base_offset: b.header.base_offset,
+                high_watermark,
+                change_types: (!b.header.change_types.is_empty())
+                    .then(|| b.header.change_types.clone()),
+            };
+            Ok((as_schema(b.batch, schema)?, meta))
+        })
+        .collect()
 }
 
 /// Where a bucket's KV snapshots live.
@@ -1257,20 +1274,7 @@ impl MinkService for NodeService {
                 let tablet = self.tablet(bucket).await?;
                 let max = max_bytes.unwrap_or(self.config.log.scan_bytes_max) as usize;
                 let scan = tablet.log().scan(offset, max).await?;
-                let batches = scan
-                    .batches
-                    .into_iter()
-                    .map(|b| {
-                        let meta = ScanBatch {
-                            bucket,
-                            base_offset: b.header.base_offset,
-                            high_watermark: scan.high_watermark,
-                            change_types: (!b.header.change_types.is_empty())
-                                .then(|| b.header.change_types.clone()),
-                        };
-                        Ok((as_schema(b.batch, &schema)?, meta))
-                    })
-                    .collect::<Result<_>>()?;
+                let batches = read_batches(bucket, scan, &schema)?;
                 Ok((schema, batches))
             }
             ReadTicket::LimitScan { bucket, limit } => {
@@ -1353,21 +1357,9 @@ impl MinkService for NodeService {
             .log()
             .tail(poll.offset, poll.min_bytes as usize, wait, max)
             .await?;
-        let batches = scan
-            .batches
-            .into_iter()
-            .map(|b| {
-                let meta = ScanBatch {
-                    bucket,
-                    base_offset: b.header.base_offset,
-                    high_watermark: scan.high_watermark,
-                    change_types: (!b.header.change_types.is_empty())
-                        .then(|| b.header.change_types.clone()),
-                };
-                Ok((as_schema(b.batch, &schema)?, meta))
-            })
-            .collect::<Result<_>>()?;
-        Ok((schema, batches, scan.high_watermark))
+        let high_watermark = scan.high_watermark;
+        let batches = read_batches(bucket, scan, &schema)?;
+        Ok((schema, batches, high_watermark))
     }
 
     async fn table_schema(&self, path: &TablePath) -> Result<SchemaRef> {

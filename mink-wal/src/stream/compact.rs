@@ -232,17 +232,7 @@ async fn gc_own_wal(store: &Arc<StoreInner>, oldest: u64) -> WalResult<()> {
     let paths: Vec<object_store::Result<Path>> = (from..floor)
         .map(|seq| Ok(wal_path(&store.wal, seq)))
         .collect();
-    let results: Vec<object_store::Result<Path>> = store
-        .store
-        .delete_stream(futures::stream::iter(paths).boxed())
-        .collect()
-        .await;
-    for r in results {
-        match r {
-            Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
+    delete_paths(&store.store, paths).await?;
     store.gc_floor.store(floor, Ordering::SeqCst);
     Ok(())
 }
@@ -422,13 +412,7 @@ pub(super) async fn gc_dead_wals(store: &Arc<StoreInner>) -> WalResult<usize> {
     let referenced: std::collections::BTreeSet<super::meta::WalId> = store
         .meta
         .read(|s, _| s.streams.values().filter_map(|m| m.owner.clone()).collect());
-    let cutoff = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .saturating_sub(std::time::Duration::from_millis(
-            store.config.dead_wal_grace_ms,
-        ))
-        .as_millis() as i64;
+    let cutoff = cutoff_ms(store.config.dead_wal_grace_ms);
     let mut deleted = 0;
     for wal in all {
         if wal == store.wal
@@ -447,17 +431,7 @@ pub(super) async fn gc_dead_wals(store: &Arc<StoreInner>) -> WalResult<usize> {
         let doomed: Vec<object_store::Result<Path>> =
             doomed.into_iter().filter(|p| p.is_ok()).collect();
         let count = doomed.len();
-        let results: Vec<object_store::Result<Path>> = store
-            .store
-            .delete_stream(futures::stream::iter(doomed).boxed())
-            .collect()
-            .await;
-        for r in results {
-            match r {
-                Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
+        delete_paths(&store.store, doomed).await?;
         if count > 0 {
             tracing::info!(%wal, objects = count, "deleted the WAL objects of a dead generation");
         }
@@ -472,13 +446,7 @@ pub(super) async fn gc_dead_wals(store: &Arc<StoreInner>) -> WalResult<usize> {
 pub(super) async fn gc_orphan_segments(store: &Arc<StoreInner>) -> WalResult<usize> {
     use futures::TryStreamExt;
     store.meta.catch_up().await?;
-    let cutoff = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .saturating_sub(std::time::Duration::from_millis(
-            store.config.dead_wal_grace_ms,
-        ))
-        .as_millis() as i64;
+    let cutoff = cutoff_ms(store.config.dead_wal_grace_ms);
     let names: Vec<String> = store.lock_streams().keys().cloned().collect();
     let mut deleted = 0;
     for name in names {
@@ -501,17 +469,34 @@ pub(super) async fn gc_orphan_segments(store: &Arc<StoreInner>) -> WalResult<usi
         let orphans: Vec<object_store::Result<Path>> =
             orphans.into_iter().filter(|p| p.is_ok()).collect();
         deleted += orphans.len();
-        let results: Vec<object_store::Result<Path>> = store
-            .store
-            .delete_stream(futures::stream::iter(orphans).boxed())
-            .collect()
-            .await;
-        for r in results {
-            match r {
-                Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
+        delete_paths(&store.store, orphans).await?;
     }
     Ok(deleted)
+}
+
+/// Wall-clock milliseconds since the epoch, `grace_ms` ago.
+fn cutoff_ms(grace_ms: u64) -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .saturating_sub(std::time::Duration::from_millis(grace_ms))
+        .as_millis() as i64
+}
+
+/// Deletes `paths`; paths already gone are fine.
+async fn delete_paths(
+    store: &Arc<dyn object_store::ObjectStore>,
+    paths: Vec<object_store::Result<Path>>,
+) -> WalResult<()> {
+    let results: Vec<object_store::Result<Path>> = store
+        .delete_stream(futures::stream::iter(paths).boxed())
+        .collect()
+        .await;
+    for r in results {
+        match r {
+            Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }
