@@ -70,6 +70,8 @@ pub struct MinkClient {
 /// A gRPC status back into Mink's error.
 pub fn status_to_error(status: tonic::Status) -> MinkError {
     let message = status.message().to_string();
+    // The server's message is a MinkError's text; drop the prefix the variant adds back.
+    let strip = |prefix: &str| message.strip_prefix(prefix).unwrap_or(&message).to_string();
     match status.code() {
         tonic::Code::FailedPrecondition if message.starts_with("not the leader") => {
             match serde_json::from_slice::<Redirect>(status.details()) {
@@ -83,18 +85,29 @@ pub fn status_to_error(status: tonic::Status) -> MinkError {
         tonic::Code::FailedPrecondition if message.starts_with("out-of-order") => {
             MinkError::invalid("batch_sequence", message)
         }
-        tonic::Code::InvalidArgument => MinkError::invalid("request", message),
-        tonic::Code::NotFound => MinkError::NotFound(message),
-        tonic::Code::AlreadyExists => MinkError::AlreadyExists(message),
-        tonic::Code::Unimplemented => MinkError::Unimplemented(message),
-        tonic::Code::Aborted => MinkError::Fenced(message),
+        tonic::Code::InvalidArgument => match message
+            .strip_prefix("invalid ")
+            .and_then(|m| m.split_once(": "))
+        {
+            Some((field, reason)) => MinkError::invalid(field, reason),
+            None => match message.strip_prefix("schema mismatch: ") {
+                Some(m) => MinkError::SchemaMismatch(m.to_string()),
+                None => MinkError::invalid("request", message),
+            },
+        },
+        tonic::Code::NotFound => MinkError::NotFound(strip("not found: ")),
+        tonic::Code::AlreadyExists => MinkError::AlreadyExists(strip("already exists: ")),
+        tonic::Code::Unimplemented => MinkError::Unimplemented(strip("not implemented: ")),
+        tonic::Code::Aborted => MinkError::Fenced(strip("fenced: ")),
         tonic::Code::ResourceExhausted => MinkError::LimitExceeded {
             what: message,
             limit: 0,
             actual: 0,
         },
-        tonic::Code::Internal | tonic::Code::OutOfRange => MinkError::Internal(message),
-        _ => MinkError::Unavailable(message),
+        tonic::Code::Internal | tonic::Code::OutOfRange => {
+            MinkError::Internal(strip("internal error: "))
+        }
+        _ => MinkError::Unavailable(strip("unavailable: ")),
     }
 }
 

@@ -1,0 +1,75 @@
+"""The `mink` CLI as a person runs it, against a running node."""
+
+import json
+import subprocess
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import clean_env
+from node_proc import NodeProcess
+
+
+@pytest.fixture()
+def cli(mink_node, bin_dir, tmp_path):
+    node = NodeProcess(mink_node, tmp_path)
+
+    def mink(*args, check=True):
+        out = subprocess.run(
+            [str(bin_dir / "mink"), "--addr", f"127.0.0.1:{node.flight_port}", *args],
+            cwd=tmp_path,
+            env=clean_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if check:
+            assert out.returncode == 0, out.stderr
+        return out
+
+    yield mink, tmp_path
+    node.kill()
+
+
+def test_create_write_scan_lookup_describe(cli):
+    mink, tmp = cli
+    mink("db", "create", "demo")
+    mink("table", "create", "demo.users", "--column", "id:BIGINT", "--column", "name:STRING",
+         "--column", "score:BIGINT", "--primary-key", "id", "--buckets", "2")
+    (tmp / "users.csv").write_text("id,name,score\n1,ann,10\n2,bob,20\n3,cy,30\n")
+    out = mink("write", "demo.users", "--file", "users.csv")
+    assert "wrote 3 rows to demo.users" in out.stdout
+    # Parquet, through the client-side routing path, updating one row.
+    pq.write_table(pa.table({"id": pa.array([3, 4], pa.int64()), "name": ["cyd", "dee"], "score": pa.array([31, 40], pa.int64())}),
+                   tmp / "more.parquet")
+    out = mink("write", "demo.users", "--file", "more.parquet", "--client-routing")
+    assert "wrote 2 rows" in out.stdout
+
+    rows = [json.loads(line) for line in mink("scan", "demo.users", "--format", "json").stdout.splitlines()]
+    # The changelog: 4 inserts, then -U/+U for id 3.
+    assert sorted(r["id"] for r in rows) == [1, 2, 3, 3, 3, 4]
+    looked = mink("lookup", "demo.users", "id=3").stdout
+    assert "cyd" in looked and "31" in looked
+    described = mink("table", "describe", "demo.users").stdout
+    assert "primary key" in described and "buckets: 2" in described
+    assert "demo.users" in mink("table", "list", "demo").stdout
+    offsets = mink("offsets", "demo.users").stdout
+    assert "earliest" in offsets
+    assert json.loads(mink("cluster", "health").stdout)["status"] == "serving"
+
+
+def test_errors_are_one_line_and_a_nonzero_exit(cli):
+    mink, tmp = cli
+    mink("db", "create", "demo")
+    mink("table", "create", "demo.events", "--column", "id:BIGINT:not-null", "--column", "msg:STRING")
+    missing = mink("scan", "demo.nope", check=False)
+    assert missing.returncode != 0
+    assert missing.stderr.strip() == "mink: not found: table demo.nope"
+    (tmp / "bad.csv").write_text("id,msg\nnot-a-number,x\n")
+    bad = mink("write", "demo.events", "--file", "bad.csv", check=False)
+    assert bad.returncode != 0
+    assert bad.stderr.startswith("mink: bad.csv: not a valid Csv file") and bad.stderr.count("\n") == 1
+    assert "(no rows)" in mink("scan", "demo.events").stdout, "nothing was written"
+    typo = mink("table", "create", "demo.x", "--column", "id:INTEGERR", check=False)
+    assert typo.returncode != 0 and "unknown type" in typo.stderr
