@@ -205,13 +205,24 @@ impl NodeService {
         }
     }
 
-    fn table(&self, path: &TablePath) -> Result<TableInfo> {
+    /// A table by path. A node that does not know it catches up with the metadata log
+    /// once before answering NotFound: the table may be younger than its view.
+    async fn table(&self, path: &TablePath) -> Result<TableInfo> {
+        if let Some(t) = self.meta.read(|s| s.table(path).cloned()) {
+            return Ok(t);
+        }
+        self.meta.inner_catch_up().await;
         self.meta
             .read(|s| s.table(path).cloned())
             .ok_or_else(|| MinkError::NotFound(format!("table {path}")))
     }
 
-    fn table_by_id(&self, id: i64) -> Result<TableInfo> {
+    /// A table by id, catching up once like [`NodeService::table`].
+    async fn table_by_id(&self, id: i64) -> Result<TableInfo> {
+        if let Some(t) = self.meta.read(|s| s.tables.get(&id).cloned()) {
+            return Ok(t);
+        }
+        self.meta.inner_catch_up().await;
         self.meta
             .read(|s| s.tables.get(&id).cloned())
             .ok_or_else(|| MinkError::NotFound(format!("table id {id}")))
@@ -220,6 +231,13 @@ impl NodeService {
     /// The tablet of `bucket`, opened under the bucket's current epoch when this node
     /// leads it; `NotLeader` (with the leader's address) or `Unavailable` otherwise.
     async fn tablet(&self, bucket: TableBucket) -> Result<Tablet> {
+        if self
+            .meta
+            .read(|s| !s.buckets.contains_key(&bucket.stream_name()))
+        {
+            // Perhaps younger than this node's view.
+            self.meta.inner_catch_up().await;
+        }
         let (state, leader_addr) = self.meta.read(|s| {
             let b = s.buckets.get(&bucket.stream_name()).cloned();
             let addr = b
@@ -245,7 +263,7 @@ impl NodeService {
             }
         }
         let mut tablets = self.tablets.lock().await;
-        let table = self.table_by_id(bucket.table_id)?;
+        let table = self.table_by_id(bucket.table_id).await?;
         if let Some((epoch, versions, tablet)) = tablets.get_mut(&bucket)
             && *epoch == state.epoch
             && !tablet.failed()
@@ -327,8 +345,8 @@ impl NodeService {
 
     /// A bucket-addressed write must carry only rows of that bucket (when the table
     /// has bucket keys): otherwise lookups would look for them elsewhere.
-    fn check_rows_belong(&self, bucket: TableBucket, batch: &RecordBatch) -> Result<()> {
-        let table = self.table_by_id(bucket.table_id)?;
+    async fn check_rows_belong(&self, bucket: TableBucket, batch: &RecordBatch) -> Result<()> {
+        let table = self.table_by_id(bucket.table_id).await?;
         let d = &table.descriptor;
         let keys = d.bucket_keys();
         if keys.is_empty() {
@@ -381,7 +399,7 @@ impl NodeService {
         meta: &WriteBatch,
     ) -> Result<BucketWritten> {
         let (writer_id, batch_sequence) = Self::sequence(writer, meta)?;
-        self.check_rows_belong(bucket, &batch)?;
+        self.check_rows_belong(bucket, &batch).await?;
         let tablet = self.kv_tablet(bucket).await?;
         let appended = tablet
             .put(PutRequest {
@@ -411,7 +429,7 @@ impl NodeService {
     ) -> Result<BucketWritten> {
         let tablet = self.log_tablet(bucket).await?;
         let (writer_id, sequence) = Self::sequence(writer, meta)?;
-        self.check_rows_belong(bucket, &batch)?;
+        self.check_rows_belong(bucket, &batch).await?;
         let appended = tablet
             .append(AppendRequest {
                 writer_id,
@@ -527,7 +545,7 @@ impl NodeService {
         batch: RecordBatch,
         meta: &WriteBatch,
     ) -> Result<WriteResult> {
-        let table = self.table(path)?;
+        let table = self.table(path).await?;
         let d = &table.descriptor;
         if d.has_primary_key() {
             return Err(MinkError::invalid(
@@ -575,7 +593,7 @@ impl NodeService {
         batch: RecordBatch,
         meta: &WriteBatch,
     ) -> Result<WriteResult> {
-        let table = self.table(path)?;
+        let table = self.table(path).await?;
         let d = &table.descriptor;
         if !d.has_primary_key() {
             return Err(MinkError::invalid(
@@ -636,7 +654,7 @@ impl NodeService {
     /// Rows by primary key, answered as an Arrow IPC stream of the found rows (grouped
     /// by bucket, missing keys skipped). Every key's bucket must be led here.
     async fn lookup(&self, body: LookupBody) -> Result<Vec<u8>> {
-        let table = self.table(&body.path)?;
+        let table = self.table(&body.path).await?;
         let d = &table.descriptor;
         if !d.has_primary_key() {
             return Err(MinkError::invalid(
@@ -723,7 +741,7 @@ impl NodeService {
     /// Rows whose primary key starts with the given bucket-key values (the bucket key
     /// must lead the primary key), as an Arrow IPC stream, at most `limit` rows.
     async fn prefix_lookup(&self, body: PrefixLookupBody) -> Result<Vec<u8>> {
-        let table = self.table(&body.path)?;
+        let table = self.table(&body.path).await?;
         let d = &table.descriptor;
         if !d.has_primary_key() {
             return Err(MinkError::invalid(
@@ -786,8 +804,8 @@ impl NodeService {
         Ok(out)
     }
 
-    fn metadata_json(&self, path: &TablePath) -> Result<serde_json::Value> {
-        let table = self.table(path)?;
+    async fn metadata_json(&self, path: &TablePath) -> Result<serde_json::Value> {
+        let table = self.table(path).await?;
         let partition_names: HashMap<i64, String> = table
             .partitions
             .values()
@@ -950,7 +968,7 @@ impl MinkService for NodeService {
                         json(&serde_json::json!({"table_id": table.id, "index": index}))
                     }
                     Err(MinkError::AlreadyExists(_)) if b.ignore_if_exists => {
-                        let table = self.table(&b.path)?;
+                        let table = self.table(&b.path).await?;
                         json(
                             &serde_json::json!({"table_id": table.id, "index": self.meta.applied_index()}),
                         )
@@ -985,11 +1003,11 @@ impl MinkService for NodeService {
             }
             "get_table" => {
                 let b: PathBody = parse_json("get_table body", body)?;
-                json(&self.table(&b.path)?)
+                json(&self.table(&b.path).await?)
             }
             "metadata" => {
                 let b: PathBody = parse_json("metadata body", body)?;
-                json(&self.metadata_json(&b.path)?)
+                json(&self.metadata_json(&b.path).await?)
             }
             "describe_cluster" => {
                 let (nodes, lease) = self.meta.read(|s| (s.nodes.clone(), s.lease.clone()));
@@ -1016,7 +1034,7 @@ impl MinkService for NodeService {
             }
             "list_offsets" => {
                 let b: ListOffsetsBody = parse_json("list_offsets body", body)?;
-                let table = self.table(&b.path)?;
+                let table = self.table(&b.path).await?;
                 let spec = match b.spec.as_str() {
                     "earliest" => OffsetSpec::Earliest,
                     "latest" => OffsetSpec::Latest,
@@ -1070,7 +1088,7 @@ impl MinkService for NodeService {
             }
             "register_producer_offsets" => {
                 let b: ProducerOffsetsBody = parse_json("register_producer_offsets body", body)?;
-                let table = self.table(&b.path)?;
+                let table = self.table(&b.path).await?;
                 let offsets = b
                     .offsets
                     .into_iter()
@@ -1140,7 +1158,7 @@ impl MinkService for NodeService {
             }
             "lake_snapshot" => {
                 let b: PathBody = parse_json("lake_snapshot body", body)?;
-                let table = self.table(&b.path)?;
+                let table = self.table(&b.path).await?;
                 let pointer = self
                     .meta
                     .read(|s| s.lake_snapshots.get(&table.id).cloned())
@@ -1170,7 +1188,7 @@ impl MinkService for NodeService {
             }
             "list_partitions" => {
                 let b: PathBody = parse_json("list_partitions body", body)?;
-                let table = self.table(&b.path)?;
+                let table = self.table(&b.path).await?;
                 json(&table.partitions.values().collect::<Vec<_>>())
             }
             "create_partition" => {
@@ -1208,7 +1226,7 @@ impl MinkService for NodeService {
                 schema_id,
                 writer_id,
             } => {
-                let table = self.table_by_id(bucket.table_id)?;
+                let table = self.table_by_id(bucket.table_id).await?;
                 if table.descriptor.has_primary_key() {
                     return Err(MinkError::invalid(
                         "descriptor",
@@ -1269,7 +1287,7 @@ impl MinkService for NodeService {
                 offset,
                 max_bytes,
             } => {
-                let table = self.table_by_id(bucket.table_id)?;
+                let table = self.table_by_id(bucket.table_id).await?;
                 let schema = table.descriptor.schema.to_arrow();
                 let tablet = self.tablet(bucket).await?;
                 let max = max_bytes.unwrap_or(self.config.log.scan_bytes_max) as usize;
@@ -1278,7 +1296,7 @@ impl MinkService for NodeService {
                 Ok((schema, batches))
             }
             ReadTicket::LimitScan { bucket, limit } => {
-                let table = self.table_by_id(bucket.table_id)?;
+                let table = self.table_by_id(bucket.table_id).await?;
                 let schema = table.descriptor.schema.to_arrow();
                 let tablet = self.tablet(bucket).await?;
                 let log = tablet.log();
@@ -1309,7 +1327,7 @@ impl MinkService for NodeService {
                 Ok((schema, out))
             }
             ReadTicket::Snapshot { bucket } => {
-                let table = self.table_by_id(bucket.table_id)?;
+                let table = self.table_by_id(bucket.table_id).await?;
                 let schema = table.descriptor.schema.to_arrow();
                 let tablet = self.kv_tablet(bucket).await?;
                 let info = tablet.snapshot().await?.ok_or_else(|| {
@@ -1348,7 +1366,7 @@ impl MinkService for NodeService {
         bucket: TableBucket,
         poll: TailPoll,
     ) -> Result<(SchemaRef, Vec<ReadBatch>, i64)> {
-        let table = self.table_by_id(bucket.table_id)?;
+        let table = self.table_by_id(bucket.table_id).await?;
         let schema = table.descriptor.schema.to_arrow();
         let tablet = self.tablet(bucket).await?;
         let wait = Duration::from_millis(poll.max_wait_ms.min(self.config.flight.tail_wait_max_ms));
@@ -1363,7 +1381,7 @@ impl MinkService for NodeService {
     }
 
     async fn table_schema(&self, path: &TablePath) -> Result<SchemaRef> {
-        Ok(self.table(path)?.descriptor.schema.to_arrow())
+        Ok(self.table(path).await?.descriptor.schema.to_arrow())
     }
 
     async fn tables(&self) -> Result<Vec<(TablePath, SchemaRef)>> {
