@@ -121,6 +121,43 @@ pub fn status(err: MinkError) -> Status {
     }
 }
 
+/// Counts a Flight call and records its latency when dropped.
+struct Observe {
+    method: &'static str,
+    action: Option<String>,
+    start: std::time::Instant,
+}
+
+impl Observe {
+    fn new(method: &'static str) -> Self {
+        Self {
+            method,
+            action: None,
+            start: std::time::Instant::now(),
+        }
+    }
+}
+
+impl Drop for Observe {
+    fn drop(&mut self) {
+        let seconds = self.start.elapsed().as_secs_f64();
+        match self.action.take() {
+            Some(action) => {
+                metrics::counter!("mink_flight_actions_total", "action" => action.clone())
+                    .increment(1);
+                metrics::histogram!("mink_flight_action_seconds", "action" => action)
+                    .record(seconds);
+            }
+            None => {
+                metrics::counter!("mink_flight_requests_total", "method" => self.method)
+                    .increment(1);
+                metrics::histogram!("mink_flight_request_seconds", "method" => self.method)
+                    .record(seconds);
+            }
+        }
+    }
+}
+
 /// The Flight server.
 pub struct FlightServer<S> {
     service: Arc<S>,
@@ -212,6 +249,7 @@ impl<S: MinkService> FlightService for FlightServer<S> {
         &self,
         request: Request<Criteria>,
     ) -> Result<Response<Self::ListFlightsStream>, Status> {
+        let _observe = Observe::new("list_flights");
         self.before(&request).await?;
         let tables = self.service.tables().await.map_err(status)?;
         let infos: Vec<Result<FlightInfo, Status>> = tables
@@ -230,6 +268,7 @@ impl<S: MinkService> FlightService for FlightServer<S> {
         &self,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
+        let _observe = Observe::new("get_flight_info");
         self.before(&request).await?;
         let path = descriptor_path(request.get_ref())?;
         let schema = self.service.table_schema(&path).await.map_err(status)?;
@@ -245,6 +284,7 @@ impl<S: MinkService> FlightService for FlightServer<S> {
         &self,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<SchemaResult>, Status> {
+        let _observe = Observe::new("get_schema");
         self.before(&request).await?;
         let path = descriptor_path(request.get_ref())?;
         let schema = self.service.table_schema(&path).await.map_err(status)?;
@@ -258,6 +298,7 @@ impl<S: MinkService> FlightService for FlightServer<S> {
         &self,
         request: Request<Ticket>,
     ) -> Result<Response<Self::DoGetStream>, Status> {
+        let _observe = Observe::new("do_get");
         self.before(&request).await?;
         let ticket: ReadTicket = parse_json("ticket", &request.get_ref().ticket).map_err(status)?;
         let (schema, batches) = self.service.read(ticket).await.map_err(status)?;
@@ -269,6 +310,7 @@ impl<S: MinkService> FlightService for FlightServer<S> {
         &self,
         request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoPutStream>, Status> {
+        let _observe = Observe::new("do_put");
         self.before(&request).await?;
         let mut incoming = request.into_inner().peekable();
         // The descriptor arrives on the first message.
@@ -312,6 +354,8 @@ impl<S: MinkService> FlightService for FlightServer<S> {
                         }
                     }
                 };
+                metrics::counter!("mink_flight_put_batches_total").increment(1);
+                metrics::counter!("mink_flight_put_rows_total").increment(batch.num_rows() as u64);
                 let result = service.write(&descriptor, batch, meta).await;
                 let message = match result {
                     Ok(r) => serde_json::to_vec(&r)
@@ -334,6 +378,7 @@ impl<S: MinkService> FlightService for FlightServer<S> {
         &self,
         request: Request<Action>,
     ) -> Result<Response<Self::DoActionStream>, Status> {
+        let mut observe = Observe::new("do_action");
         self.before(&request).await?;
         let action = request.get_ref();
         if !ACTIONS.iter().any(|(name, _)| *name == action.r#type) {
@@ -342,6 +387,8 @@ impl<S: MinkService> FlightService for FlightServer<S> {
                 action.r#type
             )));
         }
+        // Labelled only with known names: a client cannot grow the label set.
+        observe.action = Some(action.r#type.clone());
         let body = self
             .service
             .action(&action.r#type, &action.body)
@@ -355,6 +402,7 @@ impl<S: MinkService> FlightService for FlightServer<S> {
         &self,
         request: Request<Empty>,
     ) -> Result<Response<Self::ListActionsStream>, Status> {
+        let _observe = Observe::new("list_actions");
         self.before(&request).await?;
         let actions: Vec<Result<ActionType, Status>> = ACTIONS
             .iter()
@@ -375,6 +423,7 @@ impl<S: MinkService> FlightService for FlightServer<S> {
         &self,
         request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoExchangeStream>, Status> {
+        let _observe = Observe::new("do_exchange");
         self.before(&request).await?;
         let mut incoming = request.into_inner();
         let first = incoming

@@ -69,6 +69,8 @@ struct Inner {
     shutdown: watch::Sender<bool>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     last_snapshot: AtomicU64,
+    /// Whether the last heartbeat write succeeded (the object store answers).
+    heartbeat_ok: std::sync::atomic::AtomicBool,
 }
 
 /// One node's metadata service. Cheap to clone.
@@ -125,6 +127,7 @@ impl MetaNode {
                 shutdown: watch::channel(false).0,
                 tasks: Mutex::new(Vec::new()),
                 last_snapshot: AtomicU64::new(0),
+                heartbeat_ok: std::sync::atomic::AtomicBool::new(true),
             }),
         };
         meta.beat().await;
@@ -203,6 +206,11 @@ impl MetaNode {
         if let Err(e) = self.inner.log.catch_up().await {
             tracing::debug!("catch-up: {e}");
         }
+    }
+
+    /// Whether the last heartbeat reached the object store.
+    pub fn heartbeat_ok(&self) -> bool {
+        self.inner.heartbeat_ok.load(Ordering::Relaxed)
     }
 
     /// Whether this node holds the lease in its current view.
@@ -403,9 +411,14 @@ impl MetaNode {
         })
         .to_string();
         let path = Path::from(format!("nodes/{}", self.inner.node));
-        if let Err(e) = self.inner.store.put(&path, PutPayload::from(body)).await {
-            tracing::warn!("heartbeat failed: {e}");
-        }
+        let ok = match self.inner.store.put(&path, PutPayload::from(body)).await {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::warn!("heartbeat failed: {e}");
+                false
+            }
+        };
+        self.inner.heartbeat_ok.store(ok, Ordering::Relaxed);
     }
 
     async fn heartbeat_loop(self) {

@@ -8,6 +8,7 @@
 //! Architecture invariant: mink-node is the only crate that knows every other one. It
 //! implements the handler traits the protocol crates define; nothing depends on it.
 
+pub mod admin;
 pub mod config;
 pub mod forward;
 pub mod node;

@@ -77,10 +77,8 @@ fn main() -> ExitCode {
             "node started"
         );
         tracing::warn!(
-            "not served yet: the Kafka ({}) and admin ({}) listeners are not implemented, \
-             so nothing listens there; Flight serves log tables (see README)",
-            node.config.listeners.kafka,
-            node.config.listeners.admin
+            "not served yet: the Kafka listener ({}) is not implemented, so nothing listens there",
+            node.config.listeners.kafka
         );
         shutdown.await;
         tracing::info!("shutting down");

@@ -24,6 +24,8 @@ pub struct Node {
     pub streams: StreamStore,
     /// The address the Flight listener is bound to.
     pub flight_addr: SocketAddr,
+    /// The address the admin HTTP endpoint is bound to.
+    pub admin_addr: SocketAddr,
     shutdown: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -57,6 +59,30 @@ impl Node {
             );
         }
         drop(listing);
+        let (shutdown, _) = watch::channel(false);
+        let stopped = |tx: &watch::Sender<bool>| {
+            let mut rx = tx.subscribe();
+            async move {
+                let _ = rx.wait_for(|s| *s).await;
+            }
+        };
+        // The admin endpoint first: it answers 503 while the node starts.
+        let admin_listener = TcpListener::bind(config.listeners.admin)
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "listeners.admin {}: cannot bind: {e}",
+                    config.listeners.admin
+                )
+            })?;
+        let admin_addr = admin_listener.local_addr()?;
+        let admin = crate::admin::AdminState::new();
+        let mut tasks = Vec::new();
+        tasks.push(tokio::spawn(crate::admin::serve(
+            admin_listener,
+            admin.clone(),
+            stopped(&shutdown),
+        )));
         let listener = TcpListener::bind(config.listeners.flight)
             .await
             .map_err(|e| {
@@ -83,14 +109,6 @@ impl Node {
         let streams = StreamStore::open(store.clone(), &config.node_id, config.wal.clone())
             .await
             .map_err(|e| anyhow::anyhow!("starting the WAL: {e}"))?;
-        let (shutdown, _) = watch::channel(false);
-        let stopped = |tx: &watch::Sender<bool>| {
-            let mut rx = tx.subscribe();
-            async move {
-                let _ = rx.wait_for(|s| *s).await;
-            }
-        };
-        let mut tasks = Vec::new();
         {
             let streams = streams.clone();
             let stop = stopped(&shutdown);
@@ -106,6 +124,7 @@ impl Node {
             streams.clone(),
             kv,
         ));
+        let _ = admin.service.set(service.clone());
         let max = config.flight.message_bytes_max as usize;
         let flight = FlightServiceServer::new(FlightServer::new(service))
             .max_decoding_message_size(max)
@@ -125,13 +144,19 @@ impl Node {
                 tracing::error!("the Flight server stopped: {e}");
             }
         }));
+        admin
+            .ready
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         tracing::info!(addr = %flight_addr, "Flight listening on {flight_addr}");
+        tracing::info!(addr = %admin_addr, "admin HTTP listening on {admin_addr} (/health, /metrics)");
+        tracing::info!(addr = %admin_addr, "admin HTTP listening on {admin_addr} (/health, /metrics)");
         Ok(Self {
             config,
             store,
             meta,
             streams,
             flight_addr,
+            admin_addr,
             shutdown,
             tasks,
         })

@@ -205,6 +205,37 @@ impl NodeService {
         }
     }
 
+    /// Why the node does not serve right now, if it does not.
+    pub fn health_problem(&self) -> Option<String> {
+        if let Some(e) = self.streams.failure() {
+            return Some(format!("the WAL failed: {e}"));
+        }
+        if !self.meta.heartbeat_ok() {
+            return Some("the object store does not answer heartbeats".into());
+        }
+        None
+    }
+
+    /// Sets the gauges `/metrics` reports: applied index, lease, buckets led, tablets.
+    pub async fn record_gauges(&self) {
+        let me = self.meta.node_id().to_string();
+        let (applied, holder, led) = self.meta.read(|s| {
+            (
+                s.lease.term,
+                s.lease.holder.as_deref() == Some(me.as_str()),
+                s.buckets
+                    .values()
+                    .filter(|b| b.leader.as_deref() == Some(me.as_str()))
+                    .count(),
+            )
+        });
+        metrics::gauge!("mink_meta_applied_index").set(self.meta.applied_index() as f64);
+        metrics::gauge!("mink_meta_lease_term").set(applied as f64);
+        metrics::gauge!("mink_meta_lease_holder").set(if holder { 1.0 } else { 0.0 });
+        metrics::gauge!("mink_node_buckets_led").set(led as f64);
+        metrics::gauge!("mink_node_tablets_open").set(self.tablets.lock().await.len() as f64);
+    }
+
     /// A table by path. A node that does not know it catches up with the metadata log
     /// once before answering NotFound: the table may be younger than its view.
     async fn table(&self, path: &TablePath) -> Result<TableInfo> {

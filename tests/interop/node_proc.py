@@ -22,6 +22,7 @@ class NodeProcess:
                 {
                     "RUST_LOG": "info",
                     "MINK_LISTENERS__FLIGHT": "127.0.0.1:0",
+                    "MINK_LISTENERS__ADMIN": "127.0.0.1:0",
                     "MINK_META__HEARTBEAT_INTERVAL_MS": "200",
                     "MINK_META__LEASE_TIMEOUT_MS": "2000",
                     "MINK_META__NODE_SESSION_TIMEOUT_MS": "3000",
@@ -34,19 +35,27 @@ class NodeProcess:
             text=True,
         )
         self.flight_port = None
+        self.admin_port = None
         found = threading.Event()
 
         def pump():
             for line in self.proc.stderr:
                 self.lines.append(line)
+                m = re.search(r"admin HTTP listening on 127\.0\.0\.1:(\d+)", line)
+                if m:
+                    self.admin_port = int(m.group(1))
                 m = re.search(r"Flight listening on 127\.0\.0\.1:(\d+)", line)
                 if m:
                     self.flight_port = int(m.group(1))
-                    found.set()
             found.set()
 
         threading.Thread(target=pump, daemon=True).start()
-        if not found.wait(60) or self.flight_port is None:
+        deadline = time.monotonic() + 60
+        while (self.flight_port is None or self.admin_port is None) and time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        if self.flight_port is None or self.admin_port is None:
             self.kill()
             raise AssertionError("the node did not start:\n" + "".join(self.lines))
 

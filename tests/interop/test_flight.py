@@ -444,3 +444,30 @@ def test_prefix_lookup_by_the_leading_bucket_key(node):
     assert [(r["user"], r["order"]) for r in rows] == [("ann", 1), ("ann", 2)], "ann's orders in key order, not annie's"
     with pytest.raises(pa.ArrowInvalid, match="bucket-key columns"):
         list(client.do_action(flight.Action("prefix_lookup", json.dumps({"path": "db.orders", "prefix": []}).encode())))
+
+
+def test_admin_health_and_metrics_after_a_write(node):
+    import urllib.request
+
+    proc, client = node
+    base = f"http://127.0.0.1:{proc.admin_port}"
+    with urllib.request.urlopen(f"{base}/health") as r:
+        assert r.status == 200 and json.loads(r.read())["status"] == "serving"
+    action(client, "create_database", {"name": "db"})
+    action(client, "create_table", {"path": "db.events", "descriptor": EVENTS})
+    batch = pa.record_batch([pa.array(range(30), pa.int64()), pa.array(["x"] * 30)], schema=SCHEMA)
+    retry(lambda: append_table(client, "db.events", batch))
+    with urllib.request.urlopen(f"{base}/metrics") as r:
+        text = r.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    assert samples['mink_flight_requests_total{method="do_put"}'] >= 1
+    assert samples["mink_flight_put_rows_total"] == 30
+    assert samples['mink_flight_actions_total{action="create_table"}'] == 1
+    assert samples["mink_wal_uploads_total"] >= 1
+    assert samples["mink_node_buckets_led"] == 3
+    assert samples["mink_meta_lease_holder"] == 1
+    assert samples["mink_node_tablets_open"] == 3
