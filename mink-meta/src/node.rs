@@ -454,14 +454,27 @@ impl MetaNode {
     async fn lease_loop(self) {
         let interval = Duration::from_millis(self.inner.config.heartbeat_interval_ms);
         let mut last_expire = Instant::now();
+        let mut applied = self.subscribe();
+        let mut next_round = Instant::now();
         loop {
-            // A round at once: a lone node takes a free lease without waiting.
-            if let Err(e) = self.lease_round(&mut last_expire).await {
-                tracing::debug!(node = %self.inner.node, "lease round: {e}");
+            if Instant::now() >= next_round {
+                // A round at once: a lone node takes a free lease without waiting.
+                if let Err(e) = self.lease_round(&mut last_expire).await {
+                    tracing::debug!(node = %self.inner.node, "lease round: {e}");
+                }
+                next_round = Instant::now() + interval;
             }
             tokio::select! {
                 _ = self.stopped() => return,
-                _ = tokio::time::sleep(interval) => {}
+                _ = tokio::time::sleep_until(next_round) => {}
+                // New entries (a table, a partition) may have made buckets without a
+                // leader: the holder assigns them at once instead of next round.
+                changed = applied.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    self.assign_now().await;
+                }
             }
         }
     }

@@ -269,30 +269,40 @@ impl NodeService {
             // Perhaps younger than this node's view.
             self.meta.inner_catch_up().await;
         }
-        let (state, leader_addr) = self.meta.read(|s| {
-            let b = s.buckets.get(&bucket.stream_name()).cloned();
-            let addr = b
-                .as_ref()
-                .and_then(|b| b.leader.as_ref())
-                .and_then(|l| s.nodes.get(l))
-                .map(|n| n.flight_addr.clone());
-            (b, addr)
-        });
-        let state = state.ok_or_else(|| MinkError::NotFound(format!("{bucket}")))?;
-        match state.leader.as_deref() {
-            Some(l) if l == self.meta.node_id() => {}
-            Some(_) => {
-                return Err(MinkError::NotLeader {
-                    bucket,
-                    leader: leader_addr,
-                });
+        // A bucket just created gets its leader within moments: wait for it (bounded)
+        // rather than fail the first write to a new table.
+        let deadline = tokio::time::Instant::now()
+            + Duration::from_millis(self.config.meta.applied_index_wait_max_ms);
+        let mut changes = self.meta.subscribe();
+        let state = loop {
+            let (state, leader_addr) = self.meta.read(|s| {
+                let b = s.buckets.get(&bucket.stream_name()).cloned();
+                let addr = b
+                    .as_ref()
+                    .and_then(|b| b.leader.as_ref())
+                    .and_then(|l| s.nodes.get(l))
+                    .map(|n| n.flight_addr.clone());
+                (b, addr)
+            });
+            let state = state.ok_or_else(|| MinkError::NotFound(format!("{bucket}")))?;
+            match state.leader.as_deref() {
+                Some(l) if l == self.meta.node_id() => break state,
+                Some(_) => {
+                    return Err(MinkError::NotLeader {
+                        bucket,
+                        leader: leader_addr,
+                    });
+                }
+                None => {
+                    let wait = tokio::time::timeout_at(deadline, changes.changed()).await;
+                    if !matches!(wait, Ok(Ok(()))) {
+                        return Err(MinkError::Unavailable(format!(
+                            "{bucket} has no leader yet"
+                        )));
+                    }
+                }
             }
-            None => {
-                return Err(MinkError::Unavailable(format!(
-                    "{bucket} has no leader yet"
-                )));
-            }
-        }
+        };
         let mut tablets = self.tablets.lock().await;
         let table = self.table_by_id(bucket.table_id).await?;
         if let Some((epoch, versions, tablet)) = tablets.get_mut(&bucket)

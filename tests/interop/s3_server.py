@@ -37,8 +37,10 @@ def main() -> None:
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())
-    # Stop when the parent goes away (its end of our stdin closes).
-    threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
+    # Stop when the parent goes away (its end of our stdin closes), unless told to
+    # run until terminated (`cargo xtask cluster up --s3`).
+    if "--forever" not in sys.argv:
+        threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
     done.wait()
     server.stop()
 

@@ -8,8 +8,10 @@
 //! - `cargo xtask bench NAME`: a benchmark in release mode, recorded in
 //!   docs/benchmarks.md.
 //! - `cargo xtask s3`: runs the local S3 API server in the foreground, for manual work.
+//! - `cargo xtask cluster up|down|status`: a local cluster of mink-node processes.
 
 mod bench;
+mod cluster;
 mod layers;
 mod python;
 mod s3;
@@ -26,6 +28,25 @@ use clap::{Parser, Subcommand};
 struct Args {
     #[command(subcommand)]
     task: Task,
+}
+
+#[derive(Debug, Subcommand)]
+enum ClusterAction {
+    /// Start N nodes and wait until each serves.
+    Up {
+        #[arg(long, default_value_t = 3)]
+        nodes: usize,
+        /// Share a local S3 API server (moto) instead of a directory.
+        #[arg(long)]
+        s3: bool,
+        /// Run release builds.
+        #[arg(long)]
+        release: bool,
+    },
+    /// Stop the nodes (SIGTERM: a clean handover) and the S3 server.
+    Down,
+    /// List the nodes, their addresses and health.
+    Status,
 }
 
 #[derive(Debug, Subcommand)]
@@ -51,6 +72,14 @@ enum Task {
     },
     /// Run the local S3 API server (moto) until Ctrl-C and print its endpoint.
     S3,
+    /// A local cluster of mink-node processes sharing one object store.
+    Cluster {
+        #[command(subcommand)]
+        action: ClusterAction,
+        /// Where the cluster keeps its state, logs and data.
+        #[arg(long, global = true, default_value = "target/cluster")]
+        dir: PathBuf,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -71,6 +100,20 @@ fn run() -> Result<()> {
         Task::CheckLayers => layers::run(&root),
         Task::Bench { name, quick } => bench::run(&root, &name, quick),
         Task::S3 => s3::run_foreground(&root),
+        Task::Cluster { action, dir } => {
+            let dir = if dir.is_absolute() {
+                dir
+            } else {
+                std::env::current_dir()?.join(dir)
+            };
+            match action {
+                ClusterAction::Up { nodes, s3, release } => {
+                    cluster::up(&root, &dir, nodes, s3, release)
+                }
+                ClusterAction::Down => cluster::down(&dir),
+                ClusterAction::Status => cluster::status(&dir),
+            }
+        }
     }
 }
 

@@ -1,0 +1,43 @@
+"""`cargo xtask cluster up/status/down`, driven as a person would, with the `mink` CLI."""
+
+import json
+import os
+import pathlib
+import subprocess
+
+from conftest import clean_env
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def run(*args, check=True):
+    out = subprocess.run(list(args), cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
+    if check:
+        assert out.returncode == 0, out.stdout + out.stderr
+    return out
+
+
+def test_a_three_node_cluster_up_write_scan_down(tmp_path, bin_dir):
+    cluster = tmp_path / "cluster"
+    up = run("cargo", "xtask", "cluster", "up", "--nodes", "3", "--dir", str(cluster))
+    try:
+        assert up.stdout.count("serving") == 3, up.stdout
+        state = json.loads((cluster / "cluster.json").read_text())
+        pids = [n["pid"] for n in state["nodes"]]
+        mink = [str(bin_dir / "mink"), "--addr", state["nodes"][2]["flight"]]
+        run(*mink, "db", "create", "demo")
+        run(*mink, "table", "create", "demo.events", "--column", "id:BIGINT:not-null",
+            "--column", "msg:STRING", "--bucket-key", "id", "--buckets", "6")
+        csv = tmp_path / "e.csv"
+        csv.write_text("id,msg\n" + "".join(f"{i},m{i}\n" for i in range(50)))
+        assert "wrote 50 rows" in run(*mink, "write", "demo.events", "--file", str(csv)).stdout
+        rows = [json.loads(l) for l in run(*mink, "scan", "demo.events", "--format", "json").stdout.splitlines()]
+        assert sorted(r["id"] for r in rows) == list(range(50))
+        described = json.loads(run(*mink, "cluster", "describe").stdout)
+        assert sorted(described["nodes"]) == ["n0", "n1", "n2"]
+        assert run("cargo", "xtask", "cluster", "status", "--dir", str(cluster)).stdout.count("serving") == 3
+    finally:
+        down = run("cargo", "xtask", "cluster", "down", "--dir", str(cluster), check=False)
+    assert down.returncode == 0, down.stderr
+    assert not (cluster / "cluster.json").exists()
+    assert all(not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read().split()[2] for pid in pids)

@@ -1,0 +1,262 @@
+//! `cargo xtask cluster up|down|status`: a local cluster of `mink-node` processes
+//! sharing one object store (`file://` under the cluster directory, or with `--s3` a
+//! local moto server started for it).
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+
+use crate::run_checked;
+
+#[derive(Debug, Serialize, Deserialize)]
+struct NodeEntry {
+    id: String,
+    pid: u32,
+    flight: String,
+    kafka: String,
+    admin: String,
+    log: PathBuf,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct ClusterState {
+    object_store: String,
+    s3_pid: Option<u32>,
+    nodes: Vec<NodeEntry>,
+}
+
+fn state_file(dir: &Path) -> PathBuf {
+    dir.join("cluster.json")
+}
+
+/// A free loopback port (bound, then released: a small race a dev tool accepts).
+fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// `GET path` over plain HTTP/1.0; the status code, or `None` when nothing answers.
+fn http_status(addr: &str, path: &str) -> Option<u16> {
+    let mut stream =
+        TcpStream::connect_timeout(&addr.parse().ok()?, Duration::from_secs(1)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    response.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+        && std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| !s.contains(") Z "))
+            .unwrap_or(false)
+}
+
+pub fn up(root: &Path, dir: &Path, nodes: usize, s3: bool, release: bool) -> Result<()> {
+    if nodes == 0 || nodes > 16 {
+        bail!("--nodes must be within 1..=16");
+    }
+    if state_file(dir).exists() {
+        bail!(
+            "a cluster is already up in {} (cargo xtask cluster down first)",
+            dir.display()
+        );
+    }
+    let mut build = Command::new("cargo");
+    build
+        .current_dir(root)
+        .args(["build", "--bin", "mink-node"]);
+    if release {
+        build.arg("--release");
+    }
+    run_checked(&mut build)?;
+    let binary = root.join(if release {
+        "target/release/mink-node"
+    } else {
+        "target/debug/mink-node"
+    });
+    std::fs::create_dir_all(dir)?;
+    let dir = std::path::absolute(dir)?;
+
+    let (object_store, s3_pid, s3_env) = if s3 {
+        let python = crate::python::ensure_venv(root)?;
+        let log = std::fs::File::create(dir.join("s3.log"))?;
+        let mut child = Command::new(&python)
+            .arg(root.join("tests/interop/s3_server.py"))
+            .arg("--forever")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .process_group(0)
+            .spawn()
+            .context("cannot start the S3 server")?;
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().context("no stdout")?),
+            &mut line,
+        )?;
+        let endpoint = line
+            .trim()
+            .strip_prefix("MINK_S3_ENDPOINT=")
+            .context("the S3 server did not start")?
+            .to_string();
+        let env = vec![
+            ("MINK_OBJECT_STORE__ENDPOINT".to_string(), endpoint.clone()),
+            (
+                "MINK_OBJECT_STORE__ALLOW_HTTP".to_string(),
+                "true".to_string(),
+            ),
+            ("AWS_ACCESS_KEY_ID".to_string(), "test".to_string()),
+            ("AWS_SECRET_ACCESS_KEY".to_string(), "test".to_string()),
+        ];
+        (
+            format!("s3://{}/cluster", crate::s3::BUCKET),
+            Some(child.id()),
+            env,
+        )
+    } else {
+        (
+            format!("file://{}", dir.join("objects").display()),
+            None,
+            vec![],
+        )
+    };
+
+    let mut entries = Vec::new();
+    for i in 0..nodes {
+        let id = format!("n{i}");
+        let (flight, kafka, admin) = (
+            format!("127.0.0.1:{}", free_port()?),
+            format!("127.0.0.1:{}", free_port()?),
+            format!("127.0.0.1:{}", free_port()?),
+        );
+        let log = dir.join(format!("{id}.log"));
+        let child = Command::new(&binary)
+            .current_dir(&dir)
+            .envs(std::env::vars().filter(|(k, _)| !k.starts_with("MINK_")))
+            .env("MINK_NODE_ID", &id)
+            .env("MINK_DATA_DIR", dir.join(&id))
+            .env("MINK_OBJECT_STORE__URL", &object_store)
+            .env("MINK_LISTENERS__FLIGHT", &flight)
+            .env("MINK_LISTENERS__KAFKA", &kafka)
+            .env("MINK_LISTENERS__ADMIN", &admin)
+            .envs(s3_env.iter().cloned())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?)
+            .process_group(0)
+            .spawn()
+            .with_context(|| format!("cannot start {}", binary.display()))?;
+        entries.push(NodeEntry {
+            id,
+            pid: child.id(),
+            flight,
+            kafka,
+            admin,
+            log,
+        });
+    }
+    let state = ClusterState {
+        object_store,
+        s3_pid,
+        nodes: entries,
+    };
+    std::fs::write(state_file(&dir), serde_json::to_vec_pretty(&state)?)?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for n in &state.nodes {
+        while http_status(&n.admin, "/health") != Some(200) {
+            if Instant::now() > deadline || !alive(n.pid) {
+                bail!(
+                    "node {} did not become healthy; see {}",
+                    n.id,
+                    n.log.display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    println!(
+        "cluster up in {} (object store {})",
+        dir.display(),
+        state.object_store
+    );
+    print_nodes(&state);
+    println!(
+        "\ncargo xtask cluster status | down --dir {}",
+        dir.display()
+    );
+    Ok(())
+}
+
+fn print_nodes(state: &ClusterState) {
+    println!(
+        "{:<6} {:>8} {:<22} {:<22} {:<22} health",
+        "node", "pid", "flight", "kafka", "admin"
+    );
+    for n in &state.nodes {
+        let health = if !alive(n.pid) {
+            "stopped".to_string()
+        } else {
+            match http_status(&n.admin, "/health") {
+                Some(200) => "serving".to_string(),
+                Some(code) => format!("unhealthy ({code})"),
+                None => "no answer".to_string(),
+            }
+        };
+        println!(
+            "{:<6} {:>8} {:<22} {:<22} {:<22} {health}",
+            n.id, n.pid, n.flight, n.kafka, n.admin
+        );
+    }
+}
+
+fn load(dir: &Path) -> Result<ClusterState> {
+    let text = std::fs::read(state_file(dir))
+        .with_context(|| format!("no cluster is up in {}", dir.display()))?;
+    Ok(serde_json::from_slice(&text)?)
+}
+
+pub fn status(dir: &Path) -> Result<()> {
+    let state = load(dir)?;
+    println!("object store {}", state.object_store);
+    print_nodes(&state);
+    Ok(())
+}
+
+pub fn down(dir: &Path) -> Result<()> {
+    let state = load(dir)?;
+    let pids: Vec<u32> = state.nodes.iter().map(|n| n.pid).collect();
+    for pid in &pids {
+        let _ = Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status();
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while pids.iter().any(|p| alive(*p)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for pid in pids.iter().filter(|p| alive(**p)) {
+        let _ = Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+    }
+    if let Some(pid) = state.s3_pid {
+        let _ = Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status();
+    }
+    std::fs::remove_file(state_file(dir))?;
+    println!(
+        "cluster in {} is down ({} nodes stopped)",
+        dir.display(),
+        pids.len()
+    );
+    Ok(())
+}
+
+use std::os::unix::process::CommandExt as _;
