@@ -1,9 +1,10 @@
-//! Forwarding a bucket's rows to its leader over Flight (table-addressed writes whose
-//! buckets this node does not lead).
+//! Forwarding to a bucket's leader over Flight: table-addressed writes whose buckets
+//! this node does not lead, and per-bucket actions (`list_offsets`).
 
 use std::collections::HashMap;
 
 use arrow::array::RecordBatch;
+use arrow_flight::Action;
 use arrow_flight::flight_service_client::FlightServiceClient;
 use mink_flight::protocol::{WriteBatch, WriteDescriptor, WriteResult};
 use mink_types::{MinkError, Result};
@@ -51,6 +52,29 @@ impl Forwarder {
             .map_err(|s| status_error(addr, s))?
             .ok_or_else(|| unavailable(addr, "no answer"))?;
         serde_json::from_slice(&first.app_metadata)
+            .map_err(|e| MinkError::Internal(format!("{addr} answered: {e}")))
+    }
+
+    /// Runs action `name` with a JSON `body` at `addr`; the first result's body.
+    pub async fn action(
+        &self,
+        addr: &str,
+        name: &str,
+        body: &serde_json::Value,
+    ) -> Result<serde_json::Value> {
+        let mut client = self.client(addr).await?;
+        let action = Action::new(name, body.to_string().into_bytes());
+        let mut results = client
+            .do_action(action)
+            .await
+            .map_err(|s| status_error(addr, s))?
+            .into_inner();
+        let first = results
+            .message()
+            .await
+            .map_err(|s| status_error(addr, s))?
+            .ok_or_else(|| unavailable(addr, "no answer"))?;
+        serde_json::from_slice(&first.body)
             .map_err(|e| MinkError::Internal(format!("{addr} answered: {e}")))
     }
 }

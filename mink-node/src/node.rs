@@ -149,7 +149,6 @@ impl Node {
             .store(true, std::sync::atomic::Ordering::Relaxed);
         tracing::info!(addr = %flight_addr, "Flight listening on {flight_addr}");
         tracing::info!(addr = %admin_addr, "admin HTTP listening on {admin_addr} (/health, /metrics)");
-        tracing::info!(addr = %admin_addr, "admin HTTP listening on {admin_addr} (/health, /metrics)");
         Ok(Self {
             config,
             store,

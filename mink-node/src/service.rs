@@ -1106,7 +1106,20 @@ impl MinkService for NodeService {
                         ));
                     }
                     let tb = TableBucket::new(table.id, None, bucket);
-                    let offset = self.tablet(tb).await?.log().list_offsets(spec).await?;
+                    let offset = match self.tablet(tb).await {
+                        Ok(tablet) => serde_json::json!(tablet.log().list_offsets(spec).await?),
+                        // Another node leads it: ask that node, so any node answers
+                        // for the whole table.
+                        Err(MinkError::NotLeader {
+                            leader: Some(addr), ..
+                        }) => {
+                            let mut one: serde_json::Value = parse_json("list_offsets body", body)?;
+                            one["buckets"] = serde_json::json!([bucket]);
+                            let answer = self.forwarder.action(&addr, "list_offsets", &one).await?;
+                            answer[0]["offset"].clone()
+                        }
+                        Err(e) => return Err(e),
+                    };
                     out.push(serde_json::json!({"bucket": tb, "offset": offset}));
                 }
                 json(&out)

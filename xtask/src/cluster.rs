@@ -3,7 +3,7 @@
 //! local moto server started for it).
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -18,7 +18,6 @@ struct NodeEntry {
     id: String,
     pid: u32,
     flight: String,
-    kafka: String,
     admin: String,
     log: PathBuf,
 }
@@ -32,11 +31,6 @@ struct ClusterState {
 
 fn state_file(dir: &Path) -> PathBuf {
     dir.join("cluster.json")
-}
-
-/// A free loopback port (bound, then released: a small race a dev tool accepts).
-fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 /// `GET path` over plain HTTP/1.0; the status code, or `None` when nothing answers.
@@ -127,24 +121,24 @@ pub fn up(root: &Path, dir: &Path, nodes: usize, s3: bool, release: bool) -> Res
         )
     };
 
-    let mut entries = Vec::new();
+    // Every node binds port 0 and reports the addresses it got in its log, so no port
+    // is picked here and then raced for.
+    let mut started = Vec::new();
     for i in 0..nodes {
         let id = format!("n{i}");
-        let (flight, kafka, admin) = (
-            format!("127.0.0.1:{}", free_port()?),
-            format!("127.0.0.1:{}", free_port()?),
-            format!("127.0.0.1:{}", free_port()?),
-        );
         let log = dir.join(format!("{id}.log"));
         let child = Command::new(&binary)
             .current_dir(&dir)
             .envs(std::env::vars().filter(|(k, _)| !k.starts_with("MINK_")))
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .env("MINK_NODE_ID", &id)
             .env("MINK_DATA_DIR", dir.join(&id))
             .env("MINK_OBJECT_STORE__URL", &object_store)
-            .env("MINK_LISTENERS__FLIGHT", &flight)
-            .env("MINK_LISTENERS__KAFKA", &kafka)
-            .env("MINK_LISTENERS__ADMIN", &admin)
+            .env("MINK_LISTENERS__FLIGHT", "127.0.0.1:0")
+            .env("MINK_LISTENERS__ADMIN", "127.0.0.1:0")
             .envs(s3_env.iter().cloned())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -152,11 +146,28 @@ pub fn up(root: &Path, dir: &Path, nodes: usize, s3: bool, release: bool) -> Res
             .process_group(0)
             .spawn()
             .with_context(|| format!("cannot start {}", binary.display()))?;
+        started.push((id, child.id(), log));
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut entries = Vec::new();
+    for (id, pid, log) in started {
+        let (flight, admin) = loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if let (Some(flight), Some(admin)) = (
+                logged_addr(&text, "Flight listening on "),
+                logged_addr(&text, "admin HTTP listening on "),
+            ) {
+                break (flight, admin);
+            }
+            if Instant::now() > deadline || !alive(pid) {
+                bail!("node {id} did not start; see {}", log.display());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
         entries.push(NodeEntry {
             id,
-            pid: child.id(),
+            pid,
             flight,
-            kafka,
             admin,
             log,
         });
@@ -167,7 +178,6 @@ pub fn up(root: &Path, dir: &Path, nodes: usize, s3: bool, release: bool) -> Res
         nodes: entries,
     };
     std::fs::write(state_file(&dir), serde_json::to_vec_pretty(&state)?)?;
-    let deadline = Instant::now() + Duration::from_secs(60);
     for n in &state.nodes {
         while http_status(&n.admin, "/health") != Some(200) {
             if Instant::now() > deadline || !alive(n.pid) {
@@ -193,10 +203,20 @@ pub fn up(root: &Path, dir: &Path, nodes: usize, s3: bool, release: bool) -> Res
     Ok(())
 }
 
+/// The address after `marker` in a node's log (`Flight listening on 127.0.0.1:4711`).
+fn logged_addr(log: &str, marker: &str) -> Option<String> {
+    let rest = &log[log.find(marker)? + marker.len()..];
+    let addr: String = rest
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | ':' | '[' | ']'))
+        .collect();
+    (!addr.is_empty()).then_some(addr)
+}
+
 fn print_nodes(state: &ClusterState) {
     println!(
-        "{:<6} {:>8} {:<22} {:<22} {:<22} health",
-        "node", "pid", "flight", "kafka", "admin"
+        "{:<6} {:>8} {:<22} {:<22} health",
+        "node", "pid", "flight", "admin"
     );
     for n in &state.nodes {
         let health = if !alive(n.pid) {
@@ -209,8 +229,8 @@ fn print_nodes(state: &ClusterState) {
             }
         };
         println!(
-            "{:<6} {:>8} {:<22} {:<22} {:<22} {health}",
-            n.id, n.pid, n.flight, n.kafka, n.admin
+            "{:<6} {:>8} {:<22} {:<22} {health}",
+            n.id, n.pid, n.flight, n.admin
         );
     }
 }
@@ -219,6 +239,14 @@ fn load(dir: &Path) -> Result<ClusterState> {
     let text = std::fs::read(state_file(dir))
         .with_context(|| format!("no cluster is up in {}", dir.display()))?;
     Ok(serde_json::from_slice(&text)?)
+}
+
+/// Prints `export MINK_ADDR=…` for the first node (`eval "$(cargo xtask cluster env)"`).
+pub fn env(dir: &Path) -> Result<()> {
+    let state = load(dir)?;
+    let first = state.nodes.first().context("the cluster has no node")?;
+    println!("export MINK_ADDR={}", first.flight);
+    Ok(())
 }
 
 pub fn status(dir: &Path) -> Result<()> {

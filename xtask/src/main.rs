@@ -47,6 +47,8 @@ enum ClusterAction {
     Down,
     /// List the nodes, their addresses and health.
     Status,
+    /// Print `export MINK_ADDR=…` for the first node.
+    Env,
 }
 
 #[derive(Debug, Subcommand)]
@@ -112,6 +114,7 @@ fn run() -> Result<()> {
                 }
                 ClusterAction::Down => cluster::down(&dir),
                 ClusterAction::Status => cluster::status(&dir),
+                ClusterAction::Env => cluster::env(&dir),
             }
         }
     }

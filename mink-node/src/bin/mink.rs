@@ -677,21 +677,31 @@ async fn run(cli: Cli) -> CliResult<()> {
                 .filter_map(|b| serde_json::from_value(b["bucket"].clone()).ok())
                 .filter(|b: &TableBucket| args.bucket.is_none_or(|n| n == b.bucket))
                 .collect();
+            // Start at each bucket's latest offset. list_offsets does not serve partitioned
+            // tables yet, so a partition's bucket is followed from its start.
+            let mut starts = std::collections::HashMap::new();
+            if !d.is_partitioned() {
+                let latest = client
+                    .action::<serde_json::Value>(
+                        "list_offsets",
+                        serde_json::json!({"path": table, "spec": "latest"}),
+                    )
+                    .await
+                    .map_err(err)?;
+                for entry in latest.as_array().into_iter().flatten() {
+                    if let (Some(bucket), Some(offset)) =
+                        (entry["bucket"]["bucket"].as_u64(), entry["offset"].as_i64())
+                    {
+                        starts.insert(bucket as u32, offset);
+                    }
+                }
+            }
             let client = Arc::new(client);
             let (tx, mut rx) = tokio::sync::mpsc::channel::<RecordBatch>(64);
             for bucket in buckets {
                 let (client, tx, table) = (client.clone(), tx.clone(), table.clone());
+                let mut offset = starts.get(&bucket.bucket).copied().unwrap_or(0);
                 tokio::spawn(async move {
-                    let mut offset = match client
-                        .action::<serde_json::Value>(
-                            "list_offsets",
-                            serde_json::json!({"path": table, "spec": "latest", "buckets": [bucket.bucket]}),
-                        )
-                        .await
-                    {
-                        Ok(v) => v[0]["offset"].as_i64().unwrap_or(0),
-                        Err(_) => 0,
-                    };
                     loop {
                         match client
                             .poll(&table, bucket, offset, Duration::from_secs(20))

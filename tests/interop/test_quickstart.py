@@ -1,0 +1,39 @@
+"""docs/quickstart.md, run block by block as a person would paste it (debug builds)."""
+
+import pathlib
+import re
+import subprocess
+
+from conftest import clean_env
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def test_the_quickstart_runs(tmp_path, bin_dir):
+    text = (ROOT / "docs" / "quickstart.md").read_text()
+    blocks = re.findall(r"```sh\n(.*?)```", text, re.S)
+    assert len(blocks) >= 5
+    script = "\n".join(blocks)
+    # The same session with debug builds (already built by `cargo xtask test`), in a
+    # cluster directory of its own.
+    script = script.replace("cargo build --release --bins", "true")
+    script = script.replace("--release", "").replace("target/release", "target/debug")
+    cluster = tmp_path / "cluster"
+    script = re.sub(r'cargo xtask cluster (up|env|down|status)([^\n)"]*)',
+                    lambda m: f" (cd {ROOT} && cargo --quiet xtask cluster {m.group(1)}{m.group(2)} --dir {cluster})",
+                    script)
+    script = "set -euo pipefail\n" + script.replace(
+        'export PATH="$PWD/target/debug:$PATH"', f'export PATH="{bin_dir}:$PATH"'
+    )
+    try:
+        out = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=clean_env(), capture_output=True,
+                             text=True, timeout=600)
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        assert "wrote 3 rows to demo.events" in out.stdout
+        assert all(word in out.stdout for word in ["hello", "from", "mink"])
+        tail = (tmp_path / "tail.log").read_text()
+        assert "hello" in tail and "mink" in tail, tail
+        assert "anne" in out.stdout, "the lookup sees the latest row of key 1"
+    finally:
+        subprocess.run(["cargo", "xtask", "cluster", "down", "--dir", str(cluster)], cwd=ROOT,
+                       env=clean_env(), capture_output=True, timeout=120)
