@@ -59,6 +59,24 @@ impl Tablet {
 const WRITER_ID_BLOCK: u64 = 1_000;
 
 /// The node's service.
+/// A tablet being opened (its stream recovered, its KV state restored): counted in
+/// `mink_node_tablets_opening` while it lasts, timed into `mink_node_tablet_open_seconds`.
+struct OpeningTablet(std::time::Instant);
+
+impl OpeningTablet {
+    fn start() -> Self {
+        metrics::gauge!("mink_node_tablets_opening").increment(1.0);
+        Self(std::time::Instant::now())
+    }
+}
+
+impl Drop for OpeningTablet {
+    fn drop(&mut self) {
+        metrics::gauge!("mink_node_tablets_opening").decrement(1.0);
+        metrics::histogram!("mink_node_tablet_open_seconds").record(self.0.elapsed().as_secs_f64());
+    }
+}
+
 pub struct NodeService {
     config: MinkConfig,
     meta: MetaNode,
@@ -326,6 +344,7 @@ impl NodeService {
             return Ok(tablet.clone());
         }
         let pk = table.descriptor.has_primary_key();
+        let _opening = OpeningTablet::start();
         let stream = self
             .streams
             .open_stream(&bucket.stream_name(), state.epoch)

@@ -471,3 +471,5 @@ def test_admin_health_and_metrics_after_a_write(node):
     assert samples["mink_node_buckets_led"] == 3
     assert samples["mink_meta_lease_holder"] == 1
     assert samples["mink_node_tablets_open"] == 3
+    assert samples["mink_node_tablets_opening"] == 0
+    assert samples["mink_node_tablet_open_seconds_count"] == 3
