@@ -55,13 +55,13 @@ impl Forwarder {
             .map_err(|e| MinkError::Internal(format!("{addr} answered: {e}")))
     }
 
-    /// Runs action `name` with a JSON `body` at `addr`; the first result's body.
-    pub async fn action(
+    /// Runs action `name` with a JSON `body` at `addr`; the first result's bytes.
+    pub async fn action_raw(
         &self,
         addr: &str,
         name: &str,
         body: &serde_json::Value,
-    ) -> Result<serde_json::Value> {
+    ) -> Result<Vec<u8>> {
         let mut client = self.client(addr).await?;
         let action = Action::new(name, body.to_string().into_bytes());
         let mut results = client
@@ -74,7 +74,18 @@ impl Forwarder {
             .await
             .map_err(|s| status_error(addr, s))?
             .ok_or_else(|| unavailable(addr, "no answer"))?;
-        serde_json::from_slice(&first.body)
+        Ok(first.body.to_vec())
+    }
+
+    /// Runs action `name` at `addr`; the first result as JSON.
+    pub async fn action(
+        &self,
+        addr: &str,
+        name: &str,
+        body: &serde_json::Value,
+    ) -> Result<serde_json::Value> {
+        let bytes = self.action_raw(addr, name, body).await?;
+        serde_json::from_slice(&bytes)
             .map_err(|e| MinkError::Internal(format!("{addr} answered: {e}")))
     }
 }

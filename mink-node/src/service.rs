@@ -536,11 +536,13 @@ impl NodeService {
 
     /// Where each row of a table-addressed batch goes: partitions first (created on
     /// demand), then buckets (hash of the bucket keys, or round-robin per batch).
-    /// Returns each bucket with the original row indices it gets.
+    /// Returns each bucket with the original row indices it gets. With `create` false,
+    /// rows of partitions that do not exist are left out (lookups: such keys have no row).
     async fn route(
         &self,
         table: &TableInfo,
         batch: &RecordBatch,
+        create: bool,
     ) -> Result<Vec<(TableBucket, Vec<u32>)>> {
         let d = &table.descriptor;
         let column = |k: &String| {
@@ -559,6 +561,7 @@ impl NodeService {
                 });
                 let id = match known {
                     Some(id) => id,
+                    None if !create => continue,
                     None => {
                         let (info, _) = self.meta.create_partition(&table.path, &p.name).await?;
                         self.meta.assign_now().await;
@@ -621,7 +624,7 @@ impl NodeService {
         }
         d.schema.check_batch(&batch)?;
         let mut results = Vec::new();
-        for (bucket, rows) in self.route(&table, &batch).await? {
+        for (bucket, rows) in self.route(&table, &batch, true).await? {
             let part = take_record_batch(&batch, &arrow::array::UInt32Array::from(rows))?;
             let written = match self
                 .append(bucket, schema_id, None, part.clone(), meta)
@@ -670,7 +673,7 @@ impl NodeService {
             ));
         }
         let mut results = Vec::new();
-        for (bucket, rows) in self.route(&table, &batch).await? {
+        for (bucket, rows) in self.route(&table, &batch, true).await? {
             let changes = meta
                 .changes
                 .as_ref()
@@ -722,11 +725,6 @@ impl NodeService {
                 format!("{} has no primary key", body.path),
             ));
         }
-        if d.is_partitioned() {
-            return Err(MinkError::Unimplemented(
-                "lookups on partitioned tables".into(),
-            ));
-        }
         if body.keys.len() > LOOKUP_KEYS_MAX {
             return Err(MinkError::LimitExceeded {
                 what: "keys in one lookup".into(),
@@ -744,12 +742,7 @@ impl NodeService {
                     .ok_or_else(|| MinkError::Internal(format!("no column {k}")))
             })
             .collect::<Result<_>>()?;
-        let bucket_positions: Vec<usize> = d
-            .bucket_keys()
-            .iter()
-            .filter_map(|k| d.primary_key.iter().position(|p| p == k))
-            .collect();
-        let mut by_bucket: std::collections::BTreeMap<u32, Vec<Vec<KeyValue>>> = Default::default();
+        let mut values = Vec::with_capacity(body.keys.len());
         for (i, key) in body.keys.iter().enumerate() {
             if key.len() != pk_types.len() {
                 return Err(MinkError::invalid(
@@ -757,16 +750,8 @@ impl NodeService {
                     format!("{} values for {} key columns", key.len(), pk_types.len()),
                 ));
             }
-            let values = json_key_values(&pk_types, key, &format!("keys[{i}]"))?;
-            let types: Vec<_> = bucket_positions.iter().map(|p| pk_types[*p]).collect();
-            let vals: Vec<_> = bucket_positions
-                .iter()
-                .map(|p| values[*p].clone())
-                .collect();
-            let (bucket, _) = bucket_of_values(d, &types, &vals)?;
-            by_bucket.entry(bucket).or_default().push(values);
+            values.push(json_key_values(&pk_types, key, &format!("keys[{i}]"))?);
         }
-        let schema = d.schema.to_arrow();
         let fields: Vec<arrow::datatypes::Field> = d
             .primary_key
             .iter()
@@ -774,24 +759,57 @@ impl NodeService {
             .map(|(n, t)| arrow::datatypes::Field::new(n, t.to_arrow(), false))
             .collect();
         let key_schema = Arc::new(arrow::datatypes::Schema::new(fields));
+        let columns = (0..pk_types.len())
+            .map(|c| {
+                mink_types::key::key_values_to_array(
+                    pk_types[c],
+                    &values.iter().map(|k| &k[c]).collect::<Vec<_>>(),
+                )
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let keys = RecordBatch::try_new_with_options(
+            key_schema,
+            columns,
+            &arrow::array::RecordBatchOptions::new().with_row_count(Some(values.len())),
+        )?;
+        let schema = d.schema.to_arrow();
+        let mut found = Vec::new();
+        // Partition (existing ones only), then bucket; each bucket asked where it is led.
+        for (bucket, rows) in self.route(&table, &keys, false).await? {
+            match self.kv_tablet(bucket).await {
+                Ok(tablet) => {
+                    let sub = take_record_batch(&keys, &arrow::array::UInt32Array::from(rows))?;
+                    found.push(tablet.lookup(&sub)?.batch);
+                }
+                Err(MinkError::NotLeader {
+                    leader: Some(addr), ..
+                }) => {
+                    let subset: Vec<_> = rows
+                        .iter()
+                        .map(|r| body.keys[*r as usize].clone())
+                        .collect();
+                    let ipc = self
+                        .forwarder
+                        .action_raw(
+                            &addr,
+                            "lookup",
+                            &serde_json::json!({"path": body.path, "keys": subset}),
+                        )
+                        .await?;
+                    let reader =
+                        arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(ipc), None)?;
+                    for batch in reader {
+                        found.push(batch?);
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
         let mut out = Vec::new();
         {
             let mut writer = arrow::ipc::writer::StreamWriter::try_new(&mut out, &schema)?;
-            for (bucket, keys) in by_bucket {
-                let tablet = self
-                    .kv_tablet(TableBucket::new(table.id, None, bucket))
-                    .await?;
-                let columns = (0..pk_types.len())
-                    .map(|c| {
-                        mink_types::key::key_values_to_array(
-                            pk_types[c],
-                            &keys.iter().map(|k| &k[c]).collect::<Vec<_>>(),
-                        )
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                let key_batch = RecordBatch::try_new(key_schema.clone(), columns)?;
-                let found = tablet.lookup(&key_batch)?;
-                writer.write(&found.batch)?;
+            for batch in &found {
+                writer.write(batch)?;
             }
             writer.finish()?;
         }

@@ -9,7 +9,7 @@ import pyarrow.flight as flight
 import pytest
 
 from node_proc import NodeProcess, retry
-from test_flight import EVENTS, SCHEMA, action, append_table
+from test_flight import EVENTS, SCHEMA, USERS, USER_SCHEMA, action, append_table, lookup, put_table
 
 
 @pytest.fixture()
@@ -91,3 +91,19 @@ def test_writes_are_routed_and_forwarded_across_three_nodes(cluster):
     with pytest.raises(pa.ArrowException, match="not the leader") as err:
         scan_bucket(f"127.0.0.1:{other.flight_port}", b["bucket"])
     assert b["leader_address"] in str(err.value)
+
+    # Any node answers list_offsets for the whole table, asking the other leaders.
+    for client in clients:
+        latest = action(client, "list_offsets", {"path": "db.events", "spec": "latest"})
+        assert len(latest) == 6 and sum(o["offset"] for o in latest) == 60
+
+    # Any node answers a lookup whose keys fall in buckets led anywhere.
+    action(first, "create_table", {"path": "db.users", "descriptor": dict(USERS, bucket_count=6)})
+    users = pa.record_batch(
+        [pa.array(range(30), pa.int64()), pa.array([f"u{i}" for i in range(30)]), pa.array(range(30), pa.int64())],
+        schema=USER_SCHEMA,
+    )
+    retry(lambda: put_table(clients[2], users))
+    for client in clients:
+        found = lookup(client, list(range(35)))
+        assert found == {i: (f"u{i}", i) for i in range(30)}

@@ -352,6 +352,49 @@ def test_partitions_are_created_on_demand(node):
     assert len(scan_all(client, "db.daily")) == 3
 
 
+def test_lookups_on_a_partitioned_primary_key_table(node):
+    _, client = node
+    action(client, "create_database", {"name": "db"})
+    daily = {
+        "schema": {
+            "columns": [
+                {"name": "day", "type": "STRING", "nullable": False},
+                {"name": "id", "type": "BIGINT", "nullable": False},
+                {"name": "msg", "type": "STRING"},
+            ]
+        },
+        "primary_key": ["day", "id"],
+        "partition_keys": ["day"],
+        "bucket_count": 2,
+    }
+    action(client, "create_table", {"path": "db.daily_kv", "descriptor": daily})
+    schema = pa.schema(
+        [pa.field("day", pa.string(), nullable=False), pa.field("id", pa.int64(), nullable=False), pa.field("msg", pa.string())]
+    )
+    batch = pa.record_batch(
+        [pa.array(["2026-11-28", "2026-11-29", "2026-11-29"]), pa.array([1, 1, 2], pa.int64()), pa.array(["a", "b", "c"])],
+        schema=schema,
+    )
+    descriptor = flight.FlightDescriptor.for_command(json.dumps({"PutTable": {"path": "db.daily_kv", "schema_id": 1}}))
+
+    def put():
+        writer, reader = client.do_put(descriptor, batch.schema)
+        writer.write_with_metadata(batch, pa.py_buffer(b"{}"))
+        writer.done_writing()
+        answer = reader.read()
+        writer.close()
+        return answer
+
+    retry(put)
+    keys = [["2026-11-29", 1], ["2026-11-28", 1], ["2026-11-29", 3], ["2026-12-01", 1]]
+    [result] = client.do_action(flight.Action("lookup", json.dumps({"path": "db.daily_kv", "keys": keys}).encode()))
+    rows = pa.ipc.open_stream(result.body.to_pybytes()).read_all().to_pylist()
+    assert sorted((r["day"], r["id"], r["msg"]) for r in rows) == [("2026-11-28", 1, "a"), ("2026-11-29", 1, "b")]
+    # A lookup creates no partition.
+    names = sorted(p["name"] for p in action(client, "list_partitions", {"path": "db.daily_kv"}))
+    assert names == ["2026-11-28", "2026-11-29"]
+
+
 def test_alter_producer_offsets_snapshots_limit_scan_and_stats(node):
     _, client = node
     action(client, "create_database", {"name": "db"})
