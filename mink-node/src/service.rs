@@ -185,6 +185,9 @@ struct ListOffsetsBody {
     timestamp: Option<i64>,
     #[serde(default)]
     buckets: Option<Vec<u32>>,
+    /// The partition, by name (partitioned tables only, and then required).
+    #[serde(default)]
+    partition: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -1126,11 +1129,30 @@ impl MinkService for NodeService {
                         ));
                     }
                 };
-                if table.descriptor.is_partitioned() {
-                    return Err(MinkError::Unimplemented(
-                        "list_offsets on partitioned tables".into(),
-                    ));
-                }
+                let partition = match (&b.partition, table.descriptor.is_partitioned()) {
+                    (None, false) => None,
+                    (Some(name), true) => Some(
+                        table
+                            .partitions
+                            .get(name)
+                            .ok_or_else(|| {
+                                MinkError::NotFound(format!("partition {name} of {}", b.path))
+                            })?
+                            .id,
+                    ),
+                    (None, true) => {
+                        return Err(MinkError::invalid(
+                            "partition",
+                            format!("{} is partitioned: name the partition", b.path),
+                        ));
+                    }
+                    (Some(_), false) => {
+                        return Err(MinkError::invalid(
+                            "partition",
+                            format!("{} is not partitioned", b.path),
+                        ));
+                    }
+                };
                 let buckets: Vec<u32> = b
                     .buckets
                     .unwrap_or_else(|| (0..table.descriptor.bucket_count).collect());
@@ -1142,7 +1164,7 @@ impl MinkService for NodeService {
                             format!("{} has no bucket {bucket}", b.path),
                         ));
                     }
-                    let tb = TableBucket::new(table.id, None, bucket);
+                    let tb = TableBucket::new(table.id, partition, bucket);
                     let offset = match self.tablet(tb).await {
                         Ok(tablet) => serde_json::json!(tablet.log().list_offsets(spec).await?),
                         // Another node leads it: ask that node, so any node answers

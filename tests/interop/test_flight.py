@@ -345,6 +345,13 @@ def test_partitions_are_created_on_demand(node):
     assert names == ["2026-11-28", "2026-11-29"]
     rows = scan_all(client, "db.daily")
     assert sorted((r["day"], r["id"]) for r in rows) == [("2026-11-28", 1), ("2026-11-29", 2), ("2026-11-29", 3)]
+    # Offsets are per partition, which a partitioned table's list_offsets must name.
+    latest = action(client, "list_offsets", {"path": "db.daily", "spec": "latest", "partition": "2026-11-29"})
+    assert len(latest) == 2 and sum(o["offset"] for o in latest) == 2
+    with pytest.raises(pa.ArrowInvalid, match="name the partition"):
+        action(client, "list_offsets", {"path": "db.daily", "spec": "latest"})
+    with pytest.raises(pa.ArrowKeyError, match="partition 2026-01-01"):
+        action(client, "list_offsets", {"path": "db.daily", "spec": "latest", "partition": "2026-01-01"})
     # A value that makes no partition name is refused precisely, and nothing is written.
     bad = pa.record_batch([pa.array(["no/slash"]), pa.array([4], pa.int64()), pa.array(["x"])], schema=schema)
     with pytest.raises(pa.ArrowInvalid, match="partition name"):

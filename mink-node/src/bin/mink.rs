@@ -55,8 +55,14 @@ enum Command {
         #[arg(required = true)]
         keys: Vec<String>,
     },
-    /// Earliest and latest offsets of every bucket. Example: mink offsets demo.events
-    Offsets { table: String },
+    /// Earliest and latest offsets of every bucket (of one partition of a partitioned
+    /// table). Example: mink offsets demo.events
+    Offsets {
+        table: String,
+        /// The partition (partitioned tables), e.g. 2026-11-29.
+        #[arg(long)]
+        partition: Option<String>,
+    },
     /// The cluster. Example: mink cluster describe
     #[command(subcommand)]
     Cluster(ClusterCommand),
@@ -757,15 +763,15 @@ async fn run(cli: Cli) -> CliResult<()> {
             }
             print_batches(&d.schema.to_arrow(), &found, OutputFormat::Table)?;
         }
-        Command::Offsets { table } => {
+        Command::Offsets { table, partition } => {
             let earliest = action(
                 "list_offsets",
-                serde_json::json!({"path": table, "spec": "earliest"}),
+                serde_json::json!({"path": table, "spec": "earliest", "partition": partition}),
             )
             .await?;
             let latest = action(
                 "list_offsets",
-                serde_json::json!({"path": table, "spec": "latest"}),
+                serde_json::json!({"path": table, "spec": "latest", "partition": partition}),
             )
             .await?;
             println!("{:<10} {:>12} {:>12}", "bucket", "earliest", "latest");
