@@ -4,6 +4,7 @@
 //! `NotLeader` (refreshing its routing), and reads, tails, looks up and administers.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use arrow::array::{RecordBatch, UInt32Array};
@@ -54,13 +55,24 @@ struct Metadata {
     buckets: Vec<BucketMeta>,
 }
 
+/// A bucket's next batch sequence for one writer id.
+#[derive(Debug, Default)]
+struct BucketSequence {
+    writer_id: Option<i64>,
+    next: i64,
+}
+
 /// A client of a Mink cluster.
 pub struct MinkClient {
     bootstrap: String,
     connections: tokio::sync::Mutex<HashMap<String, FlightServiceClient<Channel>>>,
     routing: tokio::sync::Mutex<HashMap<TablePath, Metadata>>,
-    writer_id: tokio::sync::OnceCell<i64>,
-    sequences: tokio::sync::Mutex<HashMap<TableBucket, i64>>,
+    /// The writer id in use; replaced after a write whose outcome is unknown.
+    writer_id: tokio::sync::Mutex<Option<i64>>,
+    /// Per bucket, the next sequence of the current writer. Held across a write, so a
+    /// bucket has one batch in flight and sequences reach the leader in order however
+    /// many tasks share the client.
+    sequences: std::sync::Mutex<HashMap<TableBucket, Arc<tokio::sync::Mutex<BucketSequence>>>>,
     round_robin: std::sync::Mutex<HashMap<i64, u32>>,
     /// The highest `mink-applied-index` any node answered with: sent back as
     /// `mink-min-applied-index`, so every node serves at least what this client saw.
@@ -186,8 +198,8 @@ impl MinkClient {
             bootstrap: addr.to_string(),
             connections: tokio::sync::Mutex::new(HashMap::new()),
             routing: tokio::sync::Mutex::new(HashMap::new()),
-            writer_id: tokio::sync::OnceCell::new(),
-            sequences: tokio::sync::Mutex::new(HashMap::new()),
+            writer_id: tokio::sync::Mutex::new(None),
+            sequences: std::sync::Mutex::new(HashMap::new()),
             round_robin: std::sync::Mutex::new(HashMap::new()),
             applied_index: std::sync::atomic::AtomicU64::new(0),
         };
@@ -273,18 +285,30 @@ impl MinkClient {
         Ok(meta)
     }
 
-    /// This client's writer id (one `init_writer` per client).
+    /// This client's writer id (from `init_writer`; a new one after a write whose
+    /// outcome is unknown).
     pub async fn writer_id(&self) -> Result<i64> {
-        self.writer_id
-            .get_or_try_init(|| async {
-                let v: serde_json::Value =
-                    self.action("init_writer", serde_json::json!({})).await?;
-                v["writer_id"]
-                    .as_i64()
-                    .ok_or_else(|| MinkError::Internal("init_writer answered no writer id".into()))
-            })
-            .await
-            .copied()
+        let mut current = self.writer_id.lock().await;
+        if let Some(id) = *current {
+            return Ok(id);
+        }
+        let v: serde_json::Value = self.action("init_writer", serde_json::json!({})).await?;
+        let id = v["writer_id"]
+            .as_i64()
+            .ok_or_else(|| MinkError::Internal("init_writer answered no writer id".into()))?;
+        *current = Some(id);
+        Ok(id)
+    }
+
+    /// Gives up `writer_id` after a write that may or may not have landed: its
+    /// sequences can no longer be trusted, and a new writer starts afresh in every
+    /// bucket (a writer's first batch is accepted at any sequence), as Kafka bumps a
+    /// producer's epoch.
+    async fn retire_writer(&self, writer_id: i64) {
+        let mut current = self.writer_id.lock().await;
+        if *current == Some(writer_id) {
+            *current = None;
+        }
     }
 
     /// Rows of `batch` per bucket (partitions created on demand), as the node routes.
@@ -376,14 +400,22 @@ impl MinkClient {
         batch: &RecordBatch,
         changes: Option<Vec<ChangeType>>,
     ) -> Result<BucketWritten> {
+        let slot = self
+            .sequences
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(bucket)
+            .or_default()
+            .clone();
+        let mut seq = slot.lock().await;
         let writer_id = self.writer_id().await?;
-        let sequence = {
-            let mut seqs = self.sequences.lock().await;
-            let next = seqs.entry(bucket).or_insert(0);
-            let s = *next;
-            *next += 1;
-            s
-        };
+        if seq.writer_id != Some(writer_id) {
+            *seq = BucketSequence {
+                writer_id: Some(writer_id),
+                next: 0,
+            };
+        }
+        let sequence = seq.next;
         let meta = WriteBatch {
             batch_sequence: Some(sequence),
             changes,
@@ -409,6 +441,7 @@ impl MinkClient {
                     last_offset,
                     duplicated,
                 }) => {
+                    seq.next += 1;
                     return Ok(BucketWritten {
                         bucket,
                         first_offset,
@@ -429,9 +462,12 @@ impl MinkClient {
                     refresh = true;
                     last = Some(e);
                 }
+                // Refused before it was recorded: the sequence is still free.
                 Err(e) => return Err(e),
             }
         }
+        // Perhaps written, perhaps not: this writer's sequences are unknown from here.
+        self.retire_writer(writer_id).await;
         Err(last.unwrap_or_else(|| MinkError::Unavailable(format!("{bucket}: no attempt made"))))
     }
 
@@ -475,16 +511,17 @@ impl MinkClient {
             .descriptor
             .schema
             .schema_id;
-        let mut out = Vec::new();
-        for (bucket, rows) in self.route(path, batch).await? {
+        // Every bucket's part at once (each bucket keeps its own order).
+        let parts = self.route(path, batch).await?;
+        futures::future::try_join_all(parts.into_iter().map(|(bucket, rows)| async move {
             let make = |writer_id| WriteDescriptor::Append {
                 bucket,
                 schema_id,
                 writer_id: Some(writer_id),
             };
-            out.push(self.write_bucket(path, bucket, make, &rows, None).await?);
-        }
-        Ok(out)
+            self.write_bucket(path, bucket, make, &rows, None).await
+        }))
+        .await
     }
 
     /// Upserts (or, with `changes`, deletes) rows of a primary-key table; with
@@ -538,7 +575,7 @@ impl MinkClient {
                 ))
                 .collect(),
         )?;
-        let mut out = Vec::new();
+        let mut writes = Vec::new();
         for (bucket, rows) in self.route(path, &with_index).await? {
             let n = rows.num_columns();
             let row_ids = rows
@@ -558,12 +595,12 @@ impl MinkClient {
                 writer_id: Some(writer_id),
                 target_columns: targets.clone(),
             };
-            out.push(
+            writes.push(async move {
                 self.write_bucket(path, bucket, make, &rows, part_changes)
-                    .await?,
-            );
+                    .await
+            });
         }
-        Ok(out)
+        futures::future::try_join_all(writes).await
     }
 
     /// Reads a bucket from `offset` at its leader.
