@@ -2,6 +2,7 @@
 
 import json
 import subprocess
+import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -28,6 +29,7 @@ def cli(mink_node, bin_dir, tmp_path):
             assert out.returncode == 0, out.stderr
         return out
 
+    mink.addr = f"127.0.0.1:{node.flight_port}"
     yield mink, tmp_path
     node.kill()
 
@@ -57,6 +59,37 @@ def test_create_write_scan_lookup_describe(cli):
     offsets = mink("offsets", "demo.users").stdout
     assert "earliest" in offsets
     assert json.loads(mink("cluster", "health").stdout)["status"] == "serving"
+
+
+def test_tail_and_offsets_of_a_partitioned_table(cli, bin_dir):
+    mink, tmp = cli
+    mink("db", "create", "demo")
+    mink("table", "create", "demo.daily", "--column", "day:STRING:not-null", "--column", "id:BIGINT:not-null",
+         "--column", "msg:STRING", "--partition-key", "day", "--bucket-key", "id", "--buckets", "2")
+    (tmp / "old.csv").write_text("day,id,msg\n2026-11-29,1,old-one\n2026-11-29,2,old-two\n")
+    mink("write", "demo.daily", "--file", "old.csv")
+    offsets = mink("offsets", "demo.daily", "--partition", "2026-11-29").stdout
+    assert "earliest" in offsets
+    assert "name the partition" in mink("offsets", "demo.daily", check=False).stderr
+
+    with open(tmp / "tail.out", "w") as sink:
+        tail = subprocess.Popen(
+            [str(bin_dir / "mink"), "--addr", mink.addr, "tail", "demo.daily"],
+            cwd=tmp, env=clean_env(), stdout=sink, stderr=subprocess.STDOUT, text=True,
+        )
+        try:
+            time.sleep(1.5)
+            (tmp / "new.csv").write_text("day,id,msg\n2026-11-29,3,new-three\n2026-11-29,4,new-four\n")
+            mink("write", "demo.daily", "--file", "new.csv")
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and "new-four" not in (tmp / "tail.out").read_text():
+                time.sleep(0.1)
+        finally:
+            tail.terminate()
+            tail.wait(timeout=10)
+    seen = (tmp / "tail.out").read_text()
+    assert "new-three" in seen and "new-four" in seen, seen
+    assert "old-one" not in seen, "a tail starts at the latest offsets"
 
 
 def test_errors_are_one_line_and_a_nonzero_exit(cli):

@@ -188,7 +188,8 @@ struct ScanArgs {
 #[derive(Debug, Args)]
 struct TailArgs {
     table: String,
-    /// Only this bucket (default: every bucket of an unpartitioned table).
+    /// Only this bucket number (default: every bucket; of a partitioned table, every
+    /// bucket of the partitions that exist when the tail starts).
     #[arg(long)]
     bucket: Option<u32>,
 }
@@ -670,43 +671,32 @@ async fn run(cli: Cli) -> CliResult<()> {
         }
         Command::Tail(args) => {
             let table = path(&args.table)?;
-            let (d, meta) = table_meta(&client, &table).await?;
-            if d.is_partitioned() && args.bucket.is_none() {
-                return Err(
-                    "tail of a partitioned table needs --bucket (one partition's bucket)".into(),
-                );
-            }
-            let buckets: Vec<TableBucket> = meta["buckets"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|b| serde_json::from_value(b["bucket"].clone()).ok())
-                .filter(|b: &TableBucket| args.bucket.is_none_or(|n| n == b.bucket))
-                .collect();
-            // Start at each bucket's latest offset. list_offsets does not serve partitioned
-            // tables yet, so a partition's bucket is followed from its start.
-            let mut starts = std::collections::HashMap::new();
-            if !d.is_partitioned() {
+            let (_, meta) = table_meta(&client, &table).await?;
+            // Each bucket (of every partition, for a partitioned table) from its latest
+            // offset.
+            let mut buckets = Vec::new();
+            for entry in meta["buckets"].as_array().into_iter().flatten() {
+                let Ok(bucket) = serde_json::from_value::<TableBucket>(entry["bucket"].clone())
+                else {
+                    continue;
+                };
+                if args.bucket.is_some_and(|n| n != bucket.bucket) {
+                    continue;
+                }
                 let latest = client
                     .action::<serde_json::Value>(
                         "list_offsets",
-                        serde_json::json!({"path": table, "spec": "latest"}),
+                        serde_json::json!({"path": table, "spec": "latest",
+                            "buckets": [bucket.bucket], "partition": entry["partition"]}),
                     )
                     .await
                     .map_err(err)?;
-                for entry in latest.as_array().into_iter().flatten() {
-                    if let (Some(bucket), Some(offset)) =
-                        (entry["bucket"]["bucket"].as_u64(), entry["offset"].as_i64())
-                    {
-                        starts.insert(bucket as u32, offset);
-                    }
-                }
+                buckets.push((bucket, latest[0]["offset"].as_i64().unwrap_or(0)));
             }
             let client = Arc::new(client);
             let (tx, mut rx) = tokio::sync::mpsc::channel::<RecordBatch>(64);
-            for bucket in buckets {
+            for (bucket, mut offset) in buckets {
                 let (client, tx, table) = (client.clone(), tx.clone(), table.clone());
-                let mut offset = starts.get(&bucket.bucket).copied().unwrap_or(0);
                 tokio::spawn(async move {
                     loop {
                         match client
