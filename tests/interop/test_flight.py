@@ -156,9 +156,9 @@ USER_SCHEMA = pa.schema(
 )
 
 
-def put_table(client, batch, meta=None, target_columns=None):
+def put_table(client, batch, meta=None, target_columns=None, path="db.users"):
     descriptor = flight.FlightDescriptor.for_command(
-        json.dumps({"PutTable": {"path": "db.users", "schema_id": 1, "target_columns": target_columns}})
+        json.dumps({"PutTable": {"path": path, "schema_id": 1, "target_columns": target_columns}})
     )
     writer, reader = client.do_put(descriptor, batch.schema)
     writer.write_with_metadata(batch, pa.py_buffer(json.dumps(meta or {}).encode()))
@@ -382,17 +382,7 @@ def test_lookups_on_a_partitioned_primary_key_table(node):
         [pa.array(["2026-11-28", "2026-11-29", "2026-11-29"]), pa.array([1, 1, 2], pa.int64()), pa.array(["a", "b", "c"])],
         schema=schema,
     )
-    descriptor = flight.FlightDescriptor.for_command(json.dumps({"PutTable": {"path": "db.daily_kv", "schema_id": 1}}))
-
-    def put():
-        writer, reader = client.do_put(descriptor, batch.schema)
-        writer.write_with_metadata(batch, pa.py_buffer(b"{}"))
-        writer.done_writing()
-        answer = reader.read()
-        writer.close()
-        return answer
-
-    retry(put)
+    retry(lambda: put_table(client, batch, path="db.daily_kv"))
     keys = [["2026-11-29", 1], ["2026-11-28", 1], ["2026-11-29", 3], ["2026-12-01", 1]]
     [result] = client.do_action(flight.Action("lookup", json.dumps({"path": "db.daily_kv", "keys": keys}).encode()))
     rows = pa.ipc.open_stream(result.body.to_pybytes()).read_all().to_pylist()
@@ -476,17 +466,7 @@ def test_prefix_lookup_by_the_leading_bucket_key(node):
         [pa.array(["ann", "bob", "ann", "annie"]), pa.array([2, 1, 1, 9], pa.int64()), pa.array([1, 2, 3, 4], pa.int64())],
         schema=schema,
     )
-    descriptor = flight.FlightDescriptor.for_command(json.dumps({"PutTable": {"path": "db.orders", "schema_id": 1}}))
-
-    def put():
-        writer, reader = client.do_put(descriptor, schema)
-        writer.write_with_metadata(batch, pa.py_buffer(b"{}"))
-        writer.done_writing()
-        answer = reader.read()
-        writer.close()
-        return answer
-
-    retry(put)
+    retry(lambda: put_table(client, batch, path="db.orders"))
     [result] = client.do_action(
         flight.Action("prefix_lookup", json.dumps({"path": "db.orders", "prefix": ["ann"]}).encode())
     )
