@@ -25,7 +25,7 @@ use mink_log::{AppendRequest, LogTablet, NO_WRITER, OffsetSpec};
 use mink_meta::{MetaNode, TableInfo};
 use mink_types::{
     ChangeType, KeyValue, MinkError, Result, TableBucket, TableDescriptor, TablePath,
-    encode_values, hash_bucket, split_by_bucket, split_by_partition,
+    encode_values, split_by_bucket, split_by_partition,
 };
 use mink_wal::StreamStore;
 use serde::Deserialize;
@@ -791,32 +791,13 @@ impl NodeService {
                         .iter()
                         .map(|r| body.keys[*r as usize].clone())
                         .collect();
-                    let ipc = self
-                        .forwarder
-                        .action_raw(
-                            &addr,
-                            "lookup",
-                            &serde_json::json!({"path": body.path, "keys": subset}),
-                        )
-                        .await?;
-                    let reader =
-                        arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(ipc), None)?;
-                    for batch in reader {
-                        found.push(batch?);
-                    }
+                    let body = serde_json::json!({"path": body.path, "keys": subset});
+                    found.extend(self.forwarded_rows(&addr, "lookup", &body).await?);
                 }
                 Err(e) => return Err(e),
             }
         }
-        let mut out = Vec::new();
-        {
-            let mut writer = arrow::ipc::writer::StreamWriter::try_new(&mut out, &schema)?;
-            for batch in &found {
-                writer.write(batch)?;
-            }
-            writer.finish()?;
-        }
-        Ok(out)
+        ipc_stream(&schema, &found)
     }
 
     /// Rows whose primary key starts with the given bucket-key values (the bucket key
@@ -830,36 +811,38 @@ impl NodeService {
                 format!("{} has no primary key", body.path),
             ));
         }
-        if d.is_partitioned() {
-            return Err(MinkError::Unimplemented(
-                "prefix lookups on partitioned tables".into(),
-            ));
-        }
-        let bucket_keys = d.bucket_keys();
-        if d.primary_key.len() <= bucket_keys.len()
-            || d.primary_key[..bucket_keys.len()] != bucket_keys[..]
-        {
+        // The prefix is the leading primary-key columns that pick the partition and the
+        // bucket; the rows found share them and differ in the columns after.
+        let mut leading: Vec<String> = d.partition_keys.clone();
+        leading.extend(d.bucket_keys());
+        let k = leading.len();
+        let mut head: Vec<&String> = d.primary_key.iter().take(k).collect();
+        head.sort();
+        let mut wanted: Vec<&String> = leading.iter().collect();
+        wanted.sort();
+        if d.primary_key.len() <= k || head != wanted {
             return Err(MinkError::invalid(
                 "path",
                 format!(
-                    "{}: prefix lookups need the bucket key ({}) to lead a longer primary key ({})",
+                    "{}: prefix lookups need the partition and bucket keys ({}) to lead a longer primary key ({})",
                     body.path,
-                    bucket_keys.join(", "),
+                    leading.join(", "),
                     d.primary_key.join(", ")
                 ),
             ));
         }
-        if body.prefix.len() != bucket_keys.len() {
+        let columns = &d.primary_key[..k];
+        if body.prefix.len() != k {
             return Err(MinkError::invalid(
                 "prefix",
                 format!(
-                    "{} values for {} bucket-key columns",
+                    "{} values for {k} leading primary-key columns ({}: the partition and bucket-key columns)",
                     body.prefix.len(),
-                    bucket_keys.len()
+                    columns.join(", ")
                 ),
             ));
         }
-        let types: Vec<mink_types::DataType> = bucket_keys
+        let types: Vec<mink_types::DataType> = columns
             .iter()
             .map(|k| {
                 d.schema
@@ -869,20 +852,54 @@ impl NodeService {
             })
             .collect::<Result<_>>()?;
         let values = json_key_values(&types, &body.prefix, "prefix")?;
-        let (bucket, encoded) = bucket_of_values(d, &types, &values)?;
-        let tablet = self
-            .kv_tablet(TableBucket::new(table.id, None, bucket))
-            .await?;
-        let limit = body.limit.unwrap_or(LOOKUP_KEYS_MAX).min(LOOKUP_KEYS_MAX);
-        let rows = tablet.prefix_lookup(&encoded, limit)?;
-        let mut out = Vec::new();
-        {
-            let mut writer =
-                arrow::ipc::writer::StreamWriter::try_new(&mut out, &d.schema.to_arrow())?;
-            writer.write(&rows)?;
-            writer.finish()?;
+        let mut encoded = Vec::new();
+        encode_values(&types, &values, &mut encoded)?;
+        let prefix_row = RecordBatch::try_new(
+            Arc::new(arrow::datatypes::Schema::new(
+                columns
+                    .iter()
+                    .zip(&types)
+                    .map(|(n, t)| arrow::datatypes::Field::new(n, t.to_arrow(), false))
+                    .collect::<Vec<_>>(),
+            )),
+            values
+                .iter()
+                .zip(&types)
+                .map(|(v, t)| mink_types::key::key_values_to_array(*t, &[v]))
+                .collect::<Result<Vec<_>>>()?,
+        )?;
+        let schema = d.schema.to_arrow();
+        let mut found = Vec::new();
+        // One bucket (none when the partition does not exist), asked where it is led.
+        if let Some((bucket, _)) = self.route(&table, &prefix_row, false).await?.pop() {
+            match self.kv_tablet(bucket).await {
+                Ok(tablet) => {
+                    let limit = body.limit.unwrap_or(LOOKUP_KEYS_MAX).min(LOOKUP_KEYS_MAX);
+                    found.push(tablet.prefix_lookup(&encoded, limit)?);
+                }
+                Err(MinkError::NotLeader {
+                    leader: Some(addr), ..
+                }) => {
+                    let body = serde_json::json!({"path": body.path, "prefix": body.prefix,
+                        "limit": body.limit});
+                    found.extend(self.forwarded_rows(&addr, "prefix_lookup", &body).await?);
+                }
+                Err(e) => return Err(e),
+            }
         }
-        Ok(out)
+        ipc_stream(&schema, &found)
+    }
+
+    /// The rows another node's lookup action answers (an Arrow IPC stream).
+    async fn forwarded_rows(
+        &self,
+        addr: &str,
+        action: &str,
+        body: &serde_json::Value,
+    ) -> Result<Vec<RecordBatch>> {
+        let ipc = self.forwarder.action_raw(addr, action, body).await?;
+        let reader = arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(ipc), None)?;
+        reader.map(|b| Ok(b?)).collect()
     }
 
     async fn metadata_json(&self, path: &TablePath) -> Result<serde_json::Value> {
@@ -929,25 +946,16 @@ fn json_key_values(
         .collect()
 }
 
-/// The bucket of bucket-key values under the table's rule, with their encoding.
-fn bucket_of_values(
-    d: &TableDescriptor,
-    types: &[mink_types::DataType],
-    values: &[KeyValue],
-) -> Result<(u32, Vec<u8>)> {
-    let mut encoded = Vec::new();
-    encode_values(types, values, &mut encoded)?;
-    let bucket = match d.bucketing {
-        mink_types::BucketingRule::Hash => hash_bucket(&encoded, d.bucket_count),
-        mink_types::BucketingRule::Iceberg => {
-            let first = values.first().ok_or_else(|| {
-                MinkError::invalid("bucket_keys", "the iceberg rule needs a bucket key")
-            })?;
-            let h = mink_types::bucketing::iceberg_hash(first)?;
-            ((h & i32::MAX) as u32) % d.bucket_count
-        }
-    };
-    Ok((bucket, encoded))
+/// `batches` as one Arrow IPC stream of `schema`.
+fn ipc_stream(schema: &SchemaRef, batches: &[RecordBatch]) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut writer = arrow::ipc::writer::StreamWriter::try_new(&mut out, schema)?;
+    for batch in batches {
+        writer.write(batch)?;
+    }
+    writer.finish()?;
+    drop(writer);
+    Ok(out)
 }
 
 /// A scan's batches with their `ScanBatch` metadata, arranged as the table's current

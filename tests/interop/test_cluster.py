@@ -9,7 +9,7 @@ import pyarrow.flight as flight
 import pytest
 
 from node_proc import NodeProcess, retry
-from test_flight import EVENTS, SCHEMA, USERS, USER_SCHEMA, action, append_table, lookup, put_table
+from test_flight import EVENTS, SCHEMA, USERS, USER_SCHEMA, action, append_table, lookup, prefix_lookup, put_table
 
 
 @pytest.fixture()
@@ -107,6 +107,22 @@ def test_writes_are_routed_and_forwarded_across_three_nodes(cluster):
     for client in clients:
         found = lookup(client, list(range(35)))
         assert found == {i: (f"u{i}", i) for i in range(30)}
+
+    # And a prefix lookup, whichever node leads the key's bucket.
+    orders = {
+        "schema": {"columns": [{"name": "user", "type": "STRING", "nullable": False},
+                               {"name": "order", "type": "BIGINT", "nullable": False}]},
+        "primary_key": ["user", "order"], "bucket_keys": ["user"], "bucket_count": 6,
+    }
+    action(first, "create_table", {"path": "db.orders", "descriptor": orders})
+    schema = pa.schema([pa.field("user", pa.string(), nullable=False), pa.field("order", pa.int64(), nullable=False)])
+    users_of = [f"user{i}" for i in range(12)]
+    placed = pa.record_batch([pa.array(users_of * 2), pa.array(range(24), pa.int64())], schema=schema)
+    retry(lambda: put_table(clients[1], placed, path="db.orders"))
+    for client in clients:
+        for u in users_of:
+            rows = prefix_lookup(client, "db.orders", [u])
+            assert [r["user"] for r in rows] == [u, u]
 
 
 def test_a_killed_lease_holder_is_replaced_and_its_buckets_move(cluster):

@@ -476,6 +476,45 @@ def test_prefix_lookup_by_the_leading_bucket_key(node):
         list(client.do_action(flight.Action("prefix_lookup", json.dumps({"path": "db.orders", "prefix": []}).encode())))
 
 
+def prefix_lookup(client, path, prefix):
+    [result] = client.do_action(flight.Action("prefix_lookup", json.dumps({"path": path, "prefix": prefix}).encode()))
+    return pa.ipc.open_stream(result.body.to_pybytes()).read_all().to_pylist()
+
+
+def test_prefix_lookup_on_a_partitioned_table(node):
+    _, client = node
+    action(client, "create_database", {"name": "db"})
+    orders = {
+        "schema": {
+            "columns": [
+                {"name": "day", "type": "DATE", "nullable": False},
+                {"name": "user", "type": "STRING", "nullable": False},
+                {"name": "order", "type": "BIGINT", "nullable": False},
+            ]
+        },
+        "primary_key": ["day", "user", "order"],
+        "partition_keys": ["day"],
+        "bucket_keys": ["user"],
+        "bucket_count": 3,
+    }
+    action(client, "create_table", {"path": "db.daily_orders", "descriptor": orders})
+    schema = pa.schema([pa.field("day", pa.date32(), nullable=False), pa.field("user", pa.string(), nullable=False),
+                        pa.field("order", pa.int64(), nullable=False)])
+    import datetime
+    d28, d29 = datetime.date(2026, 11, 28), datetime.date(2026, 11, 29)
+    batch = pa.record_batch(
+        [pa.array([d28, d29, d29, d29], pa.date32()), pa.array(["ann", "ann", "ann", "bob"]), pa.array([1, 3, 2, 4], pa.int64())],
+        schema=schema,
+    )
+    retry(lambda: put_table(client, batch, path="db.daily_orders"))
+    day = lambda d: (d - datetime.date(1970, 1, 1)).days  # noqa: E731 - DATE keys are days since the epoch
+    rows = prefix_lookup(client, "db.daily_orders", [day(d29), "ann"])
+    assert [(str(r["day"]), r["user"], r["order"]) for r in rows] == [("2026-11-29", "ann", 2), ("2026-11-29", "ann", 3)]
+    assert prefix_lookup(client, "db.daily_orders", [day(d29) + 26, "ann"]) == [], "no such partition: no rows"
+    with pytest.raises(pa.ArrowInvalid, match="day, user: the partition and bucket-key columns"):
+        prefix_lookup(client, "db.daily_orders", ["ann"])
+
+
 def test_admin_health_and_metrics_after_a_write(node):
     import urllib.request
 
