@@ -152,8 +152,8 @@ impl KeyValue {
     }
 
     /// Parses a value of type `ty` from text, as typed on a command line (`id=42`).
-    /// Dates are `YYYY-MM-DD`-free integers here: days since the epoch; times and
-    /// timestamps are integers in the column's unit; BYTES are taken as UTF-8.
+    /// Dates are `YYYY-MM-DD` or days since the epoch; times and timestamps are
+    /// integers in the column's unit; BYTES are taken as UTF-8.
     pub fn parse(ty: DataType, text: &str) -> Result<KeyValue> {
         let bad = |e: String| {
             MinkError::invalid("key value", format!("{text:?} is not of type {ty}: {e}"))
@@ -173,7 +173,14 @@ impl KeyValue {
             }
             DataType::String => KeyValue::String(text.to_string()),
             DataType::Bytes => KeyValue::Bytes(text.as_bytes().to_vec()),
-            DataType::Date => KeyValue::Date(text.parse().map_err(|e| bad(format!("{e}")))?),
+            DataType::Date => KeyValue::Date(match text.parse::<i32>() {
+                Ok(days) => days,
+                Err(_) => {
+                    use arrow::compute::kernels::cast_utils::Parser;
+                    arrow::datatypes::Date32Type::parse(text)
+                        .ok_or_else(|| bad("neither YYYY-MM-DD nor days since 1970-01-01".into()))?
+                }
+            }),
             DataType::Time { .. } => KeyValue::Time(text.parse().map_err(|e| bad(format!("{e}")))?),
             DataType::Timestamp { .. } | DataType::TimestampLtz { .. } => {
                 KeyValue::Timestamp(text.parse().map_err(|e| bad(format!("{e}")))?)
@@ -580,6 +587,16 @@ pub fn key_values_to_array(ty: DataType, values: &[&KeyValue]) -> Result<ArrayRe
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dates_parse_from_calendar_days_or_day_numbers() {
+        let day = |t| KeyValue::parse(DataType::Date, t);
+        assert_eq!(day("2026-11-29").unwrap(), KeyValue::Date(20_786));
+        assert_eq!(day("20786").unwrap(), KeyValue::Date(20_786));
+        assert_eq!(day("1969-12-31").unwrap(), KeyValue::Date(-1));
+        let err = day("2026-13-01").unwrap_err().to_string();
+        assert!(err.contains("YYYY-MM-DD"), "{err}");
+    }
     use arrow::datatypes::{Field, Schema as ArrowSchema};
     use proptest::prelude::*;
 
