@@ -381,12 +381,34 @@ impl MinkClient {
         bucket: TableBucket,
         refresh: bool,
     ) -> Result<String> {
-        let meta = self.metadata(path, refresh).await?;
-        meta.buckets
-            .iter()
-            .find(|b| b.bucket == bucket)
-            .and_then(|b| b.leader_address.clone())
-            .ok_or_else(|| MinkError::Unavailable(format!("{bucket} has no leader yet")))
+        let find = |meta: &Metadata| {
+            meta.buckets
+                .iter()
+                .find(|b| b.bucket == bucket)
+                .and_then(|b| b.leader_address.clone())
+        };
+        if let Some(leader) = find(&self.metadata(path, refresh).await?) {
+            return Ok(leader);
+        }
+        // A bucket younger than the cached routing (a new partition), or one that had no
+        // leader when it was cached: look again.
+        if !refresh && let Some(leader) = find(&self.metadata(path, true).await?) {
+            return Ok(leader);
+        }
+        Err(MinkError::Unavailable(format!(
+            "{bucket} has no leader yet"
+        )))
+    }
+
+    /// Drops the cached routing of `path` after an answer that says it is stale.
+    async fn stale_routing<T>(&self, path: &TablePath, result: Result<T>) -> Result<T> {
+        if matches!(
+            result,
+            Err(MinkError::NotLeader { .. } | MinkError::Unavailable(_))
+        ) {
+            self.routing.lock().await.remove(path);
+        }
+        result
     }
 
     /// Writes one bucket's rows at its leader with the bucket's next sequence; retries
@@ -616,7 +638,8 @@ impl MinkClient {
             offset,
             max_bytes: None,
         };
-        self.read_at(&leader, &ticket).await
+        let result = self.read_at(&leader, &ticket).await;
+        self.stale_routing(path, result).await
     }
 
     async fn read_at(
@@ -695,6 +718,17 @@ impl MinkClient {
     /// Long poll: waits up to `max_wait` for rows of `bucket` from `offset`; returns
     /// them and the offset to poll from next.
     pub async fn poll(
+        &self,
+        path: &TablePath,
+        bucket: TableBucket,
+        offset: i64,
+        max_wait: Duration,
+    ) -> Result<(Vec<RecordBatch>, i64)> {
+        let result = self.poll_leader(path, bucket, offset, max_wait).await;
+        self.stale_routing(path, result).await
+    }
+
+    async fn poll_leader(
         &self,
         path: &TablePath,
         bucket: TableBucket,

@@ -84,11 +84,17 @@ def test_tail_and_offsets_of_a_partitioned_table(cli, bin_dir):
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline and "new-four" not in (tmp / "tail.out").read_text():
                 time.sleep(0.1)
+            # A partition created while the tail runs is followed too.
+            (tmp / "next.csv").write_text("day,id,msg\n2026-11-30,5,next-day\n")
+            mink("write", "demo.daily", "--file", "next.csv")
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and "next-day" not in (tmp / "tail.out").read_text():
+                time.sleep(0.1)
         finally:
             tail.terminate()
             tail.wait(timeout=10)
     seen = (tmp / "tail.out").read_text()
-    assert "new-three" in seen and "new-four" in seen, seen
+    assert "new-three" in seen and "new-four" in seen and "next-day" in seen, seen
     assert "old-one" not in seen, "a tail starts at the latest offsets"
 
 

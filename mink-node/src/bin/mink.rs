@@ -189,7 +189,7 @@ struct ScanArgs {
 struct TailArgs {
     table: String,
     /// Only this bucket number (default: every bucket; of a partitioned table, every
-    /// bucket of the partitions that exist when the tail starts).
+    /// bucket of every partition, including partitions created while it runs).
     #[arg(long)]
     bucket: Option<u32>,
 }
@@ -671,7 +671,7 @@ async fn run(cli: Cli) -> CliResult<()> {
         }
         Command::Tail(args) => {
             let table = path(&args.table)?;
-            let (_, meta) = table_meta(&client, &table).await?;
+            let (d, meta) = table_meta(&client, &table).await?;
             // Each bucket (of every partition, for a partitioned table) from its latest
             // offset.
             let mut buckets = Vec::new();
@@ -695,7 +695,7 @@ async fn run(cli: Cli) -> CliResult<()> {
             }
             let client = Arc::new(client);
             let (tx, mut rx) = tokio::sync::mpsc::channel::<RecordBatch>(64);
-            for (bucket, mut offset) in buckets {
+            let follow = |bucket: TableBucket, mut offset: i64| {
                 let (client, tx, table) = (client.clone(), tx.clone(), table.clone());
                 tokio::spawn(async move {
                     loop {
@@ -718,8 +718,14 @@ async fn run(cli: Cli) -> CliResult<()> {
                         }
                     }
                 });
+            };
+            let mut followed = std::collections::HashSet::new();
+            for (bucket, offset) in buckets {
+                followed.insert(bucket);
+                follow(bucket, offset);
             }
-            drop(tx);
+            // A partitioned table grows partitions: follow each new one from its start.
+            let mut refresh = tokio::time::interval(Duration::from_secs(2));
             loop {
                 tokio::select! {
                     _ = tokio::signal::ctrl_c() => return Ok(()),
@@ -727,6 +733,20 @@ async fn run(cli: Cli) -> CliResult<()> {
                         Some(b) => println!("{}", pretty_format_batches(&[b]).map_err(err)?),
                         None => return Ok(()),
                     },
+                    _ = refresh.tick(), if d.is_partitioned() => {
+                        let Ok((_, meta)) = table_meta(&client, &table).await else {
+                            continue;
+                        };
+                        for entry in meta["buckets"].as_array().into_iter().flatten() {
+                            if let Ok(bucket) =
+                                serde_json::from_value::<TableBucket>(entry["bucket"].clone())
+                                && args.bucket.is_none_or(|n| n == bucket.bucket)
+                                && followed.insert(bucket)
+                            {
+                                follow(bucket, 0);
+                            }
+                        }
+                    }
                 }
             }
         }
