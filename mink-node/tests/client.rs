@@ -4,11 +4,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use arrow::array::{Array, Int64Array, RecordBatch, StringArray};
 use mink_flight::MinkClient;
 use mink_node::MinkConfig;
 use mink_node::node::Node;
-use mink_types::{Column, DataType, Schema, TableDescriptor, TablePath};
+use mink_types::{TableDescriptor, TablePath};
+
+mod common;
+use common::{ids, rows};
 
 fn config(dir: &std::path::Path, shared: &std::path::Path, id: &str) -> MinkConfig {
     let mut c = MinkConfig {
@@ -27,45 +29,7 @@ fn config(dir: &std::path::Path, shared: &std::path::Path, id: &str) -> MinkConf
 }
 
 fn events() -> TableDescriptor {
-    TableDescriptor {
-        bucket_keys: Some(vec!["id".into()]),
-        bucket_count: 4,
-        ..TableDescriptor::log_table(Schema::new(
-            1,
-            vec![
-                Column::new("id", DataType::BigInt, false),
-                Column::new("msg", DataType::String, true),
-            ],
-        ))
-    }
-}
-
-fn rows(ids: std::ops::Range<i64>) -> RecordBatch {
-    let schema = events().schema.to_arrow();
-    RecordBatch::try_new(
-        schema,
-        vec![
-            Arc::new(Int64Array::from_iter_values(ids.clone())),
-            Arc::new(StringArray::from_iter_values(ids.map(|i| format!("m{i}")))),
-        ],
-    )
-    .unwrap()
-}
-
-fn ids(batches: &[RecordBatch]) -> Vec<i64> {
-    let mut out: Vec<i64> = batches
-        .iter()
-        .flat_map(|b| {
-            b.column(0)
-                .as_any()
-                .downcast_ref::<Int64Array>()
-                .unwrap()
-                .values()
-                .to_vec()
-        })
-        .collect();
-    out.sort();
-    out
+    common::events_in(4)
 }
 
 /// Retries while bucket leaders are being assigned.

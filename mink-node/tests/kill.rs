@@ -7,9 +7,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use arrow::array::{Array, Int64Array, RecordBatch, StringArray};
 use mink_flight::MinkClient;
-use mink_types::{Column, DataType, Schema, TableDescriptor, TablePath};
+use mink_types::{TableDescriptor, TablePath};
+
+mod common;
+use common::{ids, rows};
 
 /// Starts the node binary on `flight` (port 0 for any) and returns it with the address
 /// it reports; its log is drained in the background.
@@ -50,30 +52,8 @@ fn spawn(data: &std::path::Path, store: &std::path::Path, flight: &str) -> (Chil
     (child, addr)
 }
 
-fn rows(ids: std::ops::Range<i64>) -> RecordBatch {
-    let schema = events().schema.to_arrow();
-    RecordBatch::try_new(
-        schema,
-        vec![
-            Arc::new(Int64Array::from_iter_values(ids.clone())),
-            Arc::new(StringArray::from_iter_values(ids.map(|i| format!("m{i}")))),
-        ],
-    )
-    .unwrap()
-}
-
 fn events() -> TableDescriptor {
-    TableDescriptor {
-        bucket_keys: Some(vec!["id".into()]),
-        bucket_count: 3,
-        ..TableDescriptor::log_table(Schema::new(
-            1,
-            vec![
-                Column::new("id", DataType::BigInt, false),
-                Column::new("msg", DataType::String, true),
-            ],
-        ))
-    }
+    common::events_in(3)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -119,21 +99,7 @@ async fn sigkill_mid_stream_loses_no_acknowledged_row_and_duplicates_none() {
     stop_tx.send(true).unwrap();
     let written = writer.await.unwrap().expect("every append is acknowledged");
 
-    let mut ids: Vec<i64> = client
-        .scan_table(&path)
-        .await
-        .unwrap()
-        .iter()
-        .flat_map(|b| {
-            b.column(0)
-                .as_any()
-                .downcast_ref::<Int64Array>()
-                .unwrap()
-                .values()
-                .to_vec()
-        })
-        .collect();
-    ids.sort();
+    let ids = ids(&client.scan_table(&path).await.unwrap());
     assert_eq!(ids.len() as i64, written, "no row duplicated by a retry");
     assert_eq!(
         ids,
