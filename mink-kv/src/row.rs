@@ -6,15 +6,7 @@
 //! type (self-delimiting; see docs/key-encoding.md). A row written under an older
 //! schema reads back under a newer one with the added (nullable) columns null.
 
-use std::sync::Arc;
-
-use arrow::array::{
-    Array, ArrayRef, AsArray, BinaryArray, BooleanArray, Date32Array, Decimal128Array,
-    Float32Array, Float64Array, Int8Array, Int16Array, Int32Array, Int64Array, RecordBatch,
-    StringArray, Time32MillisecondArray, Time32SecondArray, Time64MicrosecondArray,
-    Time64NanosecondArray, TimestampMicrosecondArray, TimestampMillisecondArray,
-    TimestampNanosecondArray, TimestampSecondArray,
-};
+use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
 use arrow::datatypes::{
     DataType as ArrowType, Date32Type, Decimal128Type, Float32Type, Float64Type, Int8Type,
     Int16Type, Int32Type, Int64Type, Time32MillisecondType, Time32SecondType,
@@ -94,91 +86,7 @@ pub fn rows_of(batch: &RecordBatch) -> Result<Vec<Row>> {
 }
 
 fn column_array(ty: DataType, values: Vec<&Value>) -> Result<ArrayRef> {
-    macro_rules! prim {
-        ($variant:ident, $array:ty) => {{
-            let v: Vec<_> = values
-                .iter()
-                .map(|v| match v {
-                    Some(KeyValue::$variant(x)) => Ok(Some(x.clone())),
-                    None => Ok(None),
-                    Some(other) => Err(MinkError::Internal(format!("{other:?} in a {ty} column"))),
-                })
-                .collect::<Result<_>>()?;
-            Arc::new(<$array>::from(v)) as ArrayRef
-        }};
-    }
-    let array = match ty {
-        DataType::Boolean => prim!(Boolean, BooleanArray),
-        DataType::TinyInt => prim!(TinyInt, Int8Array),
-        DataType::SmallInt => prim!(SmallInt, Int16Array),
-        DataType::Int => prim!(Int, Int32Array),
-        DataType::BigInt => prim!(BigInt, Int64Array),
-        DataType::Float => prim!(Float, Float32Array),
-        DataType::Double => prim!(Double, Float64Array),
-        DataType::Decimal { precision, scale } => {
-            let v: Vec<Option<i128>> = values
-                .iter()
-                .map(|v| match v {
-                    Some(KeyValue::Decimal(x)) => Some(*x),
-                    _ => None,
-                })
-                .collect();
-            Arc::new(Decimal128Array::from(v).with_precision_and_scale(precision, scale as i8)?)
-                as ArrayRef
-        }
-        DataType::String => prim!(String, StringArray),
-        DataType::Bytes => {
-            let v: Vec<Option<&[u8]>> = values
-                .iter()
-                .map(|v| match v {
-                    Some(KeyValue::Bytes(x)) => Some(x.as_slice()),
-                    _ => None,
-                })
-                .collect();
-            Arc::new(BinaryArray::from(v)) as ArrayRef
-        }
-        DataType::Date => prim!(Date, Date32Array),
-        DataType::Time { .. } | DataType::Timestamp { .. } | DataType::TimestampLtz { .. } => {
-            let v: Vec<Option<i64>> = values
-                .iter()
-                .map(|v| match v {
-                    Some(KeyValue::Time(x)) | Some(KeyValue::Timestamp(x)) => Some(*x),
-                    _ => None,
-                })
-                .collect();
-            match ty.to_arrow() {
-                ArrowType::Time32(TimeUnit::Second) => Arc::new(Time32SecondArray::from(
-                    v.iter().map(|x| x.map(|x| x as i32)).collect::<Vec<_>>(),
-                )) as ArrayRef,
-                ArrowType::Time32(_) => Arc::new(Time32MillisecondArray::from(
-                    v.iter().map(|x| x.map(|x| x as i32)).collect::<Vec<_>>(),
-                )) as ArrayRef,
-                ArrowType::Time64(TimeUnit::Microsecond) => {
-                    Arc::new(Time64MicrosecondArray::from(v)) as ArrayRef
-                }
-                ArrowType::Time64(_) => Arc::new(Time64NanosecondArray::from(v)) as ArrayRef,
-                ArrowType::Timestamp(unit, tz) => match unit {
-                    TimeUnit::Second => {
-                        Arc::new(TimestampSecondArray::from(v).with_timezone_opt(tz)) as ArrayRef
-                    }
-                    TimeUnit::Millisecond => {
-                        Arc::new(TimestampMillisecondArray::from(v).with_timezone_opt(tz))
-                            as ArrayRef
-                    }
-                    TimeUnit::Microsecond => {
-                        Arc::new(TimestampMicrosecondArray::from(v).with_timezone_opt(tz))
-                            as ArrayRef
-                    }
-                    TimeUnit::Nanosecond => {
-                        Arc::new(TimestampNanosecondArray::from(v).with_timezone_opt(tz))
-                            as ArrayRef
-                    }
-                },
-                other => return Err(MinkError::Internal(format!("{ty} maps to {other}"))),
-            }
-        }
-    };
-    Ok(array)
+    mink_types::key::values_to_array(ty, &values.iter().map(|v| v.as_ref()).collect::<Vec<_>>())
 }
 
 /// A batch of `schema`'s columns from rows.

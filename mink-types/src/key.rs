@@ -514,58 +514,42 @@ pub fn decode_key(types: &[DataType], mut bytes: &[u8]) -> Result<Vec<KeyValue>>
 
 /// Builds an Arrow array of type `ty` from key values (for key batches of lookups).
 pub fn key_values_to_array(ty: DataType, values: &[&KeyValue]) -> Result<ArrayRef> {
+    values_to_array(ty, &values.iter().map(|v| Some(*v)).collect::<Vec<_>>())
+}
+
+/// Builds an Arrow array of type `ty` from values, `None` being null; a value of
+/// another type is an error.
+pub fn values_to_array(ty: DataType, values: &[Option<&KeyValue>]) -> Result<ArrayRef> {
+    let mismatch = |other: &KeyValue| {
+        MinkError::invalid("key value", format!("{other:?} is not of type {ty}"))
+    };
     macro_rules! build {
         ($variant:ident, $array:ty) => {{
             let vals = values
                 .iter()
                 .map(|v| match v {
-                    KeyValue::$variant(x) => Ok(x.clone()),
-                    other => Err(MinkError::invalid(
-                        "key value",
-                        format!("{other:?} is not of type {ty}"),
-                    )),
+                    None => Ok(None),
+                    Some(KeyValue::$variant(x)) => Ok(Some(x.clone())),
+                    Some(other) => Err(mismatch(other)),
                 })
                 .collect::<Result<Vec<_>>>()?;
-            Arc::new(<$array>::from(vals)) as ArrayRef
+            <$array>::from_iter(vals)
         }};
     }
-    let array = match ty {
-        DataType::Boolean => build!(Boolean, BooleanArray),
-        DataType::TinyInt => build!(TinyInt, Int8Array),
-        DataType::SmallInt => build!(SmallInt, Int16Array),
-        DataType::Int => build!(Int, Int32Array),
-        DataType::BigInt => build!(BigInt, Int64Array),
-        DataType::Float => build!(Float, Float32Array),
-        DataType::Double => build!(Double, Float64Array),
-        DataType::Decimal { precision, scale } => {
-            let vals = values
-                .iter()
-                .map(|v| match v {
-                    KeyValue::Decimal(x) => Ok(*x),
-                    other => Err(MinkError::invalid(
-                        "key value",
-                        format!("{other:?} is not of type {ty}"),
-                    )),
-                })
-                .collect::<Result<Vec<_>>>()?;
-            Arc::new(Decimal128Array::from(vals).with_precision_and_scale(precision, scale as i8)?)
-                as ArrayRef
-        }
-        DataType::String => build!(String, StringArray),
-        DataType::Bytes => {
-            let vals = values
-                .iter()
-                .map(|v| match v {
-                    KeyValue::Bytes(x) => Ok(x.as_slice()),
-                    other => Err(MinkError::invalid(
-                        "key value",
-                        format!("{other:?} is not of type BYTES"),
-                    )),
-                })
-                .collect::<Result<Vec<_>>>()?;
-            Arc::new(BinaryArray::from(vals)) as ArrayRef
-        }
-        DataType::Date => build!(Date, Date32Array),
+    let array: ArrayRef = match ty {
+        DataType::Boolean => Arc::new(build!(Boolean, BooleanArray)),
+        DataType::TinyInt => Arc::new(build!(TinyInt, Int8Array)),
+        DataType::SmallInt => Arc::new(build!(SmallInt, Int16Array)),
+        DataType::Int => Arc::new(build!(Int, Int32Array)),
+        DataType::BigInt => Arc::new(build!(BigInt, Int64Array)),
+        DataType::Float => Arc::new(build!(Float, Float32Array)),
+        DataType::Double => Arc::new(build!(Double, Float64Array)),
+        DataType::Decimal { precision, scale } => Arc::new(
+            build!(Decimal, Decimal128Array).with_precision_and_scale(precision, scale as i8)?,
+        ),
+        DataType::String => Arc::new(build!(String, StringArray)),
+        DataType::Bytes => Arc::new(build!(Bytes, BinaryArray)),
+        DataType::Date => Arc::new(build!(Date, Date32Array)),
         DataType::Time { .. } => {
             let array = build!(Time, Int64Array);
             match ty.to_arrow() {
