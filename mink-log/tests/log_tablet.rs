@@ -54,6 +54,8 @@ fn wal_config() -> WalConfig {
     WalConfig {
         compaction_interval_ms: 3_600_000,
         segment_bytes_max: 1,
+        // Failure semantics are tested here: the first failed upload is final.
+        upload_retry_budget_ms: 0,
         ..Default::default()
     }
 }

@@ -63,6 +63,11 @@ pub struct WalConfig {
     /// names it as owner) are deleted once older than this, in milliseconds.
     /// Default 600,000 (10 minutes).
     pub dead_wal_grace_ms: u64,
+    /// How long one WAL upload is retried (with backoff) after errors and timeouts
+    /// before the writer gives up and fails, in milliseconds. A slow-down episode on
+    /// S3 can last minutes; appends wait meanwhile (nothing is acknowledged out of
+    /// order). 0: no retries. Default 60,000.
+    pub upload_retry_budget_ms: u64,
 }
 
 impl Default for WalConfig {
@@ -76,6 +81,7 @@ impl Default for WalConfig {
             compaction_interval_ms: 30_000,
             segment_bytes_max: 64 << 20,
             dead_wal_grace_ms: 600_000,
+            upload_retry_budget_ms: 60_000,
         }
     }
 }

@@ -6,7 +6,13 @@
 //! - a failure rate for PUTs (the PUT is not applied) and GETs;
 //! - an ambiguous-timeout rate for PUTs: the PUT **is applied** and then reported as a
 //!   timeout, which is what a real timeout may be;
-//! - "fail the next N PUTs" and "time out the next N PUTs (applied)";
+//! - a rate of conditional creates that are applied and then answered
+//!   `AlreadyExists`: what object_store's own retry of a create whose response was
+//!   lost sees;
+//! - "fail the next N PUTs", "time out the next N PUTs (applied)" and "conflict after
+//!   applying the next N PUTs";
+//! - faults limited to paths under one prefix, and a "down" switch that fails every
+//!   request at once (a dead or partitioned node);
 //! - a per-path PUT delay hook, to reorder uploads on purpose.
 //!
 //! It also counts requests and bytes by kind, which benchmarks report.
@@ -46,8 +52,14 @@ pub struct FaultConfig {
     pub put_failure_rate: f64,
     /// Probability that a PUT is applied and then reported as timed out.
     pub put_ambiguous_rate: f64,
+    /// Probability that a conditional create is applied and then answered
+    /// `AlreadyExists` (a retry meeting its own landed attempt).
+    pub put_conflict_rate: f64,
     /// Probability that a GET fails.
     pub get_failure_rate: f64,
+    /// When set, injected failures hit only paths under this prefix (latency still
+    /// applies everywhere).
+    pub fault_prefix: Option<String>,
     /// Seed of the RNG behind every random decision.
     pub seed: u64,
 }
@@ -68,7 +80,18 @@ struct State {
     rng: StdRng,
     fail_next_puts: u64,
     ambiguous_next_puts: u64,
+    conflict_next_puts: u64,
+    down: bool,
     put_delay: Option<PutDelayFn>,
+}
+
+impl State {
+    fn targets(&self, path: &Path) -> bool {
+        self.config
+            .fault_prefix
+            .as_deref()
+            .is_none_or(|p| path.as_ref().starts_with(p))
+    }
 }
 
 /// The wrapper. Cheap to clone; clones share faults and counters.
@@ -82,6 +105,7 @@ pub struct FaultyStore {
 enum PutFate {
     Fail,
     Ambiguous,
+    Conflict,
     Normal,
 }
 
@@ -102,6 +126,8 @@ impl FaultyStore {
                 rng,
                 fail_next_puts: 0,
                 ambiguous_next_puts: 0,
+                conflict_next_puts: 0,
+                down: false,
                 put_delay: None,
             })),
             counters: Arc::new(FaultCounters::default()),
@@ -126,6 +152,20 @@ impl FaultyStore {
     /// The next `n` PUTs are applied, then reported as timed out.
     pub fn time_out_next_puts(&self, n: u64) {
         self.with(|s| s.ambiguous_next_puts = n);
+    }
+
+    /// The next `n` conditional creates are applied, then answered `AlreadyExists`.
+    pub fn conflict_after_apply_next_puts(&self, n: u64) {
+        self.with(|s| s.conflict_next_puts = n);
+    }
+
+    /// While down, every request fails at once and nothing is applied.
+    pub fn set_down(&self, down: bool) {
+        self.with(|s| s.down = down);
+    }
+
+    fn is_down(&self) -> bool {
+        self.with(|s| s.down)
     }
 
     /// Installs (or removes) a per-path PUT delay.
@@ -161,18 +201,28 @@ impl FaultyStore {
             } else {
                 delay + s.config.jitter.mul_f64(s.rng.random::<f64>())
             };
-            let fate = if s.fail_next_puts > 0 {
+            let fate = if s.down {
+                PutFate::Fail
+            } else if !s.targets(path) {
+                PutFate::Normal
+            } else if s.fail_next_puts > 0 {
                 s.fail_next_puts -= 1;
                 PutFate::Fail
             } else if s.ambiguous_next_puts > 0 {
                 s.ambiguous_next_puts -= 1;
                 PutFate::Ambiguous
+            } else if s.conflict_next_puts > 0 {
+                s.conflict_next_puts -= 1;
+                PutFate::Conflict
             } else {
                 let roll: f64 = s.rng.random();
-                if roll < s.config.put_failure_rate {
+                let c = &s.config;
+                if roll < c.put_failure_rate {
                     PutFate::Fail
-                } else if roll < s.config.put_failure_rate + s.config.put_ambiguous_rate {
+                } else if roll < c.put_failure_rate + c.put_ambiguous_rate {
                     PutFate::Ambiguous
+                } else if roll < c.put_failure_rate + c.put_ambiguous_rate + c.put_conflict_rate {
+                    PutFate::Conflict
                 } else {
                     PutFate::Normal
                 }
@@ -181,10 +231,13 @@ impl FaultyStore {
         })
     }
 
-    fn get_fails(&self) -> bool {
+    fn get_fails(&self, path: &Path) -> bool {
         self.with(|s| {
+            if s.down {
+                return true;
+            }
             let rate = s.config.get_failure_rate;
-            rate > 0.0 && s.rng.random::<f64>() < rate
+            rate > 0.0 && s.targets(path) && s.rng.random::<f64>() < rate
         })
     }
 }
@@ -236,6 +289,20 @@ impl ObjectStore for FaultyStore {
                 let _ = self.inner.put_opts(location, payload, opts).await;
                 Err(injected("injected PUT timeout (the PUT was applied)"))
             }
+            PutFate::Conflict => {
+                let create = matches!(opts.mode, object_store::PutMode::Create);
+                let applied = self.inner.put_opts(location, payload, opts).await?;
+                if !create {
+                    return Ok(applied);
+                }
+                self.counters
+                    .injected_failures
+                    .fetch_add(1, Ordering::Relaxed);
+                Err(object_store::Error::AlreadyExists {
+                    path: location.to_string(),
+                    source: "injected: a retry met its own landed create".into(),
+                })
+            }
             PutFate::Normal => self.inner.put_opts(location, payload, opts).await,
         }
     }
@@ -255,7 +322,7 @@ impl ObjectStore for FaultyStore {
     ) -> object_store::Result<GetResult> {
         self.counters.gets.fetch_add(1, Ordering::Relaxed);
         sleep(self.delay(|c| c.get_latency)).await;
-        if self.get_fails() {
+        if self.get_fails(location) {
             self.counters
                 .injected_failures
                 .fetch_add(1, Ordering::Relaxed);
@@ -271,7 +338,7 @@ impl ObjectStore for FaultyStore {
     ) -> object_store::Result<Vec<Bytes>> {
         self.counters.gets.fetch_add(1, Ordering::Relaxed);
         sleep(self.delay(|c| c.get_latency)).await;
-        if self.get_fails() {
+        if self.get_fails(location) {
             self.counters
                 .injected_failures
                 .fetch_add(1, Ordering::Relaxed);
@@ -286,6 +353,11 @@ impl ObjectStore for FaultyStore {
     ) -> BoxStream<'static, object_store::Result<Path>> {
         let delay = self.delay(|c| c.delete_latency);
         let counters = self.counters.clone();
+        if self.is_down() {
+            return locations
+                .map(|_| Err(injected("injected: the store is down")))
+                .boxed();
+        }
         let locations = locations
             .then(move |l| {
                 counters.deletes.fetch_add(1, Ordering::Relaxed);
@@ -301,6 +373,10 @@ impl ObjectStore for FaultyStore {
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
         self.counters.lists.fetch_add(1, Ordering::Relaxed);
         let delay = self.delay(|c| c.list_latency);
+        if self.is_down() {
+            return futures::stream::once(async { Err(injected("injected: the store is down")) })
+                .boxed();
+        }
         let inner = self.inner.list(prefix);
         futures::stream::once(async move {
             sleep(delay).await;
@@ -317,6 +393,10 @@ impl ObjectStore for FaultyStore {
     ) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
         self.counters.lists.fetch_add(1, Ordering::Relaxed);
         let delay = self.delay(|c| c.list_latency);
+        if self.is_down() {
+            return futures::stream::once(async { Err(injected("injected: the store is down")) })
+                .boxed();
+        }
         let inner = self.inner.list_with_offset(prefix, offset);
         futures::stream::once(async move {
             sleep(delay).await;
@@ -329,6 +409,9 @@ impl ObjectStore for FaultyStore {
     async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
         self.counters.lists.fetch_add(1, Ordering::Relaxed);
         sleep(self.delay(|c| c.list_latency)).await;
+        if self.is_down() {
+            return Err(injected("injected: the store is down"));
+        }
         self.inner.list_with_delimiter(prefix).await
     }
 
@@ -338,6 +421,9 @@ impl ObjectStore for FaultyStore {
         to: &Path,
         options: CopyOptions,
     ) -> object_store::Result<()> {
+        if self.is_down() {
+            return Err(injected("injected: the store is down"));
+        }
         self.inner.copy_opts(from, to, options).await
     }
 }

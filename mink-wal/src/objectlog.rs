@@ -101,6 +101,8 @@ pub struct ObjectLog<S: LogState> {
     last_listed: std::sync::Mutex<std::time::Instant>,
     log_dir: Path,
     snap_dir: Path,
+    /// Written to read the store's clock (ages of entries are judged by it).
+    clock_key: String,
     view: RwLock<Arc<Applied<S>>>,
     /// Serializes catch-up and appends of this process.
     writer: Mutex<()>,
@@ -169,6 +171,7 @@ impl<S: LogState> ObjectLog<S> {
             last_listed: std::sync::Mutex::new(std::time::Instant::now()),
             log_dir: Path::from(format!("{prefix}/log")),
             snap_dir: Path::from(format!("{prefix}/snap")),
+            clock_key: format!("{prefix}/clock"),
             view: RwLock::new(Arc::new(Applied {
                 index: 0,
                 state: initial,
@@ -413,6 +416,10 @@ impl<S: LogState> ObjectLog<S> {
                     return Ok(Appended::At(next));
                 }
                 Err(object_store::Error::AlreadyExists { .. }) => {
+                    // Someone else's entry, or ours: object_store retries a create
+                    // whose response was lost, and that retry meets our own object.
+                    // The catch-up looks for our token either way.
+                    maybe_landed = true;
                     // Every few conflicts, list: the next entry may have been deleted
                     // under a snapshot, which probing cannot see past.
                     conflicts += 1;
@@ -450,7 +457,9 @@ impl<S: LogState> ObjectLog<S> {
     /// Deletes entries at or below `index` that are older than `delete_grace`, which a
     /// snapshot must cover, and snapshots older than the one covering them.
     pub async fn delete_covered(&self, index: u64) -> WalResult<usize> {
-        let grace = chrono_free_cutoff(self.options.delete_grace);
+        // Ages by the store's clock, not this node's.
+        let now = crate::store::store_now_ms(&self.store, &self.clock_key).await?;
+        let grace = now.saturating_sub(self.options.delete_grace.as_millis() as i64);
         let mut snaps: Vec<u64> = self
             .store
             .list(Some(&self.snap_dir))
@@ -537,14 +546,6 @@ impl<S: LogState> ObjectLog<S> {
             }
         }
     }
-}
-
-/// Wall-clock milliseconds since the epoch, `grace` ago.
-fn chrono_free_cutoff(grace: Duration) -> i64 {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    now.saturating_sub(grace).as_millis() as i64
 }
 
 fn backoff(attempt: u32) -> Duration {

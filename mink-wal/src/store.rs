@@ -12,6 +12,19 @@ use object_store::prefix::PrefixStore;
 use crate::config::ObjectStoreConfig;
 use crate::error::{WalError, WalResult};
 
+/// The object store's own clock, in milliseconds since the epoch: the modification
+/// time of a small object written under `key` just now. Age checks against objects'
+/// `last_modified` use this, never the node's clock: a node whose clock runs ten
+/// minutes fast must not delete objects ten minutes too young.
+pub async fn store_now_ms(store: &Arc<dyn ObjectStore>, key: &str) -> WalResult<i64> {
+    use object_store::ObjectStoreExt;
+    let path = object_store::path::Path::from(key);
+    store
+        .put(&path, object_store::PutPayload::from_static(b"clock"))
+        .await?;
+    Ok(store.head(&path).await?.last_modified.timestamp_millis())
+}
+
 /// Opens the store `config.url` names:
 /// - `file:///abs/dir`: a local directory (created if missing), every write fsynced;
 /// - `memory://`: a fresh in-memory store (tests);

@@ -161,9 +161,48 @@ async fn acks_come_in_upload_order(t: TestStore) {
     assert_eq!(first_now.map(|r| r.unwrap()), Some(0..1));
 }
 
+/// Upload errors within the retry budget are invisible to appenders: a PUT that
+/// failed, one that landed but timed out, and one whose retry met its own landed
+/// object (`AlreadyExists`) are each acknowledged once, and nobody is fenced.
+async fn upload_errors_are_retried_and_a_landed_retry_is_not_a_fence(t: TestStore) {
+    let faulty = FaultyStore::new(t.store.clone(), FaultConfig::default());
+    let store: Arc<dyn ObjectStore> = Arc::new(faulty.clone());
+    let node = StreamStore::open(store.clone(), "n1", config())
+        .await
+        .unwrap();
+    let s = node.open_stream("s", 1).await.unwrap();
+    faulty.fail_next_puts(2);
+    assert_eq!(
+        s.append_durable(1, 1, 0, payload("s", 0)).await.unwrap(),
+        0..1
+    );
+    faulty.time_out_next_puts(1);
+    assert_eq!(
+        s.append_durable(1, 1, 1, payload("s", 1)).await.unwrap(),
+        1..2
+    );
+    faulty.conflict_after_apply_next_puts(1);
+    assert_eq!(
+        s.append_durable(1, 2, 2, payload("s", 2)).await.unwrap(),
+        2..4
+    );
+    assert!(node.failure().is_none(), "{:?}", node.failure());
+    let node2 = StreamStore::open(store.clone(), "n1", config())
+        .await
+        .unwrap();
+    let s2 = node2.open_stream("s", 2).await.unwrap();
+    let bodies: Vec<Bytes> = read_all(&s2).await.into_iter().map(|(_, b)| b).collect();
+    assert_eq!(bodies, (0..3).map(|i| payload("s", i)).collect::<Vec<_>>());
+}
+
 async fn a_failed_upload_fails_later_appends_and_reopen_recovers(t: TestStore) {
     let faulty = FaultyStore::new(t.store.clone(), FaultConfig::default());
     let store: Arc<dyn ObjectStore> = Arc::new(faulty.clone());
+    // No retries: the first failure is final.
+    let config = || WalConfig {
+        upload_retry_budget_ms: 0,
+        ..config()
+    };
     let node = StreamStore::open(store.clone(), "n1", config())
         .await
         .unwrap();
@@ -397,8 +436,12 @@ async fn epochs_are_checked(t: TestStore) {
             .unwrap(),
         1..2
     );
+    // Opening again under the same epoch (a retried open) returns the open stream;
+    // an older epoch is refused.
+    let again = node.open_stream("s", 6).await.unwrap();
+    assert_eq!(again.next_offset(), 2);
     assert!(matches!(
-        node.open_stream("s", 6).await,
+        node.open_stream("s", 5).await,
         Err(WalError::Fenced(_))
     ));
 }
@@ -457,8 +500,15 @@ async fn dead_generations_are_collected(t: TestStore) {
     assert_eq!(read_all(&s).await.len(), 5);
     assert_eq!(read_all(&kept).await.len(), 5);
 
-    // An orphan segment (as a rejected commit leaves) goes; named ones stay.
-    let orphan = Path::from("seg/s/00000000000000000099-9-orphan");
+    // An orphan segment (as a rejected commit leaves) goes; named ones stay, and so
+    // does one keyed with a newer epoch (a takeover's recovered segment, whose open
+    // may still land).
+    let pending = Path::from("seg/s/00000000000000000099-9-pending");
+    t.store
+        .put(&pending, object_store::PutPayload::from_static(b"junk"))
+        .await
+        .unwrap();
+    let orphan = Path::from("seg/s/00000000000000000099-1-orphan");
     t.store
         .put(&orphan, object_store::PutPayload::from_static(b"junk"))
         .await
@@ -474,6 +524,7 @@ backend_tests! {
     appends_get_contiguous_offsets_and_read_back => super::appends_get_contiguous_offsets_and_read_back;
     acks_come_in_upload_order => super::acks_come_in_upload_order;
     a_failed_upload_fails_later_appends_and_reopen_recovers => super::a_failed_upload_fails_later_appends_and_reopen_recovers;
+    upload_errors_are_retried_and_a_landed_retry_is_not_a_fence => super::upload_errors_are_retried_and_a_landed_retry_is_not_a_fence;
     a_takeover_fences_the_old_owner => super::a_takeover_fences_the_old_owner;
     crash_recovery_and_clean_handover => super::crash_recovery_and_clean_handover;
     compaction_keeps_bytes_and_collects_the_wal => super::compaction_keeps_bytes_and_collects_the_wal;

@@ -125,17 +125,79 @@ fn committed(store: &StoreInner, stream: &StreamInner, segments: &[SegmentMeta],
     store.evict(&mut state);
 }
 
+/// Brings the local streams in line with the stream-metadata log (caught up by the
+/// caller): a commit that landed although its proposer saw an error is adopted, and
+/// an open stream the log says another writer owns now is failed and forgotten. An
+/// outcome is never assumed: this is where unknown outcomes get resolved.
+fn resync(store: &Arc<StoreInner>, streams: &[Arc<StreamInner>]) {
+    for stream in streams {
+        resync_one(store, stream, false);
+    }
+}
+
+/// [`resync`] of one stream; `closing` includes a stream being closed (by its close).
+fn resync_one(store: &Arc<StoreInner>, stream: &Arc<StreamInner>, closing: bool) {
+    {
+        let meta = store.meta.read(|s, _| s.streams.get(&stream.name).cloned());
+        let ours = meta
+            .as_ref()
+            .is_some_and(|m| m.owner.as_ref() == Some(&store.wal));
+        let mut state = stream.lock();
+        let eligible = match state.status {
+            Status::Open => true,
+            Status::Closing => closing,
+            _ => false,
+        };
+        if !eligible {
+            // Closing streams are resolved by their close; failed ones are gone.
+            return;
+        }
+        match meta {
+            Some(meta) if ours => {
+                if meta.committed_end > state.committed_end {
+                    let local_end = state.committed_end;
+                    let adopted: Vec<SegmentMeta> = meta
+                        .segments
+                        .iter()
+                        .filter(|s| s.base >= local_end)
+                        .cloned()
+                        .collect();
+                    drop(state);
+                    tracing::info!(
+                        stream = stream.name,
+                        from = local_end,
+                        to = meta.committed_end,
+                        "adopting a compaction commit that landed unseen"
+                    );
+                    committed(store, stream, &adopted, meta.wal_from);
+                }
+            }
+            _ => {
+                state.status = Status::Failed(WalError::Fenced(format!(
+                    "stream {} was taken over by another WAL writer",
+                    stream.name
+                )));
+                drop(state);
+                tracing::info!(stream = stream.name, "dropping a stream taken over");
+                store.remove_stream(&stream.name, stream);
+            }
+        }
+    }
+}
+
 /// Compacts every open stream of the node in one metadata commit, then deletes WAL
-/// objects no stream needs.
+/// objects below the WAL floor the log computed from that commit.
 pub(super) async fn compact_all(store: &Arc<StoreInner>) -> WalResult<usize> {
     let _guard = store.compaction.lock().await;
     if let Some(e) = store.writer.failure() {
         return Err(e);
     }
+    store.meta.catch_up().await?;
     // Read the oldest unacknowledged sequence before collecting: a record acked after
     // this point lives at or above it.
     let oldest = store.writer.oldest_unacked.load(Ordering::SeqCst);
     let streams: Vec<Arc<StreamInner>> = store.lock_streams().values().cloned().collect();
+    resync(store, &streams);
     let mut updates = Vec::new();
     let mut written = 0;
     for stream in &streams {
@@ -168,18 +230,20 @@ pub(super) async fn compact_all(store: &Arc<StoreInner>) -> WalResult<usize> {
         let command = StreamCommand::Commit {
             owner: store.wal.clone(),
             updates: updates.iter().map(|(_, u)| u.clone()).collect(),
+            oldest_unacked: Some(oldest),
         };
+        // An error leaves the outcome unknown: the next round's resync reads it.
         match propose(store, &command).await? {
             Ok(_) => break,
             Err(why) if attempts < 4 => {
-                // Streams taken over meanwhile are lost to this node: fail them locally.
+                // Streams another writer owns now are lost to this node.
                 let lost: Vec<String> = store.meta.read(|s, _| {
                     updates
                         .iter()
                         .filter(|(_, u)| {
-                            s.streams.get(&u.stream).is_none_or(|m| {
-                                m.epoch != u.epoch || m.owner.as_ref() != Some(&store.wal)
-                            })
+                            s.streams
+                                .get(&u.stream)
+                                .is_none_or(|m| m.owner.as_ref() != Some(&store.wal))
                         })
                         .map(|(_, u)| u.stream.clone())
                         .collect()
@@ -190,10 +254,10 @@ pub(super) async fn compact_all(store: &Arc<StoreInner>) -> WalResult<usize> {
                 for (stream, u) in &updates {
                     if lost.contains(&u.stream) {
                         stream.lock().status = Status::Failed(WalError::Fenced(format!(
-                            "stream {} was taken over by a newer epoch",
+                            "stream {} was taken over by another WAL writer",
                             u.stream
                         )));
-                        store.lock_streams().remove(&u.stream);
+                        store.remove_stream(&u.stream, stream);
                     }
                 }
                 updates.retain(|(_, u)| !lost.contains(&u.stream));
@@ -211,20 +275,16 @@ pub(super) async fn compact_all(store: &Arc<StoreInner>) -> WalResult<usize> {
     if !updates.is_empty() {
         metrics::counter!("mink_wal_compactions_total").increment(1);
     }
-    gc_own_wal(store, oldest).await?;
+    gc_own_wal(store).await?;
     maybe_snapshot_metadata(store).await;
     Ok(written)
 }
 
-/// Deletes this writer's WAL objects below every open stream's committed position.
-async fn gc_own_wal(store: &Arc<StoreInner>, oldest: u64) -> WalResult<()> {
-    let floor = store
-        .lock_streams()
-        .values()
-        .map(|s| s.lock().committed_wal_from)
-        .chain(std::iter::once(oldest))
-        .min()
-        .unwrap_or(oldest);
+/// Deletes this writer's WAL objects below its WAL floor in the stream-metadata log
+/// (never below a floor from the local map: a stream this writer owns but has not
+/// installed holds the floor down there, and only there).
+async fn gc_own_wal(store: &Arc<StoreInner>) -> WalResult<()> {
+    let floor = store.meta.read(|s, _| s.wal_floor(&store.wal));
     let from = store.gc_floor.load(Ordering::SeqCst);
     if floor <= from {
         return Ok(());
@@ -256,14 +316,20 @@ async fn maybe_snapshot_metadata(store: &StoreInner) {
 }
 
 /// A clean close: flush, compact this stream completely, record the close.
+///
+/// A close whose proposal fails ambiguously leaves the stream `Closing` (it accepts
+/// no appends) and installed; calling `close` again resolves it from the log.
 pub(super) async fn close(stream: &Arc<StreamInner>) -> WalResult<()> {
     let store = stream.store.clone();
+    let lock = store.open_lock(&stream.name);
+    let _serialized = lock.lock().await;
     {
         let mut state = stream.lock();
         match &state.status {
             Status::Open => state.status = Status::Closing,
             Status::Failed(e) => return Err(e.clone()),
-            Status::Closing | Status::Closed => return Ok(()),
+            Status::Closed => return Ok(()),
+            Status::Closing => {} // an earlier close did not finish: resolve it
         }
     }
     let target = stream.lock().next_offset;
@@ -279,6 +345,13 @@ pub(super) async fn close(stream: &Arc<StreamInner>) -> WalResult<()> {
         }
     }
     let _guard = store.compaction.lock().await;
+    store.meta.catch_up().await?;
+    if let Some(done) = close_resolved(&store, stream) {
+        return done;
+    }
+    // Adopt a compaction commit that landed unseen, or the close would restart
+    // below the compacted end.
+    resync_one(&store, stream, true);
     let written = async {
         let (epoch, records) = collect(&store, stream).await?;
         let mut segments = Vec::new();
@@ -291,8 +364,8 @@ pub(super) async fn close(stream: &Arc<StreamInner>) -> WalResult<()> {
     let (epoch, segments) = match written {
         Ok(done) => done,
         Err(e) => {
-            // Nothing was committed: the stream stays open and usable.
-            stream.lock().status = Status::Open;
+            // Nothing was proposed: the stream stays open and usable.
+            reopen_after_failed_close(stream);
             return Err(e);
         }
     };
@@ -304,34 +377,80 @@ pub(super) async fn close(stream: &Arc<StreamInner>) -> WalResult<()> {
         segments: segments.clone(),
         end_offset,
     };
+    // An error leaves the outcome unknown: the stream stays Closing.
     match propose(&store, &command).await? {
         Ok(_) => {
-            committed(&store, stream, &segments, 0);
-            let mut state = stream.lock();
-            state.status = Status::Closed;
-            let held: u64 = state
-                .held
-                .iter()
-                .filter_map(|h| h.payload.as_ref())
-                .map(|p| p.len() as u64)
-                .sum();
-            state.held.clear();
-            state.held_bytes = 0;
-            store.held_bytes.fetch_sub(
-                held.min(store.held_bytes.load(Ordering::Relaxed)),
-                Ordering::Relaxed,
-            );
-            drop(state);
-            store.lock_streams().remove(&stream.name);
+            finish_close(&store, stream, &segments);
             Ok(())
         }
-        Err(why) => {
-            let err = WalError::Fenced(format!("close of {} rejected: {why}", stream.name));
+        Err(why) => match close_resolved(&store, stream) {
+            Some(done) => done,
+            None => {
+                reopen_after_failed_close(stream);
+                Err(WalError::Corrupt(format!(
+                    "close of {} rejected: {why}",
+                    stream.name
+                )))
+            }
+        },
+    }
+}
+
+fn reopen_after_failed_close(stream: &StreamInner) {
+    let mut state = stream.lock();
+    if state.status == Status::Closing {
+        state.status = Status::Open;
+    }
+}
+
+/// Whether the log already settles a close of `stream`: closed (by an earlier
+/// attempt of ours whose answer was lost) or owned by another writer.
+fn close_resolved(store: &Arc<StoreInner>, stream: &Arc<StreamInner>) -> Option<WalResult<()>> {
+    let meta = store.meta.read(|s, _| s.streams.get(&stream.name).cloned());
+    match meta {
+        Some(m) if m.owner.as_ref() == Some(&store.wal) => None,
+        Some(m) if m.owner.is_none() && m.committed_end >= stream.lock().acked_end => {
+            let adopted: Vec<SegmentMeta> = {
+                let end = stream.lock().committed_end;
+                m.segments
+                    .iter()
+                    .filter(|s| s.base >= end)
+                    .cloned()
+                    .collect()
+            };
+            finish_close(store, stream, &adopted);
+            Some(Ok(()))
+        }
+        _ => {
+            let err = WalError::Fenced(format!(
+                "stream {} is owned by another WAL writer",
+                stream.name
+            ));
             stream.lock().status = Status::Failed(err.clone());
-            store.lock_streams().remove(&stream.name);
-            Err(err)
+            store.remove_stream(&stream.name, stream);
+            Some(Err(err))
         }
     }
+}
+
+fn finish_close(store: &Arc<StoreInner>, stream: &Arc<StreamInner>, segments: &[SegmentMeta]) {
+    committed(store, stream, segments, 0);
+    let mut state = stream.lock();
+    state.status = Status::Closed;
+    let held: u64 = state
+        .held
+        .iter()
+        .filter_map(|h| h.payload.as_ref())
+        .map(|p| p.len() as u64)
+        .sum();
+    state.held.clear();
+    state.held_bytes = 0;
+    store.held_bytes.fetch_sub(
+        held.min(store.held_bytes.load(Ordering::Relaxed)),
+        Ordering::Relaxed,
+    );
+    drop(state);
+    store.remove_stream(&stream.name, stream);
 }
 
 /// Moves the start offset forward and deletes segments wholly below it.
@@ -412,7 +531,7 @@ pub(super) async fn gc_dead_wals(store: &Arc<StoreInner>) -> WalResult<usize> {
     let referenced: std::collections::BTreeSet<super::meta::WalId> = store
         .meta
         .read(|s, _| s.streams.values().filter_map(|m| m.owner.clone()).collect());
-    let cutoff = cutoff_ms(store.config.dead_wal_grace_ms);
+    let cutoff = cutoff_ms(store, store.config.dead_wal_grace_ms).await?;
     let mut deleted = 0;
     for wal in all {
         if wal == store.wal
@@ -440,28 +559,36 @@ pub(super) async fn gc_dead_wals(store: &Arc<StoreInner>) -> WalResult<usize> {
     Ok(deleted)
 }
 
-/// Deletes segment objects of this node's streams that no metadata entry names (left by
-/// a compaction or takeover whose commit was rejected), once older than
-/// `dead_wal_grace_ms`. Returns the number deleted.
+/// Deletes segment objects that no metadata entry names and none ever will: those of
+/// streams this writer owns (in the log), keyed with an epoch no newer than the
+/// stream's, and older than `dead_wal_grace_ms`. Runs under the compaction lock, so
+/// none of them belongs to a commit or close of ours still in flight; a takeover's
+/// recovered segment carries a newer epoch until its open lands, and only the owner's
+/// commits name older ones. Returns the number deleted.
 pub(super) async fn gc_orphan_segments(store: &Arc<StoreInner>) -> WalResult<usize> {
     use futures::TryStreamExt;
+    let _guard = store.compaction.lock().await;
     store.meta.catch_up().await?;
-    let cutoff = cutoff_ms(store.config.dead_wal_grace_ms);
-    let names: Vec<String> = store.lock_streams().keys().cloned().collect();
+    let cutoff = cutoff_ms(store, store.config.dead_wal_grace_ms).await?;
+    let owned: Vec<(String, u64, std::collections::BTreeSet<String>)> = store.meta.read(|s, _| {
+        s.owned_by(&store.wal)
+            .map(|(name, m)| {
+                let known = m.segments.iter().map(|seg| seg.key.clone()).collect();
+                (name.clone(), m.epoch, known)
+            })
+            .collect()
+    });
     let mut deleted = 0;
-    for name in names {
-        let known: std::collections::BTreeSet<String> = store.meta.read(|s, _| {
-            s.streams
-                .get(&name)
-                .map(|m| m.segments.iter().map(|seg| seg.key.clone()).collect())
-                .unwrap_or_default()
-        });
+    for (name, epoch, known) in owned {
         let orphans: Vec<object_store::Result<Path>> = store
             .store
             .list(Some(&Path::from(format!("seg/{name}"))))
             .try_filter(|m| {
                 let named = known.contains(m.location.as_ref());
-                futures::future::ready(!named && m.last_modified.timestamp_millis() <= cutoff)
+                let old_epoch = segment_epoch(&m.location).is_some_and(|e| e <= epoch);
+                futures::future::ready(
+                    !named && old_epoch && m.last_modified.timestamp_millis() <= cutoff,
+                )
             })
             .map_ok(|m| m.location)
             .collect()
@@ -474,13 +601,16 @@ pub(super) async fn gc_orphan_segments(store: &Arc<StoreInner>) -> WalResult<usi
     Ok(deleted)
 }
 
-/// Wall-clock milliseconds since the epoch, `grace_ms` ago.
-fn cutoff_ms(grace_ms: u64) -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .saturating_sub(std::time::Duration::from_millis(grace_ms))
-        .as_millis() as i64
+/// The epoch in a segment key `seg/{stream}/{base:020}-{epoch}-{unique}`.
+fn segment_epoch(path: &Path) -> Option<u64> {
+    path.filename()?.split('-').nth(1)?.parse().ok()
+}
+
+/// The store's clock (see [`crate::store::store_now_ms`]), `grace_ms` ago.
+async fn cutoff_ms(store: &StoreInner, grace_ms: u64) -> WalResult<i64> {
+    let now =
+        crate::store::store_now_ms(&store.store, &format!("clock/{}", store.wal.node)).await?;
+    Ok(now.saturating_sub(grace_ms.min(i64::MAX as u64) as i64))
 }
 
 /// Deletes `paths`; paths already gone are fine.

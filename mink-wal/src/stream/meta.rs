@@ -51,12 +51,16 @@ pub struct StreamMeta {
     pub wal_from: u64,
 }
 
-/// What the view of a stream looked like when a takeover began; an `Open` is rejected
-/// if it changed since (the old owner compacted meanwhile).
+/// What the view of a stream looked like when an open began; an `Open` is rejected
+/// if it changed since (the old owner compacted, or someone else took it over).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Expected {
     pub epoch: u64,
     pub committed_end: u64,
+    /// The owner at the time (`None`: closed). Entries written before this field
+    /// existed read as `None`; they were validated when appended and are only applied.
+    #[serde(default)]
+    pub owner: Option<WalId>,
 }
 
 /// One stream's part of a [`StreamCommand::Commit`].
@@ -82,9 +86,14 @@ pub enum StreamCommand {
         recovered: Option<SegmentMeta>,
     },
     /// Compaction results of one owner: new segments and WAL positions.
+    /// `oldest_unacked` (the owner's oldest unacknowledged WAL sequence when it
+    /// collected) lets the state machine raise the owner's WAL floor; commits
+    /// written before it existed raise nothing.
     Commit {
         owner: WalId,
         updates: Vec<StreamUpdate>,
+        #[serde(default)]
+        oldest_unacked: Option<u64>,
     },
     /// A clean close: everything is in segments; the next owner needs no fence.
     Close {
@@ -111,6 +120,12 @@ pub struct StreamsState {
     pub streams: BTreeMap<String, StreamMeta>,
     /// Fenced WAL writers (`node/generation`) and the sequence of their fence.
     pub fences: BTreeMap<String, u64>,
+    /// Per WAL writer (`node/generation`): the sequence below which its owner may
+    /// delete its WAL objects. Raised only by the owner's commits, computed here, so
+    /// a GC floor never comes from a node's local view. A fence below it is refused:
+    /// the slot may have been deleted, and the owner would never meet the fence.
+    #[serde(default)]
+    pub wal_floors: BTreeMap<String, u64>,
 }
 
 fn check_segments(meta_end: u64, segments: &[SegmentMeta]) -> Result<u64, String> {
@@ -131,12 +146,22 @@ fn check_segments(meta_end: u64, segments: &[SegmentMeta]) -> Result<u64, String
 }
 
 impl StreamsState {
-    fn owned(
-        &self,
-        stream: &str,
-        epoch: u64,
-        owner: Option<&WalId>,
-    ) -> Result<&StreamMeta, String> {
+    /// The stream, if `owner` holds it open. The epoch is not compared: an owner that
+    /// moved its stream to a newer epoch in place is still the one WAL writer that may
+    /// hold its records, and its compaction must not mistake that for a takeover.
+    fn owned_by_writer(&self, stream: &str, owner: &WalId) -> Result<&StreamMeta, String> {
+        let meta = self
+            .streams
+            .get(stream)
+            .ok_or_else(|| format!("stream {stream} does not exist"))?;
+        if meta.owner.as_ref() != Some(owner) {
+            return Err(format!("stream {stream} is not owned by {owner}"));
+        }
+        Ok(meta)
+    }
+
+    /// The stream, if it is open under `epoch`.
+    fn open_under(&self, stream: &str, epoch: u64) -> Result<&StreamMeta, String> {
         let meta = self
             .streams
             .get(stream)
@@ -147,12 +172,23 @@ impl StreamsState {
                 meta.epoch
             ));
         }
-        if let Some(owner) = owner
-            && meta.owner.as_ref() != Some(owner)
-        {
-            return Err(format!("stream {stream} is not owned by {owner}"));
-        }
         Ok(meta)
+    }
+
+    /// The sequence below which `wal`'s owner may have deleted its WAL objects.
+    pub fn wal_floor(&self, wal: &WalId) -> u64 {
+        self.wal_floors.get(&wal.to_string()).copied().unwrap_or(1)
+    }
+
+    /// The lowest sequence a fence of `wal` may take: no WAL object of `wal` below it
+    /// is needed by anyone, and none at or above it was deleted.
+    pub fn fence_floor(&self, wal: &WalId) -> u64 {
+        self.owned_by(wal)
+            .map(|(_, m)| m.wal_from)
+            .chain(std::iter::once(self.wal_floor(wal)))
+            .max()
+            .unwrap_or(1)
+            .max(1)
     }
 
     /// The streams a WAL writer owns.
@@ -195,6 +231,7 @@ impl LogState for StreamsState {
                     let now = Expected {
                         epoch: meta.epoch,
                         committed_end: meta.committed_end,
+                        owner: meta.owner.clone(),
                     };
                     if expected.as_ref() != Some(&now) {
                         return Err(format!(
@@ -204,9 +241,9 @@ impl LogState for StreamsState {
                     check_segments(meta.committed_end, recovered.as_slice()).map(|_| ())
                 }
             },
-            StreamCommand::Commit { owner, updates } => {
+            StreamCommand::Commit { owner, updates, .. } => {
                 for u in updates {
-                    let meta = self.owned(&u.stream, u.epoch, Some(owner))?;
+                    let meta = self.owned_by_writer(&u.stream, owner)?;
                     check_segments(meta.committed_end, &u.segments)?;
                     if u.wal_from < meta.wal_from {
                         return Err(format!(
@@ -224,7 +261,8 @@ impl LogState for StreamsState {
                 segments,
                 end_offset,
             } => {
-                let meta = self.owned(stream, *epoch, Some(owner))?;
+                let _ = epoch;
+                let meta = self.owned_by_writer(stream, owner)?;
                 let end = check_segments(meta.committed_end, segments)?;
                 if end != *end_offset {
                     return Err(format!(
@@ -233,16 +271,24 @@ impl LogState for StreamsState {
                 }
                 Ok(())
             }
-            StreamCommand::Fence { wal, at } => match self.fences.get(&wal.to_string()) {
-                Some(existing) => Err(format!("{wal} is already fenced at {existing}, not {at}")),
-                None => Ok(()),
-            },
+            StreamCommand::Fence { wal, at } => {
+                if let Some(existing) = self.fences.get(&wal.to_string()) {
+                    return Err(format!("{wal} is already fenced at {existing}, not {at}"));
+                }
+                let floor = self.fence_floor(wal);
+                if *at < floor {
+                    return Err(format!(
+                        "a fence of {wal} at {at} is below its floor {floor}: stale view, retry"
+                    ));
+                }
+                Ok(())
+            }
             StreamCommand::Trim {
                 stream,
                 epoch,
                 start_offset,
             } => {
-                let meta = self.owned(stream, *epoch, None)?;
+                let meta = self.open_under(stream, *epoch)?;
                 if *start_offset > meta.committed_end {
                     return Err(format!(
                         "stream {stream}: cannot trim to {start_offset} beyond the compacted end {}",
@@ -274,13 +320,24 @@ impl LogState for StreamsState {
                 });
                 meta.epoch = *epoch;
                 meta.owner = Some(owner.clone());
-                meta.wal_from = *wal_from;
+                // Objects below the owner's floor may be gone; none holds a record
+                // of this stream that is not in a segment (docs/s3stream.md).
+                meta.wal_from = (*wal_from).max(
+                    self.wal_floors
+                        .get(&owner.to_string())
+                        .copied()
+                        .unwrap_or(1),
+                );
                 if let Some(seg) = recovered {
                     meta.committed_end = seg.end;
                     meta.segments.push(seg.clone());
                 }
             }
-            StreamCommand::Commit { updates, .. } => {
+            StreamCommand::Commit {
+                owner,
+                updates,
+                oldest_unacked,
+            } => {
                 for u in updates {
                     if let Some(meta) = self.streams.get_mut(&u.stream) {
                         for seg in &u.segments {
@@ -289,6 +346,20 @@ impl LogState for StreamsState {
                         }
                         meta.wal_from = u.wal_from;
                     }
+                }
+                // The new floor: no owned stream needs anything below its wal_from,
+                // and nothing below the oldest unacknowledged upload is in flight.
+                // Streams this writer owns but did not update (one it has not
+                // installed, say) hold the floor down.
+                if let Some(oldest) = oldest_unacked {
+                    let floor = self
+                        .owned_by(owner)
+                        .map(|(_, m)| m.wal_from)
+                        .chain(std::iter::once(*oldest))
+                        .min()
+                        .unwrap_or(*oldest);
+                    let entry = self.wal_floors.entry(owner.to_string()).or_insert(1);
+                    *entry = (*entry).max(floor);
                 }
             }
             StreamCommand::Close {

@@ -23,7 +23,7 @@ mod read;
 mod takeover;
 mod writer;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -138,7 +138,11 @@ pub(crate) struct StoreInner {
     wal: WalId,
     config: WalConfig,
     meta: ObjectLog<StreamsState>,
-    streams: Mutex<HashMap<String, Arc<StreamInner>>>,
+    /// Open streams, by name (ordered, so that every pass over them is reproducible).
+    streams: Mutex<BTreeMap<String, Arc<StreamInner>>>,
+    /// One lock per stream name: opens and closes of one stream on this node run one
+    /// at a time.
+    open_locks: Mutex<BTreeMap<String, Arc<tokio::sync::Mutex<()>>>>,
     jobs: mpsc::UnboundedSender<Job>,
     budget: Arc<Semaphore>,
     writer: Arc<WriterShared>,
@@ -176,8 +180,28 @@ impl StoreInner {
         }
     }
 
-    fn lock_streams(&self) -> MutexGuard<'_, HashMap<String, Arc<StreamInner>>> {
+    fn lock_streams(&self) -> MutexGuard<'_, BTreeMap<String, Arc<StreamInner>>> {
         self.streams.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The lock that serializes opens and closes of `name` on this node.
+    fn open_lock(&self, name: &str) -> Arc<tokio::sync::Mutex<()>> {
+        self.open_locks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(name.to_string())
+            .or_default()
+            .clone()
+    }
+
+    /// Forgets `stream` locally, if it is still the one installed under `name`. Only
+    /// for streams the metadata says this writer no longer owns: a stream this writer
+    /// owns stays installed, so that its records are never orphaned in the WAL.
+    fn remove_stream(&self, name: &str, stream: &Arc<StreamInner>) {
+        let mut streams = self.lock_streams();
+        if streams.get(name).is_some_and(|s| Arc::ptr_eq(s, stream)) {
+            streams.remove(name);
+        }
     }
 }
 
@@ -268,7 +292,8 @@ impl StreamStore {
             )),
             config: config.clone(),
             meta,
-            streams: Mutex::new(HashMap::new()),
+            streams: Mutex::new(BTreeMap::new()),
+            open_locks: Mutex::new(BTreeMap::new()),
             jobs: tx,
             writer: writer.clone(),
             held_bytes: AtomicU64::new(0),

@@ -1,9 +1,19 @@
-//! Opening a stream: create, reopen after a clean close, or take over from an owner
-//! that did not close it (fence its WAL, recover the stream's records from it).
+//! Opening a stream: create, reopen after a clean close, move it to a newer epoch in
+//! place, or take it over from an owner that did not close it (fence its WAL, recover
+//! the stream's records from it).
+//!
+//! Every decision is taken against a fresh view of the stream-metadata log, and an
+//! open whose outcome is unknown (a proposal that failed ambiguously, a caller that
+//! went away mid-open) is resolved by the next open reading the log, never assumed:
+//! a stream the log says this WAL writer owns but that is not installed here is a
+//! *ghost* of a landed open and is adopted. No local stream that may have appended
+//! is ever dropped while the log says this writer owns it, so a ghost holds no record
+//! in this writer's WAL. Opens of one stream on one node are serialized.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use futures::TryStreamExt;
 use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
@@ -14,9 +24,21 @@ use super::{Status, StoreInner, Stream, StreamCommand, StreamInner, StreamState,
 use crate::error::{WalError, WalResult};
 use crate::format::{Record, WalObject, decode_wal_object};
 
-/// Attempts of the takeover loop before giving up (each retry follows a concurrent
-/// change of the stream's metadata).
+/// Attempts of the open loop before giving up (each retry follows a concurrent
+/// change of the stream's metadata or an unresolved proposal).
 const TAKEOVER_ATTEMPTS_MAX: u32 = 16;
+
+/// The pause before the next attempt after `attempt` failed ones.
+fn retry_pause(attempt: u32) -> Duration {
+    Duration::from_millis((5u64 << attempt.min(7)).min(500))
+}
+
+/// What one pass of the open loop concluded.
+enum Step {
+    Done(Stream),
+    /// The view was stale or the outcome unknown: read the log and decide again.
+    Retry,
+}
 
 pub(super) async fn open_stream(
     store: &Arc<StoreInner>,
@@ -31,98 +53,154 @@ pub(super) async fn open_stream(
     if let Some(e) = store.writer.failure() {
         return Err(e);
     }
+    let lock = store.open_lock(name);
+    let _serialized = lock.lock().await;
+    let mut last_error: Option<WalError> = None;
+    for attempt in 0..TAKEOVER_ATTEMPTS_MAX {
+        if attempt > 0 {
+            tokio::time::sleep(retry_pause(attempt)).await;
+        }
+        if let Some(e) = store.writer.failure() {
+            return Err(e);
+        }
+        match open_once(store, name, epoch).await {
+            Ok(Step::Done(stream)) => return Ok(stream),
+            Ok(Step::Retry) => {}
+            // Storage trouble: the outcome of what we proposed is unknown; the next
+            // pass resolves it from the log.
+            Err(WalError::Storage(e)) => {
+                tracing::debug!(stream = name, epoch, "open attempt failed: {e}");
+                last_error = Some(WalError::Storage(e));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last_error.unwrap_or_else(|| {
+        WalError::Storage(format!(
+            "stream {name}: gave up after {TAKEOVER_ATTEMPTS_MAX} concurrent changes while opening"
+        ))
+    }))
+}
+
+/// One pass: catch up, look at the stream as the log and this node know it, act.
+async fn open_once(store: &Arc<StoreInner>, name: &str, epoch: u64) -> WalResult<Step> {
+    store.meta.catch_up().await?;
+    let current = store.meta.read(|s, _| s.streams.get(name).cloned());
+    let ours = current
+        .as_ref()
+        .is_some_and(|m| m.owner.as_ref() == Some(&store.wal));
     let local = store.lock_streams().get(name).cloned();
     if let Some(local) = local {
-        store.meta.catch_up().await?;
-        let local_epoch = local.lock().epoch;
-        let still_ours = store.meta.read(|s, _| {
-            s.streams
-                .get(name)
-                .is_some_and(|m| m.epoch == local_epoch && m.owner.as_ref() == Some(&store.wal))
-        });
-        if still_ours {
-            return reopen_local(store, local, epoch).await;
+        if let (true, Some(meta)) = (ours, &current) {
+            return reopen_local(store, local, epoch, meta).await;
         }
-        // Taken over since: the local stream is stale. Forget it and open afresh.
-        local.lock().status = Status::Failed(WalError::Fenced(format!(
-            "stream {name} was taken over after epoch {local_epoch}"
-        )));
-        store.lock_streams().remove(name);
+        // Taken over or closed since: the local stream is stale. Whatever it
+        // acknowledged was recovered by the takeover (our WAL was fenced first) or is
+        // in the segments of its close.
+        let local_epoch = {
+            let mut state = local.lock();
+            if !matches!(state.status, Status::Failed(_)) {
+                state.status = Status::Failed(WalError::Fenced(format!(
+                    "stream {name} was taken over after epoch {}",
+                    state.epoch
+                )));
+            }
+            state.epoch
+        };
+        tracing::info!(stream = name, local_epoch, "dropping a stale local stream");
+        store.remove_stream(name, &local);
     }
-    for _ in 0..TAKEOVER_ATTEMPTS_MAX {
-        store.meta.catch_up().await?;
-        let current = store.meta.read(|s, _| s.streams.get(name).cloned());
-        if let Some(meta) = &current
-            && epoch <= meta.epoch
-        {
+    let Some(meta) = current else {
+        return create_or_take_over(store, name, epoch, None).await;
+    };
+    if ours {
+        // A ghost: our open landed but was never installed. Adopt it.
+        if epoch < meta.epoch {
             return Err(WalError::Fenced(format!(
-                "stream {name} was opened under epoch {}; {epoch} is not newer",
+                "stream {name} was opened under epoch {}; {epoch} is older",
                 meta.epoch
             )));
         }
-        let recovered = match current
-            .as_ref()
-            .and_then(|m| m.owner.clone().map(|o| (m, o)))
-        {
-            Some((_, owner)) if owner == store.wal => {
-                return Err(WalError::Corrupt(format!(
-                    "stream {name} is owned by this WAL writer but not open here"
-                )));
-            }
-            Some((meta, owner)) => recover(store, name, meta, &owner, epoch).await?,
-            None => vec![],
-        };
-        let segment = if recovered.is_empty() {
-            None
-        } else {
-            Some(super::compact::write_segment(store, name, epoch, &recovered).await?)
-        };
-        let wal_from = store.writer.oldest_unacked.load(Ordering::SeqCst);
-        let command = StreamCommand::Open {
-            stream: name.to_string(),
-            epoch,
-            owner: store.wal.clone(),
-            wal_from,
-            expected: current.as_ref().map(|m| Expected {
-                epoch: m.epoch,
-                committed_end: m.committed_end,
-            }),
-            recovered: segment.clone(),
-        };
-        match propose(store, &command).await? {
-            Ok(_) => {
-                let meta = store
-                    .meta
-                    .read(|s, _| s.streams.get(name).cloned())
-                    .ok_or_else(|| {
-                        WalError::Corrupt(format!("stream {name} vanished after its open"))
-                    })?;
-                let inner = install(store, name, epoch, &meta);
-                if let Some(seg) = &segment {
-                    tracing::info!(
-                        stream = name,
-                        epoch,
-                        from = seg.base,
-                        to = seg.end,
-                        "recovered records from the previous owner's WAL"
-                    );
-                }
-                return Ok(Stream { inner });
-            }
-            Err(why)
-                if why.contains("changed during the takeover") || why.contains("is not newer") =>
-            {
-                tracing::debug!(stream = name, "takeover raced: {why}");
-                if why.contains("is not newer") {
-                    return Err(WalError::Fenced(why));
-                }
-            }
-            Err(why) => return Err(WalError::Corrupt(format!("open of {name} rejected: {why}"))),
+        tracing::info!(stream = name, epoch = meta.epoch, "adopting a landed open");
+        let inner = install(store, name, meta.epoch, &meta);
+        if epoch == meta.epoch {
+            return Ok(Step::Done(Stream { inner }));
         }
+        return reopen_local(store, inner, epoch, &meta).await;
     }
-    Err(WalError::Storage(format!(
-        "stream {name}: gave up after {TAKEOVER_ATTEMPTS_MAX} concurrent changes during takeover"
-    )))
+    if epoch <= meta.epoch {
+        return Err(WalError::Fenced(format!(
+            "stream {name} was opened under epoch {}; {epoch} is not newer",
+            meta.epoch
+        )));
+    }
+    create_or_take_over(store, name, epoch, Some(meta)).await
+}
+
+/// Creates the stream, reopens it after a clean close, or takes it over from its
+/// owner (fence, recover, write what was recovered as a segment), then proposes the
+/// open. Installs it when the open landed.
+async fn create_or_take_over(
+    store: &Arc<StoreInner>,
+    name: &str,
+    epoch: u64,
+    current: Option<StreamMeta>,
+) -> WalResult<Step> {
+    let recovered = match current
+        .as_ref()
+        .and_then(|m| m.owner.clone().map(|o| (m, o)))
+    {
+        Some((meta, owner)) => match recover(store, name, meta, &owner, epoch).await? {
+            Some(records) => records,
+            None => return Ok(Step::Retry),
+        },
+        None => vec![],
+    };
+    let segment = if recovered.is_empty() {
+        None
+    } else {
+        Some(super::compact::write_segment(store, name, epoch, &recovered).await?)
+    };
+    let wal_from = store.writer.oldest_unacked.load(Ordering::SeqCst);
+    let command = StreamCommand::Open {
+        stream: name.to_string(),
+        epoch,
+        owner: store.wal.clone(),
+        wal_from,
+        expected: current.as_ref().map(|m| Expected {
+            epoch: m.epoch,
+            committed_end: m.committed_end,
+            owner: m.owner.clone(),
+        }),
+        recovered: segment.clone(),
+    };
+    match propose(store, &command).await? {
+        Ok(_) => {
+            let meta = store
+                .meta
+                .read(|s, _| s.streams.get(name).cloned())
+                .ok_or_else(|| {
+                    WalError::Corrupt(format!("stream {name} vanished after its open"))
+                })?;
+            let inner = install(store, name, epoch, &meta);
+            if let Some(seg) = &segment {
+                tracing::info!(
+                    stream = name,
+                    epoch,
+                    from = seg.base,
+                    to = seg.end,
+                    "recovered records from the previous owner's WAL"
+                );
+            }
+            Ok(Step::Done(Stream { inner }))
+        }
+        Err(why) if why.contains("changed during the takeover") => {
+            tracing::debug!(stream = name, "open raced: {why}");
+            Ok(Step::Retry)
+        }
+        Err(why) if why.contains("is not newer") => Err(WalError::Fenced(why)),
+        Err(why) => Err(WalError::Corrupt(format!("open of {name} rejected: {why}"))),
+    }
 }
 
 fn install(store: &Arc<StoreInner>, name: &str, epoch: u64, meta: &StreamMeta) -> Arc<StreamInner> {
@@ -148,34 +226,37 @@ fn install(store: &Arc<StoreInner>, name: &str, epoch: u64, meta: &StreamMeta) -
     inner
 }
 
-/// The stream is open here already: move it to the newer epoch in place.
+/// The stream is open here and the log says this writer owns it (`current`): return
+/// it under `epoch`, moving it there in place when `epoch` is newer.
 async fn reopen_local(
     store: &Arc<StoreInner>,
     local: Arc<StreamInner>,
     epoch: u64,
-) -> WalResult<Stream> {
+    current: &StreamMeta,
+) -> WalResult<Step> {
     let name = local.name.clone();
     {
-        let state = local.lock();
+        let mut state = local.lock();
         if let Status::Failed(e) = &state.status {
             return Err(e.clone());
         }
-        if epoch <= state.epoch {
+        if epoch == current.epoch {
+            // Already there: a retried open, or an earlier move whose proposal landed
+            // although its caller saw an error.
+            state.epoch = epoch;
+            if state.status == Status::Closing {
+                state.status = Status::Open;
+            }
+            drop(state);
+            return Ok(Step::Done(Stream { inner: local }));
+        }
+        if epoch < current.epoch {
             return Err(WalError::Fenced(format!(
                 "stream {name} is open under epoch {}; {epoch} is not newer",
-                state.epoch
+                current.epoch
             )));
         }
     }
-    store.meta.catch_up().await?;
-    let current = store
-        .meta
-        .read(|s, _| s.streams.get(&name).cloned())
-        .ok_or_else(|| {
-            WalError::Corrupt(format!(
-                "stream {name} is open here but not in the metadata"
-            ))
-        })?;
     let command = StreamCommand::Open {
         stream: name.clone(),
         epoch,
@@ -184,6 +265,7 @@ async fn reopen_local(
         expected: Some(Expected {
             epoch: current.epoch,
             committed_end: current.committed_end,
+            owner: current.owner.clone(),
         }),
         recovered: None,
     };
@@ -195,8 +277,10 @@ async fn reopen_local(
                 state.status = Status::Open;
             }
             drop(state);
-            Ok(Stream { inner: local })
+            Ok(Step::Done(Stream { inner: local }))
         }
+        // Compacted or taken over meanwhile: decide again from a fresh view.
+        Err(why) if why.contains("changed during the takeover") => Ok(Step::Retry),
         Err(why) => Err(WalError::Fenced(format!(
             "reopen of {name} under epoch {epoch}: {why}"
         ))),
@@ -204,15 +288,19 @@ async fn reopen_local(
 }
 
 /// Fences `owner`'s WAL (once; the metadata log records where) and returns the
-/// stream's records it holds above the compacted end, checked contiguous.
+/// stream's records it holds above the compacted end, checked contiguous. `None`
+/// when the view was stale (an object below the fence is gone because the owner
+/// compacted meanwhile): read the log and try again.
 async fn recover(
     store: &Arc<StoreInner>,
     name: &str,
     meta: &StreamMeta,
     owner: &WalId,
     epoch: u64,
-) -> WalResult<Vec<Record>> {
-    let fence = fence(store, owner, epoch, name).await?;
+) -> WalResult<Option<Vec<Record>>> {
+    let Some(fence) = fence(store, owner, epoch, name).await? else {
+        return Ok(None);
+    };
     let mut records: Vec<Record> = Vec::new();
     let mut expected = meta.committed_end;
     for seq in meta.wal_from..fence {
@@ -220,6 +308,20 @@ async fn recover(
         let bytes = match store.store.get(&path).await {
             Ok(got) => got.bytes().await?,
             Err(object_store::Error::NotFound { .. }) => {
+                // Deleted under a newer commit of the owner, or a true loss: only a
+                // fresh view tells.
+                store.meta.catch_up().await?;
+                let moved = store.meta.read(|s, _| {
+                    s.wal_floor(owner) > seq
+                        || s.streams.get(name).is_none_or(|m| {
+                            m.wal_from > seq
+                                || m.committed_end != meta.committed_end
+                                || m.owner.as_ref() != Some(owner)
+                        })
+                });
+                if moved {
+                    return Ok(None);
+                }
                 return Err(WalError::Corrupt(format!(
                     "WAL object {path} below the fence at {fence} is missing"
                 )));
@@ -246,24 +348,34 @@ async fn recover(
             }
         }
     }
-    Ok(records)
+    Ok(Some(records))
 }
 
 /// Where `owner`'s WAL is fenced: the recorded fence, or a new fence object at the
-/// first missing sequence at or above the lowest `wal_from` of the streams it owns.
-async fn fence(store: &Arc<StoreInner>, owner: &WalId, epoch: u64, stream: &str) -> WalResult<u64> {
-    for _ in 0..TAKEOVER_ATTEMPTS_MAX {
+/// first missing sequence at or above the owner's fence floor (its WAL floor and
+/// every owned stream's `wal_from`: below it objects may have been deleted, and a
+/// fence in a deleted slot would never be met). The state machine refuses a fence
+/// below the floor of the moment it is recorded; `None` then asks for a fresh view.
+async fn fence(
+    store: &Arc<StoreInner>,
+    owner: &WalId,
+    epoch: u64,
+    stream: &str,
+) -> WalResult<Option<u64>> {
+    for attempt in 0..TAKEOVER_ATTEMPTS_MAX {
+        if attempt > 0 {
+            tokio::time::sleep(retry_pause(attempt)).await;
+        }
         store.meta.catch_up().await?;
         let (recorded, from) = store.meta.read(|s, _| {
             (
                 s.fences.get(&owner.to_string()).copied(),
-                s.owned_by(owner).map(|(_, m)| m.wal_from).min(),
+                s.fence_floor(owner),
             )
         });
         if let Some(at) = recorded {
-            return Ok(at);
+            return Ok(Some(at));
         }
-        let from = from.unwrap_or(1).max(1);
         let mut seqs: Vec<u64> = store
             .store
             .list(Some(&wal_dir(owner)))
@@ -285,10 +397,11 @@ async fn fence(store: &Arc<StoreInner>, owner: &WalId, epoch: u64, stream: &str)
             mode: PutMode::Create,
             ..Default::default()
         };
+        let path = wal_path(owner, at);
         match store
             .store
             .put_opts(
-                &wal_path(owner, at),
+                &path,
                 PutPayload::from(crate::format::encode_fence(&who)),
                 opts,
             )
@@ -305,7 +418,6 @@ async fn fence(store: &Arc<StoreInner>, owner: &WalId, epoch: u64, stream: &str)
             }
         }
         metrics::counter!("mink_wal_fences_written_total").increment(1);
-        tracing::info!(%owner, at, stream, "fenced a WAL");
         match propose(
             store,
             &StreamCommand::Fence {
@@ -315,8 +427,20 @@ async fn fence(store: &Arc<StoreInner>, owner: &WalId, epoch: u64, stream: &str)
         )
         .await?
         {
-            Ok(_) => return Ok(at),
-            Err(_) => continue, // someone recorded a fence first; use theirs
+            Ok(_) => {
+                tracing::info!(%owner, at, stream, "fenced a WAL");
+                return Ok(Some(at));
+            }
+            Err(why) => {
+                // Someone recorded a fence first (the next pass uses theirs), or our
+                // view was stale and the slot lies below the owner's floor: that
+                // object is below everything anyone reads; remove it.
+                tracing::debug!(%owner, at, "fence not recorded: {why}");
+                if why.contains("below its floor") {
+                    let _ = store.store.delete(&path).await;
+                    return Ok(None);
+                }
+            }
         }
     }
     Err(WalError::Storage(format!("could not fence WAL {owner}")))

@@ -8,10 +8,16 @@
 //! growing, so the group that follows a finished upload carries everything that
 //! arrived meanwhile. Completions are taken strictly in
 //! sequence order (`FuturesOrdered`), so an append is acknowledged only once its upload
-//! and every earlier one completed. The first failure fails its group, every later
-//! group and every later append: the writer is then dead and the node must reopen its
-//! streams under a new generation. `AlreadyExists` on an upload means another node
-//! fenced this WAL.
+//! and every earlier one completed.
+//!
+//! An upload that fails or times out is retried, with backoff, for up to
+//! `upload_retry_budget_ms`; later groups wait behind it. A conditional create that
+//! answers `AlreadyExists` is resolved by reading the object back (the ambiguity rule
+//! of DESIGN.md): our own bytes mean an earlier attempt landed (object_store retries
+//! a create whose response was lost, and that retry sees our own object); anything
+//! else is a fence. The first upload that cannot be completed fails its group, every
+//! later group and every later append: the writer is then dead and the node must
+//! reopen its streams under a new generation.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -21,7 +27,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use futures::stream::FuturesOrdered;
 use object_store::path::Path;
-use object_store::{ObjectStore, PutMode, PutOptions};
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot, watch};
 
 use super::StreamInner;
@@ -104,6 +110,79 @@ impl Group {
     }
 }
 
+/// Why an upload could not be completed.
+enum UploadError {
+    /// The slot holds a fence (someone else's object).
+    Fenced,
+    /// Errors for longer than the retry budget.
+    Failed(object_store::Error),
+}
+
+/// The pause before retry `attempt` (from 1) of an upload.
+fn upload_backoff(attempt: u32) -> Duration {
+    Duration::from_millis((50u64 << attempt.saturating_sub(1).min(6)).min(2_000))
+}
+
+/// Creates WAL object `path` with `bytes`, retrying errors within `budget`, and
+/// resolving `AlreadyExists` by reading the object back.
+async fn upload(
+    store: Arc<dyn ObjectStore>,
+    path: Path,
+    bytes: PutPayload,
+    budget: Duration,
+) -> Result<(), UploadError> {
+    let started = tokio::time::Instant::now();
+    let mut attempt = 0u32;
+    loop {
+        let opts = PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
+        let error = match store.put_opts(&path, bytes.clone(), opts).await {
+            Ok(_) => return Ok(()),
+            Err(object_store::Error::AlreadyExists { .. }) => {
+                match read_back(&store, &path, &bytes).await {
+                    Ok(true) => {
+                        tracing::debug!(%path, "an earlier attempt of this upload had landed");
+                        return Ok(());
+                    }
+                    Ok(false) => return Err(UploadError::Fenced),
+                    Err(e) => e,
+                }
+            }
+            Err(e) => e,
+        };
+        attempt += 1;
+        let pause = upload_backoff(attempt);
+        if started.elapsed() + pause > budget {
+            return Err(UploadError::Failed(error));
+        }
+        metrics::counter!("mink_wal_upload_retries_total").increment(1);
+        tracing::debug!(%path, attempt, "WAL upload failed, retrying: {error}");
+        tokio::time::sleep(pause).await;
+    }
+}
+
+/// Whether the object at `path` holds exactly `bytes`.
+async fn read_back(
+    store: &Arc<dyn ObjectStore>,
+    path: &Path,
+    bytes: &PutPayload,
+) -> object_store::Result<bool> {
+    let got = store.get(path).await?.bytes().await?;
+    if got.len() != bytes.content_length() {
+        return Ok(false);
+    }
+    let mut at = 0;
+    for chunk in bytes.iter() {
+        if got[at..at + chunk.len()] != chunk[..] {
+            return Ok(false);
+        }
+        at += chunk.len();
+    }
+    Ok(true)
+}
+
 pub(crate) async fn run_writer(
     store: Arc<dyn ObjectStore>,
     wal: WalId,
@@ -140,13 +219,8 @@ pub(crate) async fn run_writer(
                 jobs: sealed.jobs,
                 bytes: len,
             });
-            inflight.push_back(async move {
-                let opts = PutOptions {
-                    mode: PutMode::Create,
-                    ..Default::default()
-                };
-                store.put_opts(&path, bytes, opts).await
-            });
+            let budget = Duration::from_millis(config.upload_retry_budget_ms);
+            inflight.push_back(upload(store, path, bytes, budget));
             continue;
         }
         if !open && inflight.is_empty() && group.jobs.is_empty() {
@@ -186,11 +260,11 @@ pub(crate) async fn run_writer(
                     }
                     Err(e) => {
                         let err = match e {
-                            object_store::Error::AlreadyExists { .. } => {
+                            UploadError::Fenced => {
                                 metrics::counter!("mink_wal_fenced_total").increment(1);
                                 WalError::Fenced(format!("WAL {wal} was fenced at sequence {}", sealed.seq))
                             }
-                            other => {
+                            UploadError::Failed(other) => {
                                 metrics::counter!("mink_wal_upload_failures_total").increment(1);
                                 WalError::Storage(format!("WAL {wal} upload {} failed: {other}", sealed.seq))
                             }
