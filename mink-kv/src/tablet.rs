@@ -339,12 +339,19 @@ impl KvTablet {
             }
         }
         if changes.is_empty() {
-            // Nothing changed; the writer's sequence still advances.
-            return self.inner.log.record_empty(
+            // Nothing changed; the writer's sequence still advances. The merge may have
+            // read versions staged by Puts whose appends are not durable yet, so this
+            // Put is acknowledged only once every earlier append is, and fails with them.
+            let empty = self.inner.log.submit_empty(
                 req.writer_id,
                 req.batch_sequence,
                 req.batch_sequence,
-            );
+            )?;
+            drop(guard);
+            return match empty.wait().await {
+                Ok(appended) => Ok(appended),
+                Err(e) => Err(self.fail(e)),
+            };
         }
         let batch = rows_to_batch(&schema, &changes.iter().map(|(_, r)| r).collect::<Vec<_>>())?;
         let submitted = self
@@ -382,14 +389,18 @@ impl KvTablet {
                 metrics::counter!("mink_kv_put_batches_total").increment(1);
                 Ok(appended)
             }
-            Err(e) => {
-                // The changelog may or may not be in the log: drop what was staged and
-                // stop; the tablet is reopened from the log.
-                self.prewrite().clear();
-                *self.inner.failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.clone());
-                Err(e)
-            }
+            // The changelog may or may not be in the log.
+            Err(e) => Err(self.fail(e)),
         }
+    }
+
+    /// Fails the tablet after an append that did not become durable: staged rows are
+    /// dropped and nothing more is accepted; the tablet is reopened from the log.
+    /// Returns the error, for the caller to answer with.
+    fn fail(&self, e: MinkError) -> MinkError {
+        self.prewrite().clear();
+        *self.inner.failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.clone());
+        e
     }
 
     /// Moves staged rows below the high watermark into the store, with that offset.

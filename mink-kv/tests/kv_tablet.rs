@@ -2,6 +2,7 @@
 //! evolution, idempotence, recovery by replay on both backends, bad input.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use arrow::array::{Array, BooleanArray, Int64Array, RecordBatch, StringArray};
 use mink_kv::{KvBackend, KvTablet, PutRequest, SnapshotStore, open_kv_store};
@@ -9,6 +10,7 @@ use mink_log::{LogConfig, LogTablet, NO_WRITER};
 use mink_types::{
     ChangeType, Column, DataType, MinkError, Schema, TableBucket, TableDescriptor, TableProperties,
 };
+use mink_wal::fault::{FaultConfig, FaultyStore};
 use mink_wal::{StreamStore, WalConfig};
 use object_store::ObjectStore;
 use object_store::memory::InMemory;
@@ -54,7 +56,11 @@ struct Env {
 
 impl Env {
     async fn new(backend: KvBackend) -> Self {
-        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        Self::on(Arc::new(InMemory::new()), backend).await
+    }
+
+    /// An environment on `store` (e.g. a fault-injecting wrapper).
+    async fn on(store: Arc<dyn ObjectStore>, backend: KvBackend) -> Self {
         let node = StreamStore::open(store.clone(), "n1", WalConfig::default())
             .await
             .unwrap();
@@ -631,13 +637,127 @@ async fn prefix_lookups_use_the_leading_key_columns(backend: KvBackend) {
     assert_eq!(t.prefix_lookup(&prefix, 1).unwrap().num_rows(), 1);
 }
 
+/// How long a held WAL upload takes (paused time): long enough that a Put issued
+/// meanwhile merges over rows staged by one that is not yet durable.
+const WAL_UPLOAD_HELD: Duration = Duration::from_secs(10);
+
+/// An environment on a fault-injecting store; WAL uploads are held once
+/// [`hold_wal_uploads`] is called.
+async fn faulty_env(backend: KvBackend) -> (Env, FaultyStore) {
+    let faulty = FaultyStore::new(Arc::new(InMemory::new()), FaultConfig::default());
+    let env = Env::on(Arc::new(faulty.clone()), backend).await;
+    (env, faulty)
+}
+
+fn hold_wal_uploads(faulty: &FaultyStore) {
+    faulty.set_put_delay(Some(Arc::new(|path: &object_store::path::Path| {
+        path.as_ref().starts_with("wal/").then_some(WAL_UPLOAD_HELD)
+    })));
+}
+
+fn spawn_put(
+    t: &KvTablet,
+    req: PutRequest,
+) -> tokio::task::JoinHandle<(mink_types::Result<mink_log::Appended>, tokio::time::Instant)> {
+    let t = t.clone();
+    tokio::spawn(async move {
+        let result = t.put(req).await;
+        (result, tokio::time::Instant::now())
+    })
+}
+
+async fn a_no_op_put_waits_for_the_staged_write_it_read(backend: KvBackend) {
+    let (mut env, faulty) = faulty_env(backend).await;
+    let t = env.open(&table(&[])).await;
+    hold_wal_uploads(&faulty);
+    let start = tokio::time::Instant::now();
+    let a = spawn_put(&t, put(&[(1, Some("a"), Some(1))]));
+    // A merges, stages its row and submits; its upload is held.
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    // B writes the same row: against A's staged version it changes nothing.
+    let mut same = put(&[(1, Some("a"), Some(1))]);
+    same.writer_id = 7;
+    let b = spawn_put(&t, same.clone());
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    // A retry of B is answered as B is: not before B may be.
+    let retry = spawn_put(&t, same);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(t.log().high_watermark(), 0, "A's upload is still held");
+    assert!(
+        !b.is_finished(),
+        "B's decision rests on A's staged row; it is acknowledged only once A is durable"
+    );
+    assert!(!retry.is_finished(), "neither is a retry of B");
+
+    let (a, a_at) = a.await.unwrap();
+    let a = a.unwrap();
+    assert_eq!((a.first_offset, a.last_offset), (0, 0));
+    let (b, b_at) = b.await.unwrap();
+    let b = b.unwrap();
+    assert!(!b.duplicated);
+    assert_eq!(
+        (b.first_offset, b.last_offset),
+        (1, 0),
+        "an empty range after A"
+    );
+    assert!(a_at >= start + WAL_UPLOAD_HELD);
+    assert!(b_at >= a_at, "B resolved before A was durable");
+    let (retry, _) = retry.await.unwrap();
+    let retry = retry.unwrap();
+    assert!(retry.duplicated);
+    assert_eq!((retry.first_offset, retry.last_offset), (1, 0));
+    assert_eq!(changelog(&t).await, vec![c("+I", 1, Some("a"), Some(1))]);
+    assert_eq!(get(&t, &[1]), vec![v(Some("a"), Some(1))]);
+}
+
+async fn a_no_op_put_fails_when_the_staged_write_it_read_fails(backend: KvBackend) {
+    let (mut env, faulty) = faulty_env(backend).await;
+    let t = env.open(&table(&[])).await;
+    t.put(put(&[(2, Some("b"), Some(2))])).await.unwrap();
+    hold_wal_uploads(&faulty);
+    faulty.fail_next_puts(1);
+    // A upserts 1 and deletes 2; its upload is held, then fails.
+    let a = spawn_put(
+        &t,
+        PutRequest {
+            changes: Some(vec![ChangeType::Insert, ChangeType::Delete]),
+            ..put(&[(1, Some("a"), Some(1)), (2, None, None)])
+        },
+    );
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    // B repeats both: against A's staged versions, the same row and a delete of a
+    // missing key, so it changes nothing.
+    let b = spawn_put(
+        &t,
+        PutRequest {
+            changes: Some(vec![ChangeType::Insert, ChangeType::Delete]),
+            ..put(&[(1, Some("a"), Some(1)), (2, None, None)])
+        },
+    );
+    let (a, _) = a.await.unwrap();
+    assert!(
+        matches!(a, Err(MinkError::StorageFailure(_))),
+        "A's upload failed: {a:?}"
+    );
+    let (b, _) = b.await.unwrap();
+    assert!(
+        matches!(b, Err(MinkError::StorageFailure(_))),
+        "B rested on A, which never became durable, so B is not acknowledged either: {b:?}"
+    );
+    assert_eq!(t.log().high_watermark(), 1, "only the first Put is durable");
+}
+
+/// Runs each test on both backends; those after `paused:` on paused time (they hold
+/// uploads for seconds of virtual time).
 macro_rules! both {
-    ($($name:ident),*) => {
+    ($($name:ident),*; paused: $($paused:ident),*) => {
         mod fjall {
             $( #[tokio::test] async fn $name() { super::$name(mink_kv::KvBackend::Fjall).await } )*
+            $( #[tokio::test(start_paused = true)] async fn $paused() { super::$paused(mink_kv::KvBackend::Fjall).await } )*
         }
         mod redb {
             $( #[tokio::test] async fn $name() { super::$name(mink_kv::KvBackend::Redb).await } )*
+            $( #[tokio::test(start_paused = true)] async fn $paused() { super::$paused(mink_kv::KvBackend::Redb).await } )*
         }
     };
 }
@@ -651,5 +771,8 @@ both!(
     schema_evolution_reads_old_rows_with_nulls,
     bad_input_is_rejected_and_changes_nothing,
     snapshots_plus_replay_equal_the_live_state,
-    prefix_lookups_use_the_leading_key_columns
+    prefix_lookups_use_the_leading_key_columns;
+    paused:
+    a_no_op_put_waits_for_the_staged_write_it_read,
+    a_no_op_put_fails_when_the_staged_write_it_read_fails
 );
