@@ -89,6 +89,31 @@ fn table_state(descriptor: TableDescriptor, schemas: Vec<Schema>) -> Result<Tabl
     })
 }
 
+/// The schema version a snapshot's rows are written under: the one it records, or, for
+/// a snapshot from before that was recorded, the newest version whose columns match
+/// its Arrow schema.
+fn snapshot_schema(
+    table: &TableState,
+    recorded: Option<SchemaId>,
+    batches: &[RecordBatch],
+) -> Option<Schema> {
+    match recorded {
+        Some(id) => table.schemas.get(&id).cloned(),
+        None => {
+            let Some(first) = batches.first() else {
+                // No rows: any version reads nothing.
+                return Some(table.descriptor.schema.clone());
+            };
+            table
+                .schemas
+                .values()
+                .filter(|s| s.to_arrow().fields() == first.schema().fields())
+                .max_by_key(|s| s.schema_id)
+                .cloned()
+        }
+    }
+}
+
 impl KvTablet {
     /// Opens the tablet over `log` (already open) and `store`, replaying the changelog
     /// from the store's flushed offset up to the high watermark (after loading the
@@ -582,23 +607,56 @@ impl KvTablet {
         if !behind || newest > self.inner.log.high_watermark() {
             return Ok(());
         }
-        let schema = self.table().descriptor.schema.clone();
-        let pk: Vec<usize> = self
-            .table()
-            .descriptor
-            .primary_key
-            .iter()
-            .filter_map(|k| schema.index_of(k))
-            .collect();
+        let data = snapshots.read_data(newest).await?;
+        // Rows are stored as the schema version they were written under; reads carry
+        // them to the current one (added columns null), as for every stored row.
+        let (written, pk) = {
+            let table = self.table();
+            let written =
+                snapshot_schema(&table, data.schema_id, &data.batches).ok_or_else(|| {
+                    let why = match data.schema_id {
+                        Some(id) => {
+                            format!("is written under schema {id}, which the table does not have")
+                        }
+                        None => {
+                            "records no schema id and matches none of the table's schema versions"
+                                .into()
+                        }
+                    };
+                    MinkError::Internal(format!(
+                        "{}: the KV snapshot at {newest} {why}",
+                        self.inner.bucket
+                    ))
+                })?;
+            let pk: Vec<usize> = table
+                .descriptor
+                .primary_key
+                .iter()
+                .map(|k| {
+                    written.index_of(k).ok_or_else(|| {
+                        MinkError::Internal(format!(
+                            "{}: schema {} of the KV snapshot at {newest} lacks key column {k:?}",
+                            self.inner.bucket, written.schema_id
+                        ))
+                    })
+                })
+                .collect::<Result<_>>()?;
+            (written, pk)
+        };
         self.inner.store.clear()?;
         let mut key = Vec::new();
-        for batch in snapshots.read(newest).await? {
-            schema.check_batch(&batch)?;
-            let encoder = KeyEncoder::new(&batch, &pk)?;
+        for batch in &data.batches {
+            written.check_batch(batch).map_err(|e| {
+                MinkError::Internal(format!(
+                    "{}: the KV snapshot at {newest}: {e}",
+                    self.inner.bucket
+                ))
+            })?;
+            let encoder = KeyEncoder::new(batch, &pk)?;
             let mut ops = Vec::with_capacity(batch.num_rows());
-            for (i, row) in rows_of(&batch)?.iter().enumerate() {
+            for (i, row) in rows_of(batch)?.iter().enumerate() {
                 encoder.encode(i, &mut key)?;
-                ops.push(KvOp::Put(key.clone(), encode_row(&schema, row)?));
+                ops.push(KvOp::Put(key.clone(), encode_row(&written, row)?));
             }
             // The offset is recorded only with the last batch below.
             self.inner.store.write(&ops, -1)?;

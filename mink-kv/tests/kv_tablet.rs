@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use arrow::array::{Array, BooleanArray, Int64Array, RecordBatch, StringArray};
+use arrow::array::{Array, AsArray, BooleanArray, Int64Array, RecordBatch, StringArray};
 use mink_kv::{KvBackend, KvTablet, PutRequest, SnapshotStore, open_kv_store};
 use mink_log::{LogConfig, LogTablet, NO_WRITER};
 use mink_types::{
@@ -75,28 +75,33 @@ impl Env {
 
     /// Opens the tablet (under the next epoch) on the KV store in `dir`.
     async fn open_in(&mut self, descriptor: &TableDescriptor, dir: &std::path::Path) -> KvTablet {
+        self.open_versions(descriptor, std::slice::from_ref(&descriptor.schema), dir)
+            .await
+            .unwrap()
+    }
+
+    /// Opens the tablet (under the next epoch) of a table with these schema versions
+    /// on the KV store in `dir`.
+    async fn open_versions(
+        &mut self,
+        descriptor: &TableDescriptor,
+        schemas: &[Schema],
+        dir: &std::path::Path,
+    ) -> mink_types::Result<KvTablet> {
         self.epoch += 1;
         let stream = self.node.open_stream("t1-b0", self.epoch).await.unwrap();
-        let log = LogTablet::open(
-            BUCKET,
-            stream,
-            true,
-            vec![descriptor.schema.clone()],
-            LogConfig::default(),
-        )
-        .await
-        .unwrap();
+        let log =
+            LogTablet::open(BUCKET, stream, true, schemas.to_vec(), LogConfig::default()).await?;
         let kv = open_kv_store(self.backend, dir).unwrap();
         KvTablet::open(
             BUCKET,
             log,
             kv.namespace("t1-b0").unwrap(),
             descriptor.clone(),
-            vec![descriptor.schema.clone()],
+            schemas.to_vec(),
             Some(self.snapshots()),
         )
         .await
-        .unwrap()
     }
 
     fn snapshots(&self) -> SnapshotStore {
@@ -561,6 +566,169 @@ async fn snapshots_plus_replay_equal_the_live_state(backend: KvBackend) {
     assert_eq!(get(&t, &ids), live);
 }
 
+async fn a_snapshot_from_before_add_column_loads_with_nulls(backend: KvBackend) {
+    let mut env = Env::new(backend).await;
+    let d = table(&[]);
+    let t = env.open(&d).await;
+    t.put(put(&[(1, Some("a"), Some(10)), (2, Some("b"), None)]))
+        .await
+        .unwrap();
+    let snap = t.snapshot().await.unwrap().unwrap();
+    assert_eq!(snap.rows, 2);
+    // ALTER TABLE ADD COLUMN flag.
+    let v2 = d
+        .schema
+        .with_added_columns(&[Column::new("flag", DataType::Boolean, true)])
+        .unwrap();
+    let d2 = TableDescriptor {
+        schema: v2.clone(),
+        ..d.clone()
+    };
+    let versions = [d.schema.clone(), v2.clone()];
+    t.update_table(d2.clone(), versions.to_vec()).unwrap();
+    let v2_rows = |rows: &[(i64, &str, Option<bool>)]| PutRequest {
+        schema_id: 2,
+        batch: RecordBatch::try_new(
+            v2.to_arrow(),
+            vec![
+                Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.0))),
+                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.1))),
+                Arc::new(Int64Array::from(vec![None::<i64>; rows.len()])),
+                Arc::new(BooleanArray::from(
+                    rows.iter().map(|r| r.2).collect::<Vec<_>>(),
+                )),
+            ],
+        )
+        .unwrap(),
+        ..put(&[])
+    };
+    t.put(v2_rows(&[(3, "c", Some(true))])).await.unwrap();
+    // Only the snapshot holds rows 1 and 2 once the log below it is gone.
+    env.node.compact().await.unwrap();
+    assert_eq!(
+        t.log().trim_before(snap.log_offset).await.unwrap(),
+        snap.log_offset
+    );
+    drop(t);
+
+    // A node with an empty local store opens the bucket after the ALTER.
+    let fresh = tempfile::tempdir().unwrap();
+    let t = env
+        .open_versions(&d2, &versions, fresh.path())
+        .await
+        .expect("a snapshot written before ADD COLUMN loads under the new schema");
+    let flags = |t: &KvTablet, ids: &[i64]| {
+        let keys =
+            RecordBatch::try_from_iter(vec![("id", Arc::new(Int64Array::from(ids.to_vec())) as _)])
+                .unwrap();
+        let found = t.lookup(&keys).unwrap();
+        assert_eq!(found.batch.num_columns(), 4);
+        let names = found.batch.column(1).as_string::<i32>();
+        let flags = found.batch.column(3).as_boolean();
+        let mut out = vec![None; ids.len()];
+        for (row, key) in found.key_index.iter().enumerate() {
+            out[*key as usize] = Some((
+                names.value(row).to_string(),
+                (!flags.is_null(row)).then(|| flags.value(row)),
+            ));
+        }
+        out
+    };
+    assert_eq!(
+        flags(&t, &[1, 2, 3]),
+        vec![
+            Some(("a".to_string(), None)),
+            Some(("b".to_string(), None)),
+            Some(("c".to_string(), Some(true))),
+        ]
+    );
+    assert_eq!(
+        get(&t, &[1, 2]),
+        vec![v(Some("a"), Some(10)), v(Some("b"), None)]
+    );
+    // New writes merge over the rows loaded from the snapshot.
+    t.put(v2_rows(&[(1, "a2", Some(false)), (4, "d", None)]))
+        .await
+        .unwrap();
+    assert_eq!(
+        flags(&t, &[1, 4]),
+        vec![
+            Some(("a2".to_string(), Some(false))),
+            Some(("d".to_string(), None))
+        ]
+    );
+    // A snapshot written now is under schema 2 and loads as well.
+    t.snapshot().await.unwrap().unwrap();
+    drop(t);
+    let fresh = tempfile::tempdir().unwrap();
+    let t = env
+        .open_versions(&d2, &versions, fresh.path())
+        .await
+        .unwrap();
+    assert_eq!(
+        flags(&t, &[1, 2, 3, 4]),
+        vec![
+            Some(("a2".to_string(), Some(false))),
+            Some(("b".to_string(), None)),
+            Some(("c".to_string(), Some(true))),
+            Some(("d".to_string(), None)),
+        ]
+    );
+}
+
+async fn a_snapshot_without_a_schema_id_loads_by_its_columns(backend: KvBackend) {
+    let mut env = Env::new(backend).await;
+    let d = table(&[]);
+    let t = env.open(&d).await;
+    t.put(put(&[(1, Some("a"), Some(10))])).await.unwrap();
+    let snap = t.snapshot().await.unwrap().unwrap();
+    // Rewrite it as snapshots were written before they recorded their schema id.
+    let batches = env.snapshots().read(snap.log_offset).await.unwrap();
+    let mut legacy = Vec::new();
+    {
+        let mut w =
+            arrow::ipc::writer::StreamWriter::try_new(&mut legacy, &d.schema.to_arrow()).unwrap();
+        for b in &batches {
+            w.write(b).unwrap();
+        }
+        w.finish().unwrap();
+    }
+    let path = object_store::path::Path::from(snap.location.as_str());
+    object_store::ObjectStoreExt::put(env.store.as_ref(), &path, legacy.into())
+        .await
+        .unwrap();
+    assert_eq!(
+        env.snapshots()
+            .read_data(snap.log_offset)
+            .await
+            .unwrap()
+            .schema_id,
+        None
+    );
+    let v2 = d
+        .schema
+        .with_added_columns(&[Column::new("flag", DataType::Boolean, true)])
+        .unwrap();
+    let d2 = TableDescriptor {
+        schema: v2.clone(),
+        ..d.clone()
+    };
+    let versions = [d.schema.clone(), v2];
+    t.update_table(d2.clone(), versions.to_vec()).unwrap();
+    env.node.compact().await.unwrap();
+    t.log().trim_before(snap.log_offset).await.unwrap();
+    drop(t);
+    let fresh = tempfile::tempdir().unwrap();
+    let t = env
+        .open_versions(&d2, &versions, fresh.path())
+        .await
+        .unwrap();
+    assert_eq!(get(&t, &[1]), vec![v(Some("a"), Some(10))]);
+    let keys =
+        RecordBatch::try_from_iter(vec![("id", Arc::new(Int64Array::from(vec![1])) as _)]).unwrap();
+    assert!(t.lookup(&keys).unwrap().batch.column(3).is_null(0));
+}
+
 async fn prefix_lookups_use_the_leading_key_columns(backend: KvBackend) {
     let mut env = Env::new(backend).await;
     let two_keys = Schema::new(
@@ -771,6 +939,8 @@ both!(
     schema_evolution_reads_old_rows_with_nulls,
     bad_input_is_rejected_and_changes_nothing,
     snapshots_plus_replay_equal_the_live_state,
+    a_snapshot_from_before_add_column_loads_with_nulls,
+    a_snapshot_without_a_schema_id_loads_by_its_columns,
     prefix_lookups_use_the_leading_key_columns;
     paused:
     a_no_op_put_waits_for_the_staged_write_it_read,
