@@ -379,6 +379,13 @@ impl KvTablet {
             };
         }
         let batch = rows_to_batch(&schema, &changes.iter().map(|(_, r)| r).collect::<Vec<_>>())?;
+        // Everything that can fail is done before the submit: once the changelog is on
+        // its way the rows must be staged, and an error would no longer mean "not
+        // written" to the client.
+        let staged = staged
+            .into_iter()
+            .map(|(key, row)| Ok((key, row.map(|r| encode_row(&schema, &r)).transpose()?)))
+            .collect::<Result<Vec<_>>>()?;
         let submitted = self
             .inner
             .log
@@ -399,8 +406,7 @@ impl KvTablet {
         let (_, last_offset) = submitted.offsets();
         {
             let mut prewrite = self.prewrite();
-            for (key, row) in staged {
-                let bytes = row.map(|r| encode_row(&schema, &r)).transpose()?;
+            for (key, bytes) in staged {
                 prewrite
                     .entry(key)
                     .or_default()
