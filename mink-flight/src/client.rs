@@ -1,7 +1,9 @@
 //! The Rust client: connects to any node, routes rows on the client (partition, then
 //! bucket) from the table's metadata, keeps one idempotent sequence per bucket under a
 //! writer id from `init_writer`, retries with the same sequence after a failure or a
-//! `NotLeader` (refreshing its routing), and reads, tails, looks up and administers.
+//! `NotLeader` (refreshing its routing), retires the writer id when a write's outcome
+//! is unknown (a sequence is never reused for another batch while the leader may hold
+//! it), and reads, tails, looks up and administers.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -53,6 +55,64 @@ struct BucketMeta {
 struct Metadata {
     table: TableMeta,
     buckets: Vec<BucketMeta>,
+}
+
+/// What a failed bucket write says about its sequence: whether the leader may hold the
+/// batch under it. A sequence may be reused for a *different* batch only when the
+/// leader certainly did not record it; otherwise the leader would answer that batch
+/// as a duplicate with the old offsets and its rows would be lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WriteFailure {
+    /// Retry the same batch with the same sequence (refreshing the routing): the
+    /// leader answers a retry of a recorded batch with its original offsets.
+    /// `maybe_recorded` is false only for `NotLeader`, which a node answers before it
+    /// touches its log.
+    Retry { maybe_recorded: bool },
+    /// Refused by validation before anything was recorded: the sequence is still
+    /// free and the writer stays in use.
+    Refused,
+    /// Perhaps recorded and a retry would not tell, or the writer's sequence no
+    /// longer matches the leader's: the writer is retired.
+    Unknown,
+}
+
+/// Classifies an error of one bucket write attempt, as the client sees it (after
+/// [`status_to_error`], so transport failures are here too).
+///
+/// - `NotLeader`: refused; retry at the leader. `Unavailable` (also every gRPC code
+///   without a Mink meaning: transport errors, deadlines, `Unknown`), `StorageFailure`
+///   and `Fenced` (the WAL failed or was fenced: the batch may be in an upload that
+///   landed): perhaps recorded; retry, as [`MinkError::is_retriable`] says.
+/// - `InvalidArgument`, `SchemaMismatch`, `NotFound`, `AlreadyExists`,
+///   `LimitExceeded`, `Unimplemented`: the checks of a write (descriptor, schema,
+///   batch, table and bucket, limits) that a node makes before it submits the batch
+///   to its log: refused.
+/// - `InvalidArgument` on `batch_sequence` (the leader's `OutOfOrderSequence`): not
+///   recorded, but the leader's window no longer follows this writer (it lost a batch
+///   that wrote nothing when it restarted, say), so every later sequence would be
+///   refused too: unknown, retire the writer.
+/// - `Internal` (a node's error after its log took the batch, such as a failed KV
+///   flush after the changelog is durable, or a transport failure tonic reports as
+///   `INTERNAL`), `OffsetOutOfRange` and anything else: unknown.
+fn classify_write_error(e: &MinkError) -> WriteFailure {
+    match e {
+        MinkError::NotLeader { .. } => WriteFailure::Retry {
+            maybe_recorded: false,
+        },
+        e if e.is_retriable() => WriteFailure::Retry {
+            maybe_recorded: true,
+        },
+        MinkError::InvalidArgument { field, .. } if field == "batch_sequence" => {
+            WriteFailure::Unknown
+        }
+        MinkError::InvalidArgument { .. }
+        | MinkError::SchemaMismatch(_)
+        | MinkError::NotFound(_)
+        | MinkError::AlreadyExists(_)
+        | MinkError::LimitExceeded { .. }
+        | MinkError::Unimplemented(_) => WriteFailure::Refused,
+        _ => WriteFailure::Unknown,
+    }
 }
 
 /// A bucket's next batch sequence for one writer id.
@@ -413,7 +473,9 @@ impl MinkClient {
 
     /// Writes one bucket's rows at its leader with the bucket's next sequence; retries
     /// with the same sequence after `NotLeader` (refreshing the routing) or an
-    /// unavailable leader.
+    /// unavailable leader. A failure that leaves the sequence's fate unknown retires
+    /// the writer (see [`classify_write_error`]), so the next batch never reuses a
+    /// sequence the leader may hold.
     async fn write_bucket(
         &self,
         path: &TablePath,
@@ -445,6 +507,9 @@ impl MinkClient {
         let descriptor = make(writer_id);
         let mut refresh = false;
         let mut last = None;
+        // Whether an earlier attempt may have been recorded: a refusal of a later one
+        // then does not free the sequence.
+        let mut maybe_recorded = false;
         for attempt in 0..WRITE_ATTEMPTS_MAX {
             if attempt > 0 {
                 tokio::time::sleep(Duration::from_millis(50 << attempt.min(5))).await;
@@ -457,7 +522,7 @@ impl MinkClient {
                     continue;
                 }
             };
-            match self.put_at(&leader, &descriptor, batch, &meta).await {
+            let e = match self.put_at(&leader, &descriptor, batch, &meta).await {
                 Ok(WriteResult::Written {
                     first_offset,
                     last_offset,
@@ -471,21 +536,24 @@ impl MinkClient {
                         duplicated,
                     });
                 }
-                Ok(other) => {
-                    return Err(MinkError::Internal(format!(
-                        "a bucket write answered {other:?}"
-                    )));
-                }
-                Err(
-                    e @ (MinkError::NotLeader { .. }
-                    | MinkError::Unavailable(_)
-                    | MinkError::StorageFailure(_)),
-                ) => {
+                Ok(other) => MinkError::Internal(format!(
+                    "{bucket}: a bucket write with sequence {sequence} answered {other:?}"
+                )),
+                Err(e) => e,
+            };
+            match classify_write_error(&e) {
+                WriteFailure::Retry {
+                    maybe_recorded: recorded,
+                } => {
+                    maybe_recorded |= recorded;
                     refresh = true;
                     last = Some(e);
                 }
-                // Refused before it was recorded: the sequence is still free.
-                Err(e) => return Err(e),
+                WriteFailure::Refused if !maybe_recorded => return Err(e),
+                WriteFailure::Refused | WriteFailure::Unknown => {
+                    self.retire_writer(writer_id).await;
+                    return Err(e);
+                }
             }
         }
         // Perhaps written, perhaps not: this writer's sequences are unknown from here.

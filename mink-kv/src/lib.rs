@@ -20,6 +20,6 @@ pub mod store;
 pub mod tablet;
 
 pub use config::{KvBackend, KvConfig};
-pub use snapshot::{SnapshotInfo, SnapshotStore};
+pub use snapshot::{SnapshotData, SnapshotInfo, SnapshotStore};
 pub use store::{KvNamespace, KvOp, KvStore, open_kv_store};
 pub use tablet::{KvTablet, LookupResult, PutRequest};

@@ -1,7 +1,12 @@
 //! KV snapshots on object storage: a bucket's whole state at one log offset, as an
-//! Arrow IPC stream of the table's current schema, at
+//! Arrow IPC stream of the table's schema at the time, at
 //! `{prefix}/{offset:020}.arrow`. The newest `retain` are kept. Recovery loads the
 //! newest snapshot into the local store and replays the changelog from its offset.
+//!
+//! The table may be altered after a snapshot is written, so the stream's schema
+//! metadata records the schema id its rows are written under
+//! ([`SCHEMA_ID_METADATA_KEY`]); a loader reads them as that schema version and lets
+//! the schema-evolution rules carry them to the current one, as for stored rows.
 
 use std::sync::Arc;
 
@@ -9,12 +14,24 @@ use arrow::array::RecordBatch;
 use arrow::ipc::reader::StreamReader;
 use arrow::ipc::writer::StreamWriter;
 use futures::TryStreamExt;
-use mink_types::{MinkError, Result, Schema};
+use mink_types::{MinkError, Result, Schema, SchemaId};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
 /// Rows per Arrow batch in a snapshot.
 pub const SNAPSHOT_BATCH_ROWS: usize = 8_192;
+
+/// The Arrow schema metadata key holding the schema id a snapshot's rows are written
+/// under (decimal). Snapshots written before it was recorded lack it.
+pub const SCHEMA_ID_METADATA_KEY: &str = "mink.schema_id";
+
+/// A snapshot read back: its rows, and the schema id they were written under when the
+/// snapshot records it.
+#[derive(Debug, Clone)]
+pub struct SnapshotData {
+    pub schema_id: Option<SchemaId>,
+    pub batches: Vec<RecordBatch>,
+}
 
 /// Where one bucket's snapshots live.
 #[derive(Clone)]
@@ -73,7 +90,14 @@ impl SnapshotStore {
     ) -> Result<SnapshotInfo> {
         let mut buf = Vec::new();
         {
-            let mut writer = StreamWriter::try_new(&mut buf, &schema.to_arrow())?;
+            let arrow = schema.to_arrow();
+            let mut metadata = arrow.metadata().clone();
+            metadata.insert(
+                SCHEMA_ID_METADATA_KEY.to_string(),
+                schema.schema_id.to_string(),
+            );
+            let arrow = arrow.as_ref().clone().with_metadata(metadata);
+            let mut writer = StreamWriter::try_new(&mut buf, &arrow)?;
             for b in batches {
                 writer.write(b)?;
             }
@@ -106,6 +130,11 @@ impl SnapshotStore {
 
     /// Reads the snapshot at `offset` as Arrow batches.
     pub async fn read(&self, offset: i64) -> Result<Vec<RecordBatch>> {
+        Ok(self.read_data(offset).await?.batches)
+    }
+
+    /// Reads the snapshot at `offset` with the schema id its rows are written under.
+    pub async fn read_data(&self, offset: i64) -> Result<SnapshotData> {
         let bytes = self
             .store
             .get(&self.path(offset))
@@ -115,8 +144,21 @@ impl SnapshotStore {
             .await
             .map_err(storage)?;
         let reader = StreamReader::try_new(std::io::Cursor::new(bytes), None)?;
-        reader
+        let schema_id = reader
+            .schema()
+            .metadata()
+            .get(SCHEMA_ID_METADATA_KEY)
+            .map(|id| {
+                id.parse::<SchemaId>().map_err(|_| {
+                    MinkError::Internal(format!(
+                        "KV snapshot at {offset}: schema id {id:?} is not a number"
+                    ))
+                })
+            })
+            .transpose()?;
+        let batches = reader
             .map(|b| b.map_err(|e| MinkError::Internal(format!("KV snapshot at {offset}: {e}"))))
-            .collect()
+            .collect::<Result<_>>()?;
+        Ok(SnapshotData { schema_id, batches })
     }
 }

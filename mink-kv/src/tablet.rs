@@ -89,6 +89,31 @@ fn table_state(descriptor: TableDescriptor, schemas: Vec<Schema>) -> Result<Tabl
     })
 }
 
+/// The schema version a snapshot's rows are written under: the one it records, or, for
+/// a snapshot from before that was recorded, the newest version whose columns match
+/// its Arrow schema.
+fn snapshot_schema(
+    table: &TableState,
+    recorded: Option<SchemaId>,
+    batches: &[RecordBatch],
+) -> Option<Schema> {
+    match recorded {
+        Some(id) => table.schemas.get(&id).cloned(),
+        None => {
+            let Some(first) = batches.first() else {
+                // No rows: any version reads nothing.
+                return Some(table.descriptor.schema.clone());
+            };
+            table
+                .schemas
+                .values()
+                .filter(|s| s.to_arrow().fields() == first.schema().fields())
+                .max_by_key(|s| s.schema_id)
+                .cloned()
+        }
+    }
+}
+
 impl KvTablet {
     /// Opens the tablet over `log` (already open) and `store`, replaying the changelog
     /// from the store's flushed offset up to the high watermark (after loading the
@@ -339,14 +364,28 @@ impl KvTablet {
             }
         }
         if changes.is_empty() {
-            // Nothing changed; the writer's sequence still advances.
-            return self.inner.log.record_empty(
+            // Nothing changed; the writer's sequence still advances. The merge may have
+            // read versions staged by Puts whose appends are not durable yet, so this
+            // Put is acknowledged only once every earlier append is, and fails with them.
+            let empty = self.inner.log.submit_empty(
                 req.writer_id,
                 req.batch_sequence,
                 req.batch_sequence,
-            );
+            )?;
+            drop(guard);
+            return match empty.wait().await {
+                Ok(appended) => Ok(appended),
+                Err(e) => Err(self.fail(e)),
+            };
         }
         let batch = rows_to_batch(&schema, &changes.iter().map(|(_, r)| r).collect::<Vec<_>>())?;
+        // Everything that can fail is done before the submit: once the changelog is on
+        // its way the rows must be staged, and an error would no longer mean "not
+        // written" to the client.
+        let staged = staged
+            .into_iter()
+            .map(|(key, row)| Ok((key, row.map(|r| encode_row(&schema, &r)).transpose()?)))
+            .collect::<Result<Vec<_>>>()?;
         let submitted = self
             .inner
             .log
@@ -367,8 +406,7 @@ impl KvTablet {
         let (_, last_offset) = submitted.offsets();
         {
             let mut prewrite = self.prewrite();
-            for (key, row) in staged {
-                let bytes = row.map(|r| encode_row(&schema, &r)).transpose()?;
+            for (key, bytes) in staged {
                 prewrite
                     .entry(key)
                     .or_default()
@@ -382,14 +420,18 @@ impl KvTablet {
                 metrics::counter!("mink_kv_put_batches_total").increment(1);
                 Ok(appended)
             }
-            Err(e) => {
-                // The changelog may or may not be in the log: drop what was staged and
-                // stop; the tablet is reopened from the log.
-                self.prewrite().clear();
-                *self.inner.failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.clone());
-                Err(e)
-            }
+            // The changelog may or may not be in the log.
+            Err(e) => Err(self.fail(e)),
         }
+    }
+
+    /// Fails the tablet after an append that did not become durable: staged rows are
+    /// dropped and nothing more is accepted; the tablet is reopened from the log.
+    /// Returns the error, for the caller to answer with.
+    fn fail(&self, e: MinkError) -> MinkError {
+        self.prewrite().clear();
+        *self.inner.failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.clone());
+        e
     }
 
     /// Moves staged rows below the high watermark into the store, with that offset.
@@ -571,23 +613,56 @@ impl KvTablet {
         if !behind || newest > self.inner.log.high_watermark() {
             return Ok(());
         }
-        let schema = self.table().descriptor.schema.clone();
-        let pk: Vec<usize> = self
-            .table()
-            .descriptor
-            .primary_key
-            .iter()
-            .filter_map(|k| schema.index_of(k))
-            .collect();
+        let data = snapshots.read_data(newest).await?;
+        // Rows are stored as the schema version they were written under; reads carry
+        // them to the current one (added columns null), as for every stored row.
+        let (written, pk) = {
+            let table = self.table();
+            let written =
+                snapshot_schema(&table, data.schema_id, &data.batches).ok_or_else(|| {
+                    let why = match data.schema_id {
+                        Some(id) => {
+                            format!("is written under schema {id}, which the table does not have")
+                        }
+                        None => {
+                            "records no schema id and matches none of the table's schema versions"
+                                .into()
+                        }
+                    };
+                    MinkError::Internal(format!(
+                        "{}: the KV snapshot at {newest} {why}",
+                        self.inner.bucket
+                    ))
+                })?;
+            let pk: Vec<usize> = table
+                .descriptor
+                .primary_key
+                .iter()
+                .map(|k| {
+                    written.index_of(k).ok_or_else(|| {
+                        MinkError::Internal(format!(
+                            "{}: schema {} of the KV snapshot at {newest} lacks key column {k:?}",
+                            self.inner.bucket, written.schema_id
+                        ))
+                    })
+                })
+                .collect::<Result<_>>()?;
+            (written, pk)
+        };
         self.inner.store.clear()?;
         let mut key = Vec::new();
-        for batch in snapshots.read(newest).await? {
-            schema.check_batch(&batch)?;
-            let encoder = KeyEncoder::new(&batch, &pk)?;
+        for batch in &data.batches {
+            written.check_batch(batch).map_err(|e| {
+                MinkError::Internal(format!(
+                    "{}: the KV snapshot at {newest}: {e}",
+                    self.inner.bucket
+                ))
+            })?;
+            let encoder = KeyEncoder::new(batch, &pk)?;
             let mut ops = Vec::with_capacity(batch.num_rows());
-            for (i, row) in rows_of(&batch)?.iter().enumerate() {
+            for (i, row) in rows_of(batch)?.iter().enumerate() {
                 encoder.encode(i, &mut key)?;
-                ops.push(KvOp::Put(key.clone(), encode_row(&schema, row)?));
+                ops.push(KvOp::Put(key.clone(), encode_row(&written, row)?));
             }
             // The offset is recorded only with the last batch below.
             self.inner.store.write(&ops, -1)?;

@@ -2,13 +2,15 @@
 //! evolution, idempotence, recovery by replay on both backends, bad input.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use arrow::array::{Array, BooleanArray, Int64Array, RecordBatch, StringArray};
+use arrow::array::{Array, AsArray, BooleanArray, Int64Array, RecordBatch, StringArray};
 use mink_kv::{KvBackend, KvTablet, PutRequest, SnapshotStore, open_kv_store};
 use mink_log::{LogConfig, LogTablet, NO_WRITER};
 use mink_types::{
     ChangeType, Column, DataType, MinkError, Schema, TableBucket, TableDescriptor, TableProperties,
 };
+use mink_wal::fault::{FaultConfig, FaultyStore};
 use mink_wal::{StreamStore, WalConfig};
 use object_store::ObjectStore;
 use object_store::memory::InMemory;
@@ -54,7 +56,11 @@ struct Env {
 
 impl Env {
     async fn new(backend: KvBackend) -> Self {
-        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        Self::on(Arc::new(InMemory::new()), backend).await
+    }
+
+    /// An environment on `store` (e.g. a fault-injecting wrapper).
+    async fn on(store: Arc<dyn ObjectStore>, backend: KvBackend) -> Self {
         let node = StreamStore::open(store.clone(), "n1", WalConfig::default())
             .await
             .unwrap();
@@ -69,28 +75,33 @@ impl Env {
 
     /// Opens the tablet (under the next epoch) on the KV store in `dir`.
     async fn open_in(&mut self, descriptor: &TableDescriptor, dir: &std::path::Path) -> KvTablet {
+        self.open_versions(descriptor, std::slice::from_ref(&descriptor.schema), dir)
+            .await
+            .unwrap()
+    }
+
+    /// Opens the tablet (under the next epoch) of a table with these schema versions
+    /// on the KV store in `dir`.
+    async fn open_versions(
+        &mut self,
+        descriptor: &TableDescriptor,
+        schemas: &[Schema],
+        dir: &std::path::Path,
+    ) -> mink_types::Result<KvTablet> {
         self.epoch += 1;
         let stream = self.node.open_stream("t1-b0", self.epoch).await.unwrap();
-        let log = LogTablet::open(
-            BUCKET,
-            stream,
-            true,
-            vec![descriptor.schema.clone()],
-            LogConfig::default(),
-        )
-        .await
-        .unwrap();
+        let log =
+            LogTablet::open(BUCKET, stream, true, schemas.to_vec(), LogConfig::default()).await?;
         let kv = open_kv_store(self.backend, dir).unwrap();
         KvTablet::open(
             BUCKET,
             log,
             kv.namespace("t1-b0").unwrap(),
             descriptor.clone(),
-            vec![descriptor.schema.clone()],
+            schemas.to_vec(),
             Some(self.snapshots()),
         )
         .await
-        .unwrap()
     }
 
     fn snapshots(&self) -> SnapshotStore {
@@ -555,6 +566,169 @@ async fn snapshots_plus_replay_equal_the_live_state(backend: KvBackend) {
     assert_eq!(get(&t, &ids), live);
 }
 
+async fn a_snapshot_from_before_add_column_loads_with_nulls(backend: KvBackend) {
+    let mut env = Env::new(backend).await;
+    let d = table(&[]);
+    let t = env.open(&d).await;
+    t.put(put(&[(1, Some("a"), Some(10)), (2, Some("b"), None)]))
+        .await
+        .unwrap();
+    let snap = t.snapshot().await.unwrap().unwrap();
+    assert_eq!(snap.rows, 2);
+    // ALTER TABLE ADD COLUMN flag.
+    let v2 = d
+        .schema
+        .with_added_columns(&[Column::new("flag", DataType::Boolean, true)])
+        .unwrap();
+    let d2 = TableDescriptor {
+        schema: v2.clone(),
+        ..d.clone()
+    };
+    let versions = [d.schema.clone(), v2.clone()];
+    t.update_table(d2.clone(), versions.to_vec()).unwrap();
+    let v2_rows = |rows: &[(i64, &str, Option<bool>)]| PutRequest {
+        schema_id: 2,
+        batch: RecordBatch::try_new(
+            v2.to_arrow(),
+            vec![
+                Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.0))),
+                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.1))),
+                Arc::new(Int64Array::from(vec![None::<i64>; rows.len()])),
+                Arc::new(BooleanArray::from(
+                    rows.iter().map(|r| r.2).collect::<Vec<_>>(),
+                )),
+            ],
+        )
+        .unwrap(),
+        ..put(&[])
+    };
+    t.put(v2_rows(&[(3, "c", Some(true))])).await.unwrap();
+    // Only the snapshot holds rows 1 and 2 once the log below it is gone.
+    env.node.compact().await.unwrap();
+    assert_eq!(
+        t.log().trim_before(snap.log_offset).await.unwrap(),
+        snap.log_offset
+    );
+    drop(t);
+
+    // A node with an empty local store opens the bucket after the ALTER.
+    let fresh = tempfile::tempdir().unwrap();
+    let t = env
+        .open_versions(&d2, &versions, fresh.path())
+        .await
+        .expect("a snapshot written before ADD COLUMN loads under the new schema");
+    let flags = |t: &KvTablet, ids: &[i64]| {
+        let keys =
+            RecordBatch::try_from_iter(vec![("id", Arc::new(Int64Array::from(ids.to_vec())) as _)])
+                .unwrap();
+        let found = t.lookup(&keys).unwrap();
+        assert_eq!(found.batch.num_columns(), 4);
+        let names = found.batch.column(1).as_string::<i32>();
+        let flags = found.batch.column(3).as_boolean();
+        let mut out = vec![None; ids.len()];
+        for (row, key) in found.key_index.iter().enumerate() {
+            out[*key as usize] = Some((
+                names.value(row).to_string(),
+                (!flags.is_null(row)).then(|| flags.value(row)),
+            ));
+        }
+        out
+    };
+    assert_eq!(
+        flags(&t, &[1, 2, 3]),
+        vec![
+            Some(("a".to_string(), None)),
+            Some(("b".to_string(), None)),
+            Some(("c".to_string(), Some(true))),
+        ]
+    );
+    assert_eq!(
+        get(&t, &[1, 2]),
+        vec![v(Some("a"), Some(10)), v(Some("b"), None)]
+    );
+    // New writes merge over the rows loaded from the snapshot.
+    t.put(v2_rows(&[(1, "a2", Some(false)), (4, "d", None)]))
+        .await
+        .unwrap();
+    assert_eq!(
+        flags(&t, &[1, 4]),
+        vec![
+            Some(("a2".to_string(), Some(false))),
+            Some(("d".to_string(), None))
+        ]
+    );
+    // A snapshot written now is under schema 2 and loads as well.
+    t.snapshot().await.unwrap().unwrap();
+    drop(t);
+    let fresh = tempfile::tempdir().unwrap();
+    let t = env
+        .open_versions(&d2, &versions, fresh.path())
+        .await
+        .unwrap();
+    assert_eq!(
+        flags(&t, &[1, 2, 3, 4]),
+        vec![
+            Some(("a2".to_string(), Some(false))),
+            Some(("b".to_string(), None)),
+            Some(("c".to_string(), Some(true))),
+            Some(("d".to_string(), None)),
+        ]
+    );
+}
+
+async fn a_snapshot_without_a_schema_id_loads_by_its_columns(backend: KvBackend) {
+    let mut env = Env::new(backend).await;
+    let d = table(&[]);
+    let t = env.open(&d).await;
+    t.put(put(&[(1, Some("a"), Some(10))])).await.unwrap();
+    let snap = t.snapshot().await.unwrap().unwrap();
+    // Rewrite it as snapshots were written before they recorded their schema id.
+    let batches = env.snapshots().read(snap.log_offset).await.unwrap();
+    let mut legacy = Vec::new();
+    {
+        let mut w =
+            arrow::ipc::writer::StreamWriter::try_new(&mut legacy, &d.schema.to_arrow()).unwrap();
+        for b in &batches {
+            w.write(b).unwrap();
+        }
+        w.finish().unwrap();
+    }
+    let path = object_store::path::Path::from(snap.location.as_str());
+    object_store::ObjectStoreExt::put(env.store.as_ref(), &path, legacy.into())
+        .await
+        .unwrap();
+    assert_eq!(
+        env.snapshots()
+            .read_data(snap.log_offset)
+            .await
+            .unwrap()
+            .schema_id,
+        None
+    );
+    let v2 = d
+        .schema
+        .with_added_columns(&[Column::new("flag", DataType::Boolean, true)])
+        .unwrap();
+    let d2 = TableDescriptor {
+        schema: v2.clone(),
+        ..d.clone()
+    };
+    let versions = [d.schema.clone(), v2];
+    t.update_table(d2.clone(), versions.to_vec()).unwrap();
+    env.node.compact().await.unwrap();
+    t.log().trim_before(snap.log_offset).await.unwrap();
+    drop(t);
+    let fresh = tempfile::tempdir().unwrap();
+    let t = env
+        .open_versions(&d2, &versions, fresh.path())
+        .await
+        .unwrap();
+    assert_eq!(get(&t, &[1]), vec![v(Some("a"), Some(10))]);
+    let keys =
+        RecordBatch::try_from_iter(vec![("id", Arc::new(Int64Array::from(vec![1])) as _)]).unwrap();
+    assert!(t.lookup(&keys).unwrap().batch.column(3).is_null(0));
+}
+
 async fn prefix_lookups_use_the_leading_key_columns(backend: KvBackend) {
     let mut env = Env::new(backend).await;
     let two_keys = Schema::new(
@@ -631,13 +805,127 @@ async fn prefix_lookups_use_the_leading_key_columns(backend: KvBackend) {
     assert_eq!(t.prefix_lookup(&prefix, 1).unwrap().num_rows(), 1);
 }
 
+/// How long a held WAL upload takes (paused time): long enough that a Put issued
+/// meanwhile merges over rows staged by one that is not yet durable.
+const WAL_UPLOAD_HELD: Duration = Duration::from_secs(10);
+
+/// An environment on a fault-injecting store; WAL uploads are held once
+/// [`hold_wal_uploads`] is called.
+async fn faulty_env(backend: KvBackend) -> (Env, FaultyStore) {
+    let faulty = FaultyStore::new(Arc::new(InMemory::new()), FaultConfig::default());
+    let env = Env::on(Arc::new(faulty.clone()), backend).await;
+    (env, faulty)
+}
+
+fn hold_wal_uploads(faulty: &FaultyStore) {
+    faulty.set_put_delay(Some(Arc::new(|path: &object_store::path::Path| {
+        path.as_ref().starts_with("wal/").then_some(WAL_UPLOAD_HELD)
+    })));
+}
+
+fn spawn_put(
+    t: &KvTablet,
+    req: PutRequest,
+) -> tokio::task::JoinHandle<(mink_types::Result<mink_log::Appended>, tokio::time::Instant)> {
+    let t = t.clone();
+    tokio::spawn(async move {
+        let result = t.put(req).await;
+        (result, tokio::time::Instant::now())
+    })
+}
+
+async fn a_no_op_put_waits_for_the_staged_write_it_read(backend: KvBackend) {
+    let (mut env, faulty) = faulty_env(backend).await;
+    let t = env.open(&table(&[])).await;
+    hold_wal_uploads(&faulty);
+    let start = tokio::time::Instant::now();
+    let a = spawn_put(&t, put(&[(1, Some("a"), Some(1))]));
+    // A merges, stages its row and submits; its upload is held.
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    // B writes the same row: against A's staged version it changes nothing.
+    let mut same = put(&[(1, Some("a"), Some(1))]);
+    same.writer_id = 7;
+    let b = spawn_put(&t, same.clone());
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    // A retry of B is answered as B is: not before B may be.
+    let retry = spawn_put(&t, same);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(t.log().high_watermark(), 0, "A's upload is still held");
+    assert!(
+        !b.is_finished(),
+        "B's decision rests on A's staged row; it is acknowledged only once A is durable"
+    );
+    assert!(!retry.is_finished(), "neither is a retry of B");
+
+    let (a, a_at) = a.await.unwrap();
+    let a = a.unwrap();
+    assert_eq!((a.first_offset, a.last_offset), (0, 0));
+    let (b, b_at) = b.await.unwrap();
+    let b = b.unwrap();
+    assert!(!b.duplicated);
+    assert_eq!(
+        (b.first_offset, b.last_offset),
+        (1, 0),
+        "an empty range after A"
+    );
+    assert!(a_at >= start + WAL_UPLOAD_HELD);
+    assert!(b_at >= a_at, "B resolved before A was durable");
+    let (retry, _) = retry.await.unwrap();
+    let retry = retry.unwrap();
+    assert!(retry.duplicated);
+    assert_eq!((retry.first_offset, retry.last_offset), (1, 0));
+    assert_eq!(changelog(&t).await, vec![c("+I", 1, Some("a"), Some(1))]);
+    assert_eq!(get(&t, &[1]), vec![v(Some("a"), Some(1))]);
+}
+
+async fn a_no_op_put_fails_when_the_staged_write_it_read_fails(backend: KvBackend) {
+    let (mut env, faulty) = faulty_env(backend).await;
+    let t = env.open(&table(&[])).await;
+    t.put(put(&[(2, Some("b"), Some(2))])).await.unwrap();
+    hold_wal_uploads(&faulty);
+    faulty.fail_next_puts(1);
+    // A upserts 1 and deletes 2; its upload is held, then fails.
+    let a = spawn_put(
+        &t,
+        PutRequest {
+            changes: Some(vec![ChangeType::Insert, ChangeType::Delete]),
+            ..put(&[(1, Some("a"), Some(1)), (2, None, None)])
+        },
+    );
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    // B repeats both: against A's staged versions, the same row and a delete of a
+    // missing key, so it changes nothing.
+    let b = spawn_put(
+        &t,
+        PutRequest {
+            changes: Some(vec![ChangeType::Insert, ChangeType::Delete]),
+            ..put(&[(1, Some("a"), Some(1)), (2, None, None)])
+        },
+    );
+    let (a, _) = a.await.unwrap();
+    assert!(
+        matches!(a, Err(MinkError::StorageFailure(_))),
+        "A's upload failed: {a:?}"
+    );
+    let (b, _) = b.await.unwrap();
+    assert!(
+        matches!(b, Err(MinkError::StorageFailure(_))),
+        "B rested on A, which never became durable, so B is not acknowledged either: {b:?}"
+    );
+    assert_eq!(t.log().high_watermark(), 1, "only the first Put is durable");
+}
+
+/// Runs each test on both backends; those after `paused:` on paused time (they hold
+/// uploads for seconds of virtual time).
 macro_rules! both {
-    ($($name:ident),*) => {
+    ($($name:ident),*; paused: $($paused:ident),*) => {
         mod fjall {
             $( #[tokio::test] async fn $name() { super::$name(mink_kv::KvBackend::Fjall).await } )*
+            $( #[tokio::test(start_paused = true)] async fn $paused() { super::$paused(mink_kv::KvBackend::Fjall).await } )*
         }
         mod redb {
             $( #[tokio::test] async fn $name() { super::$name(mink_kv::KvBackend::Redb).await } )*
+            $( #[tokio::test(start_paused = true)] async fn $paused() { super::$paused(mink_kv::KvBackend::Redb).await } )*
         }
     };
 }
@@ -651,5 +939,10 @@ both!(
     schema_evolution_reads_old_rows_with_nulls,
     bad_input_is_rejected_and_changes_nothing,
     snapshots_plus_replay_equal_the_live_state,
-    prefix_lookups_use_the_leading_key_columns
+    a_snapshot_from_before_add_column_loads_with_nulls,
+    a_snapshot_without_a_schema_id_loads_by_its_columns,
+    prefix_lookups_use_the_leading_key_columns;
+    paused:
+    a_no_op_put_waits_for_the_staged_write_it_read,
+    a_no_op_put_fails_when_the_staged_write_it_read_fails
 );

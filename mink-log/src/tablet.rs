@@ -449,13 +449,20 @@ impl LogTablet {
     /// that its sequence advances. It occupies no offset: its range is empty, at the
     /// current end. Kept in memory only: after a restart the window ends at the last
     /// batch in the log (see docs/log-format.md).
-    pub fn record_empty(&self, writer_id: i64, first: i64, last: i64) -> Result<Appended> {
+    ///
+    /// "Nothing changed" was decided over everything submitted before it (a KV
+    /// tablet's merge reads rows staged by appends that are not durable yet), so the
+    /// returned [`Submitted`] resolves only once all of that is durable, and fails if
+    /// any of it fails: an acknowledgement must never rest on state that may never
+    /// exist. A retry that arrives meanwhile waits on the same outcome.
+    pub fn submit_empty(&self, writer_id: i64, first: i64, last: i64) -> Result<Submitted> {
         let mut state = self.lock();
         if let Some(e) = &state.failed {
             return Err(e.clone());
         }
         let at = self.inner.stream.next_offset() as i64;
         let ts = now_ms().max(state.last_commit_timestamp);
+        let outcome = Arc::new(watch::channel(None).0);
         if writer_id != NO_WRITER {
             state.windows.push(
                 writer_id,
@@ -465,16 +472,40 @@ impl LogTablet {
                     first_offset: at,
                     last_offset: at - 1,
                     commit_timestamp: ts,
-                    pending: None,
+                    pending: Some(outcome.clone()),
                 },
             );
         }
-        Ok(Appended {
-            first_offset: at,
-            last_offset: at - 1,
-            duplicated: false,
-            commit_timestamp: ts,
+        Ok(Submitted {
+            tablet: self.clone(),
+            step: Step::Empty(at, ts, outcome),
+            writer_id,
+            rows: 0,
+            _slot: None,
         })
+    }
+
+    /// Resolves once every offset below `end` is durable; fails when an append below
+    /// it failed (the WAL then acknowledges nothing more).
+    async fn wait_durable(&self, end: i64) -> Result<()> {
+        if self.high_watermark() >= end {
+            return Ok(());
+        }
+        if let Some(e) = self.failure() {
+            return Err(e);
+        }
+        // Resolves when every append enqueued on the stream so far is durable, or with
+        // the WAL's failure: that covers `end` (offsets only grow), perhaps a little more.
+        self.inner
+            .stream
+            .flush()
+            .await
+            .map_err(|e| wal_error(self.inner.bucket, e))?;
+        debug_assert!(
+            self.high_watermark() >= end,
+            "a flushed stream is durable up to its end"
+        );
+        Ok(())
     }
 
     /// Decodes a stream record into a batch, checking that its header agrees with
@@ -717,6 +748,9 @@ impl LogTablet {
 
 enum Step {
     Duplicate(Entry),
+    /// A batch that wrote nothing, at this offset and commit timestamp
+    /// ([`LogTablet::submit_empty`]).
+    Empty(i64, i64, Arc<watch::Sender<crate::window::Outcome>>),
     Go(
         mink_wal::PendingAppend,
         i64,
@@ -739,6 +773,7 @@ impl Submitted {
     pub fn offsets(&self) -> (i64, i64) {
         match &self.step {
             Step::Duplicate(e) => (e.first_offset, e.last_offset),
+            Step::Empty(at, _, _) => (*at, *at - 1),
             Step::Go(_, base, _, _) => (*base, *base + self.rows - 1),
         }
     }
@@ -777,13 +812,36 @@ impl Submitted {
                     }
                 }
             }
+            Step::Empty(at, ts, outcome) => match self.tablet.wait_durable(at).await {
+                Ok(()) => {
+                    self.tablet
+                        .lock()
+                        .windows
+                        .complete(self.writer_id, &outcome);
+                    outcome.send_replace(Some(Ok(())));
+                    Ok(Appended {
+                        first_offset: at,
+                        last_offset: at - 1,
+                        duplicated: false,
+                        commit_timestamp: ts,
+                    })
+                }
+                Err(e) => {
+                    self.tablet.lock().failed = Some(e.clone());
+                    outcome.send_replace(Some(Err(e.clone())));
+                    Err(e)
+                }
+            },
             Step::Go(pending, base, ts, outcome) => match pending.durable().await {
                 Ok(range) => {
                     debug_assert_eq!(
                         range.start as i64, base,
                         "the stream assigned another offset"
                     );
-                    self.tablet.lock().windows.complete(self.writer_id, base);
+                    self.tablet
+                        .lock()
+                        .windows
+                        .complete(self.writer_id, &outcome);
                     outcome.send_replace(Some(Ok(())));
                     metrics::counter!("mink_log_appended_rows_total").increment(rows as u64);
                     Ok(Appended {

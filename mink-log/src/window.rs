@@ -85,13 +85,14 @@ impl Windows {
         }
     }
 
-    /// Marks the entry starting at `first_offset` durable.
-    pub fn complete(&mut self, writer: i64, first_offset: i64) {
-        if let Some(e) = self
-            .writers
-            .get_mut(&writer)
-            .and_then(|w| w.iter_mut().find(|e| e.first_offset == first_offset))
-        {
+    /// Marks the entry whose outcome is `outcome` durable. Found by its outcome, not
+    /// its offset: a batch that wrote nothing has an empty range at the offset the
+    /// writer's next batch starts at.
+    pub fn complete(&mut self, writer: i64, outcome: &Arc<watch::Sender<Outcome>>) {
+        if let Some(e) = self.writers.get_mut(&writer).and_then(|w| {
+            w.iter_mut()
+                .find(|e| e.pending.as_ref().is_some_and(|p| Arc::ptr_eq(p, outcome)))
+        }) {
             e.pending = None;
         }
     }

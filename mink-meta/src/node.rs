@@ -66,6 +66,14 @@ struct Inner {
     seen: Mutex<HashMap<String, Seen>>,
     /// Serializes this node's proposals whose result is read back from the state.
     proposing: tokio::sync::Mutex<()>,
+    /// Serializes the lease holder's duties that plan from the view and propose the
+    /// plan (`assign_now`, the duty round with its dead-node moves, `rebalance`). Two
+    /// plans made from one view would both be applied: every bucket in both would get
+    /// two new epochs and perhaps flip leaders. Each duty reads the lease and its plan
+    /// only once it holds this lock, so it plans from a view that includes the
+    /// previous duty's proposals (a node's own appends are applied before `propose`
+    /// returns).
+    duties: tokio::sync::Mutex<()>,
     shutdown: watch::Sender<bool>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     last_snapshot: AtomicU64,
@@ -124,6 +132,7 @@ impl MetaNode {
                 heartbeat: AtomicU64::new(0),
                 seen: Mutex::new(HashMap::new()),
                 proposing: tokio::sync::Mutex::new(()),
+                duties: tokio::sync::Mutex::new(()),
                 shutdown: watch::channel(false).0,
                 tasks: Mutex::new(Vec::new()),
                 last_snapshot: AtomicU64::new(0),
@@ -321,6 +330,7 @@ impl MetaNode {
     /// When this node holds the lease, gives buckets without a leader one now (after
     /// `create_table`, so that writes need not wait for the next duty round).
     pub async fn assign_now(&self) {
+        let _duty = self.inner.duties.lock().await;
         let (term, holder) = self.lease();
         if holder.as_deref() != Some(self.inner.node.as_str()) {
             return;
@@ -343,6 +353,7 @@ impl MetaNode {
     /// Evens out bucket counts over live nodes with the fewest moves. Only the lease
     /// holder can; others get `NotLeader`-style `Unavailable` naming the holder.
     pub async fn rebalance(&self) -> Result<usize> {
+        let _duty = self.inner.duties.lock().await;
         let (term, holder) = self.lease();
         if holder.as_deref() != Some(self.inner.node.as_str()) {
             return Err(MinkError::Unavailable(format!(
@@ -482,7 +493,7 @@ impl MetaNode {
     async fn lease_round(&self, last_expire: &mut Instant) -> Result<()> {
         let (term, holder) = self.lease();
         match holder {
-            Some(h) if h == self.inner.node => self.duties(term, last_expire).await,
+            Some(h) if h == self.inner.node => self.duties(last_expire).await,
             Some(h) => {
                 let silent = self.silent_for(&h).await;
                 if silent >= Duration::from_millis(self.inner.config.lease_timeout_ms) {
@@ -514,7 +525,14 @@ impl MetaNode {
         }
     }
 
-    async fn duties(&self, term: u64, last_expire: &mut Instant) -> Result<()> {
+    /// One round of the lease holder's duties, under the duty lock; the term is the
+    /// one held when the turn came (a stale one is rejected by the state machine).
+    async fn duties(&self, last_expire: &mut Instant) -> Result<()> {
+        let _duty = self.inner.duties.lock().await;
+        let (term, holder) = self.lease();
+        if holder.as_deref() != Some(self.inner.node.as_str()) {
+            return Ok(());
+        }
         // Dead nodes.
         let others: Vec<String> = self.read(|s| {
             s.nodes

@@ -383,3 +383,59 @@ async fn rebalance_evens_out_buckets_on_the_lease_holder_only() {
     );
     assert_eq!(a.rebalance().await.unwrap(), 0, "nothing left to move");
 }
+
+#[tokio::test(start_paused = true)]
+async fn concurrent_assignments_assign_each_bucket_once() {
+    // Every object-store request takes time, so concurrent callers interleave between
+    // reading the view and appending their plan.
+    let faulty = mink_wal::fault::FaultyStore::new(
+        Arc::new(InMemory::new()),
+        mink_wal::fault::FaultConfig {
+            put_latency: Duration::from_millis(20),
+            get_latency: Duration::from_millis(5),
+            list_latency: Duration::from_millis(5),
+            ..Default::default()
+        },
+    );
+    let store: Arc<dyn ObjectStore> = Arc::new(faulty);
+    let mut nodes = Vec::new();
+    for n in ["a", "b", "c"] {
+        nodes.push(node(&store, n).await);
+    }
+    settle(2).await;
+    let holder = nodes
+        .iter()
+        .find(|n| n.is_lease_holder())
+        .expect("someone holds the lease")
+        .clone();
+    holder.create_database("db").await.unwrap();
+    let (t, _) = holder
+        .create_table(&TablePath::parse("db.t").unwrap(), table(6))
+        .await
+        .unwrap();
+    // Callers after create_table (the node service calls it so that writes need not
+    // wait), alongside the lease loop's own call on the new entry.
+    futures::future::join_all((0..4).map(|_| holder.assign_now())).await;
+    settle(2).await;
+    holder.inner_catch_up().await;
+    let buckets: Vec<(Option<String>, u64)> = holder.read(|s| {
+        s.buckets_of(t.id, None)
+            .iter()
+            .map(|b| (b.leader.clone(), b.epoch))
+            .collect()
+    });
+    assert!(
+        buckets.iter().all(|(_, epoch)| *epoch == 1),
+        "each bucket is assigned once (epoch 1): {buckets:?}"
+    );
+    for n in ["a", "b", "c"] {
+        assert_eq!(
+            buckets
+                .iter()
+                .filter(|(l, _)| l.as_deref() == Some(n))
+                .count(),
+            2,
+            "balanced by count: {buckets:?}"
+        );
+    }
+}
