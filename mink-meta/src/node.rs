@@ -58,7 +58,9 @@ struct Seen {
 
 struct Inner {
     node: String,
-    incarnation: u64,
+    /// Grows when the node comes back as a new incarnation without a restart (after
+    /// its WAL was replaced).
+    incarnation: AtomicU64,
     store: Arc<dyn ObjectStore>,
     log: ObjectLog<MetaState>,
     config: MetaConfig,
@@ -125,7 +127,7 @@ impl MetaNode {
         let meta = Self {
             inner: Arc::new(Inner {
                 node: node.to_string(),
-                incarnation,
+                incarnation: AtomicU64::new(incarnation),
                 store,
                 log,
                 config,
@@ -156,7 +158,43 @@ impl MetaNode {
 
     /// This process's incarnation of the node.
     pub fn incarnation(&self) -> u64 {
-        self.inner.incarnation
+        self.inner.incarnation.load(Ordering::SeqCst)
+    }
+
+    /// Registers this node again as a new incarnation, keeping its addresses: every
+    /// bucket it leads gets a new leader epoch, so streams it had open under the old
+    /// epochs can be reopened by a new WAL generation (a takeover from the old one)
+    /// and nothing the old incarnation held open is ever used again. Returns the new
+    /// incarnation.
+    pub async fn reincarnate(&self) -> Result<u64> {
+        let node = self.inner.node.clone();
+        loop {
+            self.inner_catch_up().await;
+            let (incarnation, flight_addr, kafka_addr) = self.read(|s| {
+                let n = s.nodes.get(&node);
+                (
+                    n.map_or(0, |n| n.incarnation) + 1,
+                    n.map(|n| n.flight_addr.clone()).unwrap_or_default(),
+                    n.map(|n| n.kafka_addr.clone()).unwrap_or_default(),
+                )
+            });
+            let command = MetaCommand::RegisterNode {
+                node: node.clone(),
+                flight_addr,
+                kafka_addr,
+                incarnation,
+            };
+            match self.inner.log.append(&command).await.map_err(storage)? {
+                Appended::At(_) => {
+                    self.inner.incarnation.store(incarnation, Ordering::SeqCst);
+                    tracing::info!(node, incarnation, "registered as a new incarnation");
+                    return Ok(incarnation);
+                }
+                Appended::Rejected(MinkError::InvalidArgument { field, .. })
+                    if field == "incarnation" => {}
+                Appended::Rejected(e) => return Err(e),
+            }
+        }
     }
 
     /// The index of the last applied metadata entry (`mink-applied-index`).

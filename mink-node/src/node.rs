@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use arrow_flight::flight_service_server::FlightServiceServer;
 use futures::StreamExt;
@@ -21,7 +22,7 @@ pub struct Node {
     pub config: MinkConfig,
     pub store: Arc<dyn ObjectStore>,
     pub meta: MetaNode,
-    pub streams: StreamStore,
+    service: Arc<NodeService>,
     /// The address the Flight listener is bound to.
     pub flight_addr: SocketAddr,
     /// The address the admin HTTP endpoint is bound to.
@@ -109,13 +110,6 @@ impl Node {
         let streams = StreamStore::open(store.clone(), &config.node_id, config.wal.clone())
             .await
             .map_err(|e| anyhow::anyhow!("starting the WAL: {e}"))?;
-        {
-            let streams = streams.clone();
-            let stop = stopped(&shutdown);
-            tasks.push(tokio::spawn(
-                async move { streams.run_compactor(stop).await },
-            ));
-        }
         let kv = mink_kv::open_kv_store(config.kv.backend, &config.data_dir.join("kv"))
             .map_err(|e| anyhow::anyhow!("opening the KV store: {e}"))?;
         let service = Arc::new(NodeService::new(
@@ -125,8 +119,15 @@ impl Node {
             kv,
         ));
         let _ = admin.service.set(service.clone());
+        tasks.push(tokio::spawn(supervise_wal(
+            service.clone(),
+            meta.clone(),
+            store.clone(),
+            config.clone(),
+            shutdown.subscribe(),
+        )));
         let max = config.flight.message_bytes_max as usize;
-        let flight = FlightServiceServer::new(FlightServer::new(service))
+        let flight = FlightServiceServer::new(FlightServer::new(service.clone()))
             .max_decoding_message_size(max)
             .max_encoding_message_size(max);
         // Without TCP_NODELAY small answers wait for delayed ACKs (~40 ms each).
@@ -153,7 +154,7 @@ impl Node {
             config,
             store,
             meta,
-            streams,
+            service,
             flight_addr,
             admin_addr,
             shutdown,
@@ -168,10 +169,72 @@ impl Node {
         for task in self.tasks {
             let _ = task.await;
         }
-        if let Err(e) = self.streams.close_all().await {
+        if let Err(e) = self.service.streams().close_all().await {
             tracing::warn!("closing streams: {e}");
         }
         self.meta.shutdown(true).await;
+    }
+}
+
+/// Runs the compactor of the node's WAL and replaces the WAL when it fails: a WAL
+/// that cannot complete an upload within its retry budget, or that was fenced, is
+/// replaced, not mourned. The node opens a new generation (retrying while the store
+/// does not answer), registers a new incarnation (new leader epochs for every bucket
+/// it leads) and swaps the new WAL in; each bucket then reopens on its next request,
+/// recovering what the old generation acknowledged. No restart, no operator.
+async fn supervise_wal(
+    service: Arc<NodeService>,
+    meta: MetaNode,
+    store: Arc<dyn ObjectStore>,
+    config: MinkConfig,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let streams = service.streams();
+        let compactor = {
+            let streams = streams.clone();
+            let mut stop = shutdown.clone();
+            tokio::spawn(async move {
+                streams
+                    .run_compactor(async move {
+                        let _ = stop.wait_for(|s| *s).await;
+                    })
+                    .await
+            })
+        };
+        let why = tokio::select! {
+            _ = shutdown.wait_for(|s| *s) => return,
+            why = streams.failed() => why,
+        };
+        compactor.abort();
+        metrics::counter!("mink_wal_replacements_total").increment(1);
+        tracing::warn!(wal = %streams.wal_id(), "the WAL failed ({why}); replacing it with a new generation");
+        let mut pause = Duration::from_millis(100);
+        let mut replacement = None;
+        loop {
+            if replacement.is_none() {
+                match StreamStore::open(store.clone(), &config.node_id, config.wal.clone()).await {
+                    Ok(new) => replacement = Some(new),
+                    Err(e) => tracing::warn!("opening a new WAL generation: {e}; retrying"),
+                }
+            }
+            if replacement.is_some() {
+                match meta.reincarnate().await {
+                    Ok(_) => break,
+                    Err(e) => tracing::warn!("registering a new incarnation: {e}; retrying"),
+                }
+            }
+            tokio::select! {
+                _ = shutdown.wait_for(|s| *s) => return,
+                _ = tokio::time::sleep(pause) => {}
+            }
+            pause = (pause * 2).min(Duration::from_secs(5));
+        }
+        let Some(replacement) = replacement else {
+            return;
+        };
+        tracing::info!(wal = %replacement.wal_id(), "the new WAL generation serves");
+        service.replace_streams(replacement).await;
     }
 }
 

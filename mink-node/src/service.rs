@@ -80,7 +80,9 @@ impl Drop for OpeningTablet {
 pub struct NodeService {
     config: MinkConfig,
     meta: MetaNode,
-    streams: StreamStore,
+    /// The node's s3stream service; replaced by a new WAL generation when the
+    /// current one fails ([`NodeService::replace_streams`]).
+    streams: std::sync::RwLock<StreamStore>,
     kv: Arc<dyn KvStore>,
     /// Open tablets with the epoch and the number of schema versions they know.
     tablets: tokio::sync::Mutex<HashMap<TableBucket, (u64, usize, Tablet)>>,
@@ -217,7 +219,7 @@ impl NodeService {
         Self {
             config,
             meta,
-            streams,
+            streams: std::sync::RwLock::new(streams),
             kv,
             tablets: tokio::sync::Mutex::new(HashMap::new()),
             round_robin: Mutex::new(HashMap::new()),
@@ -226,9 +228,27 @@ impl NodeService {
         }
     }
 
+    /// The current s3stream service.
+    pub fn streams(&self) -> StreamStore {
+        self.streams
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Puts a new WAL generation in place of a failed one. Every open tablet is
+    /// dropped: the next request reopens its bucket on the new generation under the
+    /// bucket's new leader epoch (the caller registered a new incarnation first),
+    /// recovering from the old generation as after a crash.
+    pub async fn replace_streams(&self, streams: StreamStore) {
+        let mut tablets = self.tablets.lock().await;
+        *self.streams.write().unwrap_or_else(|e| e.into_inner()) = streams;
+        tablets.clear();
+    }
+
     /// Why the node does not serve right now, if it does not.
     pub fn health_problem(&self) -> Option<String> {
-        if let Some(e) = self.streams.failure() {
+        if let Some(e) = self.streams().failure() {
             return Some(format!("the WAL failed: {e}"));
         }
         if !self.meta.heartbeat_ok() {
@@ -349,7 +369,7 @@ impl NodeService {
         let pk = table.descriptor.has_primary_key();
         let _opening = OpeningTablet::start();
         let stream = self
-            .streams
+            .streams()
             .open_stream(&bucket.stream_name(), state.epoch)
             .await
             .map_err(|e| mink_log::wal_error(bucket, e))?;
@@ -363,7 +383,7 @@ impl NodeService {
         .await?;
         let tablet = if pk {
             let snapshots = SnapshotStore {
-                store: self.streams.object_store(),
+                store: self.streams().object_store(),
                 prefix: snapshot_prefix(bucket),
                 retain: self.config.kv.snapshots_retained as usize,
             };
@@ -1102,11 +1122,15 @@ impl MinkService for NodeService {
                 let (nodes, lease) = self.meta.read(|s| (s.nodes.clone(), s.lease.clone()));
                 json(&serde_json::json!({"nodes": nodes, "lease": lease}))
             }
-            "health" => json(&serde_json::json!({
-                "status": "serving",
-                "node_id": self.meta.node_id(),
-                "applied_index": self.meta.applied_index(),
-            })),
+            "health" => {
+                let problem = self.health_problem();
+                json(&serde_json::json!({
+                    "status": if problem.is_some() { "unavailable" } else { "serving" },
+                    "problem": problem,
+                    "node_id": self.meta.node_id(),
+                    "applied_index": self.meta.applied_index(),
+                }))
+            }
             "get_config" => json(&self.config),
             "rebalance" => {
                 let moved = self.meta.rebalance().await?;
@@ -1296,8 +1320,8 @@ impl MinkService for NodeService {
                 json(&serde_json::json!({
                     "node_id": self.meta.node_id(),
                     "incarnation": self.meta.incarnation(),
-                    "wal": self.streams.wal_id().to_string(),
-                    "wal_failure": self.streams.failure().map(|e| e.to_string()),
+                    "wal": self.streams().wal_id().to_string(),
+                    "wal_failure": self.streams().failure().map(|e| e.to_string()),
                     "tablets_open": tablets.len(),
                     "applied_index": self.meta.applied_index(),
                     "lease": self.meta.lease(),
@@ -1455,7 +1479,7 @@ impl MinkService for NodeService {
                     MinkError::Internal("the KV tablet has no snapshot store".into())
                 })?;
                 let store = SnapshotStore {
-                    store: self.streams.object_store(),
+                    store: self.streams().object_store(),
                     prefix: snapshot_prefix(bucket),
                     retain: self.config.kv.snapshots_retained as usize,
                 };

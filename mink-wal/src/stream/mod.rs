@@ -321,6 +321,20 @@ impl StreamStore {
         self.inner.writer.failure()
     }
 
+    /// Resolves once the WAL writer has failed or been fenced, with why. The node
+    /// then replaces this service with a new generation.
+    pub async fn failed(&self) -> WalError {
+        let mut rx = self.inner.writer.failed.subscribe();
+        loop {
+            if let Some(e) = rx.borrow_and_update().clone() {
+                return e;
+            }
+            if rx.changed().await.is_err() {
+                return WalError::Storage("the WAL writer stopped".into());
+            }
+        }
+    }
+
     /// The object store this service writes to.
     pub fn object_store(&self) -> Arc<dyn ObjectStore> {
         self.inner.store.clone()
