@@ -61,7 +61,12 @@ impl Env {
 
     /// An environment on `store` (e.g. a fault-injecting wrapper).
     async fn on(store: Arc<dyn ObjectStore>, backend: KvBackend) -> Self {
-        let node = StreamStore::open(store.clone(), "n1", WalConfig::default())
+        // Failure semantics are tested here: the first failed upload is final.
+        let config = WalConfig {
+            upload_retry_budget_ms: 0,
+            ..WalConfig::default()
+        };
+        let node = StreamStore::open(store.clone(), "n1", config)
             .await
             .unwrap();
         Self {

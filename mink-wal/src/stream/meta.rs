@@ -390,3 +390,139 @@ impl LogState for StreamsState {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wal(node: &str) -> WalId {
+        WalId {
+            node: node.into(),
+            generation: 1,
+        }
+    }
+
+    fn apply(state: &mut StreamsState, command: StreamCommand) {
+        state.validate(&command).unwrap();
+        state.apply(0, &command);
+    }
+
+    fn open(
+        stream: &str,
+        epoch: u64,
+        owner: &WalId,
+        wal_from: u64,
+        expected: Option<Expected>,
+    ) -> StreamCommand {
+        StreamCommand::Open {
+            stream: stream.into(),
+            epoch,
+            owner: owner.clone(),
+            wal_from,
+            expected,
+            recovered: None,
+        }
+    }
+
+    fn commit(owner: &WalId, streams: &[(&str, u64)], oldest: u64) -> StreamCommand {
+        StreamCommand::Commit {
+            owner: owner.clone(),
+            updates: streams
+                .iter()
+                .map(|(s, wal_from)| StreamUpdate {
+                    stream: s.to_string(),
+                    epoch: 0,
+                    segments: vec![],
+                    wal_from: *wal_from,
+                })
+                .collect(),
+            oldest_unacked: Some(oldest),
+        }
+    }
+
+    #[test]
+    fn a_fence_below_the_owners_floor_is_refused() {
+        let a = wal("a");
+        let mut state = StreamsState::default();
+        apply(&mut state, open("s", 1, &a, 1, None));
+        apply(&mut state, commit(&a, &[("s", 10)], 10));
+        assert_eq!(state.wal_floor(&a), 10);
+        // A fencer whose view predates the commit finds slot 5 empty (deleted).
+        let stale = StreamCommand::Fence {
+            wal: a.clone(),
+            at: 5,
+        };
+        let why = state.validate(&stale).unwrap_err();
+        assert!(why.contains("below its floor"), "{why}");
+        apply(
+            &mut state,
+            StreamCommand::Fence {
+                wal: a.clone(),
+                at: 10,
+            },
+        );
+        assert_eq!(state.fences.get("a/1"), Some(&10));
+    }
+
+    #[test]
+    fn a_stream_owned_but_not_committed_holds_the_floor_down() {
+        let a = wal("a");
+        let mut state = StreamsState::default();
+        apply(&mut state, open("s", 1, &a, 3, None));
+        // "ghost" is owned by a in the log, but a's compaction does not know it.
+        apply(&mut state, open("ghost", 1, &a, 4, None));
+        apply(&mut state, commit(&a, &[("s", 50)], 50));
+        assert_eq!(state.wal_floor(&a), 4);
+        // An open by a raises the stream's wal_from to at least the floor.
+        apply(&mut state, commit(&a, &[("s", 60), ("ghost", 60)], 60));
+        apply(&mut state, open("late", 1, &a, 2, None));
+        assert_eq!(state.streams["late"].wal_from, 60);
+    }
+
+    #[test]
+    fn the_owner_commits_after_moving_its_stream_to_a_newer_epoch() {
+        let a = wal("a");
+        let mut state = StreamsState::default();
+        apply(&mut state, open("s", 1, &a, 1, None));
+        let expected = Some(Expected {
+            epoch: 1,
+            committed_end: 0,
+            owner: Some(a.clone()),
+        });
+        apply(&mut state, open("s", 2, &a, 1, expected));
+        // Compaction collected under epoch 1; the commit is still the owner's.
+        let mut c = commit(&a, &[("s", 5)], 5);
+        if let StreamCommand::Commit { updates, .. } = &mut c {
+            updates[0].epoch = 1;
+        }
+        apply(&mut state, c);
+        assert_eq!(state.streams["s"].wal_from, 5);
+    }
+
+    #[test]
+    fn an_open_expecting_another_owner_is_refused() {
+        let (a, b) = (wal("a"), wal("b"));
+        let mut state = StreamsState::default();
+        apply(&mut state, open("s", 1, &a, 1, None));
+        let took = Some(Expected {
+            epoch: 1,
+            committed_end: 0,
+            owner: Some(a.clone()),
+        });
+        apply(&mut state, open("s", 2, &b, 1, took));
+        // a moves "its" stream in place from a view in which b's takeover has not
+        // happened: same epoch and end as a fresh read would show, but not the owner.
+        let stale = open(
+            "s",
+            3,
+            &a,
+            1,
+            Some(Expected {
+                epoch: 2,
+                committed_end: 0,
+                owner: Some(a.clone()),
+            }),
+        );
+        assert!(state.validate(&stale).unwrap_err().contains("changed"));
+    }
+}
