@@ -528,9 +528,15 @@ pub(super) async fn gc_dead_wals(store: &Arc<StoreInner>) -> WalResult<usize> {
         });
     }
     store.meta.catch_up().await?;
-    let referenced: std::collections::BTreeSet<super::meta::WalId> = store
-        .meta
-        .read(|s, _| s.streams.values().filter_map(|m| m.owner.clone()).collect());
+    let (referenced, fences): (
+        std::collections::BTreeSet<super::meta::WalId>,
+        std::collections::BTreeMap<String, u64>,
+    ) = store.meta.read(|s, _| {
+        (
+            s.streams.values().filter_map(|m| m.owner.clone()).collect(),
+            s.fences.clone(),
+        )
+    });
     let cutoff = cutoff_ms(store, store.config.dead_wal_grace_ms).await?;
     let mut deleted = 0;
     for wal in all {
@@ -540,10 +546,18 @@ pub(super) async fn gc_dead_wals(store: &Arc<StoreInner>) -> WalResult<usize> {
         {
             continue;
         }
+        // The fence object stays: a paused process of that generation that wakes up
+        // must still meet it.
+        let fence = fences
+            .get(&wal.to_string())
+            .map(|at| super::writer::wal_path(&wal, *at));
         let doomed: Vec<object_store::Result<Path>> = store
             .store
             .list(Some(&super::writer::wal_dir(&wal)))
-            .try_filter(|m| futures::future::ready(m.last_modified.timestamp_millis() <= cutoff))
+            .try_filter(|m| {
+                let is_fence = fence.as_ref() == Some(&m.location);
+                futures::future::ready(!is_fence && m.last_modified.timestamp_millis() <= cutoff)
+            })
             .map_ok(|m| m.location)
             .collect()
             .await;
@@ -573,7 +587,12 @@ pub(super) async fn gc_orphan_segments(store: &Arc<StoreInner>) -> WalResult<usi
     let owned: Vec<(String, u64, std::collections::BTreeSet<String>)> = store.meta.read(|s, _| {
         s.owned_by(&store.wal)
             .map(|(name, m)| {
-                let known = m.segments.iter().map(|seg| seg.key.clone()).collect();
+                // Compared as paths: listings return keys percent-encoded.
+                let known = m
+                    .segments
+                    .iter()
+                    .map(|seg| Path::from(seg.key.as_str()).to_string())
+                    .collect();
                 (name.clone(), m.epoch, known)
             })
             .collect()

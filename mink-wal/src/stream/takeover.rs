@@ -198,7 +198,9 @@ async fn create_or_take_over(
             tracing::debug!(stream = name, "open raced: {why}");
             Ok(Step::Retry)
         }
-        Err(why) if why.contains("is not newer") => Err(WalError::Fenced(why)),
+        // Perhaps our own earlier proposal, which landed late: the next pass adopts
+        // it, or reports a newer epoch as Fenced.
+        Err(why) if why.contains("is not newer") => Ok(Step::Retry),
         Err(why) => Err(WalError::Corrupt(format!("open of {name} rejected: {why}"))),
     }
 }
@@ -241,12 +243,18 @@ async fn reopen_local(
             return Err(e.clone());
         }
         if epoch == current.epoch {
+            // A close whose outcome is unknown may still land: only a write of our own
+            // to the log (a newer epoch, or the close again) can settle it, so the
+            // stream may not be reopened as it is.
+            if state.status == Status::Closing {
+                return Err(WalError::Storage(format!(
+                    "stream {name} has a close whose outcome is unknown: close it again, \
+                     or open it under a newer epoch"
+                )));
+            }
             // Already there: a retried open, or an earlier move whose proposal landed
             // although its caller saw an error.
             state.epoch = epoch;
-            if state.status == Status::Closing {
-                state.status = Status::Open;
-            }
             drop(state);
             return Ok(Step::Done(Stream { inner: local }));
         }
@@ -279,8 +287,11 @@ async fn reopen_local(
             drop(state);
             Ok(Step::Done(Stream { inner: local }))
         }
-        // Compacted or taken over meanwhile: decide again from a fresh view.
-        Err(why) if why.contains("changed during the takeover") => Ok(Step::Retry),
+        // Compacted or taken over meanwhile, or our own earlier proposal landed late:
+        // decide again from a fresh view.
+        Err(why) if why.contains("changed during the takeover") || why.contains("is not newer") => {
+            Ok(Step::Retry)
+        }
         Err(why) => Err(WalError::Fenced(format!(
             "reopen of {name} under epoch {epoch}: {why}"
         ))),
