@@ -236,31 +236,24 @@ pub(super) async fn compact_all(store: &Arc<StoreInner>) -> WalResult<usize> {
         match propose(store, &command).await? {
             Ok(_) => break,
             Err(why) if attempts < 4 => {
-                // Streams another writer owns now are lost to this node.
-                let lost: Vec<String> = store.meta.read(|s, _| {
-                    updates
-                        .iter()
-                        .filter(|(_, u)| {
-                            s.streams
-                                .get(&u.stream)
-                                .is_none_or(|m| m.owner.as_ref() != Some(&store.wal))
-                        })
-                        .map(|(_, u)| u.stream.clone())
-                        .collect()
+                // The log moved under us (a takeover, a commit of ours that landed
+                // late): bring the local streams in line, then keep the updates that
+                // are still valid each on its own. The others' segments are orphans.
+                tracing::info!("compaction commit rejected ({why}); rebuilding it");
+                let touched: Vec<Arc<StreamInner>> =
+                    updates.iter().map(|(stream, _)| stream.clone()).collect();
+                resync(store, &touched);
+                updates.retain(|(stream, u)| {
+                    let alone = StreamCommand::Commit {
+                        owner: store.wal.clone(),
+                        updates: vec![u.clone()],
+                        oldest_unacked: Some(oldest),
+                    };
+                    stream.lock().status == Status::Open
+                        && store
+                            .meta
+                            .read(|s, _| crate::objectlog::LogState::validate(s, &alone).is_ok())
                 });
-                tracing::warn!(
-                    "compaction commit rejected ({why}); dropping taken-over streams {lost:?}"
-                );
-                for (stream, u) in &updates {
-                    if lost.contains(&u.stream) {
-                        stream.lock().status = Status::Failed(WalError::Fenced(format!(
-                            "stream {} was taken over by another WAL writer",
-                            u.stream
-                        )));
-                        store.remove_stream(&u.stream, stream);
-                    }
-                }
-                updates.retain(|(_, u)| !lost.contains(&u.stream));
             }
             Err(why) => {
                 return Err(WalError::Corrupt(format!(
@@ -453,11 +446,22 @@ fn finish_close(store: &Arc<StoreInner>, stream: &Arc<StreamInner>, segments: &[
     store.remove_stream(&stream.name, stream);
 }
 
-/// Moves the start offset forward and deletes segments wholly below it.
+/// Moves the start offset forward and deletes segments wholly below it. Only an open
+/// stream of the owner may; a trim whose outcome is unknown is resolved from the log.
 pub(super) async fn trim(stream: &Arc<StreamInner>, start: u64) -> WalResult<u64> {
     let store = stream.store.clone();
     let (epoch, committed_end, current) = {
         let state = stream.lock();
+        match &state.status {
+            Status::Open => {}
+            Status::Failed(e) => return Err(e.clone()),
+            Status::Closing | Status::Closed => {
+                return Err(WalError::Closed(format!(
+                    "stream {} is closed",
+                    stream.name
+                )));
+            }
+        }
         (state.epoch, state.committed_end, state.start_offset)
     };
     let start = start.min(committed_end);
@@ -468,19 +472,32 @@ pub(super) async fn trim(stream: &Arc<StreamInner>, start: u64) -> WalResult<u64
         stream: stream.name.clone(),
         epoch,
         start_offset: start,
+        owner: Some(store.wal.clone()),
     };
-    match propose(&store, &command).await? {
-        Ok(_) => {}
-        Err(why) => {
+    let start = match propose(&store, &command).await {
+        Ok(Ok(_)) => start,
+        Ok(Err(why)) => {
             return Err(WalError::Fenced(format!(
                 "trim of {} rejected: {why}",
                 stream.name
             )));
         }
-    }
+        Err(e) => {
+            // It may have landed: adopt whatever start the log has.
+            store.meta.catch_up().await?;
+            let logged = store
+                .meta
+                .read(|s, _| s.streams.get(&stream.name).map(|m| m.start_offset));
+            match logged {
+                Some(logged) if logged > current => logged,
+                _ => return Err(e),
+            }
+        }
+    };
     let doomed: Vec<SegmentMeta> = {
         let mut state = stream.lock();
-        state.start_offset = start;
+        state.start_offset = state.start_offset.max(start);
+        let start = state.start_offset;
         let (gone, kept) = state.segments.drain(..).partition(|s| s.end <= start);
         state.segments = kept;
         gone

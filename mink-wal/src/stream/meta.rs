@@ -111,6 +111,10 @@ pub enum StreamCommand {
         stream: String,
         epoch: u64,
         start_offset: u64,
+        /// The writer that trims; only the owner may. Entries written before this
+        /// field existed read as `None` (they were validated when appended).
+        #[serde(default)]
+        owner: Option<WalId>,
     },
 }
 
@@ -287,8 +291,12 @@ impl LogState for StreamsState {
                 stream,
                 epoch,
                 start_offset,
+                owner,
             } => {
                 let meta = self.open_under(stream, *epoch)?;
+                if let Some(owner) = owner {
+                    self.owned_by_writer(stream, owner)?;
+                }
                 if *start_offset > meta.committed_end {
                     return Err(format!(
                         "stream {stream}: cannot trim to {start_offset} beyond the compacted end {}",

@@ -309,7 +309,7 @@ async fn recover(
     owner: &WalId,
     epoch: u64,
 ) -> WalResult<Option<Vec<Record>>> {
-    let Some(fence) = fence(store, owner, epoch, name).await? else {
+    let Some(fence) = fence(store, owner, epoch, name, meta).await? else {
         return Ok(None);
     };
     let mut records: Vec<Record> = Vec::new();
@@ -372,12 +372,23 @@ async fn fence(
     owner: &WalId,
     epoch: u64,
     stream: &str,
+    seen: &StreamMeta,
 ) -> WalResult<Option<u64>> {
     for attempt in 0..TAKEOVER_ATTEMPTS_MAX {
         if attempt > 0 {
             tokio::time::sleep(retry_pause(attempt)).await;
         }
         store.meta.catch_up().await?;
+        // The owner closed the stream (a handover) or compacted since our view: no
+        // fence may be needed at all, and a live owner must not be fenced for nothing.
+        let unchanged = store.meta.read(|s, _| {
+            s.streams.get(stream).is_some_and(|m| {
+                m.owner.as_ref() == Some(owner) && m.committed_end == seen.committed_end
+            })
+        });
+        if !unchanged {
+            return Ok(None);
+        }
         let (recorded, from) = store.meta.read(|s, _| {
             (
                 s.fences.get(&owner.to_string()).copied(),
