@@ -64,6 +64,59 @@ pub struct FaultConfig {
     pub seed: u64,
 }
 
+/// A clock of object modification times that follows tokio's clock (paused in
+/// deterministic tests) instead of the wall clock: stores sharing one report the time
+/// a PUT was applied, in virtual milliseconds, as `last_modified`. Age-based GC then
+/// depends on the seed only.
+#[derive(Clone)]
+pub struct VirtualClock {
+    started: tokio::time::Instant,
+    times: Arc<Mutex<std::collections::HashMap<Path, i64>>>,
+}
+
+impl VirtualClock {
+    /// Milliseconds since the epoch at which this clock starts.
+    const BASE_MS: i64 = 1_800_000_000_000;
+
+    pub fn new() -> Self {
+        Self {
+            started: tokio::time::Instant::now(),
+            times: Arc::default(),
+        }
+    }
+
+    fn now_ms(&self) -> i64 {
+        Self::BASE_MS + self.started.elapsed().as_millis() as i64
+    }
+
+    fn record(&self, path: &Path) {
+        let now = self.now_ms();
+        self.times
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(path.clone(), now);
+    }
+
+    fn patch(&self, meta: &mut ObjectMeta) {
+        let at = self
+            .times
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&meta.location)
+            .copied()
+            .unwrap_or(Self::BASE_MS);
+        if let Some(t) = chrono::DateTime::from_timestamp_millis(at) {
+            meta.last_modified = t;
+        }
+    }
+}
+
+impl Default for VirtualClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// Request counters.
 #[derive(Debug, Default)]
 pub struct FaultCounters {
@@ -98,6 +151,7 @@ impl State {
 #[derive(Clone)]
 pub struct FaultyStore {
     inner: Arc<dyn ObjectStore>,
+    clock: Option<VirtualClock>,
     state: Arc<Mutex<State>>,
     counters: Arc<FaultCounters>,
 }
@@ -121,6 +175,7 @@ impl FaultyStore {
         let rng = StdRng::seed_from_u64(config.seed);
         Self {
             inner,
+            clock: None,
             state: Arc::new(Mutex::new(State {
                 config,
                 rng,
@@ -131,6 +186,19 @@ impl FaultyStore {
                 put_delay: None,
             })),
             counters: Arc::new(FaultCounters::default()),
+        }
+    }
+
+    /// Reports modification times from `clock` (shared by every store over the same
+    /// objects) instead of the wrapped store's wall clock.
+    pub fn with_clock(mut self, clock: VirtualClock) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    fn applied(&self, path: &Path) {
+        if let Some(clock) = &self.clock {
+            clock.record(path);
         }
     }
 
@@ -286,12 +354,15 @@ impl ObjectStore for FaultyStore {
                     .injected_failures
                     .fetch_add(1, Ordering::Relaxed);
                 // Applied, then "timed out": the caller cannot tell.
-                let _ = self.inner.put_opts(location, payload, opts).await;
+                if self.inner.put_opts(location, payload, opts).await.is_ok() {
+                    self.applied(location);
+                }
                 Err(injected("injected PUT timeout (the PUT was applied)"))
             }
             PutFate::Conflict => {
                 let create = matches!(opts.mode, object_store::PutMode::Create);
                 let applied = self.inner.put_opts(location, payload, opts).await?;
+                self.applied(location);
                 if !create {
                     return Ok(applied);
                 }
@@ -303,7 +374,11 @@ impl ObjectStore for FaultyStore {
                     source: "injected: a retry met its own landed create".into(),
                 })
             }
-            PutFate::Normal => self.inner.put_opts(location, payload, opts).await,
+            PutFate::Normal => {
+                let done = self.inner.put_opts(location, payload, opts).await?;
+                self.applied(location);
+                Ok(done)
+            }
         }
     }
 
@@ -328,7 +403,11 @@ impl ObjectStore for FaultyStore {
                 .fetch_add(1, Ordering::Relaxed);
             return Err(injected("injected GET failure"));
         }
-        self.inner.get_opts(location, options).await
+        let mut got = self.inner.get_opts(location, options).await?;
+        if let Some(clock) = &self.clock {
+            clock.patch(&mut got.meta);
+        }
+        Ok(got)
     }
 
     async fn get_ranges(
@@ -378,11 +457,20 @@ impl ObjectStore for FaultyStore {
                 .boxed();
         }
         let inner = self.inner.list(prefix);
+        let clock = self.clock.clone();
         futures::stream::once(async move {
             sleep(delay).await;
             inner
         })
         .flatten()
+        .map(move |m| {
+            m.map(|mut m| {
+                if let Some(clock) = &clock {
+                    clock.patch(&mut m);
+                }
+                m
+            })
+        })
         .boxed()
     }
 
@@ -398,11 +486,20 @@ impl ObjectStore for FaultyStore {
                 .boxed();
         }
         let inner = self.inner.list_with_offset(prefix, offset);
+        let clock = self.clock.clone();
         futures::stream::once(async move {
             sleep(delay).await;
             inner
         })
         .flatten()
+        .map(move |m| {
+            m.map(|mut m| {
+                if let Some(clock) = &clock {
+                    clock.patch(&mut m);
+                }
+                m
+            })
+        })
         .boxed()
     }
 

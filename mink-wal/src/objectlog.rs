@@ -540,6 +540,7 @@ impl<S: LogState> ObjectLog<S> {
                 }
             }
             tokio::select! {
+                biased;
                 _ = &mut shutdown => return,
                 _ = self.poke.notified() => interval = interval_min,
                 _ = tokio::time::sleep(interval) => {}

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use mink_wal::fault::{FaultConfig, FaultyStore};
+use mink_wal::fault::{FaultConfig, FaultyStore, VirtualClock};
 use mink_wal::{Stream, StreamStore, WalConfig, WalError};
 use object_store::ObjectStore;
 use object_store::memory::InMemory;
@@ -128,8 +128,13 @@ fn stream_name(s: usize) -> String {
     format!("s{s}")
 }
 
-async fn start_node(memory: &Arc<dyn ObjectStore>, node: usize, seed: u64) -> Incarnation {
-    let faulty = FaultyStore::new(memory.clone(), faults(seed));
+async fn start_node(
+    memory: &Arc<dyn ObjectStore>,
+    clock: &VirtualClock,
+    node: usize,
+    seed: u64,
+) -> Incarnation {
+    let faulty = FaultyStore::new(memory.clone(), faults(seed)).with_clock(clock.clone());
     let store: Arc<dyn ObjectStore> = Arc::new(faulty.clone());
     // A start may meet injected faults: retry as a supervisor would.
     loop {
@@ -219,7 +224,13 @@ async fn open_on(model: Shared, target: Incarnation, s: usize, cancel_after: Opt
     }
 }
 
-async fn controller(model: Shared, memory: Arc<dyn ObjectStore>, seed: u64, stop: Arc<AtomicBool>) {
+async fn controller(
+    model: Shared,
+    memory: Arc<dyn ObjectStore>,
+    clock: VirtualClock,
+    seed: u64,
+    stop: Arc<AtomicBool>,
+) {
     let mut rng = StdRng::seed_from_u64(seed ^ 0xC0_47_20_11);
     let mut tasks = Vec::new();
     while !stop.load(Ordering::SeqCst) {
@@ -280,7 +291,7 @@ async fn controller(model: Shared, memory: Arc<dyn ObjectStore>, seed: u64, stop
             76..=81 => {
                 lock(&model).count("crash");
                 target.faulty.set_down(true);
-                let fresh = start_node(&memory, n, rng.random()).await;
+                let fresh = start_node(&memory, &clock, n, rng.random()).await;
                 lock(&model).nodes[n] = fresh;
             }
             // A pause: the owner stalls (a GC pause, a slow network) while others go on.
@@ -360,6 +371,8 @@ async fn read_all(
 
 async fn run_seed(seed: u64) -> Result<BTreeMap<&'static str, u64>, String> {
     let memory: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    // Object ages follow the paused clock, so age-based GC depends on the seed only.
+    let clock = VirtualClock::new();
     let model: Shared = Arc::new(Mutex::new(Model {
         epochs: vec![0; STREAMS],
         holders: vec![None; STREAMS],
@@ -370,6 +383,7 @@ async fn run_seed(seed: u64) -> Result<BTreeMap<&'static str, u64>, String> {
     for n in 0..NODES {
         let node = start_node(
             &memory,
+            &clock,
             n,
             seed.wrapping_mul(1_000_003).wrapping_add(n as u64),
         )
@@ -393,6 +407,7 @@ async fn run_seed(seed: u64) -> Result<BTreeMap<&'static str, u64>, String> {
     tasks.push(tokio::spawn(controller(
         model.clone(),
         memory.clone(),
+        clock.clone(),
         seed,
         stop.clone(),
     )));

@@ -333,6 +333,7 @@ pub(super) async fn close(stream: &Arc<StreamInner>) -> WalResult<()> {
         }
         let mut failed = store.writer.failed.subscribe();
         tokio::select! {
+            biased;
             _ = rx.changed() => {}
             _ = failed.changed() => {}
         }

@@ -380,6 +380,7 @@ impl StreamStore {
         loop {
             round += 1;
             tokio::select! {
+                biased;
                 _ = &mut shutdown => return,
                 _ = tokio::time::sleep(interval) => {}
                 _ = self.inner.compact_soon.notified() => {}
@@ -587,6 +588,7 @@ impl Stream {
             }
             let mut failed = self.inner.store.writer.failed.subscribe();
             tokio::select! {
+                biased;
                 changed = rx.changed() => if changed.is_err() { return Err(WalError::Storage("stream dropped".into())); },
                 _ = failed.changed() => {}
             }

@@ -227,11 +227,10 @@ pub(crate) async fn run_writer(
             return;
         }
         let linger_deadline = tokio::time::Instant::from_std(group.opened + linger);
+        // Biased, completions first: acknowledgements are never starved by a steady
+        // stream of appends, and a seeded test replays the same interleaving.
         tokio::select! {
-            job = rx.recv(), if open => match job {
-                Some(job) => group.add(job),
-                None => open = false,
-            },
+            biased;
             Some(result) = inflight.next(), if !inflight.is_empty() => {
                 inflight_seqs.pop_front();
                 let Some(sealed) = inflight_jobs.pop_front() else {
@@ -291,6 +290,10 @@ pub(crate) async fn run_writer(
                         return;
                     }
                 }
+            },
+            job = rx.recv(), if open => match job {
+                Some(job) => group.add(job),
+                None => open = false,
             },
             _ = tokio::time::sleep_until(linger_deadline), if !group.jobs.is_empty() && !linger.is_zero() => {}
         }
