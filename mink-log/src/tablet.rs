@@ -164,6 +164,17 @@ impl LogTablet {
         self.inner.bucket
     }
 
+    /// Closes the tablet's stream cleanly (a handover): pending appends complete,
+    /// everything is compacted, and the next leader opens it without fencing anyone.
+    pub async fn close(&self) -> Result<()> {
+        self.inner
+            .stream
+            .clone()
+            .close()
+            .await
+            .map_err(|e| wal_error(self.inner.bucket, e))
+    }
+
     /// The epoch the tablet's stream is open under.
     pub fn epoch(&self) -> u64 {
         self.inner.epoch

@@ -13,5 +13,6 @@ pub mod config;
 pub mod forward;
 pub mod node;
 pub mod service;
+mod tablets;
 
 pub use config::MinkConfig;

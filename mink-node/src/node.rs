@@ -119,6 +119,13 @@ impl Node {
             kv,
         ));
         let _ = admin.service.set(service.clone());
+        {
+            let service = service.clone();
+            let stop = shutdown.subscribe();
+            tasks.push(tokio::spawn(
+                async move { service.run_handovers(stop).await },
+            ));
+        }
         tasks.push(tokio::spawn(supervise_wal(
             service.clone(),
             meta.clone(),
@@ -160,6 +167,11 @@ impl Node {
             shutdown,
             tasks,
         })
+    }
+
+    /// The node's current s3stream service (it changes when a failed WAL is replaced).
+    pub fn streams(&self) -> StreamStore {
+        self.service.streams()
     }
 
     /// Stops serving, closes every stream cleanly (a handover: the next owner needs

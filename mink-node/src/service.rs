@@ -31,61 +31,21 @@ use mink_wal::StreamStore;
 use serde::Deserialize;
 
 use crate::MinkConfig;
+use crate::tablets::{Tablet, Tablets};
 
 /// A bucket's open tablet: a log, or a log under a KV tablet.
-#[derive(Clone)]
-enum Tablet {
-    Log(LogTablet),
-    Kv(KvTablet),
-}
-
-impl Tablet {
-    fn log(&self) -> &LogTablet {
-        match self {
-            Tablet::Log(l) => l,
-            Tablet::Kv(k) => k.log(),
-        }
-    }
-
-    fn failed(&self) -> bool {
-        match self {
-            Tablet::Log(l) => l.failure().is_some(),
-            Tablet::Kv(k) => k.failure().is_some() || k.log().failure().is_some(),
-        }
-    }
-}
+/// How long a forwarded bucket write may take, redirects and retries included.
+const FORWARD_DEADLINE: Duration = Duration::from_secs(30);
 
 /// Writer ids handed to this node at a time.
 const WRITER_ID_BLOCK: u64 = 1_000;
 
 /// The node's service.
-/// A tablet being opened (its stream recovered, its KV state restored): counted in
-/// `mink_node_tablets_opening` while it lasts, timed into `mink_node_tablet_open_seconds`.
-struct OpeningTablet(std::time::Instant);
-
-impl OpeningTablet {
-    fn start() -> Self {
-        metrics::gauge!("mink_node_tablets_opening").increment(1.0);
-        Self(std::time::Instant::now())
-    }
-}
-
-impl Drop for OpeningTablet {
-    fn drop(&mut self) {
-        metrics::gauge!("mink_node_tablets_opening").decrement(1.0);
-        metrics::histogram!("mink_node_tablet_open_seconds").record(self.0.elapsed().as_secs_f64());
-    }
-}
-
 pub struct NodeService {
     config: MinkConfig,
     meta: MetaNode,
-    /// The node's s3stream service; replaced by a new WAL generation when the
-    /// current one fails ([`NodeService::replace_streams`]).
-    streams: std::sync::RwLock<StreamStore>,
-    kv: Arc<dyn KvStore>,
-    /// Open tablets with the epoch and the number of schema versions they know.
-    tablets: tokio::sync::Mutex<HashMap<TableBucket, (u64, usize, Tablet)>>,
+    /// Open tablets and the s3stream service they live on.
+    tablets: Arc<Tablets>,
     round_robin: Mutex<HashMap<i64, u32>>,
     writer_ids: tokio::sync::Mutex<std::ops::Range<i64>>,
     forwarder: crate::forward::Forwarder,
@@ -217,11 +177,9 @@ impl NodeService {
         kv: Arc<dyn KvStore>,
     ) -> Self {
         Self {
+            tablets: Arc::new(Tablets::new(config.clone(), meta.clone(), streams, kv)),
             config,
             meta,
-            streams: std::sync::RwLock::new(streams),
-            kv,
-            tablets: tokio::sync::Mutex::new(HashMap::new()),
             round_robin: Mutex::new(HashMap::new()),
             writer_ids: tokio::sync::Mutex::new(0..0),
             forwarder: crate::forward::Forwarder::default(),
@@ -230,10 +188,7 @@ impl NodeService {
 
     /// The current s3stream service.
     pub fn streams(&self) -> StreamStore {
-        self.streams
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.tablets.streams()
     }
 
     /// Puts a new WAL generation in place of a failed one. Every open tablet is
@@ -241,9 +196,44 @@ impl NodeService {
     /// bucket's new leader epoch (the caller registered a new incarnation first),
     /// recovering from the old generation as after a crash.
     pub async fn replace_streams(&self, streams: StreamStore) {
-        let mut tablets = self.tablets.lock().await;
-        *self.streams.write().unwrap_or_else(|e| e.into_inner()) = streams;
-        tablets.clear();
+        self.tablets.replace_streams(streams);
+    }
+
+    /// Lets go of buckets led elsewhere now, closing their streams (handovers), until
+    /// `shutdown` is set.
+    pub async fn run_handovers(&self, shutdown: tokio::sync::watch::Receiver<bool>) {
+        self.tablets.clone().run_handovers(shutdown).await
+    }
+
+    /// A write that failed because this node's stream of `bucket` was fenced or moved
+    /// to a newer epoch: answered as `NotLeader` with the new leader when leadership
+    /// moved (the client follows the redirect), `Unavailable` (retry) otherwise.
+    async fn redirect_stale(&self, bucket: TableBucket, err: MinkError) -> MinkError {
+        if !matches!(err, MinkError::Fenced(_)) {
+            return err;
+        }
+        self.meta.inner_catch_up().await;
+        let me = self.meta.node_id().to_string();
+        let (leader, addr) = self.meta.read(|s| {
+            let leader = s
+                .buckets
+                .get(&bucket.stream_name())
+                .and_then(|b| b.leader.clone());
+            let addr = leader
+                .as_ref()
+                .and_then(|l| s.nodes.get(l))
+                .map(|n| n.flight_addr.clone());
+            (leader, addr)
+        });
+        match leader {
+            Some(l) if l != me => MinkError::NotLeader {
+                bucket,
+                leader: addr,
+            },
+            _ => MinkError::Unavailable(format!(
+                "{bucket}: the bucket is being reopened ({err}); retry"
+            )),
+        }
     }
 
     /// Why the node does not serve right now, if it does not.
@@ -274,7 +264,7 @@ impl NodeService {
         metrics::gauge!("mink_meta_lease_term").set(applied as f64);
         metrics::gauge!("mink_meta_lease_holder").set(if holder { 1.0 } else { 0.0 });
         metrics::gauge!("mink_node_buckets_led").set(led as f64);
-        metrics::gauge!("mink_node_tablets_open").set(self.tablets.lock().await.len() as f64);
+        metrics::gauge!("mink_node_tablets_open").set(self.tablets.open_count() as f64);
     }
 
     /// A table by path. A node that does not know it catches up with the metadata log
@@ -344,66 +334,8 @@ impl NodeService {
                 }
             }
         };
-        let mut tablets = self.tablets.lock().await;
         let table = self.table_by_id(bucket.table_id).await?;
-        if let Some((epoch, versions, tablet)) = tablets.get_mut(&bucket)
-            && *epoch == state.epoch
-            && !tablet.failed()
-        {
-            if *versions != table.schemas.len() {
-                // The table was altered: teach the tablet the new schema.
-                match tablet {
-                    Tablet::Log(l) => {
-                        for schema in &table.schemas {
-                            l.register_schema(schema.clone());
-                        }
-                    }
-                    Tablet::Kv(k) => {
-                        k.update_table(table.descriptor.clone(), table.schemas.clone())?
-                    }
-                }
-                *versions = table.schemas.len();
-            }
-            return Ok(tablet.clone());
-        }
-        let pk = table.descriptor.has_primary_key();
-        let _opening = OpeningTablet::start();
-        let stream = self
-            .streams()
-            .open_stream(&bucket.stream_name(), state.epoch)
-            .await
-            .map_err(|e| mink_log::wal_error(bucket, e))?;
-        let log = LogTablet::open(
-            bucket,
-            stream,
-            pk,
-            table.schemas.clone(),
-            self.config.log.clone(),
-        )
-        .await?;
-        let tablet = if pk {
-            let snapshots = SnapshotStore {
-                store: self.streams().object_store(),
-                prefix: snapshot_prefix(bucket),
-                retain: self.config.kv.snapshots_retained as usize,
-            };
-            let ns = self.kv.namespace(&bucket.stream_name())?;
-            Tablet::Kv(
-                KvTablet::open(
-                    bucket,
-                    log,
-                    ns,
-                    table.descriptor.clone(),
-                    table.schemas.clone(),
-                    Some(snapshots),
-                )
-                .await?,
-            )
-        } else {
-            Tablet::Log(log)
-        };
-        tablets.insert(bucket, (state.epoch, table.schemas.len(), tablet.clone()));
-        Ok(tablet)
+        self.tablets.get(bucket, state.epoch, table).await
     }
 
     async fn log_tablet(&self, bucket: TableBucket) -> Result<LogTablet> {
@@ -483,8 +415,11 @@ impl NodeService {
     ) -> Result<BucketWritten> {
         let (writer_id, batch_sequence) = Self::sequence(writer, meta)?;
         self.check_rows_belong(bucket, &batch).await?;
-        let tablet = self.kv_tablet(bucket).await?;
-        let appended = tablet
+        let tablet = match self.kv_tablet(bucket).await {
+            Ok(t) => t,
+            Err(e) => return Err(self.redirect_stale(bucket, e).await),
+        };
+        let appended = match tablet
             .put(PutRequest {
                 writer_id,
                 batch_sequence,
@@ -493,7 +428,11 @@ impl NodeService {
                 changes,
                 batch,
             })
-            .await?;
+            .await
+        {
+            Ok(a) => a,
+            Err(e) => return Err(self.redirect_stale(bucket, e).await),
+        };
         Ok(BucketWritten {
             bucket,
             first_offset: appended.first_offset,
@@ -510,10 +449,13 @@ impl NodeService {
         batch: RecordBatch,
         meta: &WriteBatch,
     ) -> Result<BucketWritten> {
-        let tablet = self.log_tablet(bucket).await?;
+        let tablet = match self.log_tablet(bucket).await {
+            Ok(t) => t,
+            Err(e) => return Err(self.redirect_stale(bucket, e).await),
+        };
         let (writer_id, sequence) = Self::sequence(writer, meta)?;
         self.check_rows_belong(bucket, &batch).await?;
-        let appended = tablet
+        let appended = match tablet
             .append(AppendRequest {
                 writer_id,
                 first_sequence: sequence,
@@ -522,7 +464,11 @@ impl NodeService {
                 change_types: None,
                 batch,
             })
-            .await?;
+            .await
+        {
+            Ok(a) => a,
+            Err(e) => return Err(self.redirect_stale(bucket, e).await),
+        };
         Ok(BucketWritten {
             bucket,
             first_offset: appended.first_offset,
@@ -531,8 +477,49 @@ impl NodeService {
         })
     }
 
-    /// Writes a bucket's part at its leader; the answer as a `BucketWritten`.
+    /// Writes a bucket's part at its leader, following redirects (`NotLeader` names
+    /// the new leader) and retrying while the leader answers `Unavailable` (the bucket
+    /// is being opened), both refusals before anything was written; within
+    /// [`FORWARD_DEADLINE`]. A forwarded write that outlives it answers `Unavailable`.
     async fn forwarded(
+        &self,
+        addr: &str,
+        bucket: TableBucket,
+        descriptor: &WriteDescriptor,
+        part: &RecordBatch,
+        meta: &WriteBatch,
+    ) -> Result<BucketWritten> {
+        let deadline = tokio::time::Instant::now() + FORWARD_DEADLINE;
+        let mut addr = addr.to_string();
+        let mut pause = Duration::from_millis(50);
+        loop {
+            let attempt = tokio::time::timeout_at(
+                deadline,
+                self.forwarded_once(&addr, bucket, descriptor, part, meta),
+            )
+            .await;
+            match attempt {
+                Err(_) => {
+                    return Err(MinkError::Unavailable(format!(
+                        "{bucket}: the leader at {addr} did not answer within {FORWARD_DEADLINE:?}"
+                    )));
+                }
+                Ok(Err(MinkError::NotLeader {
+                    leader: Some(next), ..
+                })) if next != addr => addr = next,
+                Ok(Err(MinkError::Unavailable(why)))
+                    if tokio::time::Instant::now() + pause < deadline =>
+                {
+                    tracing::debug!(%bucket, %addr, "forwarded write refused ({why}); retrying");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+                Ok(other) => return other,
+            }
+        }
+    }
+
+    async fn forwarded_once(
         &self,
         addr: &str,
         bucket: TableBucket,
@@ -1002,7 +989,7 @@ fn read_batches(
 }
 
 /// Where a bucket's KV snapshots live.
-fn snapshot_prefix(bucket: TableBucket) -> String {
+pub(crate) fn snapshot_prefix(bucket: TableBucket) -> String {
     format!(
         "kv/{}/{}/{}",
         bucket.table_id,
@@ -1315,18 +1302,15 @@ impl MinkService for NodeService {
                     })?;
                 json(&pointer)
             }
-            "node_stats" => {
-                let tablets = self.tablets.lock().await;
-                json(&serde_json::json!({
-                    "node_id": self.meta.node_id(),
-                    "incarnation": self.meta.incarnation(),
-                    "wal": self.streams().wal_id().to_string(),
-                    "wal_failure": self.streams().failure().map(|e| e.to_string()),
-                    "tablets_open": tablets.len(),
-                    "applied_index": self.meta.applied_index(),
-                    "lease": self.meta.lease(),
-                }))
-            }
+            "node_stats" => json(&serde_json::json!({
+                "node_id": self.meta.node_id(),
+                "incarnation": self.meta.incarnation(),
+                "wal": self.streams().wal_id().to_string(),
+                "wal_failure": self.streams().failure().map(|e| e.to_string()),
+                "tablets_open": self.tablets.open_count(),
+                "applied_index": self.meta.applied_index(),
+                "lease": self.meta.lease(),
+            })),
             "prefix_lookup" => {
                 let b: PrefixLookupBody = parse_json("prefix_lookup body", body)?;
                 self.prefix_lookup(b).await

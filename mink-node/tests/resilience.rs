@@ -128,3 +128,93 @@ async fn a_failed_wal_is_replaced_without_a_restart_and_loses_nothing() {
     assert_eq!(got, acked);
     node.stop().await;
 }
+
+fn cluster_config(dir: &std::path::Path, id: &str) -> MinkConfig {
+    let mut c = config(dir);
+    c.node_id = id.into();
+    c.data_dir = dir.join(id);
+    c.wal.upload_retry_budget_ms = 60_000;
+    c.meta.lease_timeout_ms = 1_000;
+    c.meta.node_session_timeout_ms = 1_500;
+    c
+}
+
+/// A node joins and `rebalance` moves buckets to it while a writer keeps writing:
+/// the old leaders hand their buckets over (close their streams), so nobody is fenced,
+/// the writer follows the redirects, and every acknowledged row is there once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rebalance_under_load_hands_buckets_over_without_fencing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut nodes = Vec::new();
+    for i in 0..2 {
+        nodes.push(
+            Node::start(cluster_config(dir.path(), &format!("n{i}")))
+                .await
+                .unwrap(),
+        );
+    }
+    let client = Arc::new(
+        MinkClient::connect(&nodes[0].flight_addr.to_string())
+            .await
+            .unwrap(),
+    );
+    client.create_database("db").await.unwrap();
+    let path = TablePath::parse("db.events").unwrap();
+    client
+        .create_table(&path, &common::events_in(6))
+        .await
+        .unwrap();
+    client.append(&path, &rows(0..12)).await.unwrap();
+
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (client, path, stop) = (client.clone(), path.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut next = 12i64;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                client.append(&path, &rows(next..next + 6)).await?;
+                next += 6;
+            }
+            Ok::<i64, mink_types::MinkError>(next)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    nodes.push(Node::start(cluster_config(dir.path(), "n2")).await.unwrap());
+    // The joiner must be seen alive by the lease holder before it gets buckets.
+    let mut moved = 0u64;
+    for _ in 0..50 {
+        let answer: serde_json::Value = client
+            .action("rebalance", serde_json::json!({}))
+            .await
+            .unwrap();
+        moved += answer["moved"].as_u64().unwrap_or(0);
+        if moved > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(moved > 0, "rebalance moved nothing");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let written = writer
+        .await
+        .unwrap()
+        .expect("every write succeeded through the moves");
+    let fences = nodes[0].streams().metadata().read(|s, _| s.fences.clone());
+    assert!(
+        fences.is_empty(),
+        "a handover fenced a live node: {fences:?}"
+    );
+    let all = ids(&client.scan_table(&path).await.unwrap());
+    assert_eq!(all, (0..written).collect::<Vec<_>>());
+    let led_by_joiner = nodes[2].meta.read(|s| {
+        s.buckets
+            .values()
+            .filter(|b| b.leader.as_deref() == Some("n2"))
+            .count()
+    });
+    assert!(led_by_joiner > 0);
+    for node in nodes {
+        node.stop().await;
+    }
+}

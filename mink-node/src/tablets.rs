@@ -1,0 +1,433 @@
+//! The tablet manager: which buckets this node has open, opening them, and letting
+//! them go.
+//!
+//! - **Opening is per bucket and runs on its own task.** A request for a bucket being
+//!   opened waits at most [`OPEN_WAIT`] and then answers `Unavailable`; other buckets,
+//!   and the admin endpoint, never wait for it. A caller that goes away does not
+//!   cancel the open (a cancelled open could leave the stream half-opened), and an
+//!   open that fails is retried by the next request.
+//! - **Leadership moves are handovers.** When the metadata view says another node
+//!   leads a bucket this node has open, the tablet is dropped at once (no more writes)
+//!   and its stream closed cleanly, so the new leader opens it without fencing anyone.
+//!   A new leader whose stream is still held by a live node waits up to
+//!   [`HANDOVER_WAIT`] for that close before it takes the stream over (fencing).
+//! - **Background duties** run per open tablet: log TTL trim, and KV snapshots for
+//!   primary-key tables. They stop when the tablet is dropped.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::Duration;
+
+use mink_kv::{KvStore, KvTablet, SnapshotStore};
+use mink_log::LogTablet;
+use mink_meta::MetaNode;
+use mink_meta::TableInfo;
+use mink_types::{MinkError, Result, TableBucket};
+use mink_wal::StreamStore;
+use tokio::sync::watch;
+
+use crate::MinkConfig;
+
+/// How long a request waits for a bucket being opened before it answers `Unavailable`.
+pub const OPEN_WAIT: Duration = Duration::from_secs(3);
+
+/// How long a new leader waits for the previous leader, alive, to close the bucket's
+/// stream (a handover) before it takes the stream over and fences that node's WAL.
+pub const HANDOVER_WAIT: Duration = Duration::from_secs(3);
+
+#[derive(Clone)]
+pub(crate) enum Tablet {
+    Log(LogTablet),
+    Kv(KvTablet),
+}
+
+impl Tablet {
+    pub(crate) fn log(&self) -> &LogTablet {
+        match self {
+            Tablet::Log(l) => l,
+            Tablet::Kv(k) => k.log(),
+        }
+    }
+
+    fn failed(&self) -> bool {
+        match self {
+            Tablet::Log(l) => l.failure().is_some(),
+            Tablet::Kv(k) => k.failure().is_some() || k.log().failure().is_some(),
+        }
+    }
+}
+
+/// A tablet being opened (its stream recovered, its KV state restored): counted in
+/// `mink_node_tablets_opening` while it lasts, timed into `mink_node_tablet_open_seconds`.
+struct OpeningTablet(std::time::Instant);
+
+impl OpeningTablet {
+    fn start() -> Self {
+        metrics::gauge!("mink_node_tablets_opening").increment(1.0);
+        Self(std::time::Instant::now())
+    }
+}
+
+impl Drop for OpeningTablet {
+    fn drop(&mut self) {
+        metrics::gauge!("mink_node_tablets_opening").decrement(1.0);
+        metrics::histogram!("mink_node_tablet_open_seconds").record(self.0.elapsed().as_secs_f64());
+    }
+}
+
+type OpenOutcome = Option<std::result::Result<(), MinkError>>;
+
+enum Slot {
+    Open {
+        epoch: u64,
+        /// Schema versions the tablet knows.
+        versions: usize,
+        tablet: Tablet,
+        /// Dropped (or set) when the tablet is let go: its background duties stop.
+        _stop: watch::Sender<bool>,
+    },
+    Opening {
+        epoch: u64,
+        done: watch::Receiver<OpenOutcome>,
+    },
+}
+
+/// The node's open tablets and the s3stream service they live on.
+pub(crate) struct Tablets {
+    config: MinkConfig,
+    meta: MetaNode,
+    kv: Arc<dyn KvStore>,
+    streams: RwLock<StreamStore>,
+    slots: Mutex<HashMap<TableBucket, Slot>>,
+}
+
+impl Tablets {
+    pub(crate) fn new(
+        config: MinkConfig,
+        meta: MetaNode,
+        streams: StreamStore,
+        kv: Arc<dyn KvStore>,
+    ) -> Self {
+        Self {
+            config,
+            meta,
+            kv,
+            streams: RwLock::new(streams),
+            slots: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn slots(&self) -> MutexGuard<'_, HashMap<TableBucket, Slot>> {
+        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn streams(&self) -> StreamStore {
+        self.streams
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Puts a new WAL generation in place of a failed one and lets every tablet go:
+    /// each bucket reopens on its next request, on the new generation.
+    pub(crate) fn replace_streams(&self, streams: StreamStore) {
+        let mut slots = self.slots();
+        *self.streams.write().unwrap_or_else(|e| e.into_inner()) = streams;
+        slots.clear();
+    }
+
+    /// Open tablets (for gauges and stats).
+    pub(crate) fn open_count(&self) -> usize {
+        self.slots()
+            .values()
+            .filter(|s| matches!(s, Slot::Open { .. }))
+            .count()
+    }
+
+    /// The tablet of `bucket` under `epoch` (the caller checked that this node leads
+    /// it), opening it when needed; `table` is the bucket's table as this node knows it.
+    pub(crate) async fn get(
+        self: &Arc<Self>,
+        bucket: TableBucket,
+        epoch: u64,
+        table: TableInfo,
+    ) -> Result<Tablet> {
+        let mut done = {
+            let mut slots = self.slots();
+            match slots.get_mut(&bucket) {
+                Some(Slot::Open {
+                    epoch: e,
+                    versions,
+                    tablet,
+                    ..
+                }) if *e == epoch && !tablet.failed() => {
+                    if *versions != table.schemas.len() {
+                        // The table was altered: teach the tablet the new schema.
+                        match tablet {
+                            Tablet::Log(l) => {
+                                for schema in &table.schemas {
+                                    l.register_schema(schema.clone());
+                                }
+                            }
+                            Tablet::Kv(k) => {
+                                k.update_table(table.descriptor.clone(), table.schemas.clone())?
+                            }
+                        }
+                        *versions = table.schemas.len();
+                    }
+                    return Ok(tablet.clone());
+                }
+                Some(Slot::Opening { epoch: e, done }) if *e == epoch => done.clone(),
+                _ => {
+                    // Absent, failed, or under an older epoch: open it (again).
+                    let (tx, rx) = watch::channel(None);
+                    slots.insert(
+                        bucket,
+                        Slot::Opening {
+                            epoch,
+                            done: rx.clone(),
+                        },
+                    );
+                    let this = self.clone();
+                    tokio::spawn(async move {
+                        let outcome = this.open(bucket, epoch, table).await;
+                        let _ = tx.send(Some(outcome));
+                    });
+                    rx
+                }
+            }
+        };
+        let waited = tokio::time::timeout(OPEN_WAIT, done.wait_for(|d| d.is_some())).await;
+        let outcome = match waited {
+            Ok(Ok(outcome)) => outcome.clone(),
+            Ok(Err(_)) => Some(Err(MinkError::Unavailable(format!(
+                "{bucket} is being opened"
+            )))),
+            Err(_) => {
+                return Err(MinkError::Unavailable(format!(
+                    "{bucket} is being opened (recovering its log); retry"
+                )));
+            }
+        };
+        match outcome {
+            Some(Ok(())) => match self.slots().get(&bucket) {
+                Some(Slot::Open {
+                    epoch: e, tablet, ..
+                }) if *e == epoch => Ok(tablet.clone()),
+                _ => Err(MinkError::Unavailable(format!(
+                    "{bucket} moved while it was opened; retry"
+                ))),
+            },
+            Some(Err(e)) => Err(e),
+            None => Err(MinkError::Unavailable(format!("{bucket} is being opened"))),
+        }
+    }
+
+    /// Opens `bucket` and installs it; on failure removes the opening mark, so that the
+    /// next request tries again.
+    async fn open(
+        self: &Arc<Self>,
+        bucket: TableBucket,
+        epoch: u64,
+        table: TableInfo,
+    ) -> Result<()> {
+        let _opening = OpeningTablet::start();
+        let opened = self.open_tablet(bucket, epoch, &table).await;
+        let mut slots = self.slots();
+        let ours =
+            matches!(slots.get(&bucket), Some(Slot::Opening { epoch: e, .. }) if *e == epoch);
+        match opened {
+            Ok(tablet) if ours => {
+                let (stop, stopped) = watch::channel(false);
+                self.start_duties(&tablet, &table, stopped);
+                slots.insert(
+                    bucket,
+                    Slot::Open {
+                        epoch,
+                        versions: table.schemas.len(),
+                        tablet,
+                        _stop: stop,
+                    },
+                );
+                Ok(())
+            }
+            Ok(_) => Ok(()), // let go meanwhile (a WAL replacement): nothing to install
+            Err(e) => {
+                if ours {
+                    slots.remove(&bucket);
+                }
+                tracing::warn!(%bucket, epoch, "opening the tablet failed: {e}");
+                Err(e)
+            }
+        }
+    }
+
+    async fn open_tablet(
+        &self,
+        bucket: TableBucket,
+        epoch: u64,
+        table: &TableInfo,
+    ) -> Result<Tablet> {
+        let streams = self.streams();
+        let name = bucket.stream_name();
+        self.await_handover(&streams, &name).await;
+        let stream = streams
+            .open_stream(&name, epoch)
+            .await
+            .map_err(|e| mink_log::wal_error(bucket, e))?;
+        let pk = table.descriptor.has_primary_key();
+        let log = LogTablet::open(
+            bucket,
+            stream,
+            pk,
+            table.schemas.clone(),
+            self.config.log.clone(),
+        )
+        .await?;
+        if !pk {
+            return Ok(Tablet::Log(log));
+        }
+        let snapshots = SnapshotStore {
+            store: streams.object_store(),
+            prefix: crate::service::snapshot_prefix(bucket),
+            retain: self.config.kv.snapshots_retained as usize,
+        };
+        let ns = self.kv.namespace(&name)?;
+        Ok(Tablet::Kv(
+            KvTablet::open(
+                bucket,
+                log,
+                ns,
+                table.descriptor.clone(),
+                table.schemas.clone(),
+                Some(snapshots),
+            )
+            .await?,
+        ))
+    }
+
+    /// Waits (bounded) while the stream is held open by a live node that is not this
+    /// one: it is closing the stream in a handover, and fencing it would take down
+    /// every other bucket it leads.
+    async fn await_handover(&self, streams: &StreamStore, name: &str) {
+        let me = self.meta.node_id().to_string();
+        let deadline = tokio::time::Instant::now() + HANDOVER_WAIT;
+        loop {
+            let owner = streams
+                .metadata()
+                .read(|s, _| s.streams.get(name).and_then(|m| m.owner.clone()));
+            let Some(owner) = owner else { return };
+            if owner.node == me {
+                return;
+            }
+            let alive = self
+                .meta
+                .read(|s| s.nodes.get(&owner.node).is_some_and(|n| n.alive));
+            if !alive || tokio::time::Instant::now() >= deadline {
+                if alive {
+                    tracing::info!(stream = name, %owner, "the previous leader did not hand over in time; taking over");
+                }
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let _ = streams.metadata().catch_up().await;
+        }
+    }
+
+    /// Starts the tablet's background duties: TTL trim, and KV snapshots.
+    fn start_duties(&self, tablet: &Tablet, table: &TableInfo, stopped: watch::Receiver<bool>) {
+        let stop = |mut rx: watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|s| *s).await;
+        };
+        {
+            let log = tablet.log().clone();
+            let meta = self.meta.clone();
+            let table_id = table.id;
+            let rx = stopped.clone();
+            tokio::spawn(async move {
+                let ttl = move || {
+                    meta.read(|s| {
+                        s.tables
+                            .get(&table_id)
+                            .and_then(|t| t.descriptor.properties.log_ttl.0)
+                    })
+                };
+                log.run_ttl(ttl, stop(rx)).await;
+            });
+        }
+        if let Tablet::Kv(kv) = tablet {
+            let kv = kv.clone();
+            let meta = self.meta.clone();
+            let interval = Duration::from_millis(self.config.kv.snapshot_interval_ms.max(1));
+            let bucket = kv.log().bucket();
+            tokio::spawn(async move {
+                let record = move |info: mink_kv::SnapshotInfo| {
+                    metrics::counter!("mink_kv_snapshots_total").increment(1);
+                    let meta = meta.clone();
+                    let pointer = mink_meta::state::KvSnapshotPointer {
+                        snapshot_id: info.log_offset.max(0) as u64,
+                        log_offset: info.log_offset,
+                        location: info.location.clone(),
+                    };
+                    tokio::spawn(async move {
+                        let _ = meta
+                            .propose(mink_meta::MetaCommand::SetKvSnapshot {
+                                bucket: bucket.stream_name(),
+                                pointer,
+                            })
+                            .await;
+                    });
+                };
+                kv.run_snapshots(interval, record, stop(stopped)).await;
+            });
+        }
+    }
+
+    /// Lets go of every open tablet whose bucket this node no longer leads, closing its
+    /// stream cleanly, whenever the metadata view changes; until `shutdown`.
+    pub(crate) async fn run_handovers(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        let mut changes = self.meta.subscribe();
+        loop {
+            let me = self.meta.node_id().to_string();
+            let lost: Vec<(TableBucket, Tablet)> = {
+                let mut slots = self.slots();
+                let gone: Vec<TableBucket> = slots
+                    .iter()
+                    .filter(|(bucket, slot)| {
+                        matches!(slot, Slot::Open { .. })
+                            && self.meta.read(|s| {
+                                s.buckets
+                                    .get(&bucket.stream_name())
+                                    .is_none_or(|b| b.leader.as_deref() != Some(me.as_str()))
+                            })
+                    })
+                    .map(|(b, _)| *b)
+                    .collect();
+                gone.into_iter()
+                    .filter_map(|b| match slots.remove(&b) {
+                        Some(Slot::Open { tablet, .. }) => Some((b, tablet)),
+                        _ => None,
+                    })
+                    .collect()
+            };
+            for (bucket, tablet) in lost {
+                tokio::spawn(async move {
+                    metrics::counter!("mink_node_handovers_total").increment(1);
+                    match tablet.log().close().await {
+                        Ok(()) => tracing::info!(%bucket, "handed the bucket over (stream closed)"),
+                        Err(e) => {
+                            tracing::warn!(%bucket, "closing the stream of a bucket led elsewhere now: {e}")
+                        }
+                    }
+                });
+            }
+            // Also on a timer: a bucket lost while it was being opened is let go once
+            // its open completes, even if nothing changes afterwards.
+            tokio::select! {
+                _ = shutdown.wait_for(|s| *s) => return,
+                changed = changes.changed() => if changed.is_err() { return },
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+        }
+    }
+}
