@@ -839,6 +839,38 @@ fn spawn_put(
     })
 }
 
+/// A Put that changes nothing advances its writer's sequence without a log record;
+/// after the tablet is reopened (windows rebuilt from the log) the writer's next
+/// batch is still accepted, and a retry of a logged batch is still a duplicate.
+async fn a_writer_continues_after_a_no_op_put_and_a_reopen(backend: KvBackend) {
+    let mut env = Env::new(backend).await;
+    let d = table(&[]);
+    let writer = |seq: i64, rows: &[(i64, Option<&str>, Option<i64>)]| PutRequest {
+        writer_id: 9,
+        batch_sequence: seq,
+        ..put(rows)
+    };
+    let t = env.open(&d).await;
+    t.put(writer(0, &[(1, Some("a"), Some(1))])).await.unwrap();
+    let noop = t.put(writer(1, &[(1, Some("a"), Some(1))])).await.unwrap();
+    assert_eq!(
+        noop.first_offset,
+        noop.last_offset + 1,
+        "an empty range: {noop:?}"
+    );
+    drop(t);
+    let t = env.open(&d).await;
+    let next = t.put(writer(2, &[(1, Some("b"), Some(2))])).await.unwrap();
+    assert!(!next.duplicated);
+    assert!(
+        t.put(writer(0, &[(1, Some("a"), Some(1))]))
+            .await
+            .unwrap()
+            .duplicated
+    );
+    assert_eq!(get(&t, &[1]), vec![v(Some("b"), Some(2))]);
+}
+
 async fn a_no_op_put_waits_for_the_staged_write_it_read(backend: KvBackend) {
     let (mut env, faulty) = faulty_env(backend).await;
     let t = env.open(&table(&[])).await;
@@ -946,7 +978,8 @@ both!(
     snapshots_plus_replay_equal_the_live_state,
     a_snapshot_from_before_add_column_loads_with_nulls,
     a_snapshot_without_a_schema_id_loads_by_its_columns,
-    prefix_lookups_use_the_leading_key_columns;
+    prefix_lookups_use_the_leading_key_columns,
+    a_writer_continues_after_a_no_op_put_and_a_reopen;
     paused:
     a_no_op_put_waits_for_the_staged_write_it_read,
     a_no_op_put_fails_when_the_staged_write_it_read_fails

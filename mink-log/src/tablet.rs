@@ -749,6 +749,10 @@ impl LogTablet {
                 batches += 1;
             }
         }
+        if self.inner.primary_key {
+            // Only a primary-key tablet has batches without log records (no-op Puts).
+            windows.mark_rebuilt();
+        }
         let mut state = self.lock();
         state.windows = windows;
         state.last_commit_timestamp = last_ts;

@@ -5,8 +5,16 @@
 //! `base_sequence ..= base_sequence + count - 1`. A batch whose range equals one in
 //! the window is a duplicate. Otherwise its first sequence must follow the last one of
 //! the window; a writer's first batch may start anywhere.
+//!
+//! A batch that changes nothing (a primary-key Put merged into no change) advances
+//! its writer's sequence without a log record. Windows rebuilt from the log after a
+//! reopen therefore may lack a writer's latest sequences; but a client sends sequence
+//! `n + 1` only after `n` was acknowledged, and every acknowledged batch that wrote
+//! something is in the log, so a forward gap after a rebuild can only be no-op
+//! batches. The first batch of such a writer after a rebuild may skip forward; a
+//! rewind is still out of order, and duplicates are still recognised.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use mink_types::MinkError;
@@ -45,6 +53,8 @@ pub enum Check {
 #[derive(Debug, Default)]
 pub struct Windows {
     writers: HashMap<i64, VecDeque<Entry>>,
+    /// Writers whose window was rebuilt from the log and has not seen a batch since.
+    rebuilt: HashSet<i64>,
 }
 
 impl Windows {
@@ -59,11 +69,21 @@ impl Windows {
             return Check::Duplicate(entry.clone());
         }
         match window.back() {
+            Some(latest) if first > latest.last_sequence + 1 && self.rebuilt.contains(&writer) => {
+                Check::New
+            }
             Some(latest) if first != latest.last_sequence + 1 => Check::OutOfOrder {
                 expected: latest.last_sequence + 1,
             },
             _ => Check::New,
         }
+    }
+
+    /// Marks every writer as rebuilt from the log (see the module docs). Only for
+    /// primary-key tablets: a log tablet records every batch, so a gap there is lost
+    /// data and stays out of order.
+    pub fn mark_rebuilt(&mut self) {
+        self.rebuilt = self.writers.keys().copied().collect();
     }
 
     pub fn push(&mut self, writer: i64, entry: Entry) {
@@ -76,8 +96,10 @@ impl Windows {
                 .map(|(id, _)| *id)
             {
                 self.writers.remove(&idle);
+                self.rebuilt.remove(&idle);
             }
         }
+        self.rebuilt.remove(&writer);
         let window = self.writers.entry(writer).or_default();
         window.push_back(entry);
         while window.len() > WINDOW_BATCHES {
@@ -152,6 +174,25 @@ mod tests {
             Check::OutOfOrder { expected: 28 }
         ));
         assert!(matches!(w.check(1, 28, 30), Check::New));
+    }
+
+    #[test]
+    fn after_a_rebuild_a_writer_may_skip_forward_once() {
+        let mut w = Windows::default();
+        w.push(1, entry(4, 4, 0));
+        w.mark_rebuilt();
+        // Sequence 5 changed nothing (no log record); 6 follows after a reopen.
+        assert!(matches!(w.check(1, 6, 6), Check::New));
+        assert!(matches!(w.check(1, 4, 4), Check::Duplicate(_)));
+        assert!(matches!(
+            w.check(1, 3, 3),
+            Check::OutOfOrder { expected: 5 }
+        ));
+        w.push(1, entry(6, 6, 1));
+        assert!(matches!(
+            w.check(1, 8, 8),
+            Check::OutOfOrder { expected: 7 }
+        ));
     }
 
     #[test]
