@@ -126,6 +126,11 @@ impl Node {
                 async move { service.run_handovers(stop).await },
             ));
         }
+        tasks.push(tokio::spawn(revive_if_declared_dead(
+            meta.clone(),
+            Duration::from_millis(config.meta.heartbeat_interval_ms.max(10)),
+            shutdown.subscribe(),
+        )));
         tasks.push(tokio::spawn(supervise_wal(
             service.clone(),
             meta.clone(),
@@ -247,6 +252,33 @@ async fn supervise_wal(
         };
         tracing::info!(wal = %replacement.wal_id(), "the new WAL generation serves");
         service.replace_streams(replacement).await;
+    }
+}
+
+/// A node the cluster declared dead (its heartbeats stalled: a long pause, a network
+/// partition) that is in fact alive comes back as a new incarnation instead of
+/// staying a zombie that serves nothing. Its old buckets have moved (their new leaders
+/// fenced its WAL, which `supervise_wal` replaces); the lease holder gives it buckets
+/// again as for any live node.
+async fn revive_if_declared_dead(
+    meta: MetaNode,
+    every: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            _ = shutdown.wait_for(|s| *s) => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+        let me = meta.node_id().to_string();
+        let declared_dead = meta.read(|s| s.nodes.get(&me).is_some_and(|n| !n.alive));
+        if declared_dead {
+            metrics::counter!("mink_node_revivals_total").increment(1);
+            tracing::warn!("this node was declared dead; registering again as a new incarnation");
+            if let Err(e) = meta.reincarnate().await {
+                tracing::warn!("registering again: {e}");
+            }
+        }
     }
 }
 

@@ -218,3 +218,84 @@ async fn rebalance_under_load_hands_buckets_over_without_fencing() {
         node.stop().await;
     }
 }
+
+/// A node cut off from the store long enough to be declared dead, and then back, is
+/// not a zombie: it registers again as a new incarnation by itself (it leads nothing,
+/// so no fence tells it) and gets buckets again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_declared_dead_while_alive_comes_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut nodes = Vec::new();
+    let mut stores = Vec::new();
+    for i in 0..2 {
+        let config = cluster_config(dir.path(), &format!("n{i}"));
+        let inner = mink_wal::open_object_store(&config.object_store).unwrap();
+        let faulty = FaultyStore::new(inner, FaultConfig::default());
+        stores.push(faulty.clone());
+        nodes.push(
+            Node::start_with_store(config, Arc::new(faulty))
+                .await
+                .unwrap(),
+        );
+    }
+    let holder = nodes[0].meta.lease().1.unwrap();
+    let (keep, victim) = if holder == "n0" { (0, 1) } else { (1, 0) };
+    let victim_id = nodes[victim].meta.node_id().to_string();
+    let incarnation = nodes[victim].meta.incarnation();
+
+    // Cut off: the others see its heartbeat stall.
+    stores[victim].set_down(true);
+    let declared = Instant::now();
+    while !nodes[keep]
+        .meta
+        .read(|s| s.nodes.get(&victim_id).is_some_and(|n| !n.alive))
+    {
+        assert!(
+            declared.elapsed() < Duration::from_secs(30),
+            "never declared dead"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Back: it notices and registers again.
+    stores[victim].set_down(false);
+    let back = Instant::now();
+    loop {
+        let alive = nodes[keep]
+            .meta
+            .read(|s| s.nodes.get(&victim_id).is_some_and(|n| n.alive));
+        if alive && nodes[victim].meta.incarnation() > incarnation {
+            break;
+        }
+        assert!(
+            back.elapsed() < Duration::from_secs(30),
+            "the node never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // It is given buckets and serves them.
+    let client = MinkClient::connect(&nodes[victim].flight_addr.to_string())
+        .await
+        .unwrap();
+    client.create_database("db").await.unwrap();
+    let path = TablePath::parse("db.events").unwrap();
+    client
+        .create_table(&path, &common::events_in(4))
+        .await
+        .unwrap();
+    client.append(&path, &rows(0..20)).await.unwrap();
+    let led = nodes[keep].meta.read(|s| {
+        s.buckets
+            .values()
+            .filter(|b| b.leader.as_deref() == Some(victim_id.as_str()))
+            .count()
+    });
+    assert!(led > 0, "the revived node leads no bucket");
+    assert_eq!(
+        ids(&client.scan_table(&path).await.unwrap()),
+        (0..20).collect::<Vec<_>>()
+    );
+    for node in nodes {
+        node.stop().await;
+    }
+}
