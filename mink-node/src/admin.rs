@@ -1,5 +1,6 @@
 //! The admin HTTP endpoint: `/health` (200 when the node serves, 503 while it starts
-//! or when it has lost the object store) and Prometheus `/metrics`.
+//! or when it has lost the object store) and Prometheus `/metrics`; with
+//! `testing.fault_injection`, `POST /fault` (a test facility of the chaos harness).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -28,6 +29,8 @@ pub fn prometheus() -> PrometheusHandle {
 /// What the endpoint reports on.
 pub struct AdminState {
     pub ready: AtomicBool,
+    /// The fault injector in front of the object store, when `testing.fault_injection`.
+    pub fault: OnceLock<mink_wal::fault::FaultyStore>,
     pub service: OnceLock<Arc<NodeService>>,
     pub prometheus: PrometheusHandle,
 }
@@ -36,6 +39,7 @@ impl AdminState {
     pub fn new() -> Arc<Self> {
         Arc::new(Self {
             ready: AtomicBool::new(false),
+            fault: OnceLock::new(),
             service: OnceLock::new(),
             prometheus: prometheus(),
         })
@@ -69,6 +73,58 @@ async fn metrics_page(State(state): State<Arc<AdminState>>) -> String {
     state.prometheus.render()
 }
 
+/// What `POST /fault` sets: every field optional, absent means off.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct FaultBody {
+    put_failure_rate: f64,
+    put_ambiguous_rate: f64,
+    put_conflict_rate: f64,
+    get_failure_rate: f64,
+    put_latency_ms: u64,
+    jitter_ms: u64,
+    /// Every request fails at once.
+    down: bool,
+    seed: u64,
+}
+
+/// Replaces the injected faults (an empty object turns them off).
+async fn set_fault(State(state): State<Arc<AdminState>>, body: String) -> (StatusCode, String) {
+    let Some(faulty) = state.fault.get() else {
+        return (
+            StatusCode::NOT_FOUND,
+            "fault injection is off (testing.fault_injection)".into(),
+        );
+    };
+    let body: FaultBody =
+        match serde_json::from_str(if body.trim().is_empty() { "{}" } else { &body }) {
+            Ok(b) => b,
+            Err(e) => return (StatusCode::BAD_REQUEST, format!("fault body: {e}")),
+        };
+    let rates = [
+        body.put_failure_rate,
+        body.put_ambiguous_rate,
+        body.put_conflict_rate,
+        body.get_failure_rate,
+    ];
+    if rates.iter().any(|r| !(0.0..=1.0).contains(r)) {
+        return (StatusCode::BAD_REQUEST, "rates are between 0 and 1".into());
+    }
+    faulty.set_config(mink_wal::fault::FaultConfig {
+        put_latency: std::time::Duration::from_millis(body.put_latency_ms),
+        jitter: std::time::Duration::from_millis(body.jitter_ms),
+        put_failure_rate: body.put_failure_rate,
+        put_ambiguous_rate: body.put_ambiguous_rate,
+        put_conflict_rate: body.put_conflict_rate,
+        get_failure_rate: body.get_failure_rate,
+        seed: body.seed,
+        ..Default::default()
+    });
+    faulty.set_down(body.down);
+    tracing::warn!(?body, "injected object-store faults changed");
+    (StatusCode::OK, "ok".into())
+}
+
 /// Serves the endpoint until `shutdown` resolves.
 pub async fn serve(
     listener: TcpListener,
@@ -78,6 +134,7 @@ pub async fn serve(
     let app = Router::new()
         .route("/health", get(health))
         .route("/metrics", get(metrics_page))
+        .route("/fault", axum::routing::post(set_fault))
         .with_state(state);
     if let Err(e) = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)

@@ -75,6 +75,17 @@ pub struct LoggingConfig {
     pub format: LogFormat,
 }
 
+/// Test facilities. Never set in production.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TestingConfig {
+    /// Wraps the object store in a fault injector that the admin endpoint's
+    /// `POST /fault` configures (PUT failures, ambiguous timeouts, creates applied
+    /// then answered `AlreadyExists`, GET failures, latency, or the store "down"). Used
+    /// by the chaos harness (`cargo xtask chaos`). Default off: the endpoint answers 404.
+    pub fault_injection: bool,
+}
+
 /// The whole configuration of one node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -95,6 +106,7 @@ pub struct MinkConfig {
     pub flight: FlightConfig,
     pub kafka: KafkaConfig,
     pub logging: LoggingConfig,
+    pub testing: TestingConfig,
 }
 
 impl Default for MinkConfig {
@@ -112,6 +124,7 @@ impl Default for MinkConfig {
             flight: FlightConfig::default(),
             kafka: KafkaConfig::default(),
             logging: LoggingConfig::default(),
+            testing: TestingConfig::default(),
         }
     }
 }

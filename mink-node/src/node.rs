@@ -35,14 +35,33 @@ impl Node {
     /// Creates the data directory, opens the object store and proves it answers,
     /// binds the Flight listener, joins the cluster (metadata log, WAL) and serves.
     pub async fn start(config: MinkConfig) -> anyhow::Result<Self> {
+        if config.testing.fault_injection {
+            return Self::start_faulty(config).await;
+        }
         let store = mink_wal::open_object_store(&config.object_store)?;
         Self::start_with_store(config, store).await
+    }
+
+    /// [`Node::start`] with the object store behind a fault injector that the admin
+    /// endpoint's `POST /fault` configures (a test facility; `testing.fault_injection`).
+    async fn start_faulty(config: MinkConfig) -> anyhow::Result<Self> {
+        let store = mink_wal::open_object_store(&config.object_store)?;
+        let faulty = mink_wal::fault::FaultyStore::new(store, Default::default());
+        Self::start_inner(config, Arc::new(faulty.clone()), Some(faulty)).await
     }
 
     /// [`Node::start`] on a given object store (benchmarks wrap one with latency).
     pub async fn start_with_store(
         config: MinkConfig,
         store: Arc<dyn ObjectStore>,
+    ) -> anyhow::Result<Self> {
+        Self::start_inner(config, store, None).await
+    }
+
+    async fn start_inner(
+        config: MinkConfig,
+        store: Arc<dyn ObjectStore>,
+        fault: Option<mink_wal::fault::FaultyStore>,
     ) -> anyhow::Result<Self> {
         std::fs::create_dir_all(&config.data_dir).map_err(|e| {
             anyhow::anyhow!(
@@ -78,6 +97,12 @@ impl Node {
             })?;
         let admin_addr = admin_listener.local_addr()?;
         let admin = crate::admin::AdminState::new();
+        if let Some(faulty) = fault {
+            tracing::warn!(
+                "testing.fault_injection is on: POST /fault injects object-store faults"
+            );
+            let _ = admin.fault.set(faulty);
+        }
         let mut tasks = Vec::new();
         tasks.push(tokio::spawn(crate::admin::serve(
             admin_listener,

@@ -1,0 +1,772 @@
+//! The chaos harness: a cluster of `mink-node` processes on one object store, written
+//! to by idempotent Rust clients (a log table and a primary-key table) while a seeded
+//! controller injects faults: SIGKILL and restart, SIGSTOP long enough to lose the
+//! lease and the buckets then SIGCONT, object-store PUT failures / ambiguous timeouts /
+//! latency through the nodes' fault injector (`testing.fault_injection`, `POST
+//! /fault`), `rebalance` under load, and a node joining.
+//!
+//! After the faults stop and the cluster settles, the checker verifies: every
+//! acknowledged row is readable at its acknowledged offset, no idempotent writer's row
+//! appears twice, offsets are contiguous in every bucket, and primary-key lookups equal
+//! the model built from acknowledged writes. It also measures, after each fault, the
+//! time until every bucket accepts writes again.
+//!
+//! `MINK_CHAOS_SECONDS` (default 40), `MINK_CHAOS_SEED` (default 1) and, for an S3
+//! store, `MINK_CHAOS_S3=1` with the local S3 server's `MINKTEST_S3_*` variables.
+//! `cargo xtask chaos` runs it in release mode for longer.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use arrow::array::{Array, Int64Array, RecordBatch, StringArray};
+use mink_flight::MinkClient;
+use mink_flight::protocol::BucketWritten;
+use mink_types::table::BucketingRule;
+use mink_types::{Column, DataType, Schema, TableBucket, TableDescriptor, TablePath};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+mod common;
+
+const LOG_BUCKETS: u32 = 6;
+const KV_BUCKETS: u32 = 4;
+const LOG_WRITERS: i64 = 3;
+const KV_WRITERS: i64 = 2;
+const KEYS_PER_KV_WRITER: i64 = 12;
+
+/// One node process.
+struct Proc {
+    id: String,
+    child: Option<Child>,
+    flight: String,
+    admin: String,
+    stopped: bool,
+}
+
+struct Cluster {
+    dir: PathBuf,
+    store_env: Vec<(String, String)>,
+    nodes: Vec<Proc>,
+}
+
+fn node_env(dir: &Path, id: &str, store_env: &[(String, String)]) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = vec![
+        ("RUST_LOG".into(), "warn,mink_node=info".into()),
+        ("MINK_NODE_ID".into(), id.into()),
+        ("MINK_DATA_DIR".into(), dir.join(id).display().to_string()),
+        ("MINK_LISTENERS__FLIGHT".into(), "127.0.0.1:0".into()),
+        ("MINK_LISTENERS__ADMIN".into(), "127.0.0.1:0".into()),
+        ("MINK_META__HEARTBEAT_INTERVAL_MS".into(), "200".into()),
+        ("MINK_META__LEASE_TIMEOUT_MS".into(), "2000".into()),
+        ("MINK_META__NODE_SESSION_TIMEOUT_MS".into(), "3000".into()),
+        ("MINK_META__TAIL_IDLE_INTERVAL_MAX_MS".into(), "200".into()),
+        ("MINK_WAL__UPLOAD_RETRY_BUDGET_MS".into(), "2000".into()),
+        ("MINK_WAL__COMPACTION_INTERVAL_MS".into(), "2000".into()),
+        ("MINK_WAL__DEAD_WAL_GRACE_MS".into(), "5000".into()),
+        ("MINK_KV__SNAPSHOT_INTERVAL_MS".into(), "3000".into()),
+        ("MINK_TESTING__FAULT_INJECTION".into(), "true".into()),
+    ];
+    env.extend(store_env.iter().cloned());
+    env
+}
+
+impl Cluster {
+    fn spawn(&self, id: &str) -> Proc {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_mink-node"));
+        cmd.env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for (k, v) in node_env(&self.dir, id, &self.store_env) {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("the mink-node binary starts");
+        let log = std::fs::File::create(self.dir.join(format!("{id}.log"))).ok();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let (mut flight, mut admin) = (None, None);
+        let mut log = log;
+        while flight.is_none() || admin.is_none() {
+            let line = lines
+                .next()
+                .expect("the node reports its addresses before exiting")
+                .unwrap();
+            if let Some(f) = log.as_mut() {
+                let _ = writeln!(f, "{line}");
+            }
+            let after = |marker: &str| {
+                line.find(marker).map(|at| {
+                    line[at + marker.len()..]
+                        .split_whitespace()
+                        .next()
+                        .unwrap_or_default()
+                        .to_string()
+                })
+            };
+            if let Some(a) = after("Flight listening on ") {
+                flight = Some(a);
+            }
+            if let Some(a) = after("admin HTTP listening on ") {
+                admin = Some(a);
+            }
+        }
+        std::thread::spawn(move || {
+            for line in lines.map_while(|l| l.ok()) {
+                if let Some(f) = log.as_mut() {
+                    let _ = writeln!(f, "{line}");
+                }
+            }
+        });
+        Proc {
+            id: id.into(),
+            child: Some(child),
+            flight: flight.unwrap_or_default(),
+            admin: admin.unwrap_or_default(),
+            stopped: false,
+        }
+    }
+
+    fn signal(&mut self, i: usize, sig: &str) {
+        if let Some(child) = &self.nodes[i].child {
+            let _ = Command::new("kill")
+                .args([sig, &child.id().to_string()])
+                .status();
+        }
+    }
+
+    fn kill(&mut self, i: usize) {
+        if let Some(mut child) = self.nodes[i].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    fn restart(&mut self, i: usize) {
+        self.kill(i);
+        let id = self.nodes[i].id.clone();
+        self.nodes[i] = self.spawn(&id);
+    }
+
+    fn addrs(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .filter(|n| n.child.is_some() && !n.stopped)
+            .map(|n| n.flight.clone())
+            .collect()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for i in 0..self.nodes.len() {
+            self.signal(i, "-CONT");
+            self.kill(i);
+        }
+    }
+}
+
+/// `POST /fault` on a node's admin endpoint (a plain HTTP/1.1 request).
+fn post_fault(admin: &str, body: &str) -> bool {
+    let Ok(mut conn) = std::net::TcpStream::connect(admin) else {
+        return false;
+    };
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+    let request = format!(
+        "POST /fault HTTP/1.1\r\nHost: {admin}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    if conn.write_all(request.as_bytes()).is_err() {
+        return false;
+    }
+    let mut answer = String::new();
+    let _ = conn.read_to_string(&mut answer);
+    answer.starts_with("HTTP/1.1 200")
+}
+
+fn schema() -> Schema {
+    Schema::new(
+        1,
+        vec![
+            Column::new("id", DataType::BigInt, false),
+            Column::new("msg", DataType::String, true),
+        ],
+    )
+}
+
+fn kv_table() -> TableDescriptor {
+    TableDescriptor {
+        primary_key: vec!["id".into()],
+        bucket_keys: Some(vec!["id".into()]),
+        bucket_count: KV_BUCKETS,
+        ..TableDescriptor::log_table(schema())
+    }
+}
+
+fn batch(ids: &[i64], msg: impl Fn(i64) -> String) -> RecordBatch {
+    RecordBatch::try_new(
+        schema().to_arrow(),
+        vec![
+            Arc::new(Int64Array::from_iter_values(ids.iter().copied())),
+            Arc::new(StringArray::from_iter_values(ids.iter().map(|i| msg(*i)))),
+        ],
+    )
+    .unwrap()
+}
+
+/// The bucket of each id of the log table.
+fn buckets_of(ids: &[i64], count: u32) -> Vec<u32> {
+    let b = batch(ids, |_| String::new());
+    mink_types::bucket_per_row(&b, &[0], BucketingRule::Hash, count).unwrap()
+}
+
+#[derive(Default)]
+struct Ledger {
+    /// Acknowledged log rows: bucket -> first offset -> ids in offset order.
+    log_acked: BTreeMap<u32, BTreeMap<i64, Vec<i64>>>,
+    log_rows_acked: u64,
+    log_calls_failed: u64,
+    /// Primary-key writes: key -> (last acknowledged value, values whose outcome is unknown since).
+    kv: HashMap<i64, (Option<String>, Vec<String>)>,
+    kv_acked: u64,
+    kv_failed: u64,
+    violations: Vec<String>,
+}
+
+type Shared = Arc<Mutex<Ledger>>;
+
+fn ledger(l: &Shared) -> std::sync::MutexGuard<'_, Ledger> {
+    l.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Records an acknowledged append of `ids`: each bucket's part at its offsets.
+fn record_log_ack(l: &Shared, ids: &[i64], written: &[BucketWritten]) {
+    let buckets = buckets_of(ids, LOG_BUCKETS);
+    let mut per_bucket: BTreeMap<u32, Vec<i64>> = BTreeMap::new();
+    for (id, b) in ids.iter().zip(buckets) {
+        per_bucket.entry(b).or_default().push(*id);
+    }
+    let mut l = ledger(l);
+    for w in written {
+        let rows = per_bucket.remove(&w.bucket.bucket).unwrap_or_default();
+        if rows.len() as i64 != w.last_offset - w.first_offset + 1 {
+            l.violations.push(format!(
+                "{}: {} rows acknowledged at {}..={}",
+                w.bucket,
+                rows.len(),
+                w.first_offset,
+                w.last_offset
+            ));
+        }
+        l.log_rows_acked += rows.len() as u64;
+        l.log_acked
+            .entry(w.bucket.bucket)
+            .or_default()
+            .insert(w.first_offset, rows);
+    }
+    if !per_bucket.is_empty() {
+        l.violations.push(format!(
+            "an append was acknowledged without buckets {:?}",
+            per_bucket.keys().collect::<Vec<_>>()
+        ));
+    }
+}
+
+async fn connect(cluster: &Arc<Mutex<Cluster>>) -> MinkClient {
+    loop {
+        let addrs = cluster.lock().unwrap().addrs();
+        for addr in addrs {
+            if let Ok(c) = MinkClient::connect(&addr).await {
+                return c;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn log_writer(
+    cluster: Arc<Mutex<Cluster>>,
+    l: Shared,
+    w: i64,
+    stop: Arc<AtomicBool>,
+    path: TablePath,
+) {
+    let mut client = connect(&cluster).await;
+    let mut n = 0i64;
+    while !stop.load(Ordering::SeqCst) {
+        let ids: Vec<i64> = (0..12).map(|i| w * 1_000_000_000 + n * 12 + i).collect();
+        n += 1;
+        match client
+            .append(&path, &batch(&ids, |i| format!("m{i}")))
+            .await
+        {
+            Ok(written) => record_log_ack(&l, &ids, &written),
+            Err(_) => {
+                ledger(&l).log_calls_failed += 1;
+                // The node we know may be gone for good (killed): start over elsewhere.
+                client = connect(&cluster).await;
+            }
+        }
+    }
+}
+
+async fn kv_writer(
+    cluster: Arc<Mutex<Cluster>>,
+    l: Shared,
+    w: i64,
+    stop: Arc<AtomicBool>,
+    seal: Arc<AtomicBool>,
+    path: TablePath,
+    seed: u64,
+) {
+    let mut rng = StdRng::seed_from_u64(seed ^ (0x4B56 + w as u64));
+    let mut client = connect(&cluster).await;
+    let keys: Vec<i64> = (0..KEYS_PER_KV_WRITER).map(|k| w * 1_000 + k).collect();
+    let mut n = 0u64;
+    while !stop.load(Ordering::SeqCst) {
+        let key = keys[rng.random_range(0..keys.len())];
+        n += 1;
+        let value = format!("w{w}-{n}");
+        let put = client
+            .put(&path, &batch(&[key], |_| value.clone()), None, None)
+            .await;
+        let failed = {
+            let mut led = ledger(&l);
+            let entry = led.kv.entry(key).or_default();
+            match put {
+                Ok(_) => {
+                    *entry = (Some(value), Vec::new());
+                    led.kv_acked += 1;
+                    false
+                }
+                Err(_) => {
+                    entry.1.push(value);
+                    led.kv_failed += 1;
+                    true
+                }
+            }
+        };
+        if failed {
+            client = connect(&cluster).await;
+        }
+    }
+    // Seal: the last write of every key is acknowledged, so the final state is known.
+    while !seal.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for key in keys {
+        let value = format!("w{w}-final");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            match client
+                .put(&path, &batch(&[key], |_| value.clone()), None, None)
+                .await
+            {
+                Ok(_) => {
+                    ledger(&l).kv.insert(key, (Some(value), Vec::new()));
+                    break;
+                }
+                Err(e) if Instant::now() > deadline => {
+                    ledger(&l)
+                        .violations
+                        .push(format!("key {key}: never writable after the faults: {e}"));
+                    break;
+                }
+                Err(_) => {
+                    client = connect(&cluster).await;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+    }
+}
+
+/// Ids of the log table, one per bucket (probes).
+fn probe_ids(base: i64) -> Vec<i64> {
+    let mut out: BTreeMap<u32, i64> = BTreeMap::new();
+    let mut id = base;
+    while out.len() < LOG_BUCKETS as usize {
+        let b = buckets_of(&[id], LOG_BUCKETS)[0];
+        out.entry(b).or_insert(id);
+        id += 1;
+    }
+    out.into_values().collect()
+}
+
+/// Waits until every bucket of the log table accepts a write; returns how long it took.
+async fn until_writable(
+    cluster: &Arc<Mutex<Cluster>>,
+    l: &Shared,
+    path: &TablePath,
+    probe_base: i64,
+) -> Option<Duration> {
+    let started = Instant::now();
+    let ids = probe_ids(probe_base);
+    let mut client = connect(cluster).await;
+    while started.elapsed() < Duration::from_secs(90) {
+        match client
+            .append(path, &batch(&ids, |i| format!("probe{i}")))
+            .await
+        {
+            Ok(written) => {
+                record_log_ack(l, &ids, &written);
+                return Some(started.elapsed());
+            }
+            Err(_) => {
+                client = connect(cluster).await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    None
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_loses_no_acknowledged_write() {
+    let seconds: u64 = std::env::var("MINK_CHAOS_SECONDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(40);
+    let seed: u64 = std::env::var("MINK_CHAOS_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let dir = tempfile::tempdir().unwrap();
+    let store_env: Vec<(String, String)> = match (
+        std::env::var("MINK_CHAOS_S3").is_ok(),
+        std::env::var("MINKTEST_S3_ENDPOINT"),
+        std::env::var("MINKTEST_S3_BUCKET"),
+    ) {
+        (true, Ok(endpoint), Ok(bucket)) => vec![
+            (
+                "MINK_OBJECT_STORE__URL".into(),
+                format!("s3://{bucket}/chaos-{seed}-{}", std::process::id()),
+            ),
+            ("MINK_OBJECT_STORE__ENDPOINT".into(), endpoint),
+            ("MINK_OBJECT_STORE__ALLOW_HTTP".into(), "true".into()),
+            ("MINK_OBJECT_STORE__ACCESS_KEY_ID".into(), "test".into()),
+            ("MINK_OBJECT_STORE__SECRET_ACCESS_KEY".into(), "test".into()),
+        ],
+        (true, _, _) => panic!("MINK_CHAOS_S3 needs MINKTEST_S3_ENDPOINT and MINKTEST_S3_BUCKET"),
+        _ => vec![(
+            "MINK_OBJECT_STORE__URL".into(),
+            format!("file://{}", dir.path().join("objects").display()),
+        )],
+    };
+    let mut cluster = Cluster {
+        dir: dir.path().to_path_buf(),
+        store_env,
+        nodes: Vec::new(),
+    };
+    for i in 0..3 {
+        let node = cluster.spawn(&format!("n{i}"));
+        cluster.nodes.push(node);
+    }
+    let cluster = Arc::new(Mutex::new(cluster));
+    let admin = connect(&cluster).await;
+    admin.create_database("chaos").await.unwrap();
+    let events = TablePath::parse("chaos.events").unwrap();
+    let kv = TablePath::parse("chaos.kv").unwrap();
+    admin
+        .create_table(&events, &common::events_in(LOG_BUCKETS))
+        .await
+        .unwrap();
+    admin.create_table(&kv, &kv_table()).await.unwrap();
+    let l: Shared = Arc::default();
+    // Every bucket is led and writable before the faults start.
+    until_writable(&cluster, &l, &events, 9_000_000_000)
+        .await
+        .expect("the cluster serves");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let seal = Arc::new(AtomicBool::new(false));
+    let mut writers = Vec::new();
+    for w in 0..LOG_WRITERS {
+        writers.push(tokio::spawn(log_writer(
+            cluster.clone(),
+            l.clone(),
+            w + 1,
+            stop.clone(),
+            events.clone(),
+        )));
+    }
+    for w in 0..KV_WRITERS {
+        writers.push(tokio::spawn(kv_writer(
+            cluster.clone(),
+            l.clone(),
+            w + 1,
+            stop.clone(),
+            seal.clone(),
+            kv.clone(),
+            seed,
+        )));
+    }
+
+    // The faults, one at a time, each followed by a measured recovery.
+    let mut rng = StdRng::seed_from_u64(seed);
+    let started = Instant::now();
+    let mut faults: BTreeMap<&'static str, u64> = BTreeMap::new();
+    let mut recovery: BTreeMap<&'static str, Vec<Duration>> = BTreeMap::new();
+    let mut probe = 9_100_000_000i64;
+    let mut joined = false;
+    while started.elapsed() < Duration::from_secs(seconds.saturating_sub(5).max(5)) {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(1_000..3_000))).await;
+        let live = cluster.lock().unwrap().nodes.len();
+        let i = rng.random_range(0..live);
+        let kind: &'static str = match rng.random_range(0..100) {
+            0..=21 => {
+                cluster.lock().unwrap().signal(i, "-KILL");
+                tokio::time::sleep(Duration::from_millis(rng.random_range(300..1_500))).await;
+                cluster.lock().unwrap().restart(i);
+                "kill"
+            }
+            22..=39 => {
+                cluster.lock().unwrap().signal(i, "-STOP");
+                cluster.lock().unwrap().nodes[i].stopped = true;
+                tokio::time::sleep(Duration::from_millis(rng.random_range(3_500..5_500))).await;
+                cluster.lock().unwrap().signal(i, "-CONT");
+                cluster.lock().unwrap().nodes[i].stopped = false;
+                "pause"
+            }
+            40..=54 => {
+                let admin_addr = cluster.lock().unwrap().nodes[i].admin.clone();
+                post_fault(&admin_addr, r#"{"put_failure_rate": 1.0}"#);
+                tokio::time::sleep(Duration::from_millis(rng.random_range(2_000..4_000))).await;
+                post_fault(&admin_addr, "{}");
+                "store down (PUTs fail)"
+            }
+            55..=69 => {
+                let admin_addr = cluster.lock().unwrap().nodes[i].admin.clone();
+                let body = format!(
+                    r#"{{"put_ambiguous_rate": 0.3, "put_conflict_rate": 0.2, "put_failure_rate": 0.1, "seed": {}}}"#,
+                    rng.random::<u32>()
+                );
+                post_fault(&admin_addr, &body);
+                tokio::time::sleep(Duration::from_millis(rng.random_range(2_000..4_000))).await;
+                post_fault(&admin_addr, "{}");
+                "ambiguous PUTs"
+            }
+            70..=79 => {
+                let admin_addr = cluster.lock().unwrap().nodes[i].admin.clone();
+                post_fault(&admin_addr, r#"{"put_latency_ms": 300, "jitter_ms": 200}"#);
+                tokio::time::sleep(Duration::from_millis(rng.random_range(1_000..3_000))).await;
+                post_fault(&admin_addr, "{}");
+                "latency spike"
+            }
+            80..=91 if !joined || rng.random_bool(0.7) => {
+                let _ = admin
+                    .action::<serde_json::Value>("rebalance", serde_json::json!({}))
+                    .await;
+                "rebalance"
+            }
+            _ if !joined => {
+                let mut c = cluster.lock().unwrap();
+                let node = c.spawn("n3");
+                c.nodes.push(node);
+                joined = true;
+                "join"
+            }
+            _ => {
+                let _ = admin
+                    .action::<serde_json::Value>("rebalance", serde_json::json!({}))
+                    .await;
+                "rebalance"
+            }
+        };
+        *faults.entry(kind).or_default() += 1;
+        probe += 100;
+        match until_writable(&cluster, &l, &events, probe).await {
+            Some(took) => recovery.entry(kind).or_default().push(took),
+            None => ledger(&l).violations.push(format!(
+                "after a {kind}, some bucket stayed unwritable for 90 s"
+            )),
+        }
+    }
+
+    // Settle: faults off everywhere, writers stop, primary keys sealed.
+    {
+        let c = cluster.lock().unwrap();
+        for n in &c.nodes {
+            post_fault(&n.admin, "{}");
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    seal.store(true, Ordering::SeqCst);
+    for w in writers {
+        w.await.unwrap();
+    }
+    let checker = connect(&cluster).await;
+    let (rows_checked, keys_checked) = check(&checker, &events, &kv, &l).await;
+
+    let l = ledger(&l);
+    let recovery_line: Vec<String> = recovery
+        .iter()
+        .map(|(k, v)| {
+            let mut v = v.clone();
+            v.sort();
+            format!(
+                "{k}: p50 {:.2} s, max {:.2} s",
+                v[v.len() / 2].as_secs_f64(),
+                v[v.len() - 1].as_secs_f64()
+            )
+        })
+        .collect();
+    eprintln!(
+        "chaos seed {seed}, {seconds} s: faults {faults:?}; log rows acknowledged {}, failed calls {}; \
+         primary-key writes acknowledged {}, failed {}; rows checked {rows_checked}, keys checked \
+         {keys_checked}; violations {}; recovery until every bucket is writable: {}",
+        l.log_rows_acked,
+        l.log_calls_failed,
+        l.kv_acked,
+        l.kv_failed,
+        l.violations.len(),
+        recovery_line.join("; ")
+    );
+    assert!(
+        l.violations.is_empty(),
+        "seed {seed}: {} violations (logs in {}):\n{}",
+        l.violations.len(),
+        dir.path().display(),
+        l.violations.join("\n")
+    );
+    assert!(
+        l.log_rows_acked > 0 && l.kv_acked > 0,
+        "the writers made progress"
+    );
+    // Keep the logs of a failed run: the assertion above leaves the directory.
+    drop(l);
+}
+
+/// Reads everything back and compares it with the ledger; returns (rows, keys) checked.
+async fn check(client: &MinkClient, events: &TablePath, kv: &TablePath, l: &Shared) -> (u64, u64) {
+    let mut violations = Vec::new();
+    let mut seen: HashMap<i64, (u32, i64)> = HashMap::new();
+    let mut rows = 0u64;
+    let table_id = client
+        .action::<serde_json::Value>("get_table", serde_json::json!({"path": events}))
+        .await
+        .ok()
+        .and_then(|t| t["id"].as_i64().or_else(|| t["table"]["id"].as_i64()));
+    let Some(table_id) = table_id else {
+        ledger(l)
+            .violations
+            .push("cannot read the log table's id".into());
+        return (0, 0);
+    };
+    for b in 0..LOG_BUCKETS {
+        let bucket = TableBucket::new(table_id, None, b);
+        let mut at: BTreeMap<i64, i64> = BTreeMap::new();
+        let mut pos = 0i64;
+        let mut expected_next: Option<i64> = None;
+        loop {
+            let read = match read_retrying(client, events, bucket, pos).await {
+                Ok(r) => r,
+                Err(e) => {
+                    violations.push(format!("{bucket}: read at {pos} failed: {e}"));
+                    break;
+                }
+            };
+            let mut progressed = false;
+            let mut hw = pos;
+            for (batch, meta) in &read {
+                hw = meta.high_watermark;
+                if let Some(next) = expected_next
+                    && meta.base_offset != next
+                {
+                    violations.push(format!(
+                        "{bucket}: a batch at {} where {next} was expected",
+                        meta.base_offset
+                    ));
+                }
+                let ids = batch
+                    .column(0)
+                    .as_any()
+                    .downcast_ref::<Int64Array>()
+                    .unwrap();
+                for r in 0..ids.len() {
+                    let offset = meta.base_offset + r as i64;
+                    at.insert(offset, ids.value(r));
+                    if let Some(first) = seen.insert(ids.value(r), (b, offset)) {
+                        violations.push(format!(
+                            "id {} appears twice: {first:?} and ({b}, {offset})",
+                            ids.value(r)
+                        ));
+                    }
+                    rows += 1;
+                }
+                expected_next = Some(meta.base_offset + ids.len() as i64);
+                pos = meta.base_offset + ids.len() as i64;
+                progressed = true;
+            }
+            if !progressed || pos >= hw {
+                break;
+            }
+        }
+        let led = ledger(l);
+        for (first, ids) in led.log_acked.get(&b).into_iter().flatten() {
+            for (k, id) in ids.iter().enumerate() {
+                let offset = first + k as i64;
+                if at.get(&offset) != Some(id) {
+                    violations.push(format!(
+                        "{bucket}: acknowledged id {id} at offset {offset} is lost (found {:?})",
+                        at.get(&offset)
+                    ));
+                }
+            }
+        }
+    }
+    let expected: Vec<(i64, String)> = ledger(l)
+        .kv
+        .iter()
+        .filter_map(|(k, (v, _))| v.clone().map(|v| (*k, v)))
+        .collect();
+    let keys: Vec<Vec<serde_json::Value>> = expected
+        .iter()
+        .map(|(k, _)| vec![serde_json::json!(k)])
+        .collect();
+    let mut found: HashMap<i64, String> = HashMap::new();
+    match client.lookup(kv, keys).await {
+        Ok(batches) => {
+            for b in batches {
+                let ids = b.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+                let msgs = b.column(1).as_any().downcast_ref::<StringArray>().unwrap();
+                for r in 0..b.num_rows() {
+                    found.insert(ids.value(r), msgs.value(r).to_string());
+                }
+            }
+        }
+        Err(e) => violations.push(format!("lookups failed: {e}")),
+    }
+    for (k, v) in &expected {
+        if found.get(k) != Some(v) {
+            violations.push(format!(
+                "key {k}: lookup {:?}, last acknowledged {v:?}",
+                found.get(k)
+            ));
+        }
+    }
+    ledger(l).violations.extend(violations);
+    (rows, expected.len() as u64)
+}
+
+/// A scan that retries while the bucket is moving or opening.
+async fn read_retrying(
+    client: &MinkClient,
+    path: &TablePath,
+    bucket: TableBucket,
+    offset: i64,
+) -> mink_types::Result<Vec<(RecordBatch, mink_flight::protocol::ScanBatch)>> {
+    let mut last = None;
+    for _ in 0..100 {
+        match client.scan(path, bucket, offset).await {
+            Ok(r) => return Ok(r),
+            Err(e) => last = Some(e),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Err(last.unwrap())
+}
