@@ -7,10 +7,12 @@
 //!   not use (DESIGN.md's table).
 //! - `cargo xtask bench NAME`: a benchmark in release mode, recorded in
 //!   docs/benchmarks.md.
+//! - `cargo xtask chaos [--seconds N] [--seed S] [--s3]`: the chaos harness, long.
 //! - `cargo xtask s3`: runs the local S3 API server in the foreground, for manual work.
 //! - `cargo xtask cluster up|down|status`: a local cluster of mink-node processes.
 
 mod bench;
+mod chaos;
 mod cluster;
 mod layers;
 mod python;
@@ -72,6 +74,20 @@ enum Task {
         #[arg(long)]
         quick: bool,
     },
+    /// Run the chaos harness: node processes under writers and seeded faults
+    /// (kills, pauses, store failures, ambiguous PUTs, latency, rebalances, a join),
+    /// then check every acknowledged write. Release mode.
+    Chaos {
+        /// How long faults are injected.
+        #[arg(long, default_value_t = 180)]
+        seconds: u64,
+        /// The seed of the fault schedule (a failing run names it).
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Share a local S3 API server (moto) instead of a directory.
+        #[arg(long)]
+        s3: bool,
+    },
     /// Run the local S3 API server (moto) until Ctrl-C and print its endpoint.
     S3,
     /// A local cluster of mink-node processes sharing one object store.
@@ -101,6 +117,7 @@ fn run() -> Result<()> {
         Task::Test { no_interop, rest } => test::run(&root, !no_interop, &rest),
         Task::CheckLayers => layers::run(&root),
         Task::Bench { name, quick } => bench::run(&root, &name, quick),
+        Task::Chaos { seconds, seed, s3 } => chaos::run(&root, seconds, seed, s3),
         Task::S3 => s3::run_foreground(&root),
         Task::Cluster { action, dir } => {
             let dir = if dir.is_absolute() {
