@@ -43,6 +43,9 @@ fn wal_config() -> WalConfig {
         dead_wal_grace_ms: 0,
         upload_retry_budget_ms: 300,
         inflight_uploads_max: 3,
+        // Evict at once: reads and compaction fetch payloads from WAL objects, which
+        // GC deletes under them.
+        tail_cache_bytes_max: 256,
         ..Default::default()
     }
 }
@@ -192,6 +195,62 @@ async fn appender(model: Shared, id: usize, seed: u64, stop: Arc<AtomicBool>) {
         if failed {
             let pause = Duration::from_micros(rng.random_range(500..5_000));
             tokio::time::sleep(pause).await;
+        }
+    }
+}
+
+/// Reads racing everything else: whatever a read returns must be what was
+/// acknowledged at those offsets; a read may fail (injected GET failures, a stream
+/// taken over, below the start) but never find the stream corrupt, even when the
+/// object it was reading is deleted under it by GC or trim.
+async fn reader(model: Shared, seed: u64, stop: Arc<AtomicBool>) {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x5EAD_E500);
+    while !stop.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_micros(rng.random_range(200..3_000))).await;
+        let s = rng.random_range(0..STREAMS);
+        let Some(holder) = lock(&model).holders[s].clone() else {
+            continue;
+        };
+        let end = holder.stream.durable_end();
+        if end == 0 {
+            continue;
+        }
+        let at = rng.random_range(0..end);
+        let read = holder.stream.read(at, rng.random_range(1..2_000)).await;
+        let mut m = lock(&model);
+        match read {
+            Ok(records) => {
+                m.count("reads");
+                let mut expect = None;
+                for r in records {
+                    if let Some(next) = expect
+                        && r.base != next
+                    {
+                        m.violations.push(format!(
+                            "s{s}: a read at {at} skipped from {next} to {}",
+                            r.base
+                        ));
+                    }
+                    expect = Some(r.end());
+                    let acked = m.acked[s].get(&r.base).cloned();
+                    if let Some((end, payload)) = acked
+                        && (end != r.end() || payload != r.payload)
+                    {
+                        m.violations.push(format!(
+                            "s{s}: a read at {at} found {:?} at {}..{} where {payload:?} was acknowledged at ..{end}",
+                            r.payload,
+                            r.base,
+                            r.end()
+                        ));
+                    }
+                }
+            }
+            Err(WalError::Corrupt(e)) => {
+                m.violations
+                    .push(format!("s{s}: a read at {at} found corruption: {e}"));
+            }
+            Err(WalError::OffsetOutOfRange { .. }) => m.count("read below the start"),
+            Err(_) => m.count("read failed (injected)"),
         }
     }
 }
@@ -404,6 +463,7 @@ async fn run_seed(seed: u64) -> Result<BTreeMap<&'static str, u64>, String> {
             stop.clone(),
         )));
     }
+    tasks.push(tokio::spawn(reader(model.clone(), seed, stop.clone())));
     tasks.push(tokio::spawn(controller(
         model.clone(),
         memory.clone(),

@@ -18,8 +18,46 @@ use crate::format::{
 /// Cached segment indexes beyond this many are dropped (all at once; they reload).
 const SEGMENT_INDEXES_CACHED_MAX: usize = 4_096;
 
+/// Passes of a read that met an object deleted under it (by WAL GC after a compaction,
+/// or by a trim) before it gives up; each pass starts from a fresh view.
+const READ_PASSES_MAX: u32 = 3;
+
+/// Why one pass of a read failed.
+enum ReadFail {
+    /// An object the view named is gone: look again.
+    Gone(String),
+    Wal(WalError),
+}
+
+impl From<WalError> for ReadFail {
+    fn from(e: WalError) -> Self {
+        ReadFail::Wal(e)
+    }
+}
+
+impl From<object_store::Error> for ReadFail {
+    fn from(e: object_store::Error) -> Self {
+        match e {
+            object_store::Error::NotFound { path, .. } => ReadFail::Gone(path),
+            other => ReadFail::Wal(other.into()),
+        }
+    }
+}
+
+impl From<ReadFail> for WalError {
+    fn from(f: ReadFail) -> Self {
+        match f {
+            ReadFail::Gone(path) => WalError::Storage(format!("{path} is gone")),
+            ReadFail::Wal(e) => e,
+        }
+    }
+}
+
 /// A segment's index, from cache or from its footer (two range reads).
-async fn segment_index(store: &StoreInner, seg: &SegmentMeta) -> WalResult<Arc<Vec<IndexEntry>>> {
+async fn segment_index(
+    store: &StoreInner,
+    seg: &SegmentMeta,
+) -> Result<Arc<Vec<IndexEntry>>, ReadFail> {
     if let Some(index) = store
         .segment_indexes
         .lock()
@@ -39,10 +77,10 @@ async fn segment_index(store: &StoreInner, seg: &SegmentMeta) -> WalResult<Arc<V
     let (index_pos, entries, crc) = decode_segment_footer(&seg.key, &footer)?;
     let index_end = seg.bytes - SEGMENT_FOOTER_LEN as u64;
     if index_pos > index_end {
-        return Err(WalError::Corrupt(format!(
+        return Err(ReadFail::Wal(WalError::Corrupt(format!(
             "{}: index position beyond its end",
             seg.key
-        )));
+        ))));
     }
     let bytes = store.store.get_range(&path, index_pos..index_end).await?;
     let index = Arc::new(decode_segment_index(&seg.key, &bytes, entries, crc)?);
@@ -64,7 +102,7 @@ async fn read_segment(
     seg: &SegmentMeta,
     offset: u64,
     max_bytes: usize,
-) -> WalResult<Vec<Record>> {
+) -> Result<Vec<Record>, ReadFail> {
     let index = segment_index(store, seg).await?;
     let first = index.partition_point(|e| e.end() <= offset);
     let mut last = first;
@@ -84,78 +122,121 @@ async fn read_segment(
             a.range().start..b.range().end,
         )
         .await?;
-    decode_segment_records(&seg.key, &data, entries)
+    Ok(decode_segment_records(&seg.key, &data, entries)?)
 }
 
+/// Reads whole units from the one holding `offset`, about `max_bytes`. A read that
+/// meets an object deleted under it (its records were compacted and the WAL object
+/// collected, or a trim removed the segment) looks again from a fresh view: the data
+/// is then in a segment, or below the start offset (`OffsetOutOfRange`).
 pub(super) async fn read(
     stream: &Arc<StreamInner>,
     offset: u64,
     max_bytes: usize,
 ) -> WalResult<Vec<Record>> {
-    let store = &stream.store;
-    let (start, end, segments, held): (u64, u64, Vec<SegmentMeta>, Vec<Held>) = {
-        let state = stream.lock();
-        (
-            state.start_offset,
-            state.acked_end,
-            state.segments.clone(),
-            state.held.iter().cloned().collect(),
-        )
-    };
-    if offset < start {
-        return Err(WalError::OffsetOutOfRange {
-            stream: stream.name.clone(),
-            offset,
-            start,
-        });
+    let mut pass = 0;
+    loop {
+        pass += 1;
+        match read_pass(stream, offset, max_bytes).await {
+            Ok(records) => return Ok(records),
+            Err(ReadFail::Gone(path)) if pass < READ_PASSES_MAX => {
+                tracing::debug!(stream = stream.name, offset, %path, "read raced a deletion; reading again");
+            }
+            Err(fail) => return Err(fail.into()),
+        }
     }
+}
+
+/// What the next step of a read takes, located under the stream's lock (one record
+/// or one segment: nothing else of the stream's state is copied).
+enum Step {
+    Held(Held),
+    Segment(SegmentMeta),
+}
+
+async fn read_pass(
+    stream: &Arc<StreamInner>,
+    offset: u64,
+    max_bytes: usize,
+) -> Result<Vec<Record>, ReadFail> {
+    let store = &stream.store;
     let mut out: Vec<Record> = Vec::new();
     let mut pos = offset;
     let mut bytes = 0usize;
-    while pos < end && (out.is_empty() || bytes < max_bytes) {
-        // Memory: held records cover a suffix of the stream.
-        let i = held.partition_point(|h| h.record.end() <= pos);
-        if let Some(h) = held.get(i).filter(|h| h.record.base <= pos) {
-            let payload = match (&h.payload, &h.wal) {
-                (Some(p), _) => p.clone(),
-                (None, Some((seq, range))) => {
-                    store
-                        .store
-                        .get_range(&wal_path(&store.wal, *seq), range.clone())
-                        .await?
+    loop {
+        let step = {
+            let state = stream.lock();
+            if pos < state.start_offset {
+                if out.is_empty() {
+                    return Err(ReadFail::Wal(WalError::OffsetOutOfRange {
+                        stream: stream.name.clone(),
+                        offset: pos,
+                        start: state.start_offset,
+                    }));
                 }
-                (None, None) => {
-                    // Compacted and evicted: fall through to the segments.
-                    Default::default()
+                break;
+            }
+            if pos >= state.acked_end || (!out.is_empty() && bytes >= max_bytes) {
+                break;
+            }
+            // Memory: held records cover a suffix of the stream.
+            let i = state.held.partition_point(|h| h.record.end() <= pos);
+            match state
+                .held
+                .get(i)
+                .filter(|h| h.record.base <= pos && (h.payload.is_some() || h.wal.is_some()))
+            {
+                Some(h) => Step::Held(h.clone()),
+                None => {
+                    let j = state.segments.partition_point(|s| s.end <= pos);
+                    match state.segments.get(j).filter(|s| s.base <= pos) {
+                        Some(seg) => Step::Segment(seg.clone()),
+                        None => {
+                            return Err(ReadFail::Wal(WalError::Corrupt(format!(
+                                "stream {}: offset {pos} is in no segment and not in memory",
+                                stream.name
+                            ))));
+                        }
+                    }
                 }
-            };
-            if h.payload.is_some() || h.wal.is_some() {
+            }
+        };
+        match step {
+            Step::Held(h) => {
+                let payload = match (&h.payload, &h.wal) {
+                    (Some(p), _) => p.clone(),
+                    (None, Some((seq, range))) => {
+                        store
+                            .store
+                            .get_range(&wal_path(&store.wal, *seq), range.clone())
+                            .await?
+                    }
+                    (None, None) => {
+                        return Err(ReadFail::Gone(format!("{} in memory", h.record.base)));
+                    }
+                };
                 bytes += payload.len();
                 pos = h.record.end();
                 out.push(Record {
                     payload,
-                    ..h.record.clone()
+                    ..h.record
                 });
-                continue;
             }
-        }
-        let Some(seg) = segments.iter().find(|s| s.base <= pos && pos < s.end) else {
-            return Err(WalError::Corrupt(format!(
-                "stream {}: offset {pos} is in no segment and not in memory",
-                stream.name
-            )));
-        };
-        let records = read_segment(store, seg, pos, max_bytes.saturating_sub(bytes)).await?;
-        if records.is_empty() {
-            return Err(WalError::Corrupt(format!(
-                "segment {} has no record at {pos}",
-                seg.key
-            )));
-        }
-        for r in records {
-            bytes += r.payload.len();
-            pos = r.end();
-            out.push(r);
+            Step::Segment(seg) => {
+                let records =
+                    read_segment(store, &seg, pos, max_bytes.saturating_sub(bytes)).await?;
+                if records.is_empty() {
+                    return Err(ReadFail::Wal(WalError::Corrupt(format!(
+                        "segment {} has no record at {pos}",
+                        seg.key
+                    ))));
+                }
+                for r in records {
+                    bytes += r.payload.len();
+                    pos = r.end();
+                    out.push(r);
+                }
+            }
         }
     }
     Ok(out)
@@ -181,7 +262,9 @@ pub(super) async fn offset_for_timestamp(
         if seg.max_timestamp_ms < timestamp_ms {
             continue;
         }
-        let index = segment_index(&stream.store, seg).await?;
+        let index = segment_index(&stream.store, seg)
+            .await
+            .map_err(WalError::from)?;
         if let Some(e) = index
             .iter()
             .find(|e| e.timestamp_ms >= timestamp_ms && e.end() > start)
