@@ -14,6 +14,9 @@ pub struct LogConfig {
     pub scan_bytes_max: u64,
     /// How often TTL trimming runs, in milliseconds. Default 300,000 (5 minutes).
     pub ttl_check_interval_ms: u64,
+    /// How often an open tablet that took appends writes a writer-state checkpoint
+    /// (so that opening it reads only what came after), in milliseconds. Default 60,000.
+    pub checkpoint_interval_ms: u64,
 }
 
 impl Default for LogConfig {
@@ -23,6 +26,7 @@ impl Default for LogConfig {
             inflight_appends_max: 256,
             scan_bytes_max: 8 << 20,
             ttl_check_interval_ms: 300_000,
+            checkpoint_interval_ms: 60_000,
         }
     }
 }

@@ -12,6 +12,7 @@
 //! who leads. Readers never see past the high watermark (the durable end).
 
 pub mod batch;
+mod checkpoint;
 pub mod config;
 pub mod tablet;
 pub mod window;

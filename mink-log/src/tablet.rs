@@ -72,6 +72,8 @@ struct State {
     windows: Windows,
     last_commit_timestamp: i64,
     failed: Option<MinkError>,
+    /// Where the last recovery started reading batch headers.
+    recovered_from: i64,
 }
 
 struct Inner {
@@ -146,6 +148,7 @@ impl LogTablet {
                     windows: Windows::default(),
                     last_commit_timestamp: i64::MIN,
                     failed: None,
+                    recovered_from: 0,
                 }),
             }),
         };
@@ -711,6 +714,16 @@ impl LogTablet {
         let mut windows = Windows::default();
         let mut last_ts = i64::MIN;
         let mut batches = 0u64;
+        let store = self.inner.stream.object_store();
+        if let Some(c) =
+            crate::checkpoint::latest(&store, self.inner.stream.name(), end as i64).await
+        {
+            windows = c.windows();
+            last_ts = c.last_commit_timestamp;
+            pos = pos.max(c.offset.max(0) as u64);
+            tracing::debug!(%bucket, from = c.offset, "recovering writer state from a checkpoint");
+        }
+        let from = pos;
         while pos < end {
             let records = self
                 .inner
@@ -756,8 +769,64 @@ impl LogTablet {
         let mut state = self.lock();
         state.windows = windows;
         state.last_commit_timestamp = last_ts;
-        tracing::debug!(%bucket, batches, high_watermark = end, "log tablet recovered");
+        state.recovered_from = from as i64;
+        drop(state);
+        metrics::counter!("mink_log_recovery_batches_read_total").increment(batches);
+        tracing::debug!(%bucket, batches, from, high_watermark = end, "log tablet recovered");
         Ok(())
+    }
+
+    /// Where the last recovery started reading batch headers (a checkpoint's offset, or
+    /// the log start).
+    pub fn recovered_from(&self) -> i64 {
+        self.lock().recovered_from
+    }
+
+    /// Writes a writer-state checkpoint at the high watermark (see
+    /// [`crate::checkpoint`]). Returns its offset.
+    pub async fn checkpoint(&self) -> Result<i64> {
+        let checkpoint = {
+            let state = self.lock();
+            let hw = self.high_watermark();
+            crate::checkpoint::Checkpoint::of(&state.windows, hw, state.last_commit_timestamp)
+        };
+        crate::checkpoint::write(
+            &self.inner.stream.object_store(),
+            self.inner.stream.name(),
+            &checkpoint,
+        )
+        .await
+        .map_err(|e| {
+            MinkError::StorageFailure(format!("{}: checkpoint: {e}", self.inner.bucket))
+        })?;
+        metrics::counter!("mink_log_checkpoints_total").increment(1);
+        Ok(checkpoint.offset)
+    }
+
+    /// Writes a checkpoint every `log.checkpoint_interval_ms` while appends arrive,
+    /// until `shutdown` resolves.
+    pub async fn run_checkpoints(&self, shutdown: impl std::future::Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        let interval = Duration::from_millis(self.inner.config.checkpoint_interval_ms.max(1));
+        let mut last = self.recovered_from();
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => return,
+                _ = tokio::time::sleep(interval) => {}
+            }
+            if self.failure().is_some() {
+                return;
+            }
+            if self.high_watermark() <= last {
+                continue; // idle: no request
+            }
+            match self.checkpoint().await {
+                Ok(at) => last = at,
+                Err(e) => {
+                    tracing::warn!(bucket = %self.inner.bucket, "writer checkpoint failed: {e}")
+                }
+            }
+        }
     }
 }
 

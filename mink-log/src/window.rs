@@ -119,6 +119,17 @@ impl Windows {
         }
     }
 
+    /// Every writer's window, oldest entry first (for checkpoints).
+    pub fn entries(&self) -> Vec<(i64, Vec<Entry>)> {
+        let mut out: Vec<(i64, Vec<Entry>)> = self
+            .writers
+            .iter()
+            .map(|(w, e)| (*w, e.iter().cloned().collect()))
+            .collect();
+        out.sort_by_key(|(w, _)| *w);
+        out
+    }
+
     /// The number of writers remembered.
     pub fn writers(&self) -> usize {
         self.writers.len()

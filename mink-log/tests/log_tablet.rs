@@ -219,6 +219,63 @@ async fn recovery_restores_writer_windows() {
     );
 }
 
+/// A reopen reads batch headers only from the newest writer checkpoint, and rebuilds
+/// the same windows as a reopen that reads the whole log.
+#[tokio::test]
+async fn recovery_starts_from_the_newest_checkpoint() {
+    let mut env = Env::new().await;
+    let tablet = env.tablet(false).await;
+    for seq in 0..40 {
+        tablet
+            .append(req(seq % 3, seq / 3, seq..seq + 1))
+            .await
+            .unwrap();
+    }
+    let at = tablet.checkpoint().await.unwrap();
+    assert_eq!(at, 40);
+    for seq in 40..46 {
+        tablet
+            .append(req(seq % 3, seq / 3, seq..seq + 1))
+            .await
+            .unwrap();
+    }
+    let windows: Vec<_> = (0..3).map(|w| tablet.writer_window(w)).collect();
+    drop(tablet);
+    let tablet = env.tablet(true).await;
+    assert_eq!(
+        tablet.recovered_from(),
+        40,
+        "headers read from the checkpoint on"
+    );
+    assert_eq!(
+        (0..3).map(|w| tablet.writer_window(w)).collect::<Vec<_>>(),
+        windows
+    );
+    // A retry of a batch below the checkpoint is still a duplicate.
+    let dup = tablet.append(req(0, 12, 36..37)).await.unwrap();
+    assert!(dup.duplicated);
+    assert_eq!(dup.first_offset, 36);
+    // Without checkpoints the same windows come from the log start.
+    let store = env.store.clone();
+    let doomed: Vec<_> = futures::TryStreamExt::try_collect::<Vec<_>>(
+        store.list(Some(&object_store::path::Path::from("ckpt"))),
+    )
+    .await
+    .unwrap();
+    for m in doomed {
+        object_store::ObjectStoreExt::delete(&store, &m.location)
+            .await
+            .unwrap();
+    }
+    drop(tablet);
+    let tablet = env.tablet(true).await;
+    assert_eq!(tablet.recovered_from(), 0);
+    assert_eq!(
+        (0..3).map(|w| tablet.writer_window(w)).collect::<Vec<_>>(),
+        windows
+    );
+}
+
 #[tokio::test]
 async fn a_tail_wakes_when_data_arrives() {
     let mut env = Env::new().await;

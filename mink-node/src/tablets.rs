@@ -11,7 +11,8 @@
 //!   and its stream closed cleanly, so the new leader opens it without fencing anyone.
 //!   A new leader whose stream is still held by a live node waits up to
 //!   [`HANDOVER_WAIT`] for that close before it takes the stream over (fencing).
-//! - **Background duties** run per open tablet: log TTL trim, and KV snapshots for
+//! - **Background duties** run per open tablet: log TTL trim, writer-state
+//!   checkpoints (so the next open reads only what came after), and KV snapshots for
 //!   primary-key tables. They stop when the tablet is dropped.
 
 use std::collections::HashMap;
@@ -354,6 +355,11 @@ impl Tablets {
                 };
                 log.run_ttl(ttl, stop(rx)).await;
             });
+        }
+        {
+            let log = tablet.log().clone();
+            let rx = stopped.clone();
+            tokio::spawn(async move { log.run_checkpoints(stop(rx)).await });
         }
         if let Tablet::Kv(kv) = tablet {
             let kv = kv.clone();

@@ -445,6 +445,11 @@ impl Stream {
         &self.inner.name
     }
 
+    /// The object store the stream lives on (for companions such as checkpoints).
+    pub fn object_store(&self) -> Arc<dyn ObjectStore> {
+        self.inner.store.store.clone()
+    }
+
     /// The epoch the stream is open under.
     pub fn epoch(&self) -> u64 {
         self.inner.lock().epoch
