@@ -1131,7 +1131,7 @@ impl MinkService for NodeService {
                     "applied_index": self.meta.applied_index(),
                 }))
             }
-            "get_config" => json(&self.config),
+            "get_config" => json(&self.config.redacted()),
             "rebalance" => {
                 let moved = self.meta.rebalance().await?;
                 json(&serde_json::json!({"moved": moved}))
