@@ -153,6 +153,14 @@ struct ProducerIdBody {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+struct RebalanceBody {
+    /// Set by a node forwarding the request to the lease holder: not forwarded again.
+    #[serde(default)]
+    forwarded: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct BucketBody {
     bucket: TableBucket,
 }
@@ -1133,8 +1141,37 @@ impl MinkService for NodeService {
             }
             "get_config" => json(&self.config.redacted()),
             "rebalance" => {
-                let moved = self.meta.rebalance().await?;
-                json(&serde_json::json!({"moved": moved}))
+                let b: RebalanceBody = parse_json("rebalance body", body)?;
+                let (_, holder) = self.meta.lease();
+                let holder_addr = holder
+                    .as_deref()
+                    .filter(|h| *h != self.meta.node_id() && !b.forwarded)
+                    .map(|h| {
+                        self.meta
+                            .read(|s| s.nodes.get(h).map(|n| n.flight_addr.clone()))
+                            .ok_or_else(|| {
+                                MinkError::Unavailable(format!(
+                                    "the lease holder {h} has no address in this node's view"
+                                ))
+                            })
+                    })
+                    .transpose()?;
+                match holder_addr {
+                    // The holder runs it (spec/protocols.txt); its answer is ours. Sent
+                    // marked, so that a holder whose view has moved on answers
+                    // Unavailable instead of forwarding it again.
+                    Some(addr) => {
+                        let answer = self
+                            .forwarder
+                            .action(&addr, "rebalance", &serde_json::json!({"forwarded": true}))
+                            .await?;
+                        json(&answer)
+                    }
+                    None => {
+                        let moved = self.meta.rebalance().await?;
+                        json(&serde_json::json!({"moved": moved}))
+                    }
+                }
             }
             "init_writer" => {
                 let mut ids = self.writer_ids.lock().await;
