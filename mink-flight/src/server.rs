@@ -21,8 +21,8 @@ use mink_types::{MinkError, TablePath};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::protocol::{
-    ExchangeDescriptor, ReadTicket, Redirect, ScanBatch, TailEnd, TailPoll, WriteBatch,
-    WriteDescriptor, WriteResult, parse_json,
+    ExchangeDescriptor, ReadTicket, Redirect, ScanBatch, SnapshotBatch, TailEnd, TailPoll,
+    WriteBatch, WriteDescriptor, WriteResult, parse_json,
 };
 
 /// Response header: the metadata index the serving node had applied.
@@ -65,8 +65,17 @@ pub const ACTIONS: &[(&str, &str)] = &[
     ("health", "Whether the node serves"),
 ];
 
-/// One batch of a read, with its scan metadata.
+/// One batch of a scan or a tail, with its scan metadata.
 pub type ReadBatch = (RecordBatch, ScanBatch);
+
+/// The batches a DoGet answers, each with the metadata its ticket calls for.
+#[derive(Debug)]
+pub enum ReadBatches {
+    /// `Scan`, `LimitScan`: `ScanBatch` metadata.
+    Scan(Vec<ReadBatch>),
+    /// `Snapshot`: `SnapshotBatch` metadata.
+    Snapshot(Vec<(RecordBatch, SnapshotBatch)>),
+}
 
 /// What the node does for the Flight server.
 #[async_trait]
@@ -85,7 +94,7 @@ pub trait MinkService: Send + Sync + 'static {
         meta: WriteBatch,
     ) -> Result<WriteResult, MinkError>;
     /// Reads what a ticket names: the schema and the batches.
-    async fn read(&self, ticket: ReadTicket) -> Result<(SchemaRef, Vec<ReadBatch>), MinkError>;
+    async fn read(&self, ticket: ReadTicket) -> Result<(SchemaRef, ReadBatches), MinkError>;
     /// The current Arrow schema of a table.
     async fn table_schema(&self, path: &TablePath) -> Result<SchemaRef, MinkError>;
     /// Every table, with its current Arrow schema.
@@ -193,14 +202,20 @@ impl<S: MinkService> FlightServer<S> {
     }
 }
 
-fn encode_read(schema: &SchemaRef, batches: Vec<ReadBatch>) -> Result<Vec<FlightData>, Status> {
+fn encode_read(schema: &SchemaRef, batches: ReadBatches) -> Result<Vec<FlightData>, Status> {
     let options = IpcWriteOptions::default();
     let mut out = vec![FlightData::from(SchemaAsIpc::new(schema, &options))];
-    out.extend(encode_batches(batches)?);
+    out.extend(match batches {
+        ReadBatches::Scan(b) => encode_batches(b)?,
+        ReadBatches::Snapshot(b) => encode_batches(b)?,
+    });
     Ok(out)
 }
 
-fn encode_batches(batches: Vec<ReadBatch>) -> Result<Vec<FlightData>, Status> {
+/// Batches as Flight messages, each with its metadata as JSON app metadata.
+fn encode_batches<M: serde::Serialize>(
+    batches: Vec<(RecordBatch, M)>,
+) -> Result<Vec<FlightData>, Status> {
     let options = IpcWriteOptions::default();
     let mut out = Vec::new();
     let generator = IpcDataGenerator::default();

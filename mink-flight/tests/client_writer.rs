@@ -13,7 +13,7 @@ use arrow_flight::flight_service_server::FlightServiceServer;
 use async_trait::async_trait;
 use mink_flight::MinkClient;
 use mink_flight::protocol::{TailPoll, WriteBatch, WriteDescriptor, WriteResult};
-use mink_flight::server::{FlightServer, MinkService, ReadBatch};
+use mink_flight::server::{FlightServer, MinkService, ReadBatch, ReadBatches};
 use mink_types::{
     Column, DataType, MinkError, Result, Schema, TableBucket, TableDescriptor, TablePath,
 };
@@ -178,10 +178,7 @@ impl MinkService for Leader {
         })
     }
 
-    async fn read(
-        &self,
-        _: mink_flight::protocol::ReadTicket,
-    ) -> Result<(SchemaRef, Vec<ReadBatch>)> {
+    async fn read(&self, _: mink_flight::protocol::ReadTicket) -> Result<(SchemaRef, ReadBatches)> {
         Err(MinkError::Unimplemented("read".into()))
     }
 

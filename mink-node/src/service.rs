@@ -16,10 +16,10 @@ use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use mink_flight::MinkService;
 use mink_flight::protocol::{
-    BucketWritten, ReadTicket, ScanBatch, TailPoll, WriteBatch, WriteDescriptor, WriteResult,
-    parse_json,
+    BucketWritten, ReadTicket, ScanBatch, SnapshotBatch, TailPoll, WriteBatch, WriteDescriptor,
+    WriteResult, parse_json,
 };
-use mink_flight::server::ReadBatch;
+use mink_flight::server::{ReadBatch, ReadBatches};
 use mink_kv::{KvStore, KvTablet, PutRequest, SnapshotStore};
 use mink_log::{AppendRequest, LogTablet, NO_WRITER, OffsetSpec};
 use mink_meta::{MetaNode, TableInfo};
@@ -930,6 +930,44 @@ impl NodeService {
         reader.map(|b| Ok(b?)).collect()
     }
 
+    /// The KV snapshot a bucket's state is read from: the newest one while it is younger
+    /// than `kv.snapshot_interval_ms`, otherwise a new one (never one per read). A new
+    /// one is recorded in the metadata log for other nodes.
+    async fn kv_snapshot(&self, bucket: TableBucket) -> Result<mink_kv::SnapshotInfo> {
+        let tablet = self.kv_tablet(bucket).await?;
+        let age_max = Duration::from_millis(self.config.kv.snapshot_interval_ms);
+        let info = tablet
+            .recent_snapshot(age_max)
+            .await?
+            .ok_or_else(|| MinkError::Internal("the KV tablet has no snapshot store".into()))?;
+        let snapshot_id = info.log_offset.max(0) as u64;
+        let recorded = self.meta.read(|s| {
+            s.kv_snapshots
+                .get(&bucket.stream_name())
+                .map(|p| p.snapshot_id)
+        });
+        if recorded.is_none_or(|id| id < snapshot_id) {
+            let pointer = mink_meta::state::KvSnapshotPointer {
+                snapshot_id,
+                log_offset: info.log_offset,
+                location: info.location.clone(),
+            };
+            // Best effort: the snapshot serves this read whether or not it is recorded
+            // (a concurrent reader may have recorded it first).
+            if let Err(e) = self
+                .meta
+                .propose(mink_meta::MetaCommand::SetKvSnapshot {
+                    bucket: bucket.stream_name(),
+                    pointer,
+                })
+                .await
+            {
+                tracing::debug!(%bucket, "KV snapshot pointer not recorded: {e}");
+            }
+        }
+        Ok(info)
+    }
+
     async fn metadata_json(&self, path: &TablePath) -> Result<serde_json::Value> {
         let table = self.table(path).await?;
         let partition_names: HashMap<i64, String> = table
@@ -1314,28 +1352,13 @@ impl MinkService for NodeService {
             }
             "latest_kv_snapshot" => {
                 let b: BucketBody = parse_json("latest_kv_snapshot body", body)?;
-                let tablet = self.kv_tablet(b.bucket).await?;
-                let info = tablet.snapshot().await?.ok_or_else(|| {
-                    MinkError::Internal("the KV tablet has no snapshot store".into())
-                })?;
-                let pointer = mink_meta::state::KvSnapshotPointer {
-                    snapshot_id: info.log_offset.max(0) as u64,
-                    log_offset: info.log_offset,
-                    location: info.location.clone(),
-                };
-                // Recorded for others; an equal snapshot id is already recorded.
-                let _ = self
-                    .meta
-                    .propose(mink_meta::MetaCommand::SetKvSnapshot {
-                        bucket: b.bucket.stream_name(),
-                        pointer,
-                    })
-                    .await;
+                let info = self.kv_snapshot(b.bucket).await?;
                 json(&serde_json::json!({
                     "log_offset": info.log_offset,
                     "location": info.location,
                     "rows": info.rows,
                     "bytes": info.bytes,
+                    "written_at_ms": info.written_at_ms,
                 }))
             }
             "lake_snapshot" => {
@@ -1462,7 +1485,7 @@ impl MinkService for NodeService {
         }
     }
 
-    async fn read(&self, ticket: ReadTicket) -> Result<(SchemaRef, Vec<ReadBatch>)> {
+    async fn read(&self, ticket: ReadTicket) -> Result<(SchemaRef, ReadBatches)> {
         match ticket {
             ReadTicket::Scan {
                 bucket,
@@ -1475,7 +1498,7 @@ impl MinkService for NodeService {
                 let max = max_bytes.unwrap_or(self.config.log.scan_bytes_max) as usize;
                 let scan = tablet.log().scan(offset, max).await?;
                 let batches = read_batches(bucket, scan, &schema)?;
-                Ok((schema, batches))
+                Ok((schema, ReadBatches::Scan(batches)))
             }
             ReadTicket::LimitScan { bucket, limit } => {
                 let table = self.table_by_id(bucket.table_id).await?;
@@ -1506,15 +1529,12 @@ impl MinkService for NodeService {
                         out.push((as_schema(b.batch.slice(0, take), &schema)?, meta));
                     }
                 }
-                Ok((schema, out))
+                Ok((schema, ReadBatches::Scan(out)))
             }
             ReadTicket::Snapshot { bucket } => {
                 let table = self.table_by_id(bucket.table_id).await?;
                 let schema = table.descriptor.schema.to_arrow();
-                let tablet = self.kv_tablet(bucket).await?;
-                let info = tablet.snapshot().await?.ok_or_else(|| {
-                    MinkError::Internal("the KV tablet has no snapshot store".into())
-                })?;
+                let info = self.kv_snapshot(bucket).await?;
                 let store = SnapshotStore {
                     store: self.streams().object_store(),
                     prefix: snapshot_prefix(bucket),
@@ -1525,16 +1545,15 @@ impl MinkService for NodeService {
                     .await?
                     .into_iter()
                     .map(|b| {
-                        let meta = ScanBatch {
+                        let meta = SnapshotBatch {
                             bucket,
-                            base_offset: info.log_offset,
-                            high_watermark: info.log_offset,
-                            change_types: None,
+                            log_offset: info.log_offset,
+                            written_at_ms: info.written_at_ms,
                         };
                         Ok((as_schema(b, &schema)?, meta))
                     })
                     .collect::<Result<_>>()?;
-                Ok((schema, batches))
+                Ok((schema, ReadBatches::Snapshot(batches)))
             }
             ReadTicket::Union { .. } | ReadTicket::Lake { .. } => Err(MinkError::Unimplemented(
                 "lake tiering does not exist yet, so Union and Lake tickets are not implemented"

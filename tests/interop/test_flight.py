@@ -543,3 +543,75 @@ def test_admin_health_and_metrics_after_a_write(node):
     assert samples["mink_node_tablets_open"] == 3
     assert samples["mink_node_tablets_opening"] == 0
     assert samples["mink_node_tablet_open_seconds_count"] == 3
+
+
+def metric(proc, name):
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{proc.admin_port}/metrics") as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[-1])
+    return 0.0
+
+
+def snapshot_read(client, bucket):
+    """A Snapshot ticket's rows (by id) and each batch's app metadata."""
+    reader = client.do_get(flight.Ticket(json.dumps({"Snapshot": {"bucket": bucket}}).encode()))
+    rows, metas = {}, []
+    for chunk in reader:
+        metas.append(json.loads(chunk.app_metadata.to_pybytes()))
+        rows.update({r["id"]: r["name"] for r in chunk.data.to_pylist()})
+    return rows, metas
+
+
+def test_snapshot_reads_send_snapshot_batches_and_reuse_a_recent_snapshot(node):
+    """A Snapshot ticket's batches carry SnapshotBatch metadata (spec/protocols.txt);
+    reads and latest_kv_snapshot return the newest snapshot while it is younger than
+    kv.snapshot_interval_ms (10 minutes here) instead of writing one each."""
+    proc, client = node
+    action(client, "create_database", {"name": "db"})
+    action(client, "create_table", {"path": "db.users", "descriptor": dict(USERS, bucket_count=1)})
+    users = pa.record_batch(
+        [pa.array([1, 2], pa.int64()), pa.array(["ann", "bob"]), pa.array([1, 2], pa.int64())], schema=USER_SCHEMA
+    )
+    retry(lambda: put_table(client, users))
+    bucket = action(client, "metadata", {"path": "db.users"})["buckets"][0]["bucket"]
+    snap = action(client, "latest_kv_snapshot", {"bucket": bucket})
+    assert snap["rows"] == 2 and snap["log_offset"] == 2
+    rows, metas = snapshot_read(client, bucket)
+    assert rows == {1: "ann", 2: "bob"}
+    expected = {"bucket": bucket, "log_offset": 2, "written_at_ms": snap["written_at_ms"]}
+    assert metas and all(m == expected for m in metas), metas
+
+    # A later write is not in the reused snapshot; its log_offset says where the
+    # changelog continues.
+    put_table(client, pa.record_batch(
+        [pa.array([3], pa.int64()), pa.array(["cy"]), pa.array([3], pa.int64())], schema=USER_SCHEMA))
+    rows, metas = snapshot_read(client, bucket)
+    assert rows == {1: "ann", 2: "bob"} and all(m == expected for m in metas)
+    assert action(client, "latest_kv_snapshot", {"bucket": bucket}) == snap
+    ticket = {"Scan": {"bucket": bucket, "offset": expected["log_offset"]}}
+    later = client.do_get(flight.Ticket(json.dumps(ticket).encode())).read_all()
+    assert later.column("id").to_pylist() == [3]
+    assert metric(proc, "mink_kv_snapshots_written_total") == 1, "one snapshot for two actions and two reads"
+
+
+def test_a_snapshot_older_than_the_interval_is_renewed_by_the_next_read(mink_node, tmp_path):
+    proc = NodeProcess(mink_node, tmp_path, {"MINK_KV__SNAPSHOT_INTERVAL_MS": "1"})
+    client = flight.connect(proc.location)
+    try:
+        action(client, "create_database", {"name": "db"})
+        action(client, "create_table", {"path": "db.users", "descriptor": dict(USERS, bucket_count=1)})
+        for i, name in enumerate(["ann", "bob"]):
+            batch = pa.record_batch(
+                [pa.array([i], pa.int64()), pa.array([name]), pa.array([i], pa.int64())], schema=USER_SCHEMA)
+            retry(lambda: put_table(client, batch))
+            bucket = action(client, "metadata", {"path": "db.users"})["buckets"][0]["bucket"]
+            rows, metas = snapshot_read(client, bucket)
+            assert len(rows) == i + 1, "older than 1 ms: a new snapshot with the latest write"
+            assert all(m["log_offset"] == i + 1 for m in metas)
+        assert metric(proc, "mink_kv_snapshots_written_total") == 2
+    finally:
+        client.close()
+        proc.kill()
