@@ -80,12 +80,17 @@ pub enum WriteResult {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub enum ReadTicket {
-    /// A bucket's log from `offset` up to the high watermark.
+    /// A bucket's log from `offset`: one scan of at most `max_bytes` (capped by
+    /// `log.scan_bytes_max`), or, with `end_offset`, every row below `end_offset`, read
+    /// in as many scans as that takes and streamed as they are read (the tickets of
+    /// GetFlightInfo's endpoints).
     Scan {
         bucket: TableBucket,
         offset: i64,
         #[serde(default)]
         max_bytes: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        end_offset: Option<i64>,
     },
     /// The first `limit` rows of a bucket.
     LimitScan { bucket: TableBucket, limit: u64 },
@@ -202,6 +207,7 @@ mod tests {
             ReadTicket::Scan {
                 offset: 0,
                 max_bytes: None,
+                end_offset: None,
                 ..
             }
         ));

@@ -77,6 +77,18 @@ pub enum ReadBatches {
     Snapshot(Vec<(RecordBatch, SnapshotBatch)>),
 }
 
+/// One part of a table in GetFlightInfo: a bucket's rows, the ticket that reads them
+/// and the node to read them at.
+#[derive(Debug, Clone)]
+pub struct TableEndpoint {
+    /// A `Scan` with an `end_offset`.
+    pub ticket: ReadTicket,
+    /// The bucket leader's Flight address (`host:port`), when it has one.
+    pub leader: Option<String>,
+    /// Rows the ticket reads.
+    pub rows: i64,
+}
+
 /// What the node does for the Flight server.
 #[async_trait]
 pub trait MinkService: Send + Sync + 'static {
@@ -97,6 +109,12 @@ pub trait MinkService: Send + Sync + 'static {
     async fn read(&self, ticket: ReadTicket) -> Result<(SchemaRef, ReadBatches), MinkError>;
     /// The current Arrow schema of a table.
     async fn table_schema(&self, path: &TablePath) -> Result<SchemaRef, MinkError>;
+    /// A table's schema and one endpoint per bucket (of every partition), as its rows
+    /// are now.
+    async fn table_endpoints(
+        &self,
+        path: &TablePath,
+    ) -> Result<(SchemaRef, Vec<TableEndpoint>), MinkError>;
     /// Every table, with its current Arrow schema.
     async fn tables(&self) -> Result<Vec<(TablePath, SchemaRef)>, MinkError>;
     /// One long poll of a bucket: the table schema, the batches, the high watermark.
@@ -202,6 +220,84 @@ impl<S: MinkService> FlightServer<S> {
     }
 }
 
+impl<S: MinkService> FlightServer<S> {
+    /// A `Scan` with an `end_offset`: the rows of `[offset, end)`, read in successive
+    /// scans and streamed as each is read, so a bucket of any size is read with one
+    /// scan in memory. The first scan's error is the call's status; later ones end the
+    /// stream.
+    async fn scan_range(
+        &self,
+        bucket: mink_types::TableBucket,
+        offset: i64,
+        max_bytes: Option<u64>,
+        end: i64,
+    ) -> Result<Response<Stream<FlightData>>, Status> {
+        let scan = move |from| ReadTicket::Scan {
+            bucket,
+            offset: from,
+            max_bytes,
+            end_offset: None,
+        };
+        let (schema, first) = self.service.read(scan(offset)).await.map_err(status)?;
+        let (mut data, mut next) = below(first, offset, end)?;
+        data.insert(
+            0,
+            FlightData::from(SchemaAsIpc::new(&schema, &IpcWriteOptions::default())),
+        );
+        let service = self.service.clone();
+        let answers = async_stream(move |tx| async move {
+            loop {
+                for d in data.drain(..) {
+                    if tx.send(Ok(d)).await.is_err() {
+                        return;
+                    }
+                }
+                let Some(from) = next.filter(|n| *n < end) else {
+                    return;
+                };
+                let read = service.read(scan(from)).await.map_err(status);
+                match read.and_then(|(_, batches)| below(batches, from, end)) {
+                    Ok((d, n)) => (data, next) = (d, n),
+                    Err(e) => {
+                        let _ = tx.send(Err(e)).await;
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(self.respond(answers))
+    }
+}
+
+/// A scan's batches from `from` cut at `end`, encoded; and the offset to scan next,
+/// `None` when the scan made no progress (nothing more is readable).
+fn below(
+    batches: ReadBatches,
+    from: i64,
+    end: i64,
+) -> Result<(Vec<FlightData>, Option<i64>), Status> {
+    let ReadBatches::Scan(batches) = batches else {
+        return Err(Status::internal(
+            "a Scan answered with other than scan batches",
+        ));
+    };
+    let mut next = from;
+    let mut kept = Vec::with_capacity(batches.len());
+    for (batch, mut meta) in batches {
+        if meta.base_offset >= end {
+            break;
+        }
+        let take = (end - meta.base_offset).min(batch.num_rows() as i64) as usize;
+        if let Some(c) = meta.change_types.as_mut() {
+            c.truncate(take);
+        }
+        next = meta.base_offset + take as i64;
+        kept.push((batch.slice(0, take), meta));
+    }
+    let progressed = next > from;
+    Ok((encode_batches(kept)?, progressed.then_some(next)))
+}
+
 fn encode_read(schema: &SchemaRef, batches: ReadBatches) -> Result<Vec<FlightData>, Status> {
     let options = IpcWriteOptions::default();
     let mut out = vec![FlightData::from(SchemaAsIpc::new(schema, &options))];
@@ -286,12 +382,21 @@ impl<S: MinkService> FlightService for FlightServer<S> {
         let _observe = Observe::new("get_flight_info");
         self.before(&request).await?;
         let path = descriptor_path(request.get_ref())?;
-        let schema = self.service.table_schema(&path).await.map_err(status)?;
-        let info = FlightInfo::new()
+        let (schema, endpoints) = self.service.table_endpoints(&path).await.map_err(status)?;
+        let mut info = FlightInfo::new()
             .try_with_schema(&schema)
             .map_err(|e| Status::internal(e.to_string()))?
             .with_descriptor(request.get_ref().clone())
-            .with_endpoint(FlightEndpoint::new());
+            .with_total_records(endpoints.iter().map(|e| e.rows).sum());
+        for e in endpoints {
+            let ticket =
+                serde_json::to_vec(&e.ticket).map_err(|e| Status::internal(e.to_string()))?;
+            let mut endpoint = FlightEndpoint::new().with_ticket(Ticket::new(ticket));
+            if let Some(leader) = e.leader {
+                endpoint = endpoint.with_location(format!("grpc://{leader}"));
+            }
+            info = info.with_endpoint(endpoint);
+        }
         Ok(self.respond(info))
     }
 
@@ -316,6 +421,15 @@ impl<S: MinkService> FlightService for FlightServer<S> {
         let _observe = Observe::new("do_get");
         self.before(&request).await?;
         let ticket: ReadTicket = parse_json("ticket", &request.get_ref().ticket).map_err(status)?;
+        if let ReadTicket::Scan {
+            bucket,
+            offset,
+            max_bytes,
+            end_offset: Some(end),
+        } = ticket
+        {
+            return self.scan_range(bucket, offset, max_bytes, end).await;
+        }
         let (schema, batches) = self.service.read(ticket).await.map_err(status)?;
         let data = encode_read(&schema, batches)?;
         Ok(self.respond(stream::iter(data.into_iter().map(Ok)).boxed()))

@@ -19,7 +19,7 @@ use mink_flight::protocol::{
     BucketWritten, ReadTicket, ScanBatch, SnapshotBatch, TailPoll, WriteBatch, WriteDescriptor,
     WriteResult, parse_json,
 };
-use mink_flight::server::{ReadBatch, ReadBatches};
+use mink_flight::server::{ReadBatch, ReadBatches, TableEndpoint};
 use mink_kv::{KvStore, KvTablet, PutRequest, SnapshotStore};
 use mink_log::{AppendRequest, LogTablet, NO_WRITER, OffsetSpec};
 use mink_meta::{MetaNode, TableInfo};
@@ -1487,10 +1487,12 @@ impl MinkService for NodeService {
 
     async fn read(&self, ticket: ReadTicket) -> Result<(SchemaRef, ReadBatches)> {
         match ticket {
+            // With an `end_offset`, the Flight server reads the range in scans like this.
             ReadTicket::Scan {
                 bucket,
                 offset,
                 max_bytes,
+                end_offset: _,
             } => {
                 let table = self.table_by_id(bucket.table_id).await?;
                 let schema = table.descriptor.schema.to_arrow();
@@ -1583,6 +1585,59 @@ impl MinkService for NodeService {
 
     async fn table_schema(&self, path: &TablePath) -> Result<SchemaRef> {
         Ok(self.table(path).await?.descriptor.schema.to_arrow())
+    }
+
+    /// One endpoint per bucket of every partition: a `Scan` of the bucket's rows now,
+    /// from its log start to its high watermark (both asked with `list_offsets`, which
+    /// asks the leaders of buckets this node does not lead), at its leader.
+    async fn table_endpoints(&self, path: &TablePath) -> Result<(SchemaRef, Vec<TableEndpoint>)> {
+        #[derive(Deserialize)]
+        struct BucketOffset {
+            bucket: TableBucket,
+            offset: Option<i64>,
+        }
+        let table = self.table(path).await?;
+        let partitions: Vec<Option<String>> = if table.descriptor.is_partitioned() {
+            table.partitions.keys().cloned().map(Some).collect()
+        } else {
+            vec![None]
+        };
+        let mut out = Vec::new();
+        for partition in partitions {
+            let mut ends = Vec::with_capacity(2);
+            for spec in ["earliest", "latest"] {
+                let body = serde_json::json!({"path": path, "spec": spec, "partition": partition});
+                let answer = self.action("list_offsets", &json(&body)?).await?;
+                let offsets: Vec<BucketOffset> = parse_json("list_offsets answer", &answer)?;
+                ends.push(offsets);
+            }
+            let [earliest, latest] = <[Vec<BucketOffset>; 2]>::try_from(ends)
+                .map_err(|_| MinkError::Internal("two list_offsets answers".into()))?;
+            for (start, end) in earliest.into_iter().zip(latest) {
+                debug_assert_eq!(start.bucket, end.bucket);
+                let bucket = start.bucket;
+                let from = start.offset.unwrap_or(0);
+                let to = end.offset.unwrap_or(from).max(from);
+                let leader = self.meta.read(|s| {
+                    s.buckets
+                        .get(&bucket.stream_name())
+                        .and_then(|b| b.leader.as_ref())
+                        .and_then(|l| s.nodes.get(l))
+                        .map(|n| n.flight_addr.clone())
+                });
+                out.push(TableEndpoint {
+                    ticket: ReadTicket::Scan {
+                        bucket,
+                        offset: from,
+                        max_bytes: None,
+                        end_offset: Some(to),
+                    },
+                    leader,
+                    rows: to - from,
+                });
+            }
+        }
+        Ok((table.descriptor.schema.to_arrow(), out))
     }
 
     async fn tables(&self) -> Result<Vec<(TablePath, SchemaRef)>> {

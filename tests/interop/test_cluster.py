@@ -9,7 +9,18 @@ import pyarrow.flight as flight
 import pytest
 
 from node_proc import NodeProcess, retry
-from test_flight import EVENTS, SCHEMA, USERS, USER_SCHEMA, action, append_table, lookup, prefix_lookup, put_table
+from test_flight import (
+    EVENTS,
+    SCHEMA,
+    USER_SCHEMA,
+    USERS,
+    action,
+    append_table,
+    lookup,
+    prefix_lookup,
+    put_table,
+    read_flight,
+)
 
 
 @pytest.fixture()
@@ -88,6 +99,16 @@ def test_writes_are_routed_and_forwarded_across_three_nodes(cluster):
     for b in meta["buckets"]:
         rows.extend(scan_bucket(b["leader_address"], b["bucket"]))
     assert sorted(r["id"] for r in rows) == list(range(60))
+
+    # The standard Flight way: GetFlightInfo at any node; each endpoint names its
+    # bucket's leader, where its ticket reads the bucket.
+    info, flight_rows = read_flight(clients[2], "db.events")
+    assert len(info.endpoints) == 6
+    leaders = {json.dumps(b["bucket"], sort_keys=True): b["leader_address"] for b in meta["buckets"]}
+    for endpoint in info.endpoints:
+        bucket = json.loads(endpoint.ticket.ticket)["Scan"]["bucket"]
+        assert [loc.uri.decode() for loc in endpoint.locations] == [f"grpc://{leaders[json.dumps(bucket, sort_keys=True)]}"]
+    assert sorted(r["id"] for r in flight_rows) == list(range(60))
 
     # A bucket read at a node that does not lead it: NotLeader with the leader's address.
     b = meta["buckets"][0]

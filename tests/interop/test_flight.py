@@ -615,3 +615,66 @@ def test_a_snapshot_older_than_the_interval_is_renewed_by_the_next_read(mink_nod
     finally:
         client.close()
         proc.kill()
+
+
+def read_flight(client, path):
+    """Every row of a table the standard Flight way: GetFlightInfo, then DoGet of each
+    endpoint's ticket at the endpoint's location."""
+    info = client.get_flight_info(flight.FlightDescriptor.for_path(path))
+    rows = []
+    for endpoint in info.endpoints:
+        assert endpoint.ticket.ticket, "every endpoint has a ticket"
+        [location] = endpoint.locations
+        at = flight.connect(location)
+        try:
+            rows.extend(at.do_get(endpoint.ticket).read_all().to_pylist())
+        finally:
+            at.close()
+    return info, rows
+
+
+def test_get_flight_info_endpoints_read_back_every_row(mink_node, tmp_path):
+    # Scans of at most 1 KiB, so an endpoint is read in many scans.
+    proc = NodeProcess(mink_node, tmp_path, {"MINK_LOG__SCAN_BYTES_MAX": "1024"})
+    client = flight.connect(proc.location)
+    try:
+        action(client, "create_database", {"name": "db"})
+        action(client, "create_table", {"path": "db.events", "descriptor": EVENTS})
+        for start in range(0, 1000, 100):
+            batch = pa.record_batch(
+                [pa.array(range(start, start + 100), pa.int64()), pa.array([f"message {i}" for i in range(start, start + 100)])],
+                schema=SCHEMA,
+            )
+            retry(lambda: append_table(client, "db.events", batch))
+        info, rows = read_flight(client, "db.events")
+        assert len(info.endpoints) == 3, "one endpoint per bucket"
+        assert all(loc.uri.decode() == proc.location for e in info.endpoints for loc in e.locations)
+        assert sorted(r["id"] for r in rows) == list(range(1000))
+        assert info.total_records == 1000
+        assert info.schema.names == ["id", "msg"]
+
+        # Rows written after GetFlightInfo are not in its endpoints: each reads the
+        # bucket as it was then.
+        later = pa.record_batch([pa.array([5000], pa.int64()), pa.array(["later"])], schema=SCHEMA)
+        append_table(client, "db.events", later)
+        for endpoint in info.endpoints:
+            got = client.do_get(endpoint.ticket).read_all().column("id").to_pylist()
+            assert 5000 not in got
+        assert sorted(r["id"] for r in read_flight(client, "db.events")[1]) == list(range(1000)) + [5000]
+
+        # A partitioned table: one endpoint per bucket of every partition.
+        daily = {
+            "schema": {"columns": [{"name": "day", "type": "STRING", "nullable": False},
+                                   {"name": "id", "type": "BIGINT", "nullable": False}]},
+            "partition_keys": ["day"], "bucket_keys": ["id"], "bucket_count": 2,
+        }
+        action(client, "create_table", {"path": "db.daily", "descriptor": daily})
+        schema = pa.schema([pa.field("day", pa.string(), nullable=False), pa.field("id", pa.int64(), nullable=False)])
+        batch = pa.record_batch([pa.array(["d1", "d2", "d2"]), pa.array([1, 2, 3], pa.int64())], schema=schema)
+        retry(lambda: append_table(client, "db.daily", batch))
+        info, rows = read_flight(client, "db.daily")
+        assert len(info.endpoints) == 4
+        assert sorted((r["day"], r["id"]) for r in rows) == [("d1", 1), ("d2", 2), ("d2", 3)]
+    finally:
+        client.close()
+        proc.kill()
