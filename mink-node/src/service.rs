@@ -138,12 +138,25 @@ struct AlterTableBody {
 #[serde(deny_unknown_fields)]
 struct ProducerOffsetsBody {
     producer_id: String,
-    path: TablePath,
-    /// Bucket number → offset.
-    offsets: std::collections::BTreeMap<u32, i64>,
+    offsets: Vec<ProducerOffset>,
     #[serde(default)]
     ttl_ms: Option<i64>,
 }
+
+/// One bucket's offset of a producer, as clients name the bucket: table path,
+/// partition name (partitioned tables only) and bucket number.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProducerOffset {
+    path: TablePath,
+    #[serde(default)]
+    partition: Option<String>,
+    bucket: u32,
+    offset: i64,
+}
+
+/// Offsets in one `register_producer_offsets`, at most.
+const PRODUCER_OFFSETS_MAX: usize = 10_000;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -930,6 +943,42 @@ impl NodeService {
         reader.map(|b| Ok(b?)).collect()
     }
 
+    /// The bucket a producer offset names: the table, its partition by name (required
+    /// for, and only for, partitioned tables; it must exist) and a bucket number in
+    /// range.
+    async fn producer_bucket(&self, o: &ProducerOffset) -> Result<TableBucket> {
+        let table = self.table(&o.path).await?;
+        let partition = match (&o.partition, table.descriptor.is_partitioned()) {
+            (None, false) => None,
+            (Some(name), true) => Some(
+                table
+                    .partitions
+                    .get(name)
+                    .ok_or_else(|| MinkError::NotFound(format!("partition {name} of {}", o.path)))?
+                    .id,
+            ),
+            (None, true) => {
+                return Err(MinkError::invalid(
+                    "partition",
+                    format!("{} is partitioned: name the partition", o.path),
+                ));
+            }
+            (Some(_), false) => {
+                return Err(MinkError::invalid(
+                    "partition",
+                    format!("{} is not partitioned", o.path),
+                ));
+            }
+        };
+        if o.bucket >= table.descriptor.bucket_count {
+            return Err(MinkError::invalid(
+                "bucket",
+                format!("{} has no bucket {}", o.path, o.bucket),
+            ));
+        }
+        Ok(TableBucket::new(table.id, partition, o.bucket))
+    }
+
     /// The KV snapshot a bucket's state is read from: the newest one while it is younger
     /// than `kv.snapshot_interval_ms`, otherwise a new one (never one per read). A new
     /// one is recorded in the metadata log for other nodes.
@@ -1308,17 +1357,37 @@ impl MinkService for NodeService {
             }
             "register_producer_offsets" => {
                 let b: ProducerOffsetsBody = parse_json("register_producer_offsets body", body)?;
-                let table = self.table(&b.path).await?;
-                let offsets = b
-                    .offsets
-                    .into_iter()
-                    .map(|(bucket, offset)| {
-                        (
-                            TableBucket::new(table.id, None, bucket).stream_name(),
-                            offset,
-                        )
-                    })
-                    .collect();
+                if b.offsets.len() > PRODUCER_OFFSETS_MAX {
+                    return Err(MinkError::LimitExceeded {
+                        what: "offsets in one register_producer_offsets".into(),
+                        limit: PRODUCER_OFFSETS_MAX as u64,
+                        actual: b.offsets.len() as u64,
+                    });
+                }
+                let mut offsets = std::collections::BTreeMap::new();
+                for (i, o) in b.offsets.iter().enumerate() {
+                    let bucket = self.producer_bucket(o).await.map_err(|e| match e {
+                        MinkError::InvalidArgument { field, reason } => {
+                            MinkError::InvalidArgument {
+                                field: format!("offsets[{i}].{field}"),
+                                reason,
+                            }
+                        }
+                        other => other,
+                    })?;
+                    if o.offset < 0 {
+                        return Err(MinkError::invalid(
+                            format!("offsets[{i}].offset"),
+                            "offsets are not negative",
+                        ));
+                    }
+                    if offsets.insert(bucket.stream_name(), o.offset).is_some() {
+                        return Err(MinkError::invalid(
+                            format!("offsets[{i}]"),
+                            format!("{bucket} is named twice"),
+                        ));
+                    }
+                }
                 let index = self
                     .meta
                     .propose(mink_meta::MetaCommand::RegisterProducerOffsets {
@@ -1334,7 +1403,47 @@ impl MinkService for NodeService {
                 let b: ProducerIdBody = parse_json("get_producer_offsets body", body)?;
                 let found = self
                     .meta
-                    .read(|s| s.producer_offsets.get(&b.producer_id).cloned())
+                    .read(|s| {
+                        let found = s.producer_offsets.get(&b.producer_id)?;
+                        // By bucket as clients name it; buckets of tables or partitions
+                        // dropped since are left out.
+                        let mut offsets: Vec<ProducerOffset> = found
+                            .offsets
+                            .iter()
+                            .filter_map(|(stream, offset)| {
+                                let bucket = s.buckets.get(stream)?.bucket;
+                                let table = s.tables.get(&bucket.table_id)?;
+                                let partition = match bucket.partition_id {
+                                    None => None,
+                                    Some(id) => Some(
+                                        table
+                                            .partitions
+                                            .values()
+                                            .find(|p| p.id == id)?
+                                            .name
+                                            .clone(),
+                                    ),
+                                };
+                                Some(ProducerOffset {
+                                    path: table.path.clone(),
+                                    partition,
+                                    bucket: bucket.bucket,
+                                    offset: *offset,
+                                })
+                            })
+                            .collect();
+                        offsets.sort_by(|a, b| {
+                            (a.path.to_string(), &a.partition, a.bucket).cmp(&(
+                                b.path.to_string(),
+                                &b.partition,
+                                b.bucket,
+                            ))
+                        });
+                        Some(serde_json::json!({
+                            "offsets": offsets,
+                            "expires_at_ms": found.expires_at_ms,
+                        }))
+                    })
                     .ok_or_else(|| {
                         MinkError::NotFound(format!("producer offsets of {}", b.producer_id))
                     })?;

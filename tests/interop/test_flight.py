@@ -392,7 +392,7 @@ def test_lookups_on_a_partitioned_primary_key_table(node):
     assert names == ["2026-11-28", "2026-11-29"]
 
 
-def test_alter_producer_offsets_snapshots_limit_scan_and_stats(node):
+def test_alter_snapshots_limit_scan_and_stats(node):
     _, client = node
     action(client, "create_database", {"name": "db"})
     action(client, "create_table", {"path": "db.events", "descriptor": dict(EVENTS, bucket_count=1)})
@@ -417,14 +417,6 @@ def test_alter_producer_offsets_snapshots_limit_scan_and_stats(node):
     # LimitScan: the first rows of a bucket.
     first = client.do_get(flight.Ticket(json.dumps({"LimitScan": {"bucket": bucket, "limit": 3}}).encode())).read_all()
     assert first.column("id").to_pylist() == [0, 1, 2]
-
-    # Producer offsets.
-    action(client, "register_producer_offsets", {"producer_id": "sink-1", "path": "db.events", "offsets": {"0": 6}})
-    got = action(client, "get_producer_offsets", {"producer_id": "sink-1"})
-    assert list(got["offsets"].values()) == [6]
-    action(client, "delete_producer_offsets", {"producer_id": "sink-1"})
-    with pytest.raises(pa.ArrowKeyError):
-        action(client, "get_producer_offsets", {"producer_id": "sink-1"})
 
     # KV snapshots, readable through the Snapshot ticket.
     users = pa.record_batch(
@@ -678,3 +670,63 @@ def test_get_flight_info_endpoints_read_back_every_row(mink_node, tmp_path):
     finally:
         client.close()
         proc.kill()
+
+
+def test_producer_offsets_name_tables_partitions_and_buckets(node):
+    """register_producer_offsets takes, and get_producer_offsets answers, offsets by
+    table path, partition name and bucket: the same bucket number of two partitions,
+    or of two tables, are different offsets."""
+    _, client = node
+    action(client, "create_database", {"name": "db"})
+    action(client, "create_table", {"path": "db.events", "descriptor": dict(EVENTS, bucket_count=2)})
+    daily = {
+        "schema": {"columns": [{"name": "day", "type": "STRING", "nullable": False},
+                               {"name": "id", "type": "BIGINT", "nullable": False}]},
+        "partition_keys": ["day"], "bucket_keys": ["id"], "bucket_count": 2,
+    }
+    action(client, "create_table", {"path": "db.daily", "descriptor": daily})
+    for day in ["2026-11-28", "2026-11-29"]:
+        action(client, "create_partition", {"path": "db.daily", "name": day})
+    offsets = [
+        {"path": "db.daily", "partition": "2026-11-28", "bucket": 0, "offset": 5},
+        {"path": "db.daily", "partition": "2026-11-29", "bucket": 0, "offset": 7},
+        {"path": "db.daily", "partition": "2026-11-29", "bucket": 1, "offset": 8},
+        {"path": "db.events", "partition": None, "bucket": 0, "offset": 6},
+    ]
+    action(client, "register_producer_offsets", {"producer_id": "sink-1", "offsets": offsets, "ttl_ms": 60_000})
+    got = action(client, "get_producer_offsets", {"producer_id": "sink-1"})
+    assert got["offsets"] == offsets
+    assert got["expires_at_ms"] > 0
+
+    # A registration replaces the producer's offsets; `partition` may be left out for
+    # a table that has none.
+    action(client, "register_producer_offsets",
+           {"producer_id": "sink-1", "offsets": [{"path": "db.events", "bucket": 1, "offset": 9}]})
+    assert action(client, "get_producer_offsets", {"producer_id": "sink-1"})["offsets"] == [
+        {"path": "db.events", "partition": None, "bucket": 1, "offset": 9}
+    ]
+
+    def register(entry):
+        return action(client, "register_producer_offsets", {"producer_id": "sink-2", "offsets": [entry]})
+
+    with pytest.raises(pa.ArrowInvalid, match="db.daily is partitioned"):
+        register({"path": "db.daily", "bucket": 0, "offset": 1})
+    with pytest.raises(pa.ArrowKeyError, match="partition 2026-01-01 of db.daily"):
+        register({"path": "db.daily", "partition": "2026-01-01", "bucket": 0, "offset": 1})
+    with pytest.raises(pa.ArrowInvalid, match="db.events is not partitioned"):
+        register({"path": "db.events", "partition": "2026-11-28", "bucket": 0, "offset": 1})
+    with pytest.raises(pa.ArrowInvalid, match="db.events has no bucket 2"):
+        register({"path": "db.events", "bucket": 2, "offset": 1})
+    with pytest.raises(pa.ArrowKeyError, match="table db.nope"):
+        register({"path": "db.nope", "bucket": 0, "offset": 1})
+    with pytest.raises(pa.ArrowKeyError):
+        action(client, "get_producer_offsets", {"producer_id": "sink-2"})
+
+    # Offsets of a dropped partition are gone with it.
+    action(client, "register_producer_offsets", {"producer_id": "sink-1", "offsets": offsets})
+    action(client, "drop_partition", {"path": "db.daily", "name": "2026-11-28"})
+    assert action(client, "get_producer_offsets", {"producer_id": "sink-1"})["offsets"] == offsets[1:]
+
+    action(client, "delete_producer_offsets", {"producer_id": "sink-1"})
+    with pytest.raises(pa.ArrowKeyError):
+        action(client, "get_producer_offsets", {"producer_id": "sink-1"})
