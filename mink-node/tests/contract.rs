@@ -96,3 +96,90 @@ async fn rebalance_at_a_node_without_the_lease_is_run_by_the_holder() {
     n1.stop().await;
     n0.stop().await;
 }
+
+/// The metadata index a status says the node had applied (`mink-applied-index`).
+fn applied_index_of(status: &tonic::Status) -> Option<u64> {
+    status
+        .metadata()
+        .get(mink_flight::server::APPLIED_INDEX_HEADER)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
+}
+
+/// docs/protocol.md: "Every response carries `mink-applied-index`" — failures too,
+/// whether the Flight layer or the node refuses, at the call or in its stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn error_responses_carry_the_applied_index() {
+    use arrow_flight::{Action, FlightDescriptor, Ticket};
+    let dir = tempfile::tempdir().unwrap();
+    let shared = dir.path().join("objects");
+    let node = Node::start(config(dir.path(), &shared, "n0"))
+        .await
+        .unwrap();
+    let addr = node.flight_addr.to_string();
+    let created: serde_json::Value = MinkClient::connect(&addr)
+        .await
+        .unwrap()
+        .action("create_database", serde_json::json!({"name": "db"}))
+        .await
+        .unwrap();
+    let created = created["index"].as_u64().unwrap();
+    let mut raw = mink_flight::client::connect(&addr).await.unwrap();
+
+    let mut failures = vec![
+        (
+            "an unknown action",
+            raw.do_action(Action::new("make_coffee", "{}"))
+                .await
+                .unwrap_err(),
+        ),
+        (
+            "a missing table",
+            raw.do_action(Action::new("get_table", r#"{"path": "db.nope"}"#))
+                .await
+                .unwrap_err(),
+        ),
+        (
+            "a bad ticket",
+            raw.do_get(Ticket::new("{nope")).await.unwrap_err(),
+        ),
+        (
+            "GetFlightInfo of a missing table",
+            raw.get_flight_info(FlightDescriptor::new_path(vec!["db.nope".into()]))
+                .await
+                .unwrap_err(),
+        ),
+        (
+            "Handshake",
+            raw.handshake(futures::stream::empty()).await.unwrap_err(),
+        ),
+    ];
+    // A write refused in the DoPut stream, after the response began.
+    let descriptor = mink_flight::protocol::WriteDescriptor::AppendTable {
+        path: TablePath::parse("db.nope").unwrap(),
+        schema_id: 1,
+    };
+    let data = mink_flight::client::encode_write(
+        &common::rows(0..1),
+        Some(&descriptor),
+        &Default::default(),
+    )
+    .unwrap();
+    let mut results = raw
+        .do_put(futures::stream::iter(data))
+        .await
+        .unwrap()
+        .into_inner();
+    failures.push(("a DoPut batch", results.message().await.unwrap_err()));
+
+    for (what, status) in failures {
+        let index = applied_index_of(&status);
+        assert!(
+            index.is_some_and(|i| i >= created),
+            "{what}: {status:?} carries no applied index"
+        );
+    }
+    node.stop().await;
+}

@@ -730,3 +730,41 @@ def test_producer_offsets_name_tables_partitions_and_buckets(node):
     action(client, "delete_producer_offsets", {"producer_id": "sink-1"})
     with pytest.raises(pa.ArrowKeyError):
         action(client, "get_producer_offsets", {"producer_id": "sink-1"})
+
+
+class HeaderRecorder(flight.ClientMiddlewareFactory):
+    """Records the headers of every response, errors included."""
+
+    def __init__(self):
+        self.seen = []
+
+    def start_call(self, info):
+        factory = self
+
+        class Middleware(flight.ClientMiddleware):
+            def received_headers(self, headers):
+                factory.seen.append((info.method, dict(headers)))
+
+        return Middleware()
+
+
+def test_error_responses_carry_the_applied_index(node):
+    proc, _ = node
+    recorder = HeaderRecorder()
+    client = flight.connect(proc.location, middleware=[recorder])
+    created = action(client, "create_database", {"name": "db"})
+    failing = [
+        lambda: action(client, "get_table", {"path": "db.nope"}),
+        lambda: action(client, "make_coffee"),
+        lambda: client.get_flight_info(flight.FlightDescriptor.for_path("db.nope")),
+        lambda: client.do_get(flight.Ticket(b"{not json")).read_all(),
+        lambda: append_table(client, "db.nope", pa.record_batch([pa.array([1], pa.int64()), pa.array(["x"])], schema=SCHEMA)),
+    ]
+    for call in failing:
+        recorder.seen.clear()
+        with pytest.raises(pa.ArrowException):
+            call()
+        indices = [h.get("mink-applied-index") for _, h in recorder.seen]
+        assert indices and all(i is not None for i in indices), recorder.seen
+        assert all(int(i[0]) >= created["index"] for i in indices)
+    client.close()
