@@ -6,7 +6,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 
-from node_proc import NodeProcess, retry
+from node_proc import NodeProcess, lose_object_store, retry, wait_for
 
 
 def action(client, name, body=None):
@@ -93,7 +93,14 @@ def test_catalog_write_scan_and_discovery(node):
     assert schema.names == ["id", "msg"]
     names = {a.type for a in client.list_actions()}
     assert {"create_table", "metadata", "lookup", "health"} <= names
-    assert action(client, "health")["status"] == "serving"
+    health = action(client, "health")
+    assert (health["status"], health["problem"]) == ("serving", None)
+
+    # And a node that lost its object store says so.
+    lose_object_store(node[0].workdir / "mink-data" / "objects")
+    health = wait_for(lambda: (h := action(client, "health"))["status"] != "serving" and h, what="health reports the loss")
+    assert health["status"] == "unavailable"
+    assert "object store does not answer" in health["problem"]
 
 
 def test_bad_input_gets_precise_errors_and_changes_nothing(node):
@@ -535,6 +542,21 @@ def test_admin_health_and_metrics_after_a_write(node):
     assert samples["mink_node_tablets_open"] == 3
     assert samples["mink_node_tablets_opening"] == 0
     assert samples["mink_node_tablet_open_seconds_count"] == 3
+
+    # A node that lost its object store answers 503 and says why.
+    import urllib.error
+
+    def unhealthy():
+        try:
+            urllib.request.urlopen(f"{base}/health")
+            return None
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    lose_object_store(proc.workdir / "mink-data" / "objects")
+    code, body = wait_for(unhealthy, what="/health reports the loss")
+    assert code == 503 and body["status"] == "unavailable"
+    assert "object store does not answer" in body["reason"]
 
 
 def metric(proc, name):
