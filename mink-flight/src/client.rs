@@ -705,6 +705,7 @@ impl MinkClient {
             bucket,
             offset,
             max_bytes: None,
+            end_offset: None,
         };
         let result = self.read_at(&leader, &ticket).await;
         self.stale_routing(path, result).await
@@ -765,6 +766,7 @@ impl MinkClient {
                             bucket: b.bucket,
                             offset,
                             max_bytes: None,
+                            end_offset: None,
                         },
                     )
                     .await?;

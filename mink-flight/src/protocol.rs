@@ -80,12 +80,17 @@ pub enum WriteResult {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub enum ReadTicket {
-    /// A bucket's log from `offset` up to the high watermark.
+    /// A bucket's log from `offset`: one scan of at most `max_bytes` (capped by
+    /// `log.scan_bytes_max`), or, with `end_offset`, every row below `end_offset`, read
+    /// in as many scans as that takes and streamed as they are read (the tickets of
+    /// GetFlightInfo's endpoints).
     Scan {
         bucket: TableBucket,
         offset: i64,
         #[serde(default)]
         max_bytes: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        end_offset: Option<i64>,
     },
     /// The first `limit` rows of a bucket.
     LimitScan { bucket: TableBucket, limit: u64 },
@@ -140,6 +145,17 @@ pub struct ScanBatch {
     pub change_types: Option<Vec<ChangeType>>,
 }
 
+/// The app metadata of each DoGet batch of a `Snapshot` read: the rows are the
+/// bucket's state at `log_offset`, from a KV snapshot written at `written_at_ms` (at
+/// most `kv.snapshot_interval_ms` before the read). A `Scan` from `log_offset` brings
+/// it up to date.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotBatch {
+    pub bucket: TableBucket,
+    pub log_offset: i64,
+    pub written_at_ms: i64,
+}
+
 /// The body of a NotLeader status.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Redirect {
@@ -191,6 +207,7 @@ mod tests {
             ReadTicket::Scan {
                 offset: 0,
                 max_bytes: None,
+                end_offset: None,
                 ..
             }
         ));
@@ -212,6 +229,16 @@ mod tests {
         );
         assert!(
             parse_json::<WriteDescriptor>("descriptor", br#"{"Append": {"bucket": 1}}"#).is_err()
+        );
+        let s = serde_json::to_string(&SnapshotBatch {
+            bucket: TableBucket::new(1, None, 0),
+            log_offset: 42,
+            written_at_ms: 1_700_000_000_000,
+        })
+        .unwrap();
+        assert_eq!(
+            s,
+            r#"{"bucket":{"table_id":1,"partition_id":null,"bucket":0},"log_offset":42,"written_at_ms":1700000000000}"#
         );
     }
 }

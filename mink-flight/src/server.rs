@@ -21,8 +21,8 @@ use mink_types::{MinkError, TablePath};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::protocol::{
-    ExchangeDescriptor, ReadTicket, Redirect, ScanBatch, TailEnd, TailPoll, WriteBatch,
-    WriteDescriptor, WriteResult, parse_json,
+    ExchangeDescriptor, ReadTicket, Redirect, ScanBatch, SnapshotBatch, TailEnd, TailPoll,
+    WriteBatch, WriteDescriptor, WriteResult, parse_json,
 };
 
 /// Response header: the metadata index the serving node had applied.
@@ -65,8 +65,29 @@ pub const ACTIONS: &[(&str, &str)] = &[
     ("health", "Whether the node serves"),
 ];
 
-/// One batch of a read, with its scan metadata.
+/// One batch of a scan or a tail, with its scan metadata.
 pub type ReadBatch = (RecordBatch, ScanBatch);
+
+/// The batches a DoGet answers, each with the metadata its ticket calls for.
+#[derive(Debug)]
+pub enum ReadBatches {
+    /// `Scan`, `LimitScan`: `ScanBatch` metadata.
+    Scan(Vec<ReadBatch>),
+    /// `Snapshot`: `SnapshotBatch` metadata.
+    Snapshot(Vec<(RecordBatch, SnapshotBatch)>),
+}
+
+/// One part of a table in GetFlightInfo: a bucket's rows, the ticket that reads them
+/// and the node to read them at.
+#[derive(Debug, Clone)]
+pub struct TableEndpoint {
+    /// A `Scan` with an `end_offset`.
+    pub ticket: ReadTicket,
+    /// The bucket leader's Flight address (`host:port`), when it has one.
+    pub leader: Option<String>,
+    /// Rows the ticket reads.
+    pub rows: i64,
+}
 
 /// What the node does for the Flight server.
 #[async_trait]
@@ -85,9 +106,15 @@ pub trait MinkService: Send + Sync + 'static {
         meta: WriteBatch,
     ) -> Result<WriteResult, MinkError>;
     /// Reads what a ticket names: the schema and the batches.
-    async fn read(&self, ticket: ReadTicket) -> Result<(SchemaRef, Vec<ReadBatch>), MinkError>;
+    async fn read(&self, ticket: ReadTicket) -> Result<(SchemaRef, ReadBatches), MinkError>;
     /// The current Arrow schema of a table.
     async fn table_schema(&self, path: &TablePath) -> Result<SchemaRef, MinkError>;
+    /// A table's schema and one endpoint per bucket (of every partition), as its rows
+    /// are now.
+    async fn table_endpoints(
+        &self,
+        path: &TablePath,
+    ) -> Result<(SchemaRef, Vec<TableEndpoint>), MinkError>;
     /// Every table, with its current Arrow schema.
     async fn tables(&self) -> Result<Vec<(TablePath, SchemaRef)>, MinkError>;
     /// One long poll of a bucket: the table schema, the batches, the high watermark.
@@ -119,6 +146,14 @@ pub fn status(err: MinkError) -> Status {
         MinkError::Unimplemented(_) => Status::unimplemented(message),
         MinkError::Internal(_) => Status::internal(message),
     }
+}
+
+/// `status` with the `mink-applied-index` header.
+fn with_applied_index(mut status: Status, index: u64) -> Status {
+    if let Ok(v) = index.to_string().parse() {
+        status.metadata_mut().insert(APPLIED_INDEX_HEADER, v);
+    }
+    status
 }
 
 /// Counts a Flight call and records its latency when dropped.
@@ -184,6 +219,25 @@ impl<S: MinkService> FlightServer<S> {
         Ok(())
     }
 
+    /// Runs a call; its error status, if it fails, carries `mink-applied-index` as
+    /// every response does.
+    async fn stamped<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, Status>>,
+    ) -> Result<T, Status> {
+        call.await
+            .map_err(|s| with_applied_index(s, self.service.applied_index()))
+    }
+
+    /// A response stream whose error status, if it ends with one, carries
+    /// `mink-applied-index` (as of the error).
+    fn stamp_stream<T: Send + 'static>(&self, stream: Stream<T>) -> Stream<T> {
+        let service = self.service.clone();
+        stream
+            .map(move |item| item.map_err(|s| with_applied_index(s, service.applied_index())))
+            .boxed()
+    }
+
     fn respond<T>(&self, body: T) -> Response<T> {
         let mut response = Response::new(body);
         if let Ok(v) = self.service.applied_index().to_string().parse() {
@@ -193,14 +247,98 @@ impl<S: MinkService> FlightServer<S> {
     }
 }
 
-fn encode_read(schema: &SchemaRef, batches: Vec<ReadBatch>) -> Result<Vec<FlightData>, Status> {
+impl<S: MinkService> FlightServer<S> {
+    /// A `Scan` with an `end_offset`: the rows of `[offset, end)`, read in successive
+    /// scans and streamed as each is read, so a bucket of any size is read with one
+    /// scan in memory. The first scan's error is the call's status; later ones end the
+    /// stream.
+    async fn scan_range(
+        &self,
+        bucket: mink_types::TableBucket,
+        offset: i64,
+        max_bytes: Option<u64>,
+        end: i64,
+    ) -> Result<Response<Stream<FlightData>>, Status> {
+        let scan = move |from| ReadTicket::Scan {
+            bucket,
+            offset: from,
+            max_bytes,
+            end_offset: None,
+        };
+        let (schema, first) = self.service.read(scan(offset)).await.map_err(status)?;
+        let (mut data, mut next) = below(first, offset, end)?;
+        data.insert(
+            0,
+            FlightData::from(SchemaAsIpc::new(&schema, &IpcWriteOptions::default())),
+        );
+        let service = self.service.clone();
+        let answers = async_stream(move |tx| async move {
+            loop {
+                for d in data.drain(..) {
+                    if tx.send(Ok(d)).await.is_err() {
+                        return;
+                    }
+                }
+                let Some(from) = next.filter(|n| *n < end) else {
+                    return;
+                };
+                let read = service.read(scan(from)).await.map_err(status);
+                match read.and_then(|(_, batches)| below(batches, from, end)) {
+                    Ok((d, n)) => (data, next) = (d, n),
+                    Err(e) => {
+                        let _ = tx.send(Err(e)).await;
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(self.respond(self.stamp_stream(answers)))
+    }
+}
+
+/// A scan's batches from `from` cut at `end`, encoded; and the offset to scan next,
+/// `None` when the scan made no progress (nothing more is readable).
+fn below(
+    batches: ReadBatches,
+    from: i64,
+    end: i64,
+) -> Result<(Vec<FlightData>, Option<i64>), Status> {
+    let ReadBatches::Scan(batches) = batches else {
+        return Err(Status::internal(
+            "a Scan answered with other than scan batches",
+        ));
+    };
+    let mut next = from;
+    let mut kept = Vec::with_capacity(batches.len());
+    for (batch, mut meta) in batches {
+        if meta.base_offset >= end {
+            break;
+        }
+        let take = (end - meta.base_offset).min(batch.num_rows() as i64) as usize;
+        if let Some(c) = meta.change_types.as_mut() {
+            c.truncate(take);
+        }
+        next = meta.base_offset + take as i64;
+        kept.push((batch.slice(0, take), meta));
+    }
+    let progressed = next > from;
+    Ok((encode_batches(kept)?, progressed.then_some(next)))
+}
+
+fn encode_read(schema: &SchemaRef, batches: ReadBatches) -> Result<Vec<FlightData>, Status> {
     let options = IpcWriteOptions::default();
     let mut out = vec![FlightData::from(SchemaAsIpc::new(schema, &options))];
-    out.extend(encode_batches(batches)?);
+    out.extend(match batches {
+        ReadBatches::Scan(b) => encode_batches(b)?,
+        ReadBatches::Snapshot(b) => encode_batches(b)?,
+    });
     Ok(out)
 }
 
-fn encode_batches(batches: Vec<ReadBatch>) -> Result<Vec<FlightData>, Status> {
+/// Batches as Flight messages, each with its metadata as JSON app metadata.
+fn encode_batches<M: serde::Serialize>(
+    batches: Vec<(RecordBatch, M)>,
+) -> Result<Vec<FlightData>, Status> {
     let options = IpcWriteOptions::default();
     let mut out = Vec::new();
     let generator = IpcDataGenerator::default();
@@ -233,187 +371,234 @@ impl<S: MinkService> FlightService for FlightServer<S> {
         &self,
         _: Request<Streaming<HandshakeRequest>>,
     ) -> Result<Response<Self::HandshakeStream>, Status> {
-        Err(Status::unimplemented(
-            "Handshake is not served: Mink does not authenticate (spec/protocols.txt)",
-        ))
+        self.stamped(async move {
+            Err(Status::unimplemented(
+                "Handshake is not served: Mink does not authenticate (spec/protocols.txt)",
+            ))
+        })
+        .await
     }
 
     async fn poll_flight_info(
         &self,
         _: Request<FlightDescriptor>,
     ) -> Result<Response<PollInfo>, Status> {
-        Err(Status::unimplemented("PollFlightInfo is not served"))
+        self.stamped(async move { Err(Status::unimplemented("PollFlightInfo is not served")) })
+            .await
     }
 
     async fn list_flights(
         &self,
         request: Request<Criteria>,
     ) -> Result<Response<Self::ListFlightsStream>, Status> {
-        let _observe = Observe::new("list_flights");
-        self.before(&request).await?;
-        let tables = self.service.tables().await.map_err(status)?;
-        let infos: Vec<Result<FlightInfo, Status>> = tables
-            .into_iter()
-            .map(|(path, schema)| {
-                FlightInfo::new()
-                    .try_with_schema(&schema)
-                    .map(|i| i.with_descriptor(FlightDescriptor::new_path(vec![path.to_string()])))
-                    .map_err(|e| Status::internal(e.to_string()))
-            })
-            .collect();
-        Ok(self.respond(stream::iter(infos).boxed()))
+        self.stamped(async move {
+            let _observe = Observe::new("list_flights");
+            self.before(&request).await?;
+            let tables = self.service.tables().await.map_err(status)?;
+            let infos: Vec<Result<FlightInfo, Status>> = tables
+                .into_iter()
+                .map(|(path, schema)| {
+                    FlightInfo::new()
+                        .try_with_schema(&schema)
+                        .map(|i| {
+                            i.with_descriptor(FlightDescriptor::new_path(vec![path.to_string()]))
+                        })
+                        .map_err(|e| Status::internal(e.to_string()))
+                })
+                .collect();
+            Ok(self.respond(stream::iter(infos).boxed()))
+        })
+        .await
     }
 
     async fn get_flight_info(
         &self,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        let _observe = Observe::new("get_flight_info");
-        self.before(&request).await?;
-        let path = descriptor_path(request.get_ref())?;
-        let schema = self.service.table_schema(&path).await.map_err(status)?;
-        let info = FlightInfo::new()
-            .try_with_schema(&schema)
-            .map_err(|e| Status::internal(e.to_string()))?
-            .with_descriptor(request.get_ref().clone())
-            .with_endpoint(FlightEndpoint::new());
-        Ok(self.respond(info))
+        self.stamped(async move {
+            let _observe = Observe::new("get_flight_info");
+            self.before(&request).await?;
+            let path = descriptor_path(request.get_ref())?;
+            let (schema, endpoints) = self.service.table_endpoints(&path).await.map_err(status)?;
+            let mut info = FlightInfo::new()
+                .try_with_schema(&schema)
+                .map_err(|e| Status::internal(e.to_string()))?
+                .with_descriptor(request.get_ref().clone())
+                .with_total_records(endpoints.iter().map(|e| e.rows).sum());
+            for e in endpoints {
+                let ticket =
+                    serde_json::to_vec(&e.ticket).map_err(|e| Status::internal(e.to_string()))?;
+                let mut endpoint = FlightEndpoint::new().with_ticket(Ticket::new(ticket));
+                if let Some(leader) = e.leader {
+                    endpoint = endpoint.with_location(format!("grpc://{leader}"));
+                }
+                info = info.with_endpoint(endpoint);
+            }
+            Ok(self.respond(info))
+        })
+        .await
     }
 
     async fn get_schema(
         &self,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<SchemaResult>, Status> {
-        let _observe = Observe::new("get_schema");
-        self.before(&request).await?;
-        let path = descriptor_path(request.get_ref())?;
-        let schema = self.service.table_schema(&path).await.map_err(status)?;
-        let result = SchemaAsIpc::new(&schema, &IpcWriteOptions::default())
-            .try_into()
-            .map_err(|e: arrow::error::ArrowError| Status::internal(e.to_string()))?;
-        Ok(self.respond(result))
+        self.stamped(async move {
+            let _observe = Observe::new("get_schema");
+            self.before(&request).await?;
+            let path = descriptor_path(request.get_ref())?;
+            let schema = self.service.table_schema(&path).await.map_err(status)?;
+            let result = SchemaAsIpc::new(&schema, &IpcWriteOptions::default())
+                .try_into()
+                .map_err(|e: arrow::error::ArrowError| Status::internal(e.to_string()))?;
+            Ok(self.respond(result))
+        })
+        .await
     }
 
     async fn do_get(
         &self,
         request: Request<Ticket>,
     ) -> Result<Response<Self::DoGetStream>, Status> {
-        let _observe = Observe::new("do_get");
-        self.before(&request).await?;
-        let ticket: ReadTicket = parse_json("ticket", &request.get_ref().ticket).map_err(status)?;
-        let (schema, batches) = self.service.read(ticket).await.map_err(status)?;
-        let data = encode_read(&schema, batches)?;
-        Ok(self.respond(stream::iter(data.into_iter().map(Ok)).boxed()))
+        self.stamped(async move {
+            let _observe = Observe::new("do_get");
+            self.before(&request).await?;
+            let ticket: ReadTicket =
+                parse_json("ticket", &request.get_ref().ticket).map_err(status)?;
+            if let ReadTicket::Scan {
+                bucket,
+                offset,
+                max_bytes,
+                end_offset: Some(end),
+            } = ticket
+            {
+                return self.scan_range(bucket, offset, max_bytes, end).await;
+            }
+            let (schema, batches) = self.service.read(ticket).await.map_err(status)?;
+            let data = encode_read(&schema, batches)?;
+            Ok(self.respond(stream::iter(data.into_iter().map(Ok)).boxed()))
+        })
+        .await
     }
 
     async fn do_put(
         &self,
         request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoPutStream>, Status> {
-        let _observe = Observe::new("do_put");
-        self.before(&request).await?;
-        let mut incoming = request.into_inner().peekable();
-        // The descriptor arrives on the first message.
-        let first = Pin::new(&mut incoming)
-            .peek()
-            .await
-            .ok_or_else(|| Status::invalid_argument("an empty DoPut stream"))?
-            .as_ref()
-            .map_err(|e| Status::invalid_argument(e.to_string()))?;
-        let descriptor = first.flight_descriptor.as_ref().ok_or_else(|| {
-            Status::invalid_argument("the first DoPut message carries no descriptor")
-        })?;
-        let descriptor: WriteDescriptor =
-            parse_json("descriptor", &descriptor.cmd).map_err(status)?;
-        let service = self.service.clone();
-        let mut decoder = FlightDataDecoder::new(
-            incoming.map_err(|e| arrow_flight::error::FlightError::Tonic(Box::new(e))),
-        );
-        let results = async_stream(move |tx| async move {
-            while let Some(item) = decoder.next().await {
-                let decoded = match item {
-                    Ok(d) => d,
-                    Err(e) => {
-                        let _ = tx
-                            .send(Err(Status::invalid_argument(format!("bad Arrow IPC: {e}"))))
-                            .await;
-                        return;
-                    }
-                };
-                let DecodedPayload::RecordBatch(batch) = decoded.payload else {
-                    continue;
-                };
-                let meta: WriteBatch = if decoded.inner.app_metadata.is_empty() {
-                    WriteBatch::default()
-                } else {
-                    match parse_json("batch metadata", &decoded.inner.app_metadata) {
-                        Ok(m) => m,
+        self.stamped(async move {
+            let _observe = Observe::new("do_put");
+            self.before(&request).await?;
+            let mut incoming = request.into_inner().peekable();
+            // The descriptor arrives on the first message.
+            let first = Pin::new(&mut incoming)
+                .peek()
+                .await
+                .ok_or_else(|| Status::invalid_argument("an empty DoPut stream"))?
+                .as_ref()
+                .map_err(|e| Status::invalid_argument(e.to_string()))?;
+            let descriptor = first.flight_descriptor.as_ref().ok_or_else(|| {
+                Status::invalid_argument("the first DoPut message carries no descriptor")
+            })?;
+            let descriptor: WriteDescriptor =
+                parse_json("descriptor", &descriptor.cmd).map_err(status)?;
+            let service = self.service.clone();
+            let mut decoder = FlightDataDecoder::new(
+                incoming.map_err(|e| arrow_flight::error::FlightError::Tonic(Box::new(e))),
+            );
+            let results = async_stream(move |tx| async move {
+                while let Some(item) = decoder.next().await {
+                    let decoded = match item {
+                        Ok(d) => d,
                         Err(e) => {
-                            let _ = tx.send(Err(status(e))).await;
+                            let _ = tx
+                                .send(Err(Status::invalid_argument(format!("bad Arrow IPC: {e}"))))
+                                .await;
                             return;
                         }
+                    };
+                    let DecodedPayload::RecordBatch(batch) = decoded.payload else {
+                        continue;
+                    };
+                    let meta: WriteBatch = if decoded.inner.app_metadata.is_empty() {
+                        WriteBatch::default()
+                    } else {
+                        match parse_json("batch metadata", &decoded.inner.app_metadata) {
+                            Ok(m) => m,
+                            Err(e) => {
+                                let _ = tx.send(Err(status(e))).await;
+                                return;
+                            }
+                        }
+                    };
+                    metrics::counter!("mink_flight_put_batches_total").increment(1);
+                    metrics::counter!("mink_flight_put_rows_total")
+                        .increment(batch.num_rows() as u64);
+                    let result = service.write(&descriptor, batch, meta).await;
+                    let message = match result {
+                        Ok(r) => serde_json::to_vec(&r)
+                            .map(|m| PutResult {
+                                app_metadata: m.into(),
+                            })
+                            .map_err(|e| Status::internal(e.to_string())),
+                        Err(e) => Err(status(e)),
+                    };
+                    let failed = message.is_err();
+                    if tx.send(message).await.is_err() || failed {
+                        return;
                     }
-                };
-                metrics::counter!("mink_flight_put_batches_total").increment(1);
-                metrics::counter!("mink_flight_put_rows_total").increment(batch.num_rows() as u64);
-                let result = service.write(&descriptor, batch, meta).await;
-                let message = match result {
-                    Ok(r) => serde_json::to_vec(&r)
-                        .map(|m| PutResult {
-                            app_metadata: m.into(),
-                        })
-                        .map_err(|e| Status::internal(e.to_string())),
-                    Err(e) => Err(status(e)),
-                };
-                let failed = message.is_err();
-                if tx.send(message).await.is_err() || failed {
-                    return;
                 }
-            }
-        });
-        Ok(self.respond(results))
+            });
+            Ok(self.respond(self.stamp_stream(results)))
+        })
+        .await
     }
 
     async fn do_action(
         &self,
         request: Request<Action>,
     ) -> Result<Response<Self::DoActionStream>, Status> {
-        let mut observe = Observe::new("do_action");
-        self.before(&request).await?;
-        let action = request.get_ref();
-        if !ACTIONS.iter().any(|(name, _)| *name == action.r#type) {
-            return Err(Status::invalid_argument(format!(
-                "unknown action {:?}; ListActions lists them",
-                action.r#type
-            )));
-        }
-        // Labelled only with known names: a client cannot grow the label set.
-        observe.action = Some(action.r#type.clone());
-        let body = self
-            .service
-            .action(&action.r#type, &action.body)
-            .await
-            .map_err(status)?;
-        let result = arrow_flight::Result { body: body.into() };
-        Ok(self.respond(stream::iter(vec![Ok(result)]).boxed()))
+        self.stamped(async move {
+            let mut observe = Observe::new("do_action");
+            self.before(&request).await?;
+            let action = request.get_ref();
+            if !ACTIONS.iter().any(|(name, _)| *name == action.r#type) {
+                return Err(Status::invalid_argument(format!(
+                    "unknown action {:?}; ListActions lists them",
+                    action.r#type
+                )));
+            }
+            // Labelled only with known names: a client cannot grow the label set.
+            observe.action = Some(action.r#type.clone());
+            let body = self
+                .service
+                .action(&action.r#type, &action.body)
+                .await
+                .map_err(status)?;
+            let result = arrow_flight::Result { body: body.into() };
+            Ok(self.respond(stream::iter(vec![Ok(result)]).boxed()))
+        })
+        .await
     }
 
     async fn list_actions(
         &self,
         request: Request<Empty>,
     ) -> Result<Response<Self::ListActionsStream>, Status> {
-        let _observe = Observe::new("list_actions");
-        self.before(&request).await?;
-        let actions: Vec<Result<ActionType, Status>> = ACTIONS
-            .iter()
-            .map(|(name, description)| {
-                Ok(ActionType {
-                    r#type: name.to_string(),
-                    description: description.to_string(),
+        self.stamped(async move {
+            let _observe = Observe::new("list_actions");
+            self.before(&request).await?;
+            let actions: Vec<Result<ActionType, Status>> = ACTIONS
+                .iter()
+                .map(|(name, description)| {
+                    Ok(ActionType {
+                        r#type: name.to_string(),
+                        description: description.to_string(),
+                    })
                 })
-            })
-            .collect();
-        Ok(self.respond(stream::iter(actions).boxed()))
+                .collect();
+            Ok(self.respond(stream::iter(actions).boxed()))
+        })
+        .await
     }
 
     /// Tail: the first message names the bucket (`{"Tail": {"bucket": ...}}`); every
@@ -423,88 +608,91 @@ impl<S: MinkService> FlightService for FlightServer<S> {
         &self,
         request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoExchangeStream>, Status> {
-        let _observe = Observe::new("do_exchange");
-        self.before(&request).await?;
-        let mut incoming = request.into_inner();
-        let first = incoming
-            .message()
-            .await?
-            .ok_or_else(|| Status::invalid_argument("an empty DoExchange stream"))?;
-        let descriptor = first.flight_descriptor.as_ref().ok_or_else(|| {
-            Status::invalid_argument("the first DoExchange message carries no descriptor")
-        })?;
-        let ExchangeDescriptor::Tail { bucket } =
-            parse_json("descriptor", &descriptor.cmd).map_err(status)?;
-        let service = self.service.clone();
-        let answers = async_stream(move |tx| async move {
-            // Clients may send the descriptor alone first, then the polls.
-            let mut message = if first.app_metadata.is_empty() {
-                match incoming.message().await {
-                    Ok(m) => m,
-                    Err(e) => {
-                        let _ = tx.send(Err(e)).await;
-                        return;
+        self.stamped(async move {
+            let _observe = Observe::new("do_exchange");
+            self.before(&request).await?;
+            let mut incoming = request.into_inner();
+            let first = incoming
+                .message()
+                .await?
+                .ok_or_else(|| Status::invalid_argument("an empty DoExchange stream"))?;
+            let descriptor = first.flight_descriptor.as_ref().ok_or_else(|| {
+                Status::invalid_argument("the first DoExchange message carries no descriptor")
+            })?;
+            let ExchangeDescriptor::Tail { bucket } =
+                parse_json("descriptor", &descriptor.cmd).map_err(status)?;
+            let service = self.service.clone();
+            let answers = async_stream(move |tx| async move {
+                // Clients may send the descriptor alone first, then the polls.
+                let mut message = if first.app_metadata.is_empty() {
+                    match incoming.message().await {
+                        Ok(m) => m,
+                        Err(e) => {
+                            let _ = tx.send(Err(e)).await;
+                            return;
+                        }
                     }
-                }
-            } else {
-                Some(first)
-            };
-            let mut schema_sent = false;
-            while let Some(m) = message.take() {
-                let poll: TailPoll = match parse_json("tail poll", &m.app_metadata) {
-                    Ok(p) => p,
-                    Err(e) => {
-                        let _ = tx.send(Err(status(e))).await;
-                        return;
-                    }
+                } else {
+                    Some(first)
                 };
-                let offset = poll.offset;
-                let (schema, batches, high_watermark) = match service.tail(bucket, poll).await {
-                    Ok(answer) => answer,
-                    Err(e) => {
-                        let _ = tx.send(Err(status(e))).await;
-                        return;
+                let mut schema_sent = false;
+                while let Some(m) = message.take() {
+                    let poll: TailPoll = match parse_json("tail poll", &m.app_metadata) {
+                        Ok(p) => p,
+                        Err(e) => {
+                            let _ = tx.send(Err(status(e))).await;
+                            return;
+                        }
+                    };
+                    let offset = poll.offset;
+                    let (schema, batches, high_watermark) = match service.tail(bucket, poll).await {
+                        Ok(answer) => answer,
+                        Err(e) => {
+                            let _ = tx.send(Err(status(e))).await;
+                            return;
+                        }
+                    };
+                    let next_offset = batches
+                        .last()
+                        .map_or(offset, |(b, meta)| meta.base_offset + b.num_rows() as i64);
+                    let mut data = Vec::new();
+                    if !schema_sent {
+                        data.push(FlightData::from(SchemaAsIpc::new(
+                            &schema,
+                            &IpcWriteOptions::default(),
+                        )));
+                        schema_sent = true;
                     }
-                };
-                let next_offset = batches
-                    .last()
-                    .map_or(offset, |(b, meta)| meta.base_offset + b.num_rows() as i64);
-                let mut data = Vec::new();
-                if !schema_sent {
-                    data.push(FlightData::from(SchemaAsIpc::new(
-                        &schema,
-                        &IpcWriteOptions::default(),
-                    )));
-                    schema_sent = true;
+                    match encode_batches(batches) {
+                        Ok(d) => data.extend(d),
+                        Err(e) => {
+                            let _ = tx.send(Err(e)).await;
+                            return;
+                        }
+                    }
+                    let end = serde_json::to_vec(&TailEnd::TailEnd {
+                        next_offset,
+                        high_watermark,
+                    })
+                    .unwrap_or_default();
+                    data.push(FlightData::new().with_app_metadata(end));
+                    for d in data {
+                        if tx.send(Ok(d)).await.is_err() {
+                            return;
+                        }
+                    }
+                    message = match incoming.message().await {
+                        Ok(m) => m,
+                        Err(e) => {
+                            let _ = tx.send(Err(e)).await;
+                            return;
+                        }
+                    };
                 }
-                match encode_batches(batches) {
-                    Ok(d) => data.extend(d),
-                    Err(e) => {
-                        let _ = tx.send(Err(e)).await;
-                        return;
-                    }
-                }
-                let end = serde_json::to_vec(&TailEnd::TailEnd {
-                    next_offset,
-                    high_watermark,
-                })
-                .unwrap_or_default();
-                data.push(FlightData::new().with_app_metadata(end));
-                for d in data {
-                    if tx.send(Ok(d)).await.is_err() {
-                        return;
-                    }
-                }
-                message = match incoming.message().await {
-                    Ok(m) => m,
-                    Err(e) => {
-                        let _ = tx.send(Err(e)).await;
-                        return;
-                    }
-                };
-            }
-        });
-        Ok(self.respond(answers))
+            });
+            Ok(self.respond(self.stamp_stream(answers)))
+        })
+        .await
     }
 }
 

@@ -13,7 +13,7 @@ use arrow_flight::flight_service_server::FlightServiceServer;
 use async_trait::async_trait;
 use mink_flight::MinkClient;
 use mink_flight::protocol::{TailPoll, WriteBatch, WriteDescriptor, WriteResult};
-use mink_flight::server::{FlightServer, MinkService, ReadBatch};
+use mink_flight::server::{FlightServer, MinkService, ReadBatch, ReadBatches, TableEndpoint};
 use mink_types::{
     Column, DataType, MinkError, Result, Schema, TableBucket, TableDescriptor, TablePath,
 };
@@ -178,10 +178,7 @@ impl MinkService for Leader {
         })
     }
 
-    async fn read(
-        &self,
-        _: mink_flight::protocol::ReadTicket,
-    ) -> Result<(SchemaRef, Vec<ReadBatch>)> {
+    async fn read(&self, _: mink_flight::protocol::ReadTicket) -> Result<(SchemaRef, ReadBatches)> {
         Err(MinkError::Unimplemented("read".into()))
     }
 
@@ -191,6 +188,10 @@ impl MinkService for Leader {
 
     async fn tables(&self) -> Result<Vec<(TablePath, SchemaRef)>> {
         Ok(vec![])
+    }
+
+    async fn table_endpoints(&self, _: &TablePath) -> Result<(SchemaRef, Vec<TableEndpoint>)> {
+        Err(MinkError::Unimplemented("table_endpoints".into()))
     }
 
     async fn tail(&self, _: TableBucket, _: TailPoll) -> Result<(SchemaRef, Vec<ReadBatch>, i64)> {

@@ -29,8 +29,10 @@ impl KvBackend {
 pub struct KvConfig {
     /// `fjall` (default) or `redb`.
     pub backend: KvBackend,
-    /// How often each KV tablet writes a snapshot to object storage, in milliseconds.
-    /// Default 600,000 (10 minutes).
+    /// How often each KV tablet writes a snapshot to object storage, in milliseconds;
+    /// also the most age a snapshot served to readers (the `Snapshot` ticket,
+    /// `latest_kv_snapshot`) may have before a read writes a new one. Default 600,000
+    /// (10 minutes).
     pub snapshot_interval_ms: u64,
     /// Snapshots kept per bucket. Default 2.
     pub snapshots_retained: u32,

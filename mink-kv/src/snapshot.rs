@@ -51,6 +51,15 @@ pub struct SnapshotInfo {
     pub location: String,
     pub rows: u64,
     pub bytes: u64,
+    /// When it was written (its object's last-modified time for one found in the
+    /// store), in milliseconds since the epoch.
+    pub written_at_ms: i64,
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 fn storage(e: object_store::Error) -> MinkError {
@@ -125,7 +134,42 @@ impl SnapshotStore {
             location: path.to_string(),
             rows: batches.iter().map(|b| b.num_rows() as u64).sum(),
             bytes,
+            written_at_ms: now_ms(),
         })
+    }
+
+    /// The newest snapshot, or `None` when there is none. It is read back to count
+    /// its rows.
+    pub async fn newest(&self) -> Result<Option<SnapshotInfo>> {
+        let found: Vec<(i64, object_store::ObjectMeta)> = self
+            .store
+            .list(Some(&Path::from(self.prefix.as_str())))
+            .try_filter_map(|m| async move {
+                Ok(m.location
+                    .filename()
+                    .and_then(|f| f.strip_suffix(".arrow"))
+                    .and_then(|f| f.parse::<i64>().ok())
+                    .map(|offset| (offset, m)))
+            })
+            .try_collect()
+            .await
+            .map_err(storage)?;
+        let Some((offset, meta)) = found.into_iter().max_by_key(|(offset, _)| *offset) else {
+            return Ok(None);
+        };
+        let rows = self
+            .read(offset)
+            .await?
+            .iter()
+            .map(|b| b.num_rows() as u64)
+            .sum();
+        Ok(Some(SnapshotInfo {
+            log_offset: offset,
+            location: meta.location.to_string(),
+            rows,
+            bytes: meta.size,
+            written_at_ms: meta.last_modified.timestamp_millis(),
+        }))
     }
 
     /// Reads the snapshot at `offset` as Arrow batches.

@@ -69,6 +69,9 @@ struct Inner {
     puts: tokio::sync::Mutex<()>,
     failed: Mutex<Option<MinkError>>,
     snapshots: Option<SnapshotStore>,
+    /// The newest snapshot this tablet wrote or found in the store. The lock is held
+    /// across a snapshot write, so concurrent readers share one write.
+    latest_snapshot: tokio::sync::Mutex<Option<SnapshotInfo>>,
 }
 
 /// A bucket's KV tablet. Cheap to clone.
@@ -142,6 +145,7 @@ impl KvTablet {
                 puts: tokio::sync::Mutex::new(()),
                 failed: Mutex::new(None),
                 snapshots,
+                latest_snapshot: tokio::sync::Mutex::new(None),
             }),
         };
         tablet.load_snapshot_if_behind().await?;
@@ -546,6 +550,47 @@ impl KvTablet {
         let Some(snapshots) = self.inner.snapshots.clone() else {
             return Ok(None);
         };
+        let mut latest = self.inner.latest_snapshot.lock().await;
+        let info = self.write_snapshot(&snapshots).await?;
+        *latest = Some(info.clone());
+        Ok(Some(info))
+    }
+
+    /// The newest snapshot of the bucket when it was written less than `age_max` ago
+    /// (by this tablet, or found in the store, e.g. written by an earlier leader);
+    /// otherwise a new one, written now. Readers of a bucket's state use this, so that
+    /// reads write at most one snapshot per `age_max` rather than one each; concurrent
+    /// callers wait for one write. The state is the bucket's at the snapshot's
+    /// `log_offset`: the changelog from there on brings it up to date. Returns `None`
+    /// when the tablet has no snapshot store.
+    pub async fn recent_snapshot(
+        &self,
+        age_max: std::time::Duration,
+    ) -> Result<Option<SnapshotInfo>> {
+        let Some(snapshots) = self.inner.snapshots.clone() else {
+            return Ok(None);
+        };
+        let mut latest = self.inner.latest_snapshot.lock().await;
+        if latest.is_none() {
+            *latest = snapshots.newest().await?;
+        }
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        let age_max_ms = i64::try_from(age_max.as_millis()).unwrap_or(i64::MAX);
+        if let Some(info) = latest.as_ref()
+            && now_ms.saturating_sub(info.written_at_ms) < age_max_ms
+            && info.log_offset <= self.inner.log.high_watermark()
+        {
+            return Ok(Some(info.clone()));
+        }
+        let info = self.write_snapshot(&snapshots).await?;
+        *latest = Some(info.clone());
+        Ok(Some(info))
+    }
+
+    /// Writes a snapshot (the caller holds `latest_snapshot`).
+    async fn write_snapshot(&self, snapshots: &SnapshotStore) -> Result<SnapshotInfo> {
         self.flush().await?;
         // Hold the put lock: no flush may move the store while it is read.
         let (offset, batches, schema) = {
@@ -571,7 +616,7 @@ impl KvTablet {
             }
             (offset, batches, schema)
         };
-        Ok(Some(snapshots.write(&schema, offset, &batches).await?))
+        snapshots.write(&schema, offset, &batches).await
     }
 
     /// Writes a snapshot every `interval` until `shutdown` resolves (the node records

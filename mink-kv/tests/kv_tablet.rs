@@ -571,6 +571,49 @@ async fn snapshots_plus_replay_equal_the_live_state(backend: KvBackend) {
     assert_eq!(get(&t, &ids), live);
 }
 
+/// Readers get the newest snapshot while it is younger than their bound; a new one is
+/// written only when none is, and a freshly opened tablet finds the one in the store.
+async fn recent_snapshots_are_reused_until_too_old(backend: KvBackend) {
+    const HOUR: std::time::Duration = std::time::Duration::from_secs(3600);
+    let mut env = Env::new(backend).await;
+    let d = table(&[]);
+    let t = env.open(&d).await;
+    t.put(put(&[(1, Some("a"), Some(1)), (2, Some("b"), Some(2))]))
+        .await
+        .unwrap();
+    let first = t.recent_snapshot(HOUR).await.unwrap().unwrap();
+    assert_eq!(
+        (first.rows, first.log_offset),
+        (2, 2),
+        "none existed: written"
+    );
+    t.put(put(&[(3, Some("c"), Some(3))])).await.unwrap();
+    let again = t.recent_snapshot(HOUR).await.unwrap().unwrap();
+    assert_eq!(
+        again, first,
+        "recent enough: the same snapshot, not a new one"
+    );
+    assert_eq!(env.snapshots().list().await.unwrap(), vec![2]);
+
+    // Too old for the bound: a new one covers the later write.
+    let renewed = t
+        .recent_snapshot(std::time::Duration::ZERO)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((renewed.rows, renewed.log_offset), (3, 3));
+    assert!(renewed.written_at_ms >= first.written_at_ms);
+    assert_eq!(env.snapshots().list().await.unwrap(), vec![2, 3]);
+    drop(t);
+
+    // A tablet opened afresh (a new leader) finds the newest one in the store.
+    let t = env.open(&d).await;
+    let found = t.recent_snapshot(HOUR).await.unwrap().unwrap();
+    assert_eq!((found.rows, found.log_offset), (3, 3));
+    assert_eq!(found.location, renewed.location);
+    assert_eq!(env.snapshots().list().await.unwrap(), vec![2, 3]);
+}
+
 async fn a_snapshot_from_before_add_column_loads_with_nulls(backend: KvBackend) {
     let mut env = Env::new(backend).await;
     let d = table(&[]);
@@ -976,6 +1019,7 @@ both!(
     schema_evolution_reads_old_rows_with_nulls,
     bad_input_is_rejected_and_changes_nothing,
     snapshots_plus_replay_equal_the_live_state,
+    recent_snapshots_are_reused_until_too_old,
     a_snapshot_from_before_add_column_loads_with_nulls,
     a_snapshot_without_a_schema_id_loads_by_its_columns,
     prefix_lookups_use_the_leading_key_columns,

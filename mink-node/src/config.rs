@@ -212,6 +212,13 @@ impl MinkConfig {
                 }
             }
         }
+        if self.object_store.secret_access_key.as_deref() == Some(mink_wal::REDACTED) {
+            return Err(ConfigError(format!(
+                "object_store.secret_access_key is {:?}, the placeholder of a printed \
+                 configuration: give the secret itself",
+                mink_wal::REDACTED
+            )));
+        }
         self.wal.validate().map_err(ConfigError)?;
         self.log.validate().map_err(ConfigError)?;
         self.kv.validate().map_err(ConfigError)?;
@@ -237,9 +244,19 @@ impl MinkConfig {
             .unwrap_or_else(|| self.listeners.kafka.to_string())
     }
 
-    /// The effective configuration as TOML (`mink-node --print-config`).
+    /// This configuration as it may be shown (`get_config`, `--print-config`): secrets,
+    /// when set, are `"<redacted>"` ([`mink_wal::REDACTED`]). `Debug` redacts them too.
+    pub fn redacted(&self) -> Self {
+        Self {
+            object_store: self.object_store.redacted(),
+            ..self.clone()
+        }
+    }
+
+    /// The effective configuration as TOML (`mink-node --print-config`), secrets
+    /// redacted.
     pub fn to_toml(&self) -> String {
-        toml::to_string(self).unwrap_or_else(|e| format!("# cannot render: {e}\n"))
+        toml::to_string(&self.redacted()).unwrap_or_else(|e| format!("# cannot render: {e}\n"))
     }
 }
 
@@ -341,6 +358,43 @@ mod tests {
             jail.set_env("MINK_NODE_ID", "bad id");
             let err = MinkConfig::load(None).unwrap_err().to_string();
             assert!(err.contains("node_id"), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn the_secret_key_is_redacted_in_debug_and_printed_config() {
+        Jail::expect_with(|jail| {
+            jail.set_env("MINK_OBJECT_STORE__ACCESS_KEY_ID", "AKIDSHOWN");
+            jail.set_env("MINK_OBJECT_STORE__SECRET_ACCESS_KEY", "s3cr3t-value");
+            let config = MinkConfig::load(None).unwrap();
+            assert_eq!(
+                config.object_store.secret_access_key.as_deref(),
+                Some("s3cr3t-value"),
+                "the node itself still has the secret"
+            );
+            let debug = format!("{config:?}");
+            assert!(!debug.contains("s3cr3t-value"), "{debug}");
+            assert!(debug.contains("<redacted>"), "{debug}");
+            let printed = config.to_toml();
+            assert!(!printed.contains("s3cr3t-value"), "{printed}");
+            let table: toml::Table = toml::from_str(&printed).unwrap();
+            assert_eq!(
+                table["object_store"]["secret_access_key"].as_str(),
+                Some("<redacted>")
+            );
+            assert_eq!(
+                table["object_store"]["access_key_id"].as_str(),
+                Some("AKIDSHOWN")
+            );
+            // A printed configuration fed back is refused rather than used with the
+            // placeholder as the secret.
+            jail.create_file("printed.toml", &printed)?;
+            jail.clear_env();
+            let err = MinkConfig::load(Some(Path::new("printed.toml")))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("object_store.secret_access_key"), "{err}");
             Ok(())
         });
     }

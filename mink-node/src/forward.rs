@@ -1,5 +1,6 @@
 //! Forwarding to a bucket's leader over Flight: table-addressed writes whose buckets
-//! this node does not lead, and per-bucket actions (`list_offsets`).
+//! this node does not lead, and per-bucket actions (`list_offsets`); and to the lease
+//! holder: `rebalance`.
 
 use std::collections::HashMap;
 

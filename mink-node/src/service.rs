@@ -16,10 +16,10 @@ use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use mink_flight::MinkService;
 use mink_flight::protocol::{
-    BucketWritten, ReadTicket, ScanBatch, TailPoll, WriteBatch, WriteDescriptor, WriteResult,
-    parse_json,
+    BucketWritten, ReadTicket, ScanBatch, SnapshotBatch, TailPoll, WriteBatch, WriteDescriptor,
+    WriteResult, parse_json,
 };
-use mink_flight::server::ReadBatch;
+use mink_flight::server::{ReadBatch, ReadBatches, TableEndpoint};
 use mink_kv::{KvStore, KvTablet, PutRequest, SnapshotStore};
 use mink_log::{AppendRequest, LogTablet, NO_WRITER, OffsetSpec};
 use mink_meta::{MetaNode, TableInfo};
@@ -98,17 +98,38 @@ struct AlterTableBody {
 #[serde(deny_unknown_fields)]
 struct ProducerOffsetsBody {
     producer_id: String,
-    path: TablePath,
-    /// Bucket number → offset.
-    offsets: std::collections::BTreeMap<u32, i64>,
+    offsets: Vec<ProducerOffset>,
     #[serde(default)]
     ttl_ms: Option<i64>,
 }
+
+/// One bucket's offset of a producer, as clients name the bucket: table path,
+/// partition name (partitioned tables only) and bucket number.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProducerOffset {
+    path: TablePath,
+    #[serde(default)]
+    partition: Option<String>,
+    bucket: u32,
+    offset: i64,
+}
+
+/// Offsets in one `register_producer_offsets`, at most.
+const PRODUCER_OFFSETS_MAX: usize = 10_000;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ProducerIdBody {
     producer_id: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RebalanceBody {
+    /// Set by a node forwarding the request to the lease holder: not forwarded again.
+    #[serde(default)]
+    forwarded: bool,
 }
 
 #[derive(Deserialize)]
@@ -909,6 +930,80 @@ impl NodeService {
         reader.map(|b| Ok(b?)).collect()
     }
 
+    /// The bucket a producer offset names: the table, its partition by name (required
+    /// for, and only for, partitioned tables; it must exist) and a bucket number in
+    /// range.
+    async fn producer_bucket(&self, o: &ProducerOffset) -> Result<TableBucket> {
+        let table = self.table(&o.path).await?;
+        let partition = match (&o.partition, table.descriptor.is_partitioned()) {
+            (None, false) => None,
+            (Some(name), true) => Some(
+                table
+                    .partitions
+                    .get(name)
+                    .ok_or_else(|| MinkError::NotFound(format!("partition {name} of {}", o.path)))?
+                    .id,
+            ),
+            (None, true) => {
+                return Err(MinkError::invalid(
+                    "partition",
+                    format!("{} is partitioned: name the partition", o.path),
+                ));
+            }
+            (Some(_), false) => {
+                return Err(MinkError::invalid(
+                    "partition",
+                    format!("{} is not partitioned", o.path),
+                ));
+            }
+        };
+        if o.bucket >= table.descriptor.bucket_count {
+            return Err(MinkError::invalid(
+                "bucket",
+                format!("{} has no bucket {}", o.path, o.bucket),
+            ));
+        }
+        Ok(TableBucket::new(table.id, partition, o.bucket))
+    }
+
+    /// The KV snapshot a bucket's state is read from: the newest one while it is younger
+    /// than `kv.snapshot_interval_ms`, otherwise a new one (never one per read). A new
+    /// one is recorded in the metadata log for other nodes.
+    async fn kv_snapshot(&self, bucket: TableBucket) -> Result<mink_kv::SnapshotInfo> {
+        let tablet = self.kv_tablet(bucket).await?;
+        let age_max = Duration::from_millis(self.config.kv.snapshot_interval_ms);
+        let info = tablet
+            .recent_snapshot(age_max)
+            .await?
+            .ok_or_else(|| MinkError::Internal("the KV tablet has no snapshot store".into()))?;
+        let snapshot_id = info.log_offset.max(0) as u64;
+        let recorded = self.meta.read(|s| {
+            s.kv_snapshots
+                .get(&bucket.stream_name())
+                .map(|p| p.snapshot_id)
+        });
+        if recorded.is_none_or(|id| id < snapshot_id) {
+            let pointer = mink_meta::state::KvSnapshotPointer {
+                snapshot_id,
+                log_offset: info.log_offset,
+                location: info.location.clone(),
+            };
+            // Best effort: the snapshot serves this read whether or not it is recorded
+            // (a concurrent reader may have recorded it first).
+            if let Err(e) = self
+                .meta
+                .propose(mink_meta::MetaCommand::SetKvSnapshot {
+                    bucket: bucket.stream_name(),
+                    pointer,
+                })
+                .await
+            {
+                tracing::debug!(%bucket, "KV snapshot pointer not recorded: {e}");
+            }
+        }
+        Ok(info)
+    }
+
     async fn metadata_json(&self, path: &TablePath) -> Result<serde_json::Value> {
         let table = self.table(path).await?;
         let partition_names: HashMap<i64, String> = table
@@ -1118,10 +1213,39 @@ impl MinkService for NodeService {
                     "applied_index": self.meta.applied_index(),
                 }))
             }
-            "get_config" => json(&self.config),
+            "get_config" => json(&self.config.redacted()),
             "rebalance" => {
-                let moved = self.meta.rebalance().await?;
-                json(&serde_json::json!({"moved": moved}))
+                let b: RebalanceBody = parse_json("rebalance body", body)?;
+                let (_, holder) = self.meta.lease();
+                let holder_addr = holder
+                    .as_deref()
+                    .filter(|h| *h != self.meta.node_id() && !b.forwarded)
+                    .map(|h| {
+                        self.meta
+                            .read(|s| s.nodes.get(h).map(|n| n.flight_addr.clone()))
+                            .ok_or_else(|| {
+                                MinkError::Unavailable(format!(
+                                    "the lease holder {h} has no address in this node's view"
+                                ))
+                            })
+                    })
+                    .transpose()?;
+                match holder_addr {
+                    // The holder runs it (spec/protocols.txt); its answer is ours. Sent
+                    // marked, so that a holder whose view has moved on answers
+                    // Unavailable instead of forwarding it again.
+                    Some(addr) => {
+                        let answer = self
+                            .forwarder
+                            .action(&addr, "rebalance", &serde_json::json!({"forwarded": true}))
+                            .await?;
+                        json(&answer)
+                    }
+                    None => {
+                        let moved = self.meta.rebalance().await?;
+                        json(&serde_json::json!({"moved": moved}))
+                    }
+                }
             }
             "init_writer" => {
                 let mut ids = self.writer_ids.lock().await;
@@ -1220,17 +1344,37 @@ impl MinkService for NodeService {
             }
             "register_producer_offsets" => {
                 let b: ProducerOffsetsBody = parse_json("register_producer_offsets body", body)?;
-                let table = self.table(&b.path).await?;
-                let offsets = b
-                    .offsets
-                    .into_iter()
-                    .map(|(bucket, offset)| {
-                        (
-                            TableBucket::new(table.id, None, bucket).stream_name(),
-                            offset,
-                        )
-                    })
-                    .collect();
+                if b.offsets.len() > PRODUCER_OFFSETS_MAX {
+                    return Err(MinkError::LimitExceeded {
+                        what: "offsets in one register_producer_offsets".into(),
+                        limit: PRODUCER_OFFSETS_MAX as u64,
+                        actual: b.offsets.len() as u64,
+                    });
+                }
+                let mut offsets = std::collections::BTreeMap::new();
+                for (i, o) in b.offsets.iter().enumerate() {
+                    let bucket = self.producer_bucket(o).await.map_err(|e| match e {
+                        MinkError::InvalidArgument { field, reason } => {
+                            MinkError::InvalidArgument {
+                                field: format!("offsets[{i}].{field}"),
+                                reason,
+                            }
+                        }
+                        other => other,
+                    })?;
+                    if o.offset < 0 {
+                        return Err(MinkError::invalid(
+                            format!("offsets[{i}].offset"),
+                            "offsets are not negative",
+                        ));
+                    }
+                    if offsets.insert(bucket.stream_name(), o.offset).is_some() {
+                        return Err(MinkError::invalid(
+                            format!("offsets[{i}]"),
+                            format!("{bucket} is named twice"),
+                        ));
+                    }
+                }
                 let index = self
                     .meta
                     .propose(mink_meta::MetaCommand::RegisterProducerOffsets {
@@ -1246,7 +1390,47 @@ impl MinkService for NodeService {
                 let b: ProducerIdBody = parse_json("get_producer_offsets body", body)?;
                 let found = self
                     .meta
-                    .read(|s| s.producer_offsets.get(&b.producer_id).cloned())
+                    .read(|s| {
+                        let found = s.producer_offsets.get(&b.producer_id)?;
+                        // By bucket as clients name it; buckets of tables or partitions
+                        // dropped since are left out.
+                        let mut offsets: Vec<ProducerOffset> = found
+                            .offsets
+                            .iter()
+                            .filter_map(|(stream, offset)| {
+                                let bucket = s.buckets.get(stream)?.bucket;
+                                let table = s.tables.get(&bucket.table_id)?;
+                                let partition = match bucket.partition_id {
+                                    None => None,
+                                    Some(id) => Some(
+                                        table
+                                            .partitions
+                                            .values()
+                                            .find(|p| p.id == id)?
+                                            .name
+                                            .clone(),
+                                    ),
+                                };
+                                Some(ProducerOffset {
+                                    path: table.path.clone(),
+                                    partition,
+                                    bucket: bucket.bucket,
+                                    offset: *offset,
+                                })
+                            })
+                            .collect();
+                        offsets.sort_by(|a, b| {
+                            (a.path.to_string(), &a.partition, a.bucket).cmp(&(
+                                b.path.to_string(),
+                                &b.partition,
+                                b.bucket,
+                            ))
+                        });
+                        Some(serde_json::json!({
+                            "offsets": offsets,
+                            "expires_at_ms": found.expires_at_ms,
+                        }))
+                    })
                     .ok_or_else(|| {
                         MinkError::NotFound(format!("producer offsets of {}", b.producer_id))
                     })?;
@@ -1264,28 +1448,13 @@ impl MinkService for NodeService {
             }
             "latest_kv_snapshot" => {
                 let b: BucketBody = parse_json("latest_kv_snapshot body", body)?;
-                let tablet = self.kv_tablet(b.bucket).await?;
-                let info = tablet.snapshot().await?.ok_or_else(|| {
-                    MinkError::Internal("the KV tablet has no snapshot store".into())
-                })?;
-                let pointer = mink_meta::state::KvSnapshotPointer {
-                    snapshot_id: info.log_offset.max(0) as u64,
-                    log_offset: info.log_offset,
-                    location: info.location.clone(),
-                };
-                // Recorded for others; an equal snapshot id is already recorded.
-                let _ = self
-                    .meta
-                    .propose(mink_meta::MetaCommand::SetKvSnapshot {
-                        bucket: b.bucket.stream_name(),
-                        pointer,
-                    })
-                    .await;
+                let info = self.kv_snapshot(b.bucket).await?;
                 json(&serde_json::json!({
                     "log_offset": info.log_offset,
                     "location": info.location,
                     "rows": info.rows,
                     "bytes": info.bytes,
+                    "written_at_ms": info.written_at_ms,
                 }))
             }
             "lake_snapshot" => {
@@ -1409,12 +1578,14 @@ impl MinkService for NodeService {
         }
     }
 
-    async fn read(&self, ticket: ReadTicket) -> Result<(SchemaRef, Vec<ReadBatch>)> {
+    async fn read(&self, ticket: ReadTicket) -> Result<(SchemaRef, ReadBatches)> {
         match ticket {
+            // With an `end_offset`, the Flight server reads the range in scans like this.
             ReadTicket::Scan {
                 bucket,
                 offset,
                 max_bytes,
+                end_offset: _,
             } => {
                 let table = self.table_by_id(bucket.table_id).await?;
                 let schema = table.descriptor.schema.to_arrow();
@@ -1422,7 +1593,7 @@ impl MinkService for NodeService {
                 let max = max_bytes.unwrap_or(self.config.log.scan_bytes_max) as usize;
                 let scan = tablet.log().scan(offset, max).await?;
                 let batches = read_batches(bucket, scan, &schema)?;
-                Ok((schema, batches))
+                Ok((schema, ReadBatches::Scan(batches)))
             }
             ReadTicket::LimitScan { bucket, limit } => {
                 let table = self.table_by_id(bucket.table_id).await?;
@@ -1453,15 +1624,12 @@ impl MinkService for NodeService {
                         out.push((as_schema(b.batch.slice(0, take), &schema)?, meta));
                     }
                 }
-                Ok((schema, out))
+                Ok((schema, ReadBatches::Scan(out)))
             }
             ReadTicket::Snapshot { bucket } => {
                 let table = self.table_by_id(bucket.table_id).await?;
                 let schema = table.descriptor.schema.to_arrow();
-                let tablet = self.kv_tablet(bucket).await?;
-                let info = tablet.snapshot().await?.ok_or_else(|| {
-                    MinkError::Internal("the KV tablet has no snapshot store".into())
-                })?;
+                let info = self.kv_snapshot(bucket).await?;
                 let store = SnapshotStore {
                     store: self.streams().object_store(),
                     prefix: snapshot_prefix(bucket),
@@ -1472,16 +1640,15 @@ impl MinkService for NodeService {
                     .await?
                     .into_iter()
                     .map(|b| {
-                        let meta = ScanBatch {
+                        let meta = SnapshotBatch {
                             bucket,
-                            base_offset: info.log_offset,
-                            high_watermark: info.log_offset,
-                            change_types: None,
+                            log_offset: info.log_offset,
+                            written_at_ms: info.written_at_ms,
                         };
                         Ok((as_schema(b, &schema)?, meta))
                     })
                     .collect::<Result<_>>()?;
-                Ok((schema, batches))
+                Ok((schema, ReadBatches::Snapshot(batches)))
             }
             ReadTicket::Union { .. } | ReadTicket::Lake { .. } => Err(MinkError::Unimplemented(
                 "lake tiering does not exist yet, so Union and Lake tickets are not implemented"
@@ -1511,6 +1678,59 @@ impl MinkService for NodeService {
 
     async fn table_schema(&self, path: &TablePath) -> Result<SchemaRef> {
         Ok(self.table(path).await?.descriptor.schema.to_arrow())
+    }
+
+    /// One endpoint per bucket of every partition: a `Scan` of the bucket's rows now,
+    /// from its log start to its high watermark (both asked with `list_offsets`, which
+    /// asks the leaders of buckets this node does not lead), at its leader.
+    async fn table_endpoints(&self, path: &TablePath) -> Result<(SchemaRef, Vec<TableEndpoint>)> {
+        #[derive(Deserialize)]
+        struct BucketOffset {
+            bucket: TableBucket,
+            offset: Option<i64>,
+        }
+        let table = self.table(path).await?;
+        let partitions: Vec<Option<String>> = if table.descriptor.is_partitioned() {
+            table.partitions.keys().cloned().map(Some).collect()
+        } else {
+            vec![None]
+        };
+        let mut out = Vec::new();
+        for partition in partitions {
+            let mut ends = Vec::with_capacity(2);
+            for spec in ["earliest", "latest"] {
+                let body = serde_json::json!({"path": path, "spec": spec, "partition": partition});
+                let answer = self.action("list_offsets", &json(&body)?).await?;
+                let offsets: Vec<BucketOffset> = parse_json("list_offsets answer", &answer)?;
+                ends.push(offsets);
+            }
+            let [earliest, latest] = <[Vec<BucketOffset>; 2]>::try_from(ends)
+                .map_err(|_| MinkError::Internal("two list_offsets answers".into()))?;
+            for (start, end) in earliest.into_iter().zip(latest) {
+                debug_assert_eq!(start.bucket, end.bucket);
+                let bucket = start.bucket;
+                let from = start.offset.unwrap_or(0);
+                let to = end.offset.unwrap_or(from).max(from);
+                let leader = self.meta.read(|s| {
+                    s.buckets
+                        .get(&bucket.stream_name())
+                        .and_then(|b| b.leader.as_ref())
+                        .and_then(|l| s.nodes.get(l))
+                        .map(|n| n.flight_addr.clone())
+                });
+                out.push(TableEndpoint {
+                    ticket: ReadTicket::Scan {
+                        bucket,
+                        offset: from,
+                        max_bytes: None,
+                        end_offset: Some(to),
+                    },
+                    leader,
+                    rows: to - from,
+                });
+            }
+        }
+        Ok((table.descriptor.schema.to_arrow(), out))
     }
 
     async fn tables(&self) -> Result<Vec<(TablePath, SchemaRef)>> {

@@ -5,48 +5,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mink_flight::MinkClient;
-use mink_node::MinkConfig;
 use mink_node::node::Node;
 use mink_types::{TableDescriptor, TablePath};
 
 mod common;
-use common::{ids, rows};
-
-fn config(dir: &std::path::Path, shared: &std::path::Path, id: &str) -> MinkConfig {
-    let mut c = MinkConfig {
-        node_id: id.into(),
-        data_dir: dir.join(id),
-        ..MinkConfig::default()
-    };
-    c.object_store.url = format!("file://{}", shared.display());
-    c.listeners.flight = "127.0.0.1:0".parse().unwrap();
-    c.listeners.admin = "127.0.0.1:0".parse().unwrap();
-    c.meta.heartbeat_interval_ms = 100;
-    c.meta.lease_timeout_ms = 1_000;
-    c.meta.node_session_timeout_ms = 1_500;
-    c.meta.tail_idle_interval_max_ms = 100;
-    c
-}
+use common::{config, ids, rows, settle};
 
 fn events() -> TableDescriptor {
     common::events_in(4)
-}
-
-/// Retries while bucket leaders are being assigned.
-async fn settle<T, F, Fut>(f: F) -> T
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = mink_types::Result<T>>,
-{
-    let mut last = None;
-    for _ in 0..100 {
-        match f().await {
-            Ok(v) => return v,
-            Err(e) => last = Some(e),
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("never settled: {last:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,9 +2,13 @@
 
 use serde::{Deserialize, Serialize};
 
+/// What a secret is shown as wherever a configuration is printed, logged or served.
+pub const REDACTED: &str = "<redacted>";
+
 /// Where durable state lives. `url` is one of `file:///abs/dir`, `memory://`,
-/// `s3://bucket/prefix`; the S3 fields apply to `s3://` only.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// `s3://bucket/prefix`; the S3 fields apply to `s3://` only. Its `Debug` shows the
+/// secret key as [`REDACTED`].
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ObjectStoreConfig {
     /// The store's URL. Empty means "derive from the node's data directory"
@@ -23,6 +27,44 @@ pub struct ObjectStoreConfig {
     pub allow_http: bool,
     /// Timeout of one object-store request, in milliseconds. Default 30,000.
     pub request_timeout_ms: u64,
+}
+
+impl ObjectStoreConfig {
+    /// This configuration with the secret key, when set, replaced by [`REDACTED`]: what
+    /// may be printed or served.
+    pub fn redacted(&self) -> Self {
+        Self {
+            secret_access_key: self.secret_access_key.as_ref().map(|_| REDACTED.into()),
+            ..self.clone()
+        }
+    }
+}
+
+/// By hand, so that no `{:?}` of a configuration prints the secret key.
+impl std::fmt::Debug for ObjectStoreConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Self {
+            url,
+            endpoint,
+            region,
+            access_key_id,
+            secret_access_key,
+            allow_http,
+            request_timeout_ms,
+        } = self;
+        f.debug_struct("ObjectStoreConfig")
+            .field("url", url)
+            .field("endpoint", endpoint)
+            .field("region", region)
+            .field("access_key_id", access_key_id)
+            .field(
+                "secret_access_key",
+                &secret_access_key.as_ref().map(|_| REDACTED),
+            )
+            .field("allow_http", allow_http)
+            .field("request_timeout_ms", request_timeout_ms)
+            .finish()
+    }
 }
 
 impl Default for ObjectStoreConfig {

@@ -21,7 +21,7 @@ pub mod objectlog;
 pub mod store;
 pub mod stream;
 
-pub use config::{ObjectStoreConfig, WalConfig};
+pub use config::{ObjectStoreConfig, REDACTED, WalConfig};
 pub use error::{WalError, WalResult};
 pub use format::Record;
 pub use objectlog::{Appended, LogState, ObjectLog, ObjectLogOptions};

@@ -1,6 +1,7 @@
 """Starting and stopping a mink-node process for the interop suites."""
 
 import os
+import pathlib
 import re
 import signal
 import subprocess
@@ -14,6 +15,7 @@ class NodeProcess:
     """A mink-node on loopback ports chosen by the OS, with its stderr collected."""
 
     def __init__(self, binary, workdir, env=None):
+        self.workdir = pathlib.Path(workdir)
         self.lines = []
         self.proc = subprocess.Popen(
             [str(binary)],
@@ -83,3 +85,24 @@ def retry(fn, timeout=15, what="operation"):
             if time.monotonic() > deadline or "no leader yet" not in str(e):
                 raise
             time.sleep(0.1)
+
+
+def lose_object_store(objects_dir):
+    """Makes a file:// object store unusable for the nodes on it, as a lost store would
+    be: its directory is moved away and a plain file takes its name, so every request
+    under it fails (even for root, who ignores permissions)."""
+    objects_dir = pathlib.Path(objects_dir)
+    objects_dir.rename(objects_dir.with_name(objects_dir.name + ".lost"))
+    objects_dir.write_text("not a directory")
+
+
+def wait_for(probe, timeout=15, what="a condition"):
+    """Polls `probe` until it returns something truthy; fails naming `what`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = probe()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never: {what}")
+        time.sleep(0.1)

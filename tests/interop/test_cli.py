@@ -5,11 +5,12 @@ import subprocess
 import time
 
 import pyarrow as pa
+import pyarrow.flight as flight
 import pyarrow.parquet as pq
 import pytest
 
 from conftest import clean_env
-from node_proc import NodeProcess
+from node_proc import NodeProcess, lose_object_store, wait_for
 
 
 @pytest.fixture()
@@ -30,8 +31,30 @@ def cli(mink_node, bin_dir, tmp_path):
         return out
 
     mink.addr = f"127.0.0.1:{node.flight_port}"
+    mink.node = node
     yield mink, tmp_path
     node.kill()
+
+
+def printed_offsets(text):
+    """`mink offsets` output as {bucket: (earliest, latest)}, checking its header."""
+    header, *rows = text.splitlines()
+    assert header.split() == ["bucket", "earliest", "latest"], text
+    return {int(b): (int(e), int(l)) for b, e, l in (row.split() for row in rows)}
+
+
+def listed_offsets(mink, table, partition=None):
+    """The node's own answer, through pyarrow: {bucket: (earliest, latest)}."""
+    client = flight.connect(f"grpc://{mink.addr}")
+    try:
+        def offsets(spec):
+            body = {"path": table, "spec": spec, "partition": partition}
+            [r] = client.do_action(flight.Action("list_offsets", json.dumps(body).encode()))
+            return {o["bucket"]["bucket"]: o["offset"] for o in json.loads(r.body.to_pybytes())}
+        earliest, latest = offsets("earliest"), offsets("latest")
+        return {b: (earliest[b], latest[b]) for b in earliest}
+    finally:
+        client.close()
 
 
 def test_create_write_scan_lookup_describe(cli):
@@ -56,9 +79,19 @@ def test_create_write_scan_lookup_describe(cli):
     described = mink("table", "describe", "demo.users").stdout
     assert "primary key" in described and "buckets: 2" in described
     assert "demo.users" in mink("table", "list", "demo").stdout
-    offsets = mink("offsets", "demo.users").stdout
-    assert "earliest" in offsets
-    assert json.loads(mink("cluster", "health").stdout)["status"] == "serving"
+    # Six changelog rows (4 inserts, -U/+U of id 3) over two buckets, from offset 0.
+    offsets = printed_offsets(mink("offsets", "demo.users").stdout)
+    assert sorted(offsets) == [0, 1]
+    assert all(earliest == 0 for earliest, _ in offsets.values())
+    assert sum(latest for _, latest in offsets.values()) == 6
+    assert offsets == listed_offsets(mink, "demo.users")
+
+    health = json.loads(mink("cluster", "health").stdout)
+    assert (health["status"], health["problem"]) == ("serving", None)
+    lose_object_store(tmp / "mink-data" / "objects")
+    health = wait_for(lambda: (h := json.loads(mink("cluster", "health").stdout))["status"] != "serving" and h,
+                      what="mink cluster health reports the lost store")
+    assert health["status"] == "unavailable" and "object store does not answer" in health["problem"]
 
 
 def test_tail_and_offsets_of_a_partitioned_table(cli, bin_dir):
@@ -68,8 +101,10 @@ def test_tail_and_offsets_of_a_partitioned_table(cli, bin_dir):
          "--column", "msg:STRING", "--partition-key", "day", "--bucket-key", "id", "--buckets", "2")
     (tmp / "old.csv").write_text("day,id,msg\n2026-11-29,1,old-one\n2026-11-29,2,old-two\n")
     mink("write", "demo.daily", "--file", "old.csv")
-    offsets = mink("offsets", "demo.daily", "--partition", "2026-11-29").stdout
-    assert "earliest" in offsets
+    offsets = printed_offsets(mink("offsets", "demo.daily", "--partition", "2026-11-29").stdout)
+    assert sorted(offsets) == [0, 1] and all(e == 0 for e, _ in offsets.values())
+    assert sum(latest for _, latest in offsets.values()) == 2, "two rows in the partition"
+    assert offsets == listed_offsets(mink, "demo.daily", "2026-11-29")
     assert "name the partition" in mink("offsets", "demo.daily", check=False).stderr
 
     with open(tmp / "tail.out", "w") as sink:

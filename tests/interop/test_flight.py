@@ -6,7 +6,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 
-from node_proc import NodeProcess, retry
+from node_proc import NodeProcess, lose_object_store, retry, wait_for
 
 
 def action(client, name, body=None):
@@ -93,7 +93,14 @@ def test_catalog_write_scan_and_discovery(node):
     assert schema.names == ["id", "msg"]
     names = {a.type for a in client.list_actions()}
     assert {"create_table", "metadata", "lookup", "health"} <= names
-    assert action(client, "health")["status"] == "serving"
+    health = action(client, "health")
+    assert (health["status"], health["problem"]) == ("serving", None)
+
+    # And a node that lost its object store says so.
+    lose_object_store(node[0].workdir / "mink-data" / "objects")
+    health = wait_for(lambda: (h := action(client, "health"))["status"] != "serving" and h, what="health reports the loss")
+    assert health["status"] == "unavailable"
+    assert "object store does not answer" in health["problem"]
 
 
 def test_bad_input_gets_precise_errors_and_changes_nothing(node):
@@ -392,7 +399,7 @@ def test_lookups_on_a_partitioned_primary_key_table(node):
     assert names == ["2026-11-28", "2026-11-29"]
 
 
-def test_alter_producer_offsets_snapshots_limit_scan_and_stats(node):
+def test_alter_snapshots_limit_scan_and_stats(node):
     _, client = node
     action(client, "create_database", {"name": "db"})
     action(client, "create_table", {"path": "db.events", "descriptor": dict(EVENTS, bucket_count=1)})
@@ -417,14 +424,6 @@ def test_alter_producer_offsets_snapshots_limit_scan_and_stats(node):
     # LimitScan: the first rows of a bucket.
     first = client.do_get(flight.Ticket(json.dumps({"LimitScan": {"bucket": bucket, "limit": 3}}).encode())).read_all()
     assert first.column("id").to_pylist() == [0, 1, 2]
-
-    # Producer offsets.
-    action(client, "register_producer_offsets", {"producer_id": "sink-1", "path": "db.events", "offsets": {"0": 6}})
-    got = action(client, "get_producer_offsets", {"producer_id": "sink-1"})
-    assert list(got["offsets"].values()) == [6]
-    action(client, "delete_producer_offsets", {"producer_id": "sink-1"})
-    with pytest.raises(pa.ArrowKeyError):
-        action(client, "get_producer_offsets", {"producer_id": "sink-1"})
 
     # KV snapshots, readable through the Snapshot ticket.
     users = pa.record_batch(
@@ -543,3 +542,251 @@ def test_admin_health_and_metrics_after_a_write(node):
     assert samples["mink_node_tablets_open"] == 3
     assert samples["mink_node_tablets_opening"] == 0
     assert samples["mink_node_tablet_open_seconds_count"] == 3
+
+    # A node that lost its object store answers 503 and says why.
+    import urllib.error
+
+    def unhealthy():
+        try:
+            urllib.request.urlopen(f"{base}/health")
+            return None
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    lose_object_store(proc.workdir / "mink-data" / "objects")
+    code, body = wait_for(unhealthy, what="/health reports the loss")
+    assert code == 503 and body["status"] == "unavailable"
+    assert "object store does not answer" in body["reason"]
+
+
+def metric(proc, name):
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{proc.admin_port}/metrics") as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[-1])
+    return 0.0
+
+
+def snapshot_read(client, bucket):
+    """A Snapshot ticket's rows (by id) and each batch's app metadata."""
+    reader = client.do_get(flight.Ticket(json.dumps({"Snapshot": {"bucket": bucket}}).encode()))
+    rows, metas = {}, []
+    for chunk in reader:
+        metas.append(json.loads(chunk.app_metadata.to_pybytes()))
+        rows.update({r["id"]: r["name"] for r in chunk.data.to_pylist()})
+    return rows, metas
+
+
+def test_snapshot_reads_send_snapshot_batches_and_reuse_a_recent_snapshot(node):
+    """A Snapshot ticket's batches carry SnapshotBatch metadata (spec/protocols.txt);
+    reads and latest_kv_snapshot return the newest snapshot while it is younger than
+    kv.snapshot_interval_ms (10 minutes here) instead of writing one each."""
+    proc, client = node
+    action(client, "create_database", {"name": "db"})
+    action(client, "create_table", {"path": "db.users", "descriptor": dict(USERS, bucket_count=1)})
+    users = pa.record_batch(
+        [pa.array([1, 2], pa.int64()), pa.array(["ann", "bob"]), pa.array([1, 2], pa.int64())], schema=USER_SCHEMA
+    )
+    retry(lambda: put_table(client, users))
+    bucket = action(client, "metadata", {"path": "db.users"})["buckets"][0]["bucket"]
+    snap = action(client, "latest_kv_snapshot", {"bucket": bucket})
+    assert snap["rows"] == 2 and snap["log_offset"] == 2
+    rows, metas = snapshot_read(client, bucket)
+    assert rows == {1: "ann", 2: "bob"}
+    expected = {"bucket": bucket, "log_offset": 2, "written_at_ms": snap["written_at_ms"]}
+    assert metas and all(m == expected for m in metas), metas
+
+    # A later write is not in the reused snapshot; its log_offset says where the
+    # changelog continues.
+    put_table(client, pa.record_batch(
+        [pa.array([3], pa.int64()), pa.array(["cy"]), pa.array([3], pa.int64())], schema=USER_SCHEMA))
+    rows, metas = snapshot_read(client, bucket)
+    assert rows == {1: "ann", 2: "bob"} and all(m == expected for m in metas)
+    assert action(client, "latest_kv_snapshot", {"bucket": bucket}) == snap
+    ticket = {"Scan": {"bucket": bucket, "offset": expected["log_offset"]}}
+    later = client.do_get(flight.Ticket(json.dumps(ticket).encode())).read_all()
+    assert later.column("id").to_pylist() == [3]
+    assert metric(proc, "mink_kv_snapshots_written_total") == 1, "one snapshot for two actions and two reads"
+
+
+def test_a_snapshot_older_than_the_interval_is_renewed_by_the_next_read(mink_node, tmp_path):
+    proc = NodeProcess(mink_node, tmp_path, {"MINK_KV__SNAPSHOT_INTERVAL_MS": "1"})
+    client = flight.connect(proc.location)
+    try:
+        action(client, "create_database", {"name": "db"})
+        action(client, "create_table", {"path": "db.users", "descriptor": dict(USERS, bucket_count=1)})
+        for i, name in enumerate(["ann", "bob"]):
+            batch = pa.record_batch(
+                [pa.array([i], pa.int64()), pa.array([name]), pa.array([i], pa.int64())], schema=USER_SCHEMA)
+            retry(lambda: put_table(client, batch))
+            bucket = action(client, "metadata", {"path": "db.users"})["buckets"][0]["bucket"]
+            rows, metas = snapshot_read(client, bucket)
+            assert len(rows) == i + 1, "older than 1 ms: a new snapshot with the latest write"
+            assert all(m["log_offset"] == i + 1 for m in metas)
+        assert metric(proc, "mink_kv_snapshots_written_total") == 2
+    finally:
+        client.close()
+        proc.kill()
+
+
+def read_flight(client, path):
+    """Every row of a table the standard Flight way: GetFlightInfo, then DoGet of each
+    endpoint's ticket at the endpoint's location."""
+    info = client.get_flight_info(flight.FlightDescriptor.for_path(path))
+    rows = []
+    for endpoint in info.endpoints:
+        assert endpoint.ticket.ticket, "every endpoint has a ticket"
+        [location] = endpoint.locations
+        at = flight.connect(location)
+        try:
+            rows.extend(at.do_get(endpoint.ticket).read_all().to_pylist())
+        finally:
+            at.close()
+    return info, rows
+
+
+def test_get_flight_info_endpoints_read_back_every_row(mink_node, tmp_path):
+    # Scans of at most 1 KiB, so an endpoint is read in many scans.
+    proc = NodeProcess(mink_node, tmp_path, {"MINK_LOG__SCAN_BYTES_MAX": "1024"})
+    client = flight.connect(proc.location)
+    try:
+        action(client, "create_database", {"name": "db"})
+        action(client, "create_table", {"path": "db.events", "descriptor": EVENTS})
+        for start in range(0, 1000, 100):
+            batch = pa.record_batch(
+                [pa.array(range(start, start + 100), pa.int64()), pa.array([f"message {i}" for i in range(start, start + 100)])],
+                schema=SCHEMA,
+            )
+            retry(lambda: append_table(client, "db.events", batch))
+        info, rows = read_flight(client, "db.events")
+        assert len(info.endpoints) == 3, "one endpoint per bucket"
+        assert all(loc.uri.decode() == proc.location for e in info.endpoints for loc in e.locations)
+        assert sorted(r["id"] for r in rows) == list(range(1000))
+        assert info.total_records == 1000
+        assert info.schema.names == ["id", "msg"]
+
+        # Rows written after GetFlightInfo are not in its endpoints: each reads the
+        # bucket as it was then.
+        later = pa.record_batch([pa.array([5000], pa.int64()), pa.array(["later"])], schema=SCHEMA)
+        append_table(client, "db.events", later)
+        for endpoint in info.endpoints:
+            got = client.do_get(endpoint.ticket).read_all().column("id").to_pylist()
+            assert 5000 not in got
+        assert sorted(r["id"] for r in read_flight(client, "db.events")[1]) == list(range(1000)) + [5000]
+
+        # A partitioned table: one endpoint per bucket of every partition.
+        daily = {
+            "schema": {"columns": [{"name": "day", "type": "STRING", "nullable": False},
+                                   {"name": "id", "type": "BIGINT", "nullable": False}]},
+            "partition_keys": ["day"], "bucket_keys": ["id"], "bucket_count": 2,
+        }
+        action(client, "create_table", {"path": "db.daily", "descriptor": daily})
+        schema = pa.schema([pa.field("day", pa.string(), nullable=False), pa.field("id", pa.int64(), nullable=False)])
+        batch = pa.record_batch([pa.array(["d1", "d2", "d2"]), pa.array([1, 2, 3], pa.int64())], schema=schema)
+        retry(lambda: append_table(client, "db.daily", batch))
+        info, rows = read_flight(client, "db.daily")
+        assert len(info.endpoints) == 4
+        assert sorted((r["day"], r["id"]) for r in rows) == [("d1", 1), ("d2", 2), ("d2", 3)]
+    finally:
+        client.close()
+        proc.kill()
+
+
+def test_producer_offsets_name_tables_partitions_and_buckets(node):
+    """register_producer_offsets takes, and get_producer_offsets answers, offsets by
+    table path, partition name and bucket: the same bucket number of two partitions,
+    or of two tables, are different offsets."""
+    _, client = node
+    action(client, "create_database", {"name": "db"})
+    action(client, "create_table", {"path": "db.events", "descriptor": dict(EVENTS, bucket_count=2)})
+    daily = {
+        "schema": {"columns": [{"name": "day", "type": "STRING", "nullable": False},
+                               {"name": "id", "type": "BIGINT", "nullable": False}]},
+        "partition_keys": ["day"], "bucket_keys": ["id"], "bucket_count": 2,
+    }
+    action(client, "create_table", {"path": "db.daily", "descriptor": daily})
+    for day in ["2026-11-28", "2026-11-29"]:
+        action(client, "create_partition", {"path": "db.daily", "name": day})
+    offsets = [
+        {"path": "db.daily", "partition": "2026-11-28", "bucket": 0, "offset": 5},
+        {"path": "db.daily", "partition": "2026-11-29", "bucket": 0, "offset": 7},
+        {"path": "db.daily", "partition": "2026-11-29", "bucket": 1, "offset": 8},
+        {"path": "db.events", "partition": None, "bucket": 0, "offset": 6},
+    ]
+    action(client, "register_producer_offsets", {"producer_id": "sink-1", "offsets": offsets, "ttl_ms": 60_000})
+    got = action(client, "get_producer_offsets", {"producer_id": "sink-1"})
+    assert got["offsets"] == offsets
+    assert got["expires_at_ms"] > 0
+
+    # A registration replaces the producer's offsets; `partition` may be left out for
+    # a table that has none.
+    action(client, "register_producer_offsets",
+           {"producer_id": "sink-1", "offsets": [{"path": "db.events", "bucket": 1, "offset": 9}]})
+    assert action(client, "get_producer_offsets", {"producer_id": "sink-1"})["offsets"] == [
+        {"path": "db.events", "partition": None, "bucket": 1, "offset": 9}
+    ]
+
+    def register(entry):
+        return action(client, "register_producer_offsets", {"producer_id": "sink-2", "offsets": [entry]})
+
+    with pytest.raises(pa.ArrowInvalid, match="db.daily is partitioned"):
+        register({"path": "db.daily", "bucket": 0, "offset": 1})
+    with pytest.raises(pa.ArrowKeyError, match="partition 2026-01-01 of db.daily"):
+        register({"path": "db.daily", "partition": "2026-01-01", "bucket": 0, "offset": 1})
+    with pytest.raises(pa.ArrowInvalid, match="db.events is not partitioned"):
+        register({"path": "db.events", "partition": "2026-11-28", "bucket": 0, "offset": 1})
+    with pytest.raises(pa.ArrowInvalid, match="db.events has no bucket 2"):
+        register({"path": "db.events", "bucket": 2, "offset": 1})
+    with pytest.raises(pa.ArrowKeyError, match="table db.nope"):
+        register({"path": "db.nope", "bucket": 0, "offset": 1})
+    with pytest.raises(pa.ArrowKeyError):
+        action(client, "get_producer_offsets", {"producer_id": "sink-2"})
+
+    # Offsets of a dropped partition are gone with it.
+    action(client, "register_producer_offsets", {"producer_id": "sink-1", "offsets": offsets})
+    action(client, "drop_partition", {"path": "db.daily", "name": "2026-11-28"})
+    assert action(client, "get_producer_offsets", {"producer_id": "sink-1"})["offsets"] == offsets[1:]
+
+    action(client, "delete_producer_offsets", {"producer_id": "sink-1"})
+    with pytest.raises(pa.ArrowKeyError):
+        action(client, "get_producer_offsets", {"producer_id": "sink-1"})
+
+
+class HeaderRecorder(flight.ClientMiddlewareFactory):
+    """Records the headers of every response, errors included."""
+
+    def __init__(self):
+        self.seen = []
+
+    def start_call(self, info):
+        factory = self
+
+        class Middleware(flight.ClientMiddleware):
+            def received_headers(self, headers):
+                factory.seen.append((info.method, dict(headers)))
+
+        return Middleware()
+
+
+def test_error_responses_carry_the_applied_index(node):
+    proc, _ = node
+    recorder = HeaderRecorder()
+    client = flight.connect(proc.location, middleware=[recorder])
+    created = action(client, "create_database", {"name": "db"})
+    failing = [
+        lambda: action(client, "get_table", {"path": "db.nope"}),
+        lambda: action(client, "make_coffee"),
+        lambda: client.get_flight_info(flight.FlightDescriptor.for_path("db.nope")),
+        lambda: client.do_get(flight.Ticket(b"{not json")).read_all(),
+        lambda: append_table(client, "db.nope", pa.record_batch([pa.array([1], pa.int64()), pa.array(["x"])], schema=SCHEMA)),
+    ]
+    for call in failing:
+        recorder.seen.clear()
+        with pytest.raises(pa.ArrowException):
+            call()
+        indices = [h.get("mink-applied-index") for _, h in recorder.seen]
+        assert indices and all(i is not None for i in indices), recorder.seen
+        assert all(int(i[0]) >= created["index"] for i in indices)
+    client.close()

@@ -110,3 +110,42 @@ def test_node_refuses_an_unreachable_bucket(mink_node, tmp_path, s3_url):
         assert "is not usable" in proc.stderr.read()
     finally:
         proc.kill()
+
+
+def test_the_secret_key_is_redacted_wherever_the_config_is_shown(mink_node, tmp_path):
+    """--print-config, the get_config action and the node's log show "<redacted>" for
+    the secret key; the access key id is not a secret and is shown."""
+    import json
+    import uuid
+
+    import pyarrow.flight as flight
+
+    from node_proc import NodeProcess
+
+    secret = f"s3cr3t-{uuid.uuid4().hex}"
+    keys = {"MINK_OBJECT_STORE__ACCESS_KEY_ID": "AKIDSHOWN", "MINK_OBJECT_STORE__SECRET_ACCESS_KEY": secret}
+    out = run(mink_node, "--print-config", cwd=tmp_path, env=keys)
+    assert out.returncode == 0, out.stderr
+    assert secret not in out.stdout + out.stderr
+    printed = tomllib.loads(out.stdout)["object_store"]
+    assert printed["secret_access_key"] == "<redacted>"
+    assert printed["access_key_id"] == "AKIDSHOWN"
+
+    # The keys apply to s3:// only; on the default file:// store the node starts.
+    node = NodeProcess(mink_node, tmp_path, dict(keys, RUST_LOG="debug"))
+    try:
+        client = flight.connect(node.location)
+        [result] = client.do_action(flight.Action("get_config", b"{}"))
+        body = result.body.to_pybytes().decode()
+        assert secret not in body
+        served = json.loads(body)["object_store"]
+        assert served["secret_access_key"] == "<redacted>"
+        assert served["access_key_id"] == "AKIDSHOWN"
+        client.close()
+    finally:
+        node.kill()
+    assert secret not in "".join(node.lines)
+
+    # Without a secret there is nothing to redact: null, not the placeholder.
+    out = run(mink_node, "--print-config", cwd=tmp_path)
+    assert "secret_access_key" not in tomllib.loads(out.stdout)["object_store"]

@@ -3,7 +3,10 @@
 import json
 import os
 import pathlib
+import re
+import signal
 import subprocess
+import time
 
 from conftest import clean_env
 
@@ -36,6 +39,16 @@ def test_a_three_node_cluster_up_write_scan_down(tmp_path, bin_dir):
         described = json.loads(run(*mink, "cluster", "describe").stdout)
         assert sorted(described["nodes"]) == ["n0", "n1", "n2"]
         assert run("cargo", "xtask", "cluster", "status", "--dir", str(cluster)).stdout.count("serving") == 3
+        # A node that is gone is reported as such, not as serving.
+        os.kill(pids[0], signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while True:
+            status = run("cargo", "xtask", "cluster", "status", "--dir", str(cluster)).stdout
+            if re.search(r"^n0 .* stopped$", status, re.M) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert re.search(r"^n0 .* stopped$", status, re.M), status
+        assert status.count("serving") == 2, status
     finally:
         down = run("cargo", "xtask", "cluster", "down", "--dir", str(cluster), check=False)
     assert down.returncode == 0, down.stderr

@@ -1,10 +1,48 @@
-//! Helpers shared by the node's integration tests: the `events` log table and its rows.
+//! Helpers shared by the node's integration tests: node configurations, the `events` log
+//! table and its rows.
 #![allow(dead_code)] // each test crate uses its own subset
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use arrow::array::{Array, Int64Array, RecordBatch, StringArray};
+use mink_node::MinkConfig;
 use mink_types::{Column, DataType, Schema, TableDescriptor};
+
+/// Node `id` of a cluster on the `shared` file store, its data under `dir/id`, on
+/// loopback ports the OS chooses, with short heartbeats and lease timeouts.
+pub fn config(dir: &std::path::Path, shared: &std::path::Path, id: &str) -> MinkConfig {
+    let mut c = MinkConfig {
+        node_id: id.into(),
+        data_dir: dir.join(id),
+        ..MinkConfig::default()
+    };
+    c.object_store.url = format!("file://{}", shared.display());
+    c.listeners.flight = "127.0.0.1:0".parse().unwrap();
+    c.listeners.admin = "127.0.0.1:0".parse().unwrap();
+    c.meta.heartbeat_interval_ms = 100;
+    c.meta.lease_timeout_ms = 1_000;
+    c.meta.node_session_timeout_ms = 1_500;
+    c.meta.tail_idle_interval_max_ms = 100;
+    c
+}
+
+/// Retries while bucket leaders are being assigned.
+pub async fn settle<T, F, Fut>(f: F) -> T
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = mink_types::Result<T>>,
+{
+    let mut last = None;
+    for _ in 0..100 {
+        match f().await {
+            Ok(v) => return v,
+            Err(e) => last = Some(e),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("never settled: {last:?}");
+}
 
 /// `events(id BIGINT NOT NULL, msg STRING)`, bucketed by id over `buckets` buckets.
 pub fn events_in(buckets: u32) -> TableDescriptor {
