@@ -636,6 +636,17 @@ impl KvTablet {
             if self.failure().is_some() {
                 return;
             }
+            // Nothing new since the last snapshot: an idle bucket costs no request.
+            let covered = self
+                .inner
+                .latest_snapshot
+                .lock()
+                .await
+                .as_ref()
+                .map(|s| s.log_offset);
+            if covered.is_some_and(|o| o >= self.inner.log.high_watermark()) {
+                continue;
+            }
             match self.snapshot().await {
                 Ok(Some(info)) => on_snapshot(info),
                 Ok(None) => return,

@@ -11,9 +11,10 @@
 //!   and its stream closed cleanly, so the new leader opens it without fencing anyone.
 //!   A new leader whose stream is still held by a live node waits up to
 //!   [`HANDOVER_WAIT`] for that close before it takes the stream over (fencing).
-//! - **Background duties** run per open tablet: log TTL trim, writer-state
-//!   checkpoints (so the next open reads only what came after), and KV snapshots for
-//!   primary-key tables. They stop when the tablet is dropped.
+//! - **Background duties** run per open tablet: log TTL trim and writer-state
+//!   checkpoints (so the next open reads only what came after). They stop when the
+//!   tablet is dropped. (Periodic KV snapshots are not started yet: see
+//!   `start_duties`.)
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -361,32 +362,11 @@ impl Tablets {
             let rx = stopped.clone();
             tokio::spawn(async move { log.run_checkpoints(stop(rx)).await });
         }
-        if let Tablet::Kv(kv) = tablet {
-            let kv = kv.clone();
-            let meta = self.meta.clone();
-            let interval = Duration::from_millis(self.config.kv.snapshot_interval_ms.max(1));
-            let bucket = kv.log().bucket();
-            tokio::spawn(async move {
-                let record = move |info: mink_kv::SnapshotInfo| {
-                    metrics::counter!("mink_kv_snapshots_total").increment(1);
-                    let meta = meta.clone();
-                    let pointer = mink_meta::state::KvSnapshotPointer {
-                        snapshot_id: info.log_offset.max(0) as u64,
-                        log_offset: info.log_offset,
-                        location: info.location.clone(),
-                    };
-                    tokio::spawn(async move {
-                        let _ = meta
-                            .propose(mink_meta::MetaCommand::SetKvSnapshot {
-                                bucket: bucket.stream_name(),
-                                pointer,
-                            })
-                            .await;
-                    });
-                };
-                kv.run_snapshots(interval, record, stop(stopped)).await;
-            });
-        }
+        // Periodic KV snapshots are not started: with them on, an interop test with a
+        // 1 ms interval read a snapshot that claimed log offset 1 and held no row (a race
+        // not yet understood; a snapshot that claims more than it holds would lose rows
+        // on restore). Snapshots are written on demand (`latest_kv_snapshot`, Snapshot
+        // reads) until that is settled; see the resilience issue.
     }
 
     /// Lets go of every open tablet whose bucket this node no longer leads, closing its
