@@ -436,6 +436,22 @@ impl NodeService {
     ) -> Result<BucketWritten> {
         let (writer_id, batch_sequence) = Self::sequence(writer, meta)?;
         self.check_rows_belong(bucket, &batch).await?;
+        // A primary-key table keeps rows of its current schema: rows of an older
+        // version are read with the evolution rules (added columns null) first.
+        let table = self.table_by_id(bucket.table_id).await?;
+        let current = &table.descriptor.schema;
+        let (schema_id, batch) = if schema_id == current.schema_id {
+            (schema_id, batch)
+        } else {
+            let old = schema_version(&table, schema_id)?;
+            match &target_columns {
+                Some(_) => (current.schema_id, batch),
+                None => {
+                    old.check_batch(&batch)?;
+                    (current.schema_id, as_schema(batch, &current.to_arrow())?)
+                }
+            }
+        };
         let tablet = match self.kv_tablet(bucket).await {
             Ok(t) => t,
             Err(e) => return Err(self.redirect_stale(bucket, e).await),
@@ -647,13 +663,9 @@ impl NodeService {
                 format!("{path} has a primary key: write it with PutTable"),
             ));
         }
-        if schema_id != d.schema.schema_id {
-            return Err(MinkError::SchemaMismatch(format!(
-                "{path} is at schema {}, the batch claims {schema_id}",
-                d.schema.schema_id
-            )));
-        }
-        d.schema.check_batch(&batch)?;
+        // Rows of an older schema version keep its id: it travels with them, and
+        // readers see them through the evolution rules (added columns null).
+        schema_version(&table, schema_id)?.check_batch(&batch)?;
         let mut results = Vec::new();
         for (bucket, rows) in self.route(&table, &batch, true).await? {
             let part = take_record_batch(&batch, &arrow::array::UInt32Array::from(rows))?;
@@ -1096,6 +1108,20 @@ pub(crate) fn snapshot_prefix(bucket: TableBucket) -> String {
 }
 
 /// Columns of `batch` arranged as `schema` (by name; columns it lacks are null).
+/// Version `schema_id` of `table`'s schema, or `SchemaMismatch` naming the versions.
+fn schema_version(table: &TableInfo, schema_id: i32) -> Result<&mink_types::Schema> {
+    table
+        .schemas
+        .iter()
+        .find(|s| s.schema_id == schema_id)
+        .ok_or_else(|| {
+            MinkError::SchemaMismatch(format!(
+                "{} has no schema {schema_id} (its versions are 1 to {})",
+                table.path, table.descriptor.schema.schema_id
+            ))
+        })
+}
+
 fn as_schema(batch: RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
     if batch.schema().fields() == schema.fields() {
         return Ok(batch);

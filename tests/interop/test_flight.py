@@ -164,9 +164,9 @@ USER_SCHEMA = pa.schema(
 )
 
 
-def put_table(client, batch, meta=None, target_columns=None, path="db.users"):
+def put_table(client, batch, meta=None, target_columns=None, path="db.users", schema_id=1):
     descriptor = flight.FlightDescriptor.for_command(
-        json.dumps({"PutTable": {"path": path, "schema_id": 1, "target_columns": target_columns}})
+        json.dumps({"PutTable": {"path": path, "schema_id": schema_id, "target_columns": target_columns}})
     )
     writer, reader = client.do_put(descriptor, batch.schema)
     writer.write_with_metadata(batch, pa.py_buffer(json.dumps(meta or {}).encode()))
@@ -415,12 +415,19 @@ def test_alter_snapshots_limit_scan_and_stats(node):
     v2 = pa.schema(list(SCHEMA) + [pa.field("tag", pa.string())])
     tagged = pa.record_batch([pa.array([9], pa.int64()), pa.array(["b"]), pa.array(["new"])], schema=v2)
     append_table(client, "db.events", tagged, schema_id=2)
+    # A writer still on schema 1: its rows keep their schema id and read with the new
+    # column null; rows that do not match the version they claim are refused.
+    old_rows = pa.record_batch([pa.array([10], pa.int64()), pa.array(["c"])], schema=SCHEMA)
+    append_table(client, "db.events", old_rows, schema_id=1)
     with pytest.raises(pa.ArrowInvalid, match="schema"):
-        append_table(client, "db.events", batch, schema_id=1)
+        append_table(client, "db.events", tagged, schema_id=1)
+    with pytest.raises(pa.ArrowInvalid, match="has no schema 3"):
+        append_table(client, "db.events", tagged, schema_id=3)
     bucket = action(client, "metadata", {"path": "db.events"})["buckets"][0]["bucket"]
     rows = client.do_get(flight.Ticket(json.dumps({"Scan": {"bucket": bucket, "offset": 0}}).encode())).read_all()
     assert rows.schema.names == ["id", "msg", "tag"]
-    assert rows.column("tag").to_pylist() == [None] * 5 + ["new"], "old rows read with the new column null"
+    assert rows.column("tag").to_pylist() == [None] * 5 + ["new", None], "old rows read with the new column null"
+    assert rows.column("id").to_pylist() == [0, 1, 2, 3, 4, 9, 10]
 
     # LimitScan: the first rows of a bucket.
     first = client.do_get(flight.Ticket(json.dumps({"LimitScan": {"bucket": bucket, "limit": 3}}).encode())).read_all()
@@ -431,11 +438,18 @@ def test_alter_snapshots_limit_scan_and_stats(node):
         [pa.array([1, 2], pa.int64()), pa.array(["ann", "bob"]), pa.array([1, 2], pa.int64())], schema=USER_SCHEMA
     )
     put_table(client, users)
+    # A primary-key table upgrades rows of an older schema version to the current one.
+    action(client, "alter_table", {"path": "db.users", "add_columns": [{"name": "vip", "type": "BOOLEAN"}]})
+    carol = pa.record_batch([pa.array([3], pa.int64()), pa.array(["cy"]), pa.array([3], pa.int64())], schema=USER_SCHEMA)
+    put_table(client, carol, schema_id=1)
+    [result] = client.do_action(flight.Action("lookup", json.dumps({"path": "db.users", "keys": [[3]]}).encode()))
+    found = pa.ipc.open_stream(result.body.to_pybytes()).read_all().to_pylist()
+    assert found == [{"id": 3, "name": "cy", "score": 3, "vip": None}]
     ubucket = action(client, "metadata", {"path": "db.users"})["buckets"][0]["bucket"]
     snap = action(client, "latest_kv_snapshot", {"bucket": ubucket})
-    assert snap["rows"] == 2
+    assert snap["rows"] == 3
     state = client.do_get(flight.Ticket(json.dumps({"Snapshot": {"bucket": ubucket}}).encode())).read_all()
-    assert sorted(state.column("name").to_pylist()) == ["ann", "bob"]
+    assert sorted(state.column("name").to_pylist()) == ["ann", "bob", "cy"]
 
     with pytest.raises(pa.ArrowKeyError, match="lake tiering does not exist yet"):
         action(client, "lake_snapshot", {"path": "db.events"})
