@@ -61,7 +61,7 @@ async fn health(State(state): State<Arc<AdminState>>) -> (StatusCode, String) {
         None => (StatusCode::OK, r#"{"status":"serving"}"#.into()),
         Some(problem) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            serde_json::json!({"status": "unavailable", "reason": problem}).to_string(),
+            serde_json::json!({"status": "unavailable", "problem": problem}).to_string(),
         ),
     }
 }

@@ -369,6 +369,45 @@ impl Tablets {
         // reads) until that is settled; see the resilience issue.
     }
 
+    /// Streams the log says this node's WAL owns, of buckets it does not lead, that no
+    /// tablet holds: ghosts of opens whose outcome was lost (or tablets already let
+    /// go). They are adopted and closed, so that the new leader needs no fence and the
+    /// WAL floor they hold down rises again.
+    fn close_ghosts(&self, me: &str) {
+        let streams = self.streams();
+        let wal = streams.wal_id().clone();
+        let held: std::collections::HashSet<String> =
+            self.slots().keys().map(|b| b.stream_name()).collect();
+        let owned: Vec<(String, u64)> = streams.metadata().read(|s, _| {
+            s.owned_by(&wal)
+                .map(|(name, m)| (name.clone(), m.epoch))
+                .collect()
+        });
+        for (name, epoch) in owned {
+            let led_here = self.meta.read(|s| {
+                s.buckets
+                    .get(&name)
+                    .is_some_and(|b| b.leader.as_deref() == Some(me))
+            });
+            if led_here || held.contains(&name) {
+                continue;
+            }
+            let streams = streams.clone();
+            tokio::spawn(async move {
+                match streams.open_stream(&name, epoch).await {
+                    Ok(stream) => match stream.close().await {
+                        Ok(()) => tracing::info!(
+                            stream = name,
+                            "closed a stream of a bucket led elsewhere"
+                        ),
+                        Err(e) => tracing::debug!(stream = name, "closing a ghost stream: {e}"),
+                    },
+                    Err(e) => tracing::debug!(stream = name, "adopting a ghost stream: {e}"),
+                }
+            });
+        }
+    }
+
     /// Lets go of every open tablet whose bucket this node no longer leads, closing its
     /// stream cleanly, whenever the metadata view changes; until `shutdown`.
     pub(crate) async fn run_handovers(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
@@ -396,6 +435,7 @@ impl Tablets {
                     })
                     .collect()
             };
+            self.close_ghosts(&me);
             for (bucket, tablet) in lost {
                 tokio::spawn(async move {
                     metrics::counter!("mink_node_handovers_total").increment(1);

@@ -571,7 +571,7 @@ def test_admin_health_and_metrics_after_a_write(node):
     lose_object_store(proc.workdir / "mink-data" / "objects")
     code, body = wait_for(unhealthy, what="/health reports the loss")
     assert code == 503 and body["status"] == "unavailable"
-    assert "object store does not answer" in body["reason"]
+    assert "object store does not answer" in body["problem"]
 
 
 def metric(proc, name):
