@@ -453,16 +453,7 @@ pub(super) async fn trim(stream: &Arc<StreamInner>, start: u64) -> WalResult<u64
     let store = stream.store.clone();
     let (epoch, committed_end, current) = {
         let state = stream.lock();
-        match &state.status {
-            Status::Open => {}
-            Status::Failed(e) => return Err(e.clone()),
-            Status::Closing | Status::Closed => {
-                return Err(WalError::Closed(format!(
-                    "stream {} is closed",
-                    stream.name
-                )));
-            }
-        }
+        state.status.check_open(&stream.name)?;
         (state.epoch, state.committed_end, state.start_offset)
     };
     let start = start.min(committed_end);

@@ -57,6 +57,19 @@ enum Status {
     Failed(WalError),
 }
 
+impl Status {
+    /// Whether the stream takes appends and trims; the error says why not.
+    fn check_open(&self, stream: &str) -> WalResult<()> {
+        match self {
+            Status::Open => Ok(()),
+            Status::Failed(e) => Err(e.clone()),
+            Status::Closing | Status::Closed => {
+                Err(WalError::Closed(format!("stream {stream} is closed")))
+            }
+        }
+    }
+}
+
 /// A record held in memory: payload present unless evicted, WAL position present
 /// while not yet compacted.
 #[derive(Debug, Clone)]
@@ -521,16 +534,7 @@ impl Stream {
         // Off the writer's task and outside the stream's lock.
         let payload_crc = crc32c::crc32c(&payload);
         let mut state = self.inner.lock();
-        match &state.status {
-            Status::Open => {}
-            Status::Failed(e) => return Err(e.clone()),
-            Status::Closing | Status::Closed => {
-                return Err(WalError::Closed(format!(
-                    "stream {} is closed",
-                    self.inner.name
-                )));
-            }
-        }
+        state.status.check_open(&self.inner.name)?;
         if epoch != state.epoch {
             return Err(WalError::Fenced(format!(
                 "stream {} is open under epoch {}, not {epoch}",
