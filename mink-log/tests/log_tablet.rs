@@ -189,6 +189,39 @@ async fn a_retry_after_a_failed_upload_is_written_exactly_once() {
     }
 }
 
+/// How long WAL uploads are held (paused time) once [`hold_wal_uploads`] is called.
+const WAL_UPLOAD_HELD: Duration = Duration::from_secs(1);
+
+fn hold_wal_uploads(faulty: &FaultyStore) {
+    faulty.set_put_delay(Some(Arc::new(|path: &object_store::path::Path| {
+        path.as_ref().starts_with("wal/").then_some(WAL_UPLOAD_HELD)
+    })));
+}
+
+/// A caller that stops waiting for its append (a client that went away mid-request)
+/// must not leave the batch pending in the writer window forever: a retry is answered
+/// once the original is durable, with its offsets. (Found by the KV model test: the
+/// retry of a cancelled Put waited forever.)
+#[tokio::test(start_paused = true)]
+async fn a_retry_of_an_append_whose_caller_went_away_is_answered() {
+    let mut env = Env::new().await;
+    let tablet = env.tablet(false).await;
+    hold_wal_uploads(&env.faulty);
+    let submitted = tablet.submit(req(7, 0, 0..2)).await.unwrap();
+    assert_eq!(submitted.offsets(), (0, 1));
+    drop(submitted);
+    let retry = tokio::time::timeout(Duration::from_secs(30), tablet.append(req(7, 0, 0..2)))
+        .await
+        .expect("the retry is answered once the original is durable")
+        .unwrap();
+    assert!(retry.duplicated);
+    assert_eq!((retry.first_offset, retry.last_offset), (0, 1));
+    // And once it is durable, a retry is answered at once.
+    let again = tablet.append(req(7, 0, 0..2)).await.unwrap();
+    assert!(again.duplicated);
+    assert_eq!(all_ids(&tablet).await, vec![0, 1]);
+}
+
 #[tokio::test]
 async fn recovery_restores_writer_windows() {
     let mut env = Env::new().await;
