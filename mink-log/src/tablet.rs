@@ -754,6 +754,16 @@ impl LogTablet {
     /// docs/log-format.md.)
     async fn recover(&self) -> Result<()> {
         let bucket = self.inner.bucket;
+        // The stream may have moved here in place from an older epoch on this node,
+        // with that tablet's appends still in flight: they are part of the stream,
+        // below the offsets this tablet assigns. Recovery waits for them, so that the
+        // writer windows (and a KV tablet's replay) cover every batch the stream holds;
+        // otherwise a retry of one would be appended again and a merge would miss it.
+        self.inner
+            .stream
+            .flush()
+            .await
+            .map_err(|e| wal_error(bucket, e))?;
         let end = self.inner.stream.durable_end();
         let mut pos = self.inner.stream.start_offset();
         let mut windows = Windows::default();
