@@ -494,8 +494,19 @@ impl KvTablet {
         Ok(())
     }
 
+    /// Refuses reads on a failed tablet: failing dropped its staged rows, some of them
+    /// acknowledged and not yet in the store, so what it would answer may be older than
+    /// what was acknowledged. Reopened from the log, it answers again.
+    fn check_readable(&self) -> Result<()> {
+        match self.failure() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
     /// Looks up rows by full primary key. `keys` holds the primary-key columns.
     pub fn lookup(&self, keys: &RecordBatch) -> Result<LookupResult> {
+        self.check_readable()?;
         let (schema, pk_names) = {
             let t = self.table();
             (
@@ -543,6 +554,7 @@ impl KvTablet {
     /// Rows whose key starts with the encoded `prefix` (the bucket key, when it leads
     /// the primary key), at most `limit`, in key order.
     pub fn prefix_lookup(&self, prefix: &[u8], limit: usize) -> Result<RecordBatch> {
+        self.check_readable()?;
         let schema = self.table().descriptor.schema.clone();
         let hw = self.inner.log.high_watermark();
         let mut merged: BTreeMap<Vec<u8>, Option<Vec<u8>>> = self

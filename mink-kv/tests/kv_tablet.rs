@@ -950,6 +950,13 @@ async fn a_no_op_put_fails_when_the_staged_write_it_read_fails(backend: KvBacken
         "B rested on A, which never became durable, so B is not acknowledged either: {b:?}"
     );
     assert_eq!(t.log().high_watermark(), 1, "only the first Put is durable");
+    // Failing dropped the staged rows, acknowledged ones among them: a failed tablet
+    // answers no reads (they could be older than what was acknowledged) until it is
+    // reopened from the log. (Found by the KV model test.)
+    let keys =
+        RecordBatch::try_from_iter(vec![("id", Arc::new(Int64Array::from(vec![2])) as _)]).unwrap();
+    assert!(matches!(t.lookup(&keys), Err(MinkError::StorageFailure(_))));
+    assert!(t.prefix_lookup(&[], 10).is_err());
 }
 
 /// A bucket's KV tablet opened again on the same local store while an older one is
