@@ -9,7 +9,7 @@ use fjall::{Database, Keyspace, KeyspaceCreateOptions, Readable};
 use mink_types::Result;
 
 use crate::store::{
-    KvNamespace, KvOp, KvPairs, KvStore, PairIter, check_namespace, prefix_end, store_error,
+    KvNamespace, KvOp, KvPairs, KvStore, Owner, PairIter, check_namespace, prefix_end, store_error,
 };
 
 pub struct FjallStore {
@@ -52,6 +52,7 @@ impl KvStore for FjallStore {
             keyspace,
             meta: self.meta.clone(),
             name: name.to_string(),
+            owner: Owner::new(name),
         });
         open.insert(name.to_string(), ns.clone());
         Ok(ns)
@@ -78,6 +79,7 @@ impl KvStore for FjallStore {
                         .map_err(store_error)?,
                     meta: self.meta.clone(),
                     name: name.to_string(),
+                    owner: Owner::new(name),
                 })
             }
         };
@@ -93,6 +95,7 @@ pub struct FjallNamespace {
     keyspace: Keyspace,
     meta: Keyspace,
     name: String,
+    owner: Owner,
 }
 
 fn collect(iter: fjall::Iter, limit: usize) -> Result<KvPairs> {
@@ -164,5 +167,9 @@ impl KvNamespace for FjallNamespace {
     fn clear(&self) -> Result<()> {
         self.keyspace.clear().map_err(store_error)?;
         self.meta.remove(self.name.as_str()).map_err(store_error)
+    }
+
+    fn owner(&self) -> &Owner {
+        &self.owner
     }
 }

@@ -21,5 +21,5 @@ pub mod tablet;
 
 pub use config::{KvBackend, KvConfig};
 pub use snapshot::{SnapshotData, SnapshotInfo, SnapshotStore};
-pub use store::{KvNamespace, KvOp, KvStore, open_kv_store};
+pub use store::{Claim, KvNamespace, KvOp, KvStore, Owner, open_kv_store};
 pub use tablet::{KvTablet, LookupResult, PutRequest};

@@ -2,36 +2,47 @@
 //! namespace's flushed offset, written in the same transaction. Commits use
 //! `Durability::None`: a crash rolls back to an earlier consistent commit.
 
+use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use mink_types::Result;
 use redb::{Database, Durability, ReadableDatabase, TableDefinition};
 
 use crate::store::{
-    KvNamespace, KvOp, KvPairs, KvStore, PairIter, check_namespace, prefix_end, store_error,
+    KvNamespace, KvOp, KvPairs, KvStore, Owner, PairIter, check_namespace, prefix_end, store_error,
 };
 
 const META: TableDefinition<&str, i64> = TableDefinition::new("mink-meta");
 
 pub struct RedbStore {
     db: Arc<Database>,
+    /// Namespaces handed out, so that every handle of a name shares its [`Owner`].
+    open: Mutex<HashMap<String, Arc<RedbNamespace>>>,
 }
 
 impl RedbStore {
     pub fn open(dir: &Path) -> Result<Self> {
         let db = Database::create(dir.join("kv.redb")).map_err(store_error)?;
-        Ok(Self { db: Arc::new(db) })
+        Ok(Self {
+            db: Arc::new(db),
+            open: Mutex::new(HashMap::new()),
+        })
     }
 }
 
 impl KvStore for RedbStore {
     fn namespace(&self, name: &str) -> Result<Arc<dyn KvNamespace>> {
         check_namespace(name)?;
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(ns) = open.get(name) {
+            return Ok(ns.clone());
+        }
         let ns = RedbNamespace {
             db: self.db.clone(),
             table: format!("b-{name}"),
             name: name.to_string(),
+            owner: Owner::new(name),
         };
         // Create the table so that reads find it.
         let mut tx = self.db.begin_write().map_err(store_error)?;
@@ -39,11 +50,17 @@ impl KvStore for RedbStore {
         tx.open_table(ns.def()).map_err(store_error)?;
         tx.open_table(META).map_err(store_error)?;
         tx.commit().map_err(store_error)?;
-        Ok(Arc::new(ns))
+        let ns = Arc::new(ns);
+        open.insert(name.to_string(), ns.clone());
+        Ok(ns)
     }
 
     fn drop_namespace(&self, name: &str) -> Result<()> {
         check_namespace(name)?;
+        self.open
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name);
         let table = format!("b-{name}");
         let mut tx = self.db.begin_write().map_err(store_error)?;
         tx.set_durability(Durability::None).map_err(store_error)?;
@@ -61,6 +78,7 @@ pub struct RedbNamespace {
     db: Arc<Database>,
     table: String,
     name: String,
+    owner: Owner,
 }
 
 impl RedbNamespace {
@@ -183,5 +201,9 @@ impl KvNamespace for RedbNamespace {
             .remove(self.name.as_str())
             .map_err(store_error)?;
         tx.commit().map_err(store_error)
+    }
+
+    fn owner(&self) -> &Owner {
+        &self.owner
     }
 }

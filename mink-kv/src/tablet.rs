@@ -23,7 +23,7 @@ use mink_types::{
 use crate::merge::{Decision, Merger, target_mask};
 use crate::row::{Row, decode_row, encode_row, row_schema_id, rows_of, rows_to_batch};
 use crate::snapshot::{SnapshotInfo, SnapshotStore};
-use crate::store::{KvNamespace, KvOp};
+use crate::store::{Claim, KvNamespace, KvOp};
 
 /// One Put batch.
 #[derive(Debug, Clone)]
@@ -63,6 +63,10 @@ struct Inner {
     bucket: TableBucket,
     log: LogTablet,
     store: Arc<dyn KvNamespace>,
+    /// This tablet's claim of `store`: every write goes through it ([`Owner`]).
+    ///
+    /// [`Owner`]: crate::store::Owner
+    claim: Claim,
     table: RwLock<TableState>,
     prewrite: Mutex<BTreeMap<Vec<u8>, Versions>>,
     /// Serializes merge-and-submit and flushes of this bucket.
@@ -135,11 +139,15 @@ impl KvTablet {
                 "a KV tablet needs a primary-key table",
             ));
         }
+        // From here on, a tablet of this bucket opened earlier on this store (still
+        // alive, or still opening) writes nothing more to it.
+        let claim = store.owner().claim(log.epoch())?;
         let tablet = Self {
             inner: Arc::new(Inner {
                 bucket,
                 log,
                 store,
+                claim,
                 table: RwLock::new(table_state(descriptor, schemas)?),
                 prewrite: Mutex::new(BTreeMap::new()),
                 puts: tokio::sync::Mutex::new(()),
@@ -438,7 +446,24 @@ impl KvTablet {
         e
     }
 
+    /// Runs `f` on the store as this tablet's claim allows: `Fenced` once a newer
+    /// tablet of the bucket claimed the store (see [`crate::store::Owner`]).
+    fn with_store<T>(&self, f: impl FnOnce(&dyn KvNamespace) -> Result<T>) -> Result<T> {
+        let store = self.inner.store.as_ref();
+        store
+            .owner()
+            .with(self.inner.claim, || f(store))
+            .map_err(|e| match e {
+                MinkError::Fenced(why) => {
+                    MinkError::Fenced(format!("{}: {why}", self.inner.bucket))
+                }
+                other => other,
+            })
+    }
+
     /// Moves staged rows below the high watermark into the store, with that offset.
+    /// A tablet superseded on its store fails instead: its rows may be older than the
+    /// store's.
     async fn flush(&self) -> Result<()> {
         let _guard = self.inner.puts.lock().await;
         let hw = self.inner.log.high_watermark();
@@ -459,7 +484,11 @@ impl KvTablet {
                 .collect()
         };
         if !ops.is_empty() {
-            self.inner.store.write(&ops, hw)?;
+            match self.with_store(|store| store.write(&ops, hw)) {
+                Ok(()) => {}
+                Err(e @ MinkError::Fenced(_)) => return Err(self.fail(e)),
+                Err(e) => return Err(e),
+            }
         }
         let mut prewrite = self.prewrite();
         prewrite.retain(|_, versions| {
@@ -469,8 +498,19 @@ impl KvTablet {
         Ok(())
     }
 
+    /// Refuses reads on a failed tablet: failing dropped its staged rows, some of them
+    /// acknowledged and not yet in the store, so what it would answer may be older than
+    /// what was acknowledged. Reopened from the log, it answers again.
+    fn check_readable(&self) -> Result<()> {
+        match self.failure() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
     /// Looks up rows by full primary key. `keys` holds the primary-key columns.
     pub fn lookup(&self, keys: &RecordBatch) -> Result<LookupResult> {
+        self.check_readable()?;
         let (schema, pk_names) = {
             let t = self.table();
             (
@@ -518,6 +558,7 @@ impl KvTablet {
     /// Rows whose key starts with the encoded `prefix` (the bucket key, when it leads
     /// the primary key), at most `limit`, in key order.
     pub fn prefix_lookup(&self, prefix: &[u8], limit: usize) -> Result<RecordBatch> {
+        self.check_readable()?;
         let schema = self.table().descriptor.schema.clone();
         let hw = self.inner.log.high_watermark();
         let mut merged: BTreeMap<Vec<u8>, Option<Vec<u8>>> = self
@@ -595,26 +636,27 @@ impl KvTablet {
         // Hold the put lock: no flush may move the store while it is read.
         let (offset, batches, schema) = {
             let _guard = self.inner.puts.lock().await;
-            let offset = self
-                .inner
-                .store
-                .flushed_offset()?
-                .unwrap_or(self.inner.log.log_start());
-            let schema = self.table().descriptor.schema.clone();
-            let mut batches = Vec::new();
-            let mut rows = Vec::new();
-            for pair in self.inner.store.snapshot()? {
-                let (_, value) = pair?;
-                rows.push(self.decode(&value)?);
-                if rows.len() == crate::snapshot::SNAPSHOT_BATCH_ROWS {
-                    batches.push(rows_to_batch(&schema, &rows.iter().collect::<Vec<_>>())?);
-                    rows.clear();
+            // Under the claim: the offset and the rows are read with no write between.
+            self.with_store(|store| {
+                let offset = store
+                    .flushed_offset()?
+                    .unwrap_or(self.inner.log.log_start());
+                let schema = self.table().descriptor.schema.clone();
+                let mut batches = Vec::new();
+                let mut rows = Vec::new();
+                for pair in store.snapshot()? {
+                    let (_, value) = pair?;
+                    rows.push(self.decode(&value)?);
+                    if rows.len() == crate::snapshot::SNAPSHOT_BATCH_ROWS {
+                        batches.push(rows_to_batch(&schema, &rows.iter().collect::<Vec<_>>())?);
+                        rows.clear();
+                    }
                 }
-            }
-            if !rows.is_empty() {
-                batches.push(rows_to_batch(&schema, &rows.iter().collect::<Vec<_>>())?);
-            }
-            (offset, batches, schema)
+                if !rows.is_empty() {
+                    batches.push(rows_to_batch(&schema, &rows.iter().collect::<Vec<_>>())?);
+                }
+                Ok((offset, batches, schema))
+            })?
         };
         snapshots.write(&schema, offset, &batches).await
     }
@@ -705,7 +747,7 @@ impl KvTablet {
                 .collect::<Result<_>>()?;
             (written, pk)
         };
-        self.inner.store.clear()?;
+        self.with_store(|store| store.clear())?;
         let mut key = Vec::new();
         for batch in &data.batches {
             written.check_batch(batch).map_err(|e| {
@@ -721,9 +763,9 @@ impl KvTablet {
                 ops.push(KvOp::Put(key.clone(), encode_row(&written, row)?));
             }
             // The offset is recorded only with the last batch below.
-            self.inner.store.write(&ops, -1)?;
+            self.with_store(|store| store.write(&ops, -1))?;
         }
-        self.inner.store.write(&[], newest)?;
+        self.with_store(|store| store.write(&[], newest))?;
         tracing::info!(bucket = %self.inner.bucket, offset = newest, "KV store loaded from a snapshot");
         Ok(())
     }
@@ -737,7 +779,7 @@ impl KvTablet {
             Some(f) if f >= 0 => f,
             // A fresh store, or a snapshot load that did not finish: start over.
             Some(_) => {
-                self.inner.store.clear()?;
+                self.with_store(|store| store.clear())?;
                 log.log_start()
             }
             None => log.log_start(),
@@ -751,7 +793,7 @@ impl KvTablet {
         }
         if pos > hw {
             // The store is ahead of the log (it belongs to another history): rebuild.
-            self.inner.store.clear()?;
+            self.with_store(|store| store.clear())?;
             pos = log.log_start();
         }
         let mut replayed = 0u64;
@@ -791,7 +833,7 @@ impl KvTablet {
                 replayed += b.batch.num_rows() as u64;
             }
             let next = scan.next_offset(pos);
-            self.inner.store.write(&ops, next)?;
+            self.with_store(|store| store.write(&ops, next))?;
             pos = next;
         }
         tracing::debug!(bucket = %self.inner.bucket, replayed, high_watermark = hw, "KV tablet recovered");

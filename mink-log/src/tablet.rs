@@ -13,7 +13,7 @@ use tokio::sync::{Semaphore, watch};
 
 use crate::batch::{self, ATTR_CHANGE_TYPES, BatchHeader, LogBatch, NO_WRITER};
 use crate::config::LogConfig;
-use crate::window::{Check, Entry, Windows};
+use crate::window::{Check, Entry, Outcome, Windows};
 
 /// One batch to append.
 #[derive(Debug, Clone)]
@@ -353,7 +353,7 @@ impl LogTablet {
             .await
             .map_err(|e| wal_error(bucket, e))?;
 
-        let step = {
+        let (step, pending) = {
             let mut state = self.lock();
             if let Some(e) = &state.failed {
                 return Err(e.clone());
@@ -377,7 +377,7 @@ impl LogTablet {
                 }
             }
             match duplicate {
-                Some(entry) => Step::Duplicate(entry),
+                Some(entry) => (Step::Duplicate(entry), None),
                 None => {
                     let base = self.inner.stream.next_offset() as i64;
                     let ts = now_ms().max(state.last_commit_timestamp);
@@ -411,17 +411,59 @@ impl LogTablet {
                             },
                         );
                     }
-                    Step::Go(pending, base, ts, outcome)
+                    let step = Step::New {
+                        first: base,
+                        last: base + rows - 1,
+                        ts,
+                        outcome: outcome.clone(),
+                    };
+                    (step, Some((pending, outcome)))
                 }
             }
         };
+        if let Some((pending, outcome)) = pending {
+            let tablet = self.clone();
+            let writer_id = req.writer_id;
+            let (base, _) = step_offsets(&step);
+            tokio::spawn(async move {
+                let result = match pending.durable().await {
+                    Ok(range) => {
+                        debug_assert_eq!(
+                            range.start as i64, base,
+                            "the stream assigned another offset"
+                        );
+                        metrics::counter!("mink_log_appended_rows_total").increment(rows as u64);
+                        Ok(())
+                    }
+                    Err(e) => Err(wal_error(tablet.inner.bucket, e)),
+                };
+                tablet.complete(writer_id, &outcome, result);
+                // Appends count against `inflight_appends_max` until they resolve.
+                drop(slot);
+            });
+        }
         Ok(Submitted {
             tablet: self.clone(),
             step,
-            writer_id: req.writer_id,
-            rows,
-            _slot: Some(slot),
         })
+    }
+
+    /// Records the outcome of an append (or of a batch that wrote nothing): its window
+    /// entry stops being pending, or the tablet fails; then every waiter (the caller,
+    /// retries of the batch) learns it. Runs on a task of its own per batch, not in
+    /// [`Submitted::wait`]: a caller that stops waiting (a client that went away) must
+    /// not leave the batch pending forever, with every retry of it waiting on it.
+    fn complete(&self, writer_id: i64, outcome: &Arc<watch::Sender<Outcome>>, result: Result<()>) {
+        {
+            let mut state = self.lock();
+            match &result {
+                Ok(()) => state.windows.complete(writer_id, outcome),
+                Err(e) => {
+                    state.failed.get_or_insert_with(|| e.clone());
+                }
+            }
+        }
+        outcome.send_replace(Some(result));
     }
 
     /// Checks a writer's batch against its window without appending: `Ok(None)` when
@@ -445,10 +487,7 @@ impl LogTablet {
             Check::New => Ok(None),
             Check::Duplicate(entry) => Ok(Some(Submitted {
                 tablet: self.clone(),
-                rows: entry.last_offset - entry.first_offset + 1,
                 step: Step::Duplicate(entry),
-                writer_id,
-                _slot: None,
             })),
             Check::OutOfOrder { expected } => Err(MinkError::OutOfOrderSequence {
                 bucket: self.inner.bucket,
@@ -490,12 +529,21 @@ impl LogTablet {
                 },
             );
         }
+        drop(state);
+        let tablet = self.clone();
+        let done = outcome.clone();
+        tokio::spawn(async move {
+            let result = tablet.wait_durable(at).await;
+            tablet.complete(writer_id, &done, result);
+        });
         Ok(Submitted {
             tablet: self.clone(),
-            step: Step::Empty(at, ts, outcome),
-            writer_id,
-            rows: 0,
-            _slot: None,
+            step: Step::New {
+                first: at,
+                last: at - 1,
+                ts,
+                outcome,
+            },
         })
     }
 
@@ -709,6 +757,16 @@ impl LogTablet {
     /// docs/log-format.md.)
     async fn recover(&self) -> Result<()> {
         let bucket = self.inner.bucket;
+        // The stream may have moved here in place from an older epoch on this node,
+        // with that tablet's appends still in flight: they are part of the stream,
+        // below the offsets this tablet assigns. Recovery waits for them, so that the
+        // writer windows (and a KV tablet's replay) cover every batch the stream holds;
+        // otherwise a retry of one would be appended again and a merge would miss it.
+        self.inner
+            .stream
+            .flush()
+            .await
+            .map_err(|e| wal_error(bucket, e))?;
         let end = self.inner.stream.durable_end();
         let mut pos = self.inner.stream.start_offset();
         let mut windows = Windows::default();
@@ -831,35 +889,36 @@ impl LogTablet {
 }
 
 enum Step {
+    /// A retry of this window entry: answered as the original is.
     Duplicate(Entry),
-    /// A batch that wrote nothing, at this offset and commit timestamp
-    /// ([`LogTablet::submit_empty`]).
-    Empty(i64, i64, Arc<watch::Sender<crate::window::Outcome>>),
-    Go(
-        mink_wal::PendingAppend,
-        i64,
-        i64,
-        Arc<watch::Sender<crate::window::Outcome>>,
-    ),
+    /// A new batch at `first..=last` (an empty range for a batch that wrote nothing,
+    /// [`LogTablet::submit_empty`]), resolved through `outcome` by its own task.
+    New {
+        first: i64,
+        last: i64,
+        ts: i64,
+        outcome: Arc<watch::Sender<Outcome>>,
+    },
+}
+
+fn step_offsets(step: &Step) -> (i64, i64) {
+    match step {
+        Step::Duplicate(e) => (e.first_offset, e.last_offset),
+        Step::New { first, last, .. } => (*first, *last),
+    }
 }
 
 /// A batch with its offsets, on its way to durability ([`LogTablet::submit`]).
+/// Dropping it does not abandon the batch: its outcome is recorded all the same.
 pub struct Submitted {
     tablet: LogTablet,
     step: Step,
-    writer_id: i64,
-    rows: i64,
-    _slot: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl Submitted {
     /// The offsets the batch got (or, for a duplicate, had).
     pub fn offsets(&self) -> (i64, i64) {
-        match &self.step {
-            Step::Duplicate(e) => (e.first_offset, e.last_offset),
-            Step::Empty(at, _, _) => (*at, *at - 1),
-            Step::Go(_, base, _, _) => (*base, *base + self.rows - 1),
-        }
+        step_offsets(&self.step)
     }
 
     /// Whether this is a retry of a batch already in the log (or in flight).
@@ -867,10 +926,10 @@ impl Submitted {
         matches!(self.step, Step::Duplicate(_))
     }
 
-    /// Resolves once the batch is durable.
+    /// Resolves once the batch is durable (for a duplicate still in flight, once the
+    /// original is), or with the error that failed it.
     pub async fn wait(self) -> Result<Appended> {
-        let rows = self.rows;
-        match self.step {
+        let (appended, outcome) = match self.step {
             Step::Duplicate(entry) => {
                 metrics::counter!("mink_log_duplicate_batches_total").increment(1);
                 let appended = Appended {
@@ -879,69 +938,37 @@ impl Submitted {
                     duplicated: true,
                     commit_timestamp: entry.commit_timestamp,
                 };
-                let Some(pending) = entry.pending else {
-                    return Ok(appended);
-                };
-                // The original is still in flight: answer as it is answered.
-                let mut rx = pending.subscribe();
-                loop {
-                    if let Some(outcome) = rx.borrow_and_update().clone() {
-                        return outcome.map(|()| appended);
-                    }
-                    if rx.changed().await.is_err() {
-                        return Err(MinkError::Unavailable(format!(
-                            "{}: the original append vanished",
-                            self.tablet.inner.bucket
-                        )));
-                    }
+                match entry.pending {
+                    None => return Ok(appended),
+                    Some(pending) => (appended, pending),
                 }
             }
-            Step::Empty(at, ts, outcome) => match self.tablet.wait_durable(at).await {
-                Ok(()) => {
-                    self.tablet
-                        .lock()
-                        .windows
-                        .complete(self.writer_id, &outcome);
-                    outcome.send_replace(Some(Ok(())));
-                    Ok(Appended {
-                        first_offset: at,
-                        last_offset: at - 1,
-                        duplicated: false,
-                        commit_timestamp: ts,
-                    })
-                }
-                Err(e) => {
-                    self.tablet.lock().failed = Some(e.clone());
-                    outcome.send_replace(Some(Err(e.clone())));
-                    Err(e)
-                }
-            },
-            Step::Go(pending, base, ts, outcome) => match pending.durable().await {
-                Ok(range) => {
-                    debug_assert_eq!(
-                        range.start as i64, base,
-                        "the stream assigned another offset"
-                    );
-                    self.tablet
-                        .lock()
-                        .windows
-                        .complete(self.writer_id, &outcome);
-                    outcome.send_replace(Some(Ok(())));
-                    metrics::counter!("mink_log_appended_rows_total").increment(rows as u64);
-                    Ok(Appended {
-                        first_offset: base,
-                        last_offset: base + rows - 1,
-                        duplicated: false,
-                        commit_timestamp: ts,
-                    })
-                }
-                Err(e) => {
-                    let err = wal_error(self.tablet.inner.bucket, e);
-                    self.tablet.lock().failed = Some(err.clone());
-                    outcome.send_replace(Some(Err(err.clone())));
-                    Err(err)
-                }
-            },
+            Step::New {
+                first,
+                last,
+                ts,
+                outcome,
+            } => (
+                Appended {
+                    first_offset: first,
+                    last_offset: last,
+                    duplicated: false,
+                    commit_timestamp: ts,
+                },
+                outcome,
+            ),
+        };
+        let mut rx = outcome.subscribe();
+        loop {
+            if let Some(result) = rx.borrow_and_update().clone() {
+                return result.map(|()| appended);
+            }
+            if rx.changed().await.is_err() {
+                return Err(MinkError::Unavailable(format!(
+                    "{}: the original append vanished",
+                    self.tablet.inner.bucket
+                )));
+            }
         }
     }
 }
