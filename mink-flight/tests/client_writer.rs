@@ -62,6 +62,8 @@ struct State {
     windows: HashMap<i64, Vec<(i64, i64, i64)>>,
     /// How the next writes are answered, one each; then normally.
     faults: VecDeque<Fault>,
+    /// How long the answer to the next write that records its batch is held.
+    stall_next: Option<std::time::Duration>,
 }
 
 /// A one-bucket leader with writer windows (duplicate: original offsets; a gap:
@@ -132,50 +134,27 @@ impl MinkService for Leader {
         let sequence = meta
             .batch_sequence
             .ok_or_else(|| MinkError::invalid("batch_sequence", "missing"))?;
-        self.with(|s| {
-            let fault = s.faults.pop_front();
-            if let Some(Fault::Refuse(e)) = fault {
-                return Err(e);
-            }
-            let window = s.windows.entry(*writer_id).or_default();
-            if let Some((_, first, last)) = window.iter().find(|(q, _, _)| *q == sequence) {
-                return Ok(WriteResult::Written {
-                    first_offset: *first,
-                    last_offset: *last,
-                    duplicated: true,
-                });
-            }
-            if let Some((latest, _, _)) = window.last()
-                && sequence != latest + 1
-            {
-                return Err(MinkError::OutOfOrderSequence {
-                    bucket: BUCKET,
-                    writer_id: *writer_id,
-                    first_sequence: sequence,
-                    expected: latest + 1,
-                });
-            }
-            let first = s.log.iter().map(|h| h.ids.len() as i64).sum::<i64>();
-            let last = first + batch.num_rows() as i64 - 1;
-            window.push((sequence, first, last));
-            s.log.push(Held {
-                writer_id: *writer_id,
-                sequence,
-                ids: batch
-                    .column(0)
-                    .as_primitive::<Int64Type>()
-                    .values()
-                    .to_vec(),
-            });
-            match fault {
-                Some(Fault::AfterRecording(e)) => Err(e),
-                _ => Ok(WriteResult::Written {
-                    first_offset: first,
-                    last_offset: last,
-                    duplicated: false,
-                }),
-            }
-        })
+        let (answer, stall) = self.with(|s| {
+            let answer = Self::answer(s, *writer_id, sequence, &batch);
+            let stall = if answer.as_ref().is_ok_and(|w| {
+                matches!(
+                    w,
+                    WriteResult::Written {
+                        duplicated: false,
+                        ..
+                    }
+                )
+            }) {
+                s.stall_next.take()
+            } else {
+                None
+            };
+            (answer, stall)
+        });
+        if let Some(stall) = stall {
+            tokio::time::sleep(stall).await;
+        }
+        answer
     }
 
     async fn read(
@@ -195,6 +174,59 @@ impl MinkService for Leader {
 
     async fn tail(&self, _: TableBucket, _: TailPoll) -> Result<(SchemaRef, Vec<ReadBatch>, i64)> {
         Err(MinkError::Unimplemented("tail".into()))
+    }
+}
+
+impl Leader {
+    /// Answers one write as the leader does (after the next scripted fault, if any).
+    fn answer(
+        s: &mut State,
+        writer_id: i64,
+        sequence: i64,
+        batch: &RecordBatch,
+    ) -> Result<WriteResult> {
+        let fault = s.faults.pop_front();
+        if let Some(Fault::Refuse(e)) = fault {
+            return Err(e);
+        }
+        let window = s.windows.entry(writer_id).or_default();
+        if let Some((_, first, last)) = window.iter().find(|(q, _, _)| *q == sequence) {
+            return Ok(WriteResult::Written {
+                first_offset: *first,
+                last_offset: *last,
+                duplicated: true,
+            });
+        }
+        if let Some((latest, _, _)) = window.last()
+            && sequence != latest + 1
+        {
+            return Err(MinkError::OutOfOrderSequence {
+                bucket: BUCKET,
+                writer_id,
+                first_sequence: sequence,
+                expected: latest + 1,
+            });
+        }
+        let first = s.log.iter().map(|h| h.ids.len() as i64).sum::<i64>();
+        let last = first + batch.num_rows() as i64 - 1;
+        window.push((sequence, first, last));
+        s.log.push(Held {
+            writer_id,
+            sequence,
+            ids: batch
+                .column(0)
+                .as_primitive::<Int64Type>()
+                .values()
+                .to_vec(),
+        });
+        match fault {
+            Some(Fault::AfterRecording(e)) => Err(e),
+            _ => Ok(WriteResult::Written {
+                first_offset: first,
+                last_offset: last,
+                duplicated: false,
+            }),
+        }
     }
 }
 
@@ -319,4 +351,31 @@ async fn a_refusal_after_an_attempt_that_may_have_landed_retires_the_writer() {
     assert_eq!(leader.ids(), vec![1, 2, 3]);
     let log = leader.log();
     assert_ne!(log[2].writer_id, log[0].writer_id);
+}
+
+#[tokio::test]
+async fn a_write_its_caller_gave_up_on_retires_the_writer() {
+    let (leader, client) = start().await;
+    client.append(&path(), &rows(&[1])).await.unwrap();
+    // The leader records the next batch but answers late; the caller stops waiting
+    // first (a timeout around `append`), so the client never learns the outcome.
+    leader.with(|s| s.stall_next = Some(std::time::Duration::from_secs(2)));
+    let gave_up = tokio::time::timeout(
+        std::time::Duration::from_millis(300),
+        client.append(&path(), &rows(&[2])),
+    )
+    .await;
+    assert!(gave_up.is_err(), "{gave_up:?}");
+    assert_eq!(leader.ids(), vec![1, 2], "the leader recorded it");
+    // The next, different batch must be written, not answered as that one's duplicate
+    // (its sequence is taken). (Found by the seeded model test.)
+    let written = client.append(&path(), &rows(&[3])).await.unwrap();
+    assert!(!written[0].duplicated, "{written:?}");
+    assert_eq!((written[0].first_offset, written[0].last_offset), (2, 2));
+    assert_eq!(leader.ids(), vec![1, 2, 3]);
+    let log = leader.log();
+    assert_ne!(
+        log[2].writer_id, log[0].writer_id,
+        "a write abandoned mid-flight retires the writer"
+    );
 }
