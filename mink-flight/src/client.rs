@@ -2,8 +2,9 @@
 //! bucket) from the table's metadata, keeps one idempotent sequence per bucket under a
 //! writer id from `init_writer`, retries with the same sequence after a failure or a
 //! `NotLeader` (refreshing its routing), retires the writer id when a write's outcome
-//! is unknown (a sequence is never reused for another batch while the leader may hold
-//! it), and reads, tails, looks up and administers.
+//! is unknown, its caller's cancellation included (a sequence is never reused for
+//! another batch while the leader may hold it), and reads, tails, looks up and
+//! administers.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -120,6 +121,11 @@ fn classify_write_error(e: &MinkError) -> WriteFailure {
 struct BucketSequence {
     writer_id: Option<i64>,
     next: i64,
+    /// Set while a write of `next` is under way, cleared once its outcome is handled.
+    /// Still set when the next write starts, it says that the caller of the previous
+    /// one went away mid-write (a dropped future: a timeout around `append`): the
+    /// leader may hold `next` for that batch, so the writer is retired.
+    in_flight: bool,
 }
 
 /// A client of a Mink cluster.
@@ -475,7 +481,8 @@ impl MinkClient {
     /// with the same sequence after `NotLeader` (refreshing the routing) or an
     /// unavailable leader. A failure that leaves the sequence's fate unknown retires
     /// the writer (see [`classify_write_error`]), so the next batch never reuses a
-    /// sequence the leader may hold.
+    /// sequence the leader may hold; so does a write whose caller went away mid-write
+    /// (the next write of the bucket finds it still in flight).
     async fn write_bucket(
         &self,
         path: &TablePath,
@@ -492,11 +499,18 @@ impl MinkClient {
             .or_default()
             .clone();
         let mut seq = slot.lock().await;
+        if seq.in_flight {
+            seq.in_flight = false;
+            if let Some(abandoned) = seq.writer_id {
+                self.retire_writer(abandoned).await;
+            }
+        }
         let writer_id = self.writer_id().await?;
         if seq.writer_id != Some(writer_id) {
             *seq = BucketSequence {
                 writer_id: Some(writer_id),
                 next: 0,
+                in_flight: false,
             };
         }
         let sequence = seq.next;
@@ -510,6 +524,8 @@ impl MinkClient {
         // Whether an earlier attempt may have been recorded: a refusal of a later one
         // then does not free the sequence.
         let mut maybe_recorded = false;
+        // Cleared on every way out below; left set only when this future is dropped.
+        seq.in_flight = true;
         for attempt in 0..WRITE_ATTEMPTS_MAX {
             if attempt > 0 {
                 tokio::time::sleep(Duration::from_millis(50 << attempt.min(5))).await;
@@ -529,6 +545,7 @@ impl MinkClient {
                     duplicated,
                 }) => {
                     seq.next += 1;
+                    seq.in_flight = false;
                     return Ok(BucketWritten {
                         bucket,
                         first_offset,
@@ -549,15 +566,20 @@ impl MinkClient {
                     refresh = true;
                     last = Some(e);
                 }
-                WriteFailure::Refused if !maybe_recorded => return Err(e),
+                WriteFailure::Refused if !maybe_recorded => {
+                    seq.in_flight = false;
+                    return Err(e);
+                }
                 WriteFailure::Refused | WriteFailure::Unknown => {
                     self.retire_writer(writer_id).await;
+                    seq.in_flight = false;
                     return Err(e);
                 }
             }
         }
         // Perhaps written, perhaps not: this writer's sequences are unknown from here.
         self.retire_writer(writer_id).await;
+        seq.in_flight = false;
         Err(last.unwrap_or_else(|| MinkError::Unavailable(format!("{bucket}: no attempt made"))))
     }
 
