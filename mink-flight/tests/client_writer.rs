@@ -766,8 +766,15 @@ mod seeded {
         async fn read(
             &self,
             _: mink_flight::protocol::ReadTicket,
-        ) -> Result<(SchemaRef, Vec<ReadBatch>)> {
+        ) -> Result<(SchemaRef, mink_flight::server::ReadBatches)> {
             Err(MinkError::Unimplemented("read".into()))
+        }
+
+        async fn table_endpoints(
+            &self,
+            _: &TablePath,
+        ) -> Result<(SchemaRef, Vec<mink_flight::server::TableEndpoint>)> {
+            Err(MinkError::Unimplemented("table_endpoints".into()))
         }
 
         async fn table_schema(&self, _: &TablePath) -> Result<SchemaRef> {
