@@ -1396,16 +1396,7 @@ fn concurrent_writers_match_the_merge_engine_over_the_changelog() {
         PANICKED.store(true, Ordering::SeqCst);
         previous(info);
     }));
-    let seeds: Vec<u64> = match std::env::var("MINK_MODEL_SEED") {
-        Ok(one) => vec![one.parse().expect("MINK_MODEL_SEED is a number")],
-        Err(_) => {
-            let n: u64 = std::env::var("MINK_MODEL_SEEDS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(30);
-            (0..n).collect()
-        }
-    };
+    let seeds = mink_wal::fault::seeds_from_env("MINK_MODEL_SEED", "MINK_MODEL_SEEDS", 30);
     let started = std::time::Instant::now();
     let mut totals: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut failed = Vec::new();

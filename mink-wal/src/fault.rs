@@ -117,6 +117,20 @@ impl Default for VirtualClock {
     }
 }
 
+/// The seeds a seeded model test runs: the environment variable `one` replays a single
+/// seed; otherwise `many` (or `default`) seeds from 0. A failing seed is printed with the
+/// variable that replays it.
+pub fn seeds_from_env(one: &str, many: &str, default: u64) -> Vec<u64> {
+    if let Some(seed) = std::env::var(one).ok().and_then(|v| v.parse().ok()) {
+        return vec![seed];
+    }
+    let n = std::env::var(many)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default);
+    (0..n).collect()
+}
+
 /// Request counters.
 #[derive(Debug, Default)]
 pub struct FaultCounters {
