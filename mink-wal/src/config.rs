@@ -101,6 +101,12 @@ pub struct WalConfig {
     pub compaction_interval_ms: u64,
     /// The largest segment object compaction writes, in bytes. Default 64 MiB.
     pub segment_bytes_max: u64,
+    /// A run of at least this many consecutive segments of a stream, together no
+    /// larger than `segment_bytes_max` and none holding half of the run's bytes, is
+    /// merged into one segment by compaction (so each byte is rewritten at most
+    /// log2(segment_bytes_max / smallest segment) times). 0 turns merging off.
+    /// Default 8.
+    pub segment_merge_fanin: u32,
     /// WAL objects of a dead generation (its node has a newer one, and no stream
     /// names it as owner) are deleted once older than this, in milliseconds.
     /// Default 600,000 (10 minutes).
@@ -122,6 +128,7 @@ impl Default for WalConfig {
             tail_cache_bytes_max: 64 << 20,
             compaction_interval_ms: 30_000,
             segment_bytes_max: 64 << 20,
+            segment_merge_fanin: 8,
             dead_wal_grace_ms: 600_000,
             upload_retry_budget_ms: 60_000,
         }
@@ -142,6 +149,9 @@ impl WalConfig {
         }
         if self.segment_bytes_max == 0 {
             return Err("wal.segment_bytes_max must be at least 1".into());
+        }
+        if self.segment_merge_fanin == 1 {
+            return Err("wal.segment_merge_fanin must be 0 (off) or at least 2".into());
         }
         Ok(())
     }

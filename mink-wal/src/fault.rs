@@ -148,6 +148,7 @@ struct State {
     fail_next_puts: u64,
     ambiguous_next_puts: u64,
     conflict_next_puts: u64,
+    hang_next_puts: u64,
     down: bool,
     put_delay: Option<PutDelayFn>,
 }
@@ -174,6 +175,7 @@ enum PutFate {
     Fail,
     Ambiguous,
     Conflict,
+    Hang,
     Normal,
 }
 
@@ -196,6 +198,7 @@ impl FaultyStore {
                 fail_next_puts: 0,
                 ambiguous_next_puts: 0,
                 conflict_next_puts: 0,
+                hang_next_puts: 0,
                 down: false,
                 put_delay: None,
             })),
@@ -239,6 +242,12 @@ impl FaultyStore {
     /// The next `n` conditional creates are applied, then answered `AlreadyExists`.
     pub fn conflict_after_apply_next_puts(&self, n: u64) {
         self.with(|s| s.conflict_next_puts = n);
+    }
+
+    /// The next `n` PUTs are applied, then never answered: the caller can only give
+    /// up (a timeout, a cancelled request) without knowing the outcome.
+    pub fn hang_after_apply_next_puts(&self, n: u64) {
+        self.with(|s| s.hang_next_puts = n);
     }
 
     /// While down, every request fails at once and nothing is applied.
@@ -296,6 +305,9 @@ impl FaultyStore {
             } else if s.conflict_next_puts > 0 {
                 s.conflict_next_puts -= 1;
                 PutFate::Conflict
+            } else if s.hang_next_puts > 0 {
+                s.hang_next_puts -= 1;
+                PutFate::Hang
             } else {
                 let roll: f64 = s.rng.random();
                 let c = &s.config;
@@ -387,6 +399,12 @@ impl ObjectStore for FaultyStore {
                     path: location.to_string(),
                     source: "injected: a retry met its own landed create".into(),
                 })
+            }
+            PutFate::Hang => {
+                if self.inner.put_opts(location, payload, opts).await.is_ok() {
+                    self.applied(location);
+                }
+                std::future::pending().await
             }
             PutFate::Normal => {
                 let done = self.inner.put_opts(location, payload, opts).await?;

@@ -520,7 +520,186 @@ async fn dead_generations_are_collected(t: TestStore) {
     assert_eq!(read_all(&s).await.len(), 5);
 }
 
+/// A stream compacted after every append gets one small segment per round; merging
+/// keeps their number bounded, deletes the replaced objects, and changes no byte of
+/// what reads, timestamp lookups, trims and the next owner see.
+async fn small_segments_are_merged(t: TestStore) {
+    let fanin = 4;
+    let node = StreamStore::open(
+        t.store.clone(),
+        "n1",
+        WalConfig {
+            segment_bytes_max: 4096,
+            segment_merge_fanin: fanin,
+            tail_cache_bytes_max: 0,
+            ..config()
+        },
+    )
+    .await
+    .unwrap();
+    let s = node.open_stream("s", 1).await.unwrap();
+    let rounds = 48u64;
+    for i in 0..rounds {
+        s.append_durable(1, 1, 1000 + i as i64, payload("s", i))
+            .await
+            .unwrap();
+        node.compact().await.unwrap();
+    }
+    let segments = || {
+        node.metadata()
+            .read(|st, _| st.streams.get("s").map(|m| m.segments.clone()))
+            .unwrap()
+    };
+    let listed = || async {
+        t.store
+            .list(Some(&Path::from("seg/s")))
+            .try_collect::<Vec<_>>()
+            .await
+            .unwrap()
+            .len()
+    };
+    let kept = segments();
+    // Without merging: one segment per round. With it: runs of `fanin` small ones
+    // become one, so far fewer remain.
+    assert!(
+        kept.len() < rounds as usize / 2,
+        "{} segments after {rounds} rounds",
+        kept.len()
+    );
+    assert!(kept.windows(2).all(|w| w[0].end == w[1].base));
+    assert_eq!((kept[0].base, kept.last().unwrap().end), (0, rounds));
+    assert_eq!(
+        listed().await,
+        kept.len(),
+        "replaced segment objects are deleted"
+    );
+
+    let expected: Vec<(u64, Bytes)> = (0..rounds).map(|i| (i, payload("s", i))).collect();
+    assert_eq!(read_all(&s).await, expected);
+    assert_eq!(s.offset_for_timestamp(1030).await.unwrap(), Some(30));
+    assert_eq!(s.offset_for_timestamp(9999).await.unwrap(), None);
+
+    // A trim inside a merged segment keeps it; reads start at the trimmed offset.
+    assert_eq!(s.trim(21).await.unwrap(), 21);
+    assert_eq!(read_all(&s).await, expected[21..].to_vec());
+    drop(s);
+    // The next owner sees the merged list.
+    let other = StreamStore::open(t.store.clone(), "n2", config())
+        .await
+        .unwrap();
+    let s2 = other.open_stream("s", 2).await.unwrap();
+    assert_eq!(read_all(&s2).await, expected[21..].to_vec());
+}
+
+/// A faulty store over `t` whose injected faults hit only stream-metadata entries.
+fn metadata_faults(t: &TestStore) -> FaultyStore {
+    FaultyStore::new(
+        t.store.clone(),
+        FaultConfig {
+            fault_prefix: Some("streams/log".into()),
+            ..FaultConfig::default()
+        },
+    )
+}
+
+/// Defect 2 of issue #11: an open whose `Open` entry landed but whose caller went away
+/// (a cancelled request) left the stream owned by this writer in the log and not
+/// installed here; every later open answered Corrupt. It is now adopted.
+async fn an_open_cancelled_after_it_landed_is_adopted(t: TestStore) {
+    let faulty = metadata_faults(&t);
+    let node = StreamStore::open(Arc::new(faulty.clone()), "n1", config())
+        .await
+        .unwrap();
+    faulty.hang_after_apply_next_puts(1);
+    let cancelled =
+        tokio::time::timeout(Duration::from_millis(500), node.open_stream("s", 1)).await;
+    assert!(cancelled.is_err(), "the open hangs after its entry landed");
+    node.metadata().catch_up().await.unwrap();
+    let owner = node
+        .metadata()
+        .read(|st, _| st.streams.get("s").and_then(|m| m.owner.clone()));
+    assert_eq!(owner.as_ref(), Some(node.wal_id()), "the Open landed");
+
+    let s = node
+        .open_stream("s", 1)
+        .await
+        .expect("the ghost is adopted");
+    s.append_durable(1, 1, 1, payload("s", 0)).await.unwrap();
+    assert_eq!(read_all(&s).await, vec![(0, payload("s", 0))]);
+    // A newer epoch moves it in place; the next owner fences and recovers it.
+    let s = node.open_stream("s", 2).await.unwrap();
+    s.append_durable(2, 1, 2, payload("s", 1)).await.unwrap();
+    let other = StreamStore::open(t.store.clone(), "n2", config())
+        .await
+        .unwrap();
+    let s2 = other.open_stream("s", 3).await.unwrap();
+    assert_eq!(
+        read_all(&s2).await,
+        vec![(0, payload("s", 0)), (1, payload("s", 1))]
+    );
+}
+
+/// Defect 7 of issue #11: a compaction commit that landed while its proposer saw no
+/// answer left the local compacted end behind the log's; every later round failed
+/// and WAL GC stopped. The next round now adopts it, and the WAL is collected.
+async fn a_commit_whose_answer_was_lost_is_adopted(t: TestStore) {
+    let faulty = metadata_faults(&t);
+    let node = StreamStore::open(
+        Arc::new(faulty.clone()),
+        "n1",
+        WalConfig {
+            tail_cache_bytes_max: 0,
+            ..config()
+        },
+    )
+    .await
+    .unwrap();
+    let s = node.open_stream("s", 1).await.unwrap();
+    for i in 0..10 {
+        s.append_durable(1, 1, i, payload("s", i as u64))
+            .await
+            .unwrap();
+    }
+    let expected = read_all(&s).await;
+    let wal_before = wal_objects(&t.store).await;
+    faulty.hang_after_apply_next_puts(1);
+    let lost = tokio::time::timeout(Duration::from_millis(500), node.compact()).await;
+    assert!(lost.is_err(), "the commit hangs after it landed");
+    node.metadata().catch_up().await.unwrap();
+    let logged_end = node
+        .metadata()
+        .read(|st, _| st.streams.get("s").map(|m| m.committed_end));
+    assert_eq!(logged_end, Some(10), "the Commit landed");
+
+    for i in 10..15 {
+        s.append_durable(1, 1, i, payload("s", i as u64))
+            .await
+            .unwrap();
+    }
+    node.compact()
+        .await
+        .expect("the next round adopts the landed commit");
+    node.compact().await.expect("and compaction keeps working");
+    let segments = node
+        .metadata()
+        .read(|st, _| st.streams.get("s").map(|m| m.segments.clone()))
+        .unwrap();
+    assert!(segments.windows(2).all(|w| w[0].end == w[1].base));
+    assert_eq!(segments.last().map(|s| s.end), Some(15));
+    let wal_after = wal_objects(&t.store).await;
+    assert!(
+        wal_after < wal_before,
+        "WAL objects collected: {wal_before} -> {wal_after}"
+    );
+    let mut all = expected;
+    all.extend((10..15).map(|i| (i, payload("s", i))));
+    assert_eq!(read_all(&s).await, all);
+}
+
 backend_tests! {
+    an_open_cancelled_after_it_landed_is_adopted => super::an_open_cancelled_after_it_landed_is_adopted;
+    a_commit_whose_answer_was_lost_is_adopted => super::a_commit_whose_answer_was_lost_is_adopted;
+    small_segments_are_merged => super::small_segments_are_merged;
     dead_generations_are_collected => super::dead_generations_are_collected;
     appends_get_contiguous_offsets_and_read_back => super::appends_get_contiguous_offsets_and_read_back;
     acks_come_in_upload_order => super::acks_come_in_upload_order;

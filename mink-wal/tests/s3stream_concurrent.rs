@@ -39,7 +39,11 @@ static PANICKED: AtomicBool = AtomicBool::new(false);
 fn wal_config() -> WalConfig {
     WalConfig {
         compaction_interval_ms: 3_600_000,
-        segment_bytes_max: 256,
+        // Small: compaction splits runs, and merges runs of three or more small
+        // segments (a one-record segment is about 110 bytes), racing reads, trims,
+        // takeovers and orphan GC.
+        segment_bytes_max: 2_000,
+        segment_merge_fanin: 2,
         dead_wal_grace_ms: 0,
         upload_retry_budget_ms: 300,
         inflight_uploads_max: 3,
@@ -78,6 +82,8 @@ struct Incarnation {
 struct Holder {
     epoch: u64,
     stream: Stream,
+    /// The WAL writer it was opened on, for the checker's messages.
+    wal: String,
 }
 
 #[derive(Default)]
@@ -89,6 +95,8 @@ struct Model {
     nodes: Vec<Incarnation>,
     /// Acknowledged appends: stream -> base offset -> (end, payload).
     acked: Vec<BTreeMap<u64, (u64, Bytes)>>,
+    /// Who acknowledged each append (payload -> "wal@epoch"), for messages.
+    acked_by: std::collections::HashMap<Bytes, String>,
     /// Appends whose outcome is unknown.
     maybe: HashSet<Bytes>,
     /// The highest start offset a trim of each stream returned.
@@ -107,16 +115,19 @@ impl Model {
         self.epochs[stream]
     }
 
-    fn ack(&mut self, stream: usize, range: Range<u64>, payload: Bytes) {
+    fn ack(&mut self, stream: usize, range: Range<u64>, payload: Bytes, by: String) {
         let acked = &mut self.acked[stream];
         if let Some((_, (end, other))) = acked.range(..range.end).next_back()
             && *end > range.start
         {
+            let other_by = self.acked_by.get(other).cloned().unwrap_or_default();
             self.violations.push(format!(
-                "stream {stream}: offsets {range:?} acknowledged for {payload:?} overlap an \
-                 acknowledged append ending at {end} ({other:?}): two owners acknowledged at once"
+                "stream {stream}: offsets {range:?} acknowledged for {payload:?} by {by} overlap \
+                 an acknowledged append ending at {end} ({other:?} by {other_by}): two owners \
+                 acknowledged at once"
             ));
         }
+        self.acked_by.insert(payload.clone(), by);
         acked.insert(range.start, (range.end, payload));
     }
 }
@@ -181,7 +192,12 @@ async fn appender(model: Shared, id: usize, seed: u64, stop: Arc<AtomicBool>) {
                         m.violations
                             .push(format!("append of {count} records got offsets {range:?}"));
                     }
-                    m.ack(s, range, payload);
+                    m.ack(
+                        s,
+                        range,
+                        payload,
+                        format!("{}@{}", holder.wal, holder.epoch),
+                    );
                     m.count("acked");
                     false
                 }
@@ -271,7 +287,8 @@ async fn open_on(model: Shared, target: Incarnation, s: usize, cancel_after: Opt
             m.count("opened");
             // Only a newer epoch replaces the holder: opens race.
             if m.holders[s].as_ref().is_none_or(|h| h.epoch < epoch) {
-                m.holders[s] = Some(Holder { epoch, stream });
+                let wal = target.streams.wal_id().to_string();
+                m.holders[s] = Some(Holder { epoch, stream, wal });
             }
         }
         Some(Err(WalError::Corrupt(e))) => {
@@ -321,8 +338,13 @@ async fn controller(
             }
             40..=59 => {
                 lock(&model).count("compact");
+                let m2 = model.clone();
                 tasks.push(tokio::spawn(async move {
+                    let before = target.streams.segment_merges();
                     let _ = target.streams.compact().await;
+                    if target.streams.segment_merges() > before {
+                        lock(&m2).count("merge");
+                    }
                 }));
             }
             60..=67 => {
@@ -558,6 +580,20 @@ async fn run_seed(seed: u64) -> Result<BTreeMap<&'static str, u64>, String> {
 }
 
 fn run_one(seed: u64) -> Result<BTreeMap<&'static str, u64>, String> {
+    // MINK_MODEL_TRACE=filter (e.g. "mink_wal=debug") prints the library's log of a
+    // replayed seed, with virtual timestamps.
+    if let Ok(filter) = std::env::var("MINK_MODEL_TRACE") {
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_timer(tracing_subscriber::fmt::time::uptime())
+            .with_test_writer()
+            .finish();
+        return tracing::subscriber::with_default(subscriber, || run_seed_on_runtime(seed));
+    }
+    run_seed_on_runtime(seed)
+}
+
+fn run_seed_on_runtime(seed: u64) -> Result<BTreeMap<&'static str, u64>, String> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
@@ -573,7 +609,7 @@ fn concurrent_owners_never_lose_an_acknowledged_record() {
         PANICKED.store(true, Ordering::SeqCst);
         previous(info);
     }));
-    let seeds = mink_wal::fault::seeds_from_env("MINK_MODEL_SEED", "MINK_MODEL_SEEDS", 40);
+    let seeds = mink_wal::fault::seeds_from_env("MINK_MODEL_SEED", "MINK_MODEL_SEEDS", 50);
     let started = std::time::Instant::now();
     let mut totals: BTreeMap<&'static str, u64> = BTreeMap::new();
     for seed in &seeds {

@@ -7,7 +7,7 @@ use futures::StreamExt;
 use object_store::path::Path;
 use object_store::{ObjectStoreExt, PutPayload};
 
-use super::meta::{SegmentMeta, StreamUpdate};
+use super::meta::{SegmentMerge, SegmentMeta, StreamUpdate};
 use super::writer::wal_path;
 use super::{Status, StoreInner, StreamCommand, StreamInner, propose};
 use crate::error::{WalError, WalResult};
@@ -170,7 +170,19 @@ fn resync_one(store: &Arc<StoreInner>, stream: &Arc<StreamInner>, closing: bool)
                         "adopting a compaction commit that landed unseen"
                     );
                     committed(store, stream, &adopted, meta.wal_from);
+                } else {
+                    drop(state);
                 }
+                // Merges and trims that landed unseen: for a stream it owns, the log's
+                // list is the truth (a local list only ever lags it).
+                let mut state = stream.lock();
+                let keys = |list: &[SegmentMeta]| -> Vec<String> {
+                    list.iter().map(|s| s.key.clone()).collect()
+                };
+                if keys(&state.segments) != keys(&meta.segments) {
+                    state.segments = meta.segments.clone();
+                }
+                state.start_offset = state.start_offset.max(meta.start_offset);
             }
             _ => {
                 state.status = Status::Failed(WalError::Fenced(format!(
@@ -268,9 +280,177 @@ pub(super) async fn compact_all(store: &Arc<StoreInner>) -> WalResult<usize> {
     if !updates.is_empty() {
         metrics::counter!("mink_wal_compactions_total").increment(1);
     }
+    if let Err(e) = merge_segments(store).await {
+        tracing::warn!("segment merge failed: {e}; the next round tries again");
+    }
     gc_own_wal(store).await?;
     maybe_snapshot_metadata(store).await;
     Ok(written)
+}
+
+/// The most segments one merge reads.
+const MERGE_INPUTS_MAX: usize = 64;
+
+/// The run of consecutive segments to merge next, if any: the first (oldest first)
+/// of at least `fanin` segments, together at most `max` bytes, none holding half of
+/// the run's bytes, and the longest such run from its start. The last condition
+/// makes every merge move each byte into a segment at least twice as large as the one
+/// it leaves, so a byte is rewritten at most log2(max / smallest) times; the first
+/// two bound the segments a stream keeps (those left unmerged are either few or large).
+pub(crate) fn merge_run(
+    segments: &[SegmentMeta],
+    fanin: usize,
+    max: u64,
+) -> Option<std::ops::Range<usize>> {
+    if fanin < 2 {
+        return None;
+    }
+    for i in 0..segments.len() {
+        let (mut sum, mut largest, mut best) = (0u64, 0u64, None);
+        for (j, seg) in segments[i..].iter().enumerate().take(MERGE_INPUTS_MAX) {
+            if sum.saturating_add(seg.bytes) > max {
+                break;
+            }
+            sum += seg.bytes;
+            largest = largest.max(seg.bytes);
+            if j + 1 >= fanin && largest * 2 < sum {
+                best = Some(i..i + j + 1);
+            }
+        }
+        if best.is_some() {
+            return best;
+        }
+    }
+    None
+}
+
+/// Every record of a segment, read whole and checked (footer, index and record CRCs).
+async fn read_whole_segment(store: &StoreInner, seg: &SegmentMeta) -> WalResult<Vec<Record>> {
+    use crate::format::{
+        SEGMENT_FOOTER_LEN, decode_segment_footer, decode_segment_index, decode_segment_records,
+    };
+    let bytes = store
+        .store
+        .get(&Path::from(seg.key.as_str()))
+        .await?
+        .bytes()
+        .await?;
+    let (index_pos, entries, crc) = decode_segment_footer(&seg.key, &bytes)?;
+    let index_end = bytes.len().saturating_sub(SEGMENT_FOOTER_LEN);
+    let index_pos = usize::try_from(index_pos).unwrap_or(usize::MAX);
+    if index_pos > index_end {
+        return Err(WalError::Corrupt(format!(
+            "{}: index position beyond its end",
+            seg.key
+        )));
+    }
+    let index = decode_segment_index(&seg.key, &bytes[index_pos..index_end], entries, crc)?;
+    let records = decode_segment_records(&seg.key, &bytes.slice(..index_pos), &index)?;
+    let contiguous = records.windows(2).all(|w| w[0].end() == w[1].base);
+    match (records.first(), records.last()) {
+        (Some(a), Some(b)) if contiguous && a.base == seg.base && b.end() == seg.end => Ok(records),
+        _ => Err(WalError::Corrupt(format!(
+            "{}: its records do not cover {}..{}",
+            seg.key, seg.base, seg.end
+        ))),
+    }
+}
+
+/// Merges runs of small segments ([`merge_run`]) of the open streams, reading at most
+/// about two `segment_bytes_max` per round, and records them in one `Merge` entry.
+/// Runs under the caller's compaction lock, so orphan GC never meets a merged segment
+/// whose entry is undecided. A rejected or unknown outcome is settled by the next
+/// round's resync; the merged objects it leaves unnamed are orphans. Returns the
+/// number of merges recorded.
+async fn merge_segments(store: &Arc<StoreInner>) -> WalResult<usize> {
+    let fanin = store.config.segment_merge_fanin as usize;
+    let max = store.config.segment_bytes_max;
+    if fanin < 2 {
+        return Ok(0);
+    }
+    let mut budget = max.saturating_mul(2);
+    let streams: Vec<Arc<StreamInner>> = store.lock_streams().values().cloned().collect();
+    let mut merges: Vec<(Arc<StreamInner>, SegmentMerge)> = Vec::new();
+    for stream in &streams {
+        let (epoch, run) = {
+            let state = stream.lock();
+            if state.status != Status::Open {
+                continue;
+            }
+            match merge_run(&state.segments, fanin, max) {
+                Some(range) => (state.epoch, state.segments[range].to_vec()),
+                None => continue,
+            }
+        };
+        let bytes: u64 = run.iter().map(|s| s.bytes).sum();
+        if bytes > budget {
+            continue;
+        }
+        budget -= bytes;
+        let mut records = Vec::new();
+        let mut readable = true;
+        for seg in &run {
+            match read_whole_segment(store, seg).await {
+                Ok(more) => records.extend(more),
+                Err(e) => {
+                    // A trim may have removed it meanwhile; the next round looks again.
+                    tracing::debug!(stream = stream.name, "segment merge skipped: {e}");
+                    readable = false;
+                    break;
+                }
+            }
+        }
+        if !readable {
+            continue;
+        }
+        let segment = write_segment(store, &stream.name, epoch, &records).await?;
+        merges.push((
+            stream.clone(),
+            SegmentMerge {
+                stream: stream.name.clone(),
+                replaces: run.iter().map(|s| s.key.clone()).collect(),
+                segment,
+            },
+        ));
+    }
+    if merges.is_empty() {
+        return Ok(0);
+    }
+    let command = StreamCommand::Merge {
+        owner: store.wal.clone(),
+        merges: merges.iter().map(|(_, m)| m.clone()).collect(),
+    };
+    // An error leaves the outcome unknown: the next round's resync reads it, and the
+    // replaced objects are then orphans.
+    if let Err(why) = propose(store, &command).await? {
+        tracing::info!("segment merge rejected ({why}); the next round looks again");
+        let touched: Vec<Arc<StreamInner>> = merges.iter().map(|(s, _)| s.clone()).collect();
+        resync(store, &touched);
+        return Ok(0);
+    }
+    let mut doomed = Vec::new();
+    for (stream, m) in &merges {
+        // The log (which now holds the merge) gives the stream's list; a stream
+        // whose close is waiting for this lock is brought in line too.
+        resync_one(store, stream, true);
+        let mut cache = store
+            .segment_indexes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        for key in &m.replaces {
+            cache.remove(key);
+            doomed.push(Ok(Path::from(key.as_str())));
+        }
+    }
+    metrics::counter!("mink_wal_segment_merges_total").increment(merges.len() as u64);
+    store
+        .merges
+        .fetch_add(merges.len() as u64, Ordering::Relaxed);
+    // Reads that located a replaced segment meet NotFound and look again.
+    if let Err(e) = delete_paths(&store.store, doomed).await {
+        tracing::warn!("could not delete merged segments: {e}; orphan GC will");
+    }
+    Ok(merges.len())
 }
 
 /// Deletes this writer's WAL objects below its WAL floor in the stream-metadata log
@@ -657,4 +837,77 @@ async fn delete_paths(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Size-tiered merging on a stream that gets one small segment per round: the
+    /// number of segments stays bounded and no byte is rewritten more than
+    /// log2(max / smallest) + 1 times.
+    #[test]
+    fn merging_bounds_segments_and_rewrites() {
+        for (fanin, max) in [(8usize, 1_000u64), (4, 1_000), (8, 64), (2, 500)] {
+            let mut segments: Vec<SegmentMeta> = Vec::new();
+            let (mut written, mut rewritten, mut most) = (0u64, 0u64, 0usize);
+            for round in 0..20_000u64 {
+                segments.push(SegmentMeta {
+                    key: format!("{round}"),
+                    base: round,
+                    end: round + 1,
+                    bytes: 1,
+                    min_timestamp_ms: 0,
+                    max_timestamp_ms: 0,
+                });
+                written += 1;
+                // One merge per round, as compaction does per stream.
+                if let Some(run) = merge_run(&segments, fanin, max) {
+                    let merged = SegmentMeta {
+                        key: format!("m{round}"),
+                        base: segments[run.start].base,
+                        end: segments[run.end - 1].end,
+                        bytes: segments[run.clone()].iter().map(|s| s.bytes).sum(),
+                        min_timestamp_ms: 0,
+                        max_timestamp_ms: 0,
+                    };
+                    rewritten += merged.bytes;
+                    segments.splice(run, [merged]);
+                }
+                most = most.max(segments.len());
+                assert!(segments.iter().all(|s| s.bytes <= max));
+            }
+            let levels = (max as f64).log2().ceil() as u64 + 1;
+            let bound = 2 * written as usize / max as usize + fanin * levels as usize;
+            assert!(
+                segments.len() <= bound,
+                "fanin {fanin} max {max}: {} segments > {bound}",
+                segments.len()
+            );
+            assert!(
+                rewritten <= written * levels,
+                "fanin {fanin} max {max}: rewrote {rewritten} of {written}"
+            );
+            // Nothing that could merge is left unmerged for long.
+            assert!(most <= bound + fanin, "{most}");
+        }
+    }
+
+    #[test]
+    fn nothing_merges_without_a_fanin() {
+        let seg = |i: u64| SegmentMeta {
+            key: format!("{i}"),
+            base: i,
+            end: i + 1,
+            bytes: 1,
+            min_timestamp_ms: 0,
+            max_timestamp_ms: 0,
+        };
+        let many: Vec<SegmentMeta> = (0..100).map(seg).collect();
+        assert_eq!(merge_run(&many, 0, 1_000), None);
+        assert_eq!(merge_run(&many[..7], 8, 1_000), None);
+        assert_eq!(merge_run(&many[..8], 8, 1_000), Some(0..8));
+        // Too big together: no run fits.
+        assert_eq!(merge_run(&many, 8, 7), None);
+    }
 }

@@ -61,6 +61,32 @@ pub struct Expected {
     /// existed read as `None`; they were validated when appended and are only applied.
     #[serde(default)]
     pub owner: Option<WalId>,
+    /// The stream's `wal_from` at the time. A takeover reads the owner's WAL from it;
+    /// once the owner commits a higher one it may delete the objects below, and a
+    /// stale fence object left by a refused fencer may fill such a slot, which a
+    /// reader from the old position would take for the end of the WAL. `None` in
+    /// entries written before this field existed (not compared).
+    #[serde(default)]
+    pub wal_from: Option<u64>,
+}
+
+impl Expected {
+    /// What a view of `meta` expects at the moment of the open.
+    pub fn of(meta: &StreamMeta) -> Self {
+        Expected {
+            epoch: meta.epoch,
+            committed_end: meta.committed_end,
+            owner: meta.owner.clone(),
+            wal_from: Some(meta.wal_from),
+        }
+    }
+
+    fn still(&self, meta: &StreamMeta) -> bool {
+        self.epoch == meta.epoch
+            && self.committed_end == meta.committed_end
+            && self.owner == meta.owner
+            && self.wal_from.is_none_or(|w| w == meta.wal_from)
+    }
 }
 
 /// One stream's part of a [`StreamCommand::Commit`].
@@ -70,6 +96,15 @@ pub struct StreamUpdate {
     pub epoch: u64,
     pub segments: Vec<SegmentMeta>,
     pub wal_from: u64,
+}
+
+/// One stream's part of a [`StreamCommand::Merge`]: `segment` holds exactly the
+/// records of the consecutive segments `replaces` (keys, in order).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentMerge {
+    pub stream: String,
+    pub replaces: Vec<String>,
+    pub segment: SegmentMeta,
 }
 
 /// Entries of the stream-metadata log.
@@ -103,6 +138,13 @@ pub enum StreamCommand {
         segments: Vec<SegmentMeta>,
         end_offset: u64,
     },
+    /// Merged segments of one owner's streams: each replaces a run of consecutive
+    /// segments with one holding the same records. The replaced objects are deleted
+    /// once this lands (or, if their owner dies first, by the next owner's orphan GC).
+    Merge {
+        owner: WalId,
+        merges: Vec<SegmentMerge>,
+    },
     /// A fence object was written at `at` in `wal`: objects at or above it are
     /// ignored by everyone. The first fence recorded for a WAL wins.
     Fence { wal: WalId, at: u64 },
@@ -130,6 +172,37 @@ pub struct StreamsState {
     /// the slot may have been deleted, and the owner would never meet the fence.
     #[serde(default)]
     pub wal_floors: BTreeMap<String, u64>,
+}
+
+/// Where the run of segments `m.replaces` sits in `segments`, if it is there, in
+/// order, and `m.segment` covers exactly its offsets.
+fn merge_position(segments: &[SegmentMeta], m: &SegmentMerge) -> Result<usize, String> {
+    let stream = &m.stream;
+    if m.replaces.len() < 2 {
+        return Err(format!(
+            "stream {stream}: a merge needs at least two segments"
+        ));
+    }
+    let at = segments
+        .iter()
+        .position(|s| s.key == m.replaces[0])
+        .ok_or_else(|| format!("stream {stream}: segment {} is gone", m.replaces[0]))?;
+    let run = segments
+        .get(at..at + m.replaces.len())
+        .ok_or_else(|| format!("stream {stream}: the merged run is no longer there"))?;
+    if run.iter().map(|s| &s.key).ne(m.replaces.iter()) {
+        return Err(format!(
+            "stream {stream}: the merged run is no longer there"
+        ));
+    }
+    let (first, last) = (&run[0], &run[run.len() - 1]);
+    if m.segment.base != first.base || m.segment.end != last.end {
+        return Err(format!(
+            "stream {stream}: merged segment {} covers {}..{}, the run {}..{}",
+            m.segment.key, m.segment.base, m.segment.end, first.base, last.end
+        ));
+    }
+    Ok(at)
 }
 
 fn check_segments(meta_end: u64, segments: &[SegmentMeta]) -> Result<u64, String> {
@@ -232,12 +305,8 @@ impl LogState for StreamsState {
                             meta.epoch
                         ));
                     }
-                    let now = Expected {
-                        epoch: meta.epoch,
-                        committed_end: meta.committed_end,
-                        owner: meta.owner.clone(),
-                    };
-                    if expected.as_ref() != Some(&now) {
+                    let now = Expected::of(meta);
+                    if !expected.as_ref().is_some_and(|e| e.still(meta)) {
                         return Err(format!(
                             "stream {stream} changed during the takeover (now {now:?}); retry"
                         ));
@@ -272,6 +341,17 @@ impl LogState for StreamsState {
                     return Err(format!(
                         "stream {stream}: closing at {end_offset} but the segments end at {end}"
                     ));
+                }
+                Ok(())
+            }
+            StreamCommand::Merge { owner, merges } => {
+                let mut seen = std::collections::BTreeSet::new();
+                for m in merges {
+                    if !seen.insert(&m.stream) {
+                        return Err(format!("stream {}: two merges in one entry", m.stream));
+                    }
+                    let meta = self.owned_by_writer(&m.stream, owner)?;
+                    merge_position(&meta.segments, m)?;
                 }
                 Ok(())
             }
@@ -379,6 +459,16 @@ impl LogState for StreamsState {
                         meta.segments.push(seg.clone());
                     }
                     meta.owner = None;
+                }
+            }
+            StreamCommand::Merge { merges, .. } => {
+                for m in merges {
+                    if let Some(meta) = self.streams.get_mut(&m.stream)
+                        && let Ok(at) = merge_position(&meta.segments, m)
+                    {
+                        meta.segments
+                            .splice(at..at + m.replaces.len(), [m.segment.clone()]);
+                    }
                 }
             }
             StreamCommand::Fence { wal, at } => {
@@ -496,6 +586,7 @@ mod tests {
             epoch: 1,
             committed_end: 0,
             owner: Some(a.clone()),
+            wal_from: None,
         });
         apply(&mut state, open("s", 2, &a, 1, expected));
         // Compaction collected under epoch 1; the commit is still the owner's.
@@ -516,6 +607,7 @@ mod tests {
             epoch: 1,
             committed_end: 0,
             owner: Some(a.clone()),
+            wal_from: None,
         });
         apply(&mut state, open("s", 2, &b, 1, took));
         // a moves "its" stream in place from a view in which b's takeover has not
@@ -529,8 +621,104 @@ mod tests {
                 epoch: 2,
                 committed_end: 0,
                 owner: Some(a.clone()),
+                wal_from: None,
             }),
         );
         assert!(state.validate(&stale).unwrap_err().contains("changed"));
+    }
+
+    /// Found by the concurrent model test (seed 858): a takeover read the owner's WAL
+    /// from a stale `wal_from`; the owner had since committed a higher one and deleted
+    /// the slot below, a refused fencer's stray fence object filled it, and the reader
+    /// took it for the end of the WAL: it recovered nothing and its open (same epoch,
+    /// end and owner) landed, losing acknowledged records. The open now also expects
+    /// the `wal_from` it read from.
+    #[test]
+    fn a_takeover_from_a_stale_wal_position_is_refused() {
+        let (a, b) = (wal("a"), wal("b"));
+        let mut state = StreamsState::default();
+        apply(&mut state, open("s", 1, &a, 9, None));
+        let view = Expected::of(&state.streams["s"]);
+        assert_eq!(view.wal_from, Some(9));
+        // The owner commits no new segment, only a higher WAL position.
+        apply(&mut state, commit(&a, &[("s", 10)], 10));
+        let late = open("s", 2, &b, 1, Some(view));
+        let why = state.validate(&late).unwrap_err();
+        assert!(why.contains("changed during the takeover"), "{why}");
+        let fresh = Expected::of(&state.streams["s"]);
+        apply(&mut state, open("s", 2, &b, 1, Some(fresh)));
+    }
+
+    fn seg(key: &str, base: u64, end: u64) -> SegmentMeta {
+        SegmentMeta {
+            key: key.into(),
+            base,
+            end,
+            bytes: 10,
+            min_timestamp_ms: 0,
+            max_timestamp_ms: 0,
+        }
+    }
+
+    #[test]
+    fn a_merge_replaces_exactly_a_run_the_owner_still_has() {
+        let (a, b) = (wal("a"), wal("b"));
+        let mut state = StreamsState::default();
+        apply(&mut state, open("s", 1, &a, 1, None));
+        let mut c = commit(&a, &[("s", 5)], 5);
+        if let StreamCommand::Commit { updates, .. } = &mut c {
+            updates[0].segments = vec![seg("k1", 0, 2), seg("k2", 2, 3), seg("k3", 3, 7)];
+        }
+        apply(&mut state, c);
+        let merge = |owner: &WalId, replaces: &[&str], base, end| StreamCommand::Merge {
+            owner: owner.clone(),
+            merges: vec![SegmentMerge {
+                stream: "s".into(),
+                replaces: replaces.iter().map(|k| k.to_string()).collect(),
+                segment: seg("m", base, end),
+            }],
+        };
+        let refused = |state: &StreamsState, c: StreamCommand, why: &str| {
+            let got = state.validate(&c).unwrap_err();
+            assert!(got.contains(why), "{got}");
+        };
+        refused(&state, merge(&b, &["k1", "k2"], 0, 3), "not owned by");
+        refused(&state, merge(&a, &["k1"], 0, 2), "at least two");
+        refused(&state, merge(&a, &["k1", "k3"], 0, 7), "no longer there");
+        refused(&state, merge(&a, &["k2", "k3"], 2, 6), "covers");
+        refused(&state, merge(&a, &["k0", "k1"], 0, 2), "is gone");
+        let twice = StreamCommand::Merge {
+            owner: a.clone(),
+            merges: [
+                merge(&a, &["k1", "k2"], 0, 3),
+                merge(&a, &["k2", "k3"], 2, 7),
+            ]
+            .into_iter()
+            .flat_map(|c| match c {
+                StreamCommand::Merge { merges, .. } => merges,
+                _ => unreachable!(),
+            })
+            .collect(),
+        };
+        refused(&state, twice, "two merges");
+        apply(&mut state, merge(&a, &["k2", "k3"], 2, 7));
+        let keys: Vec<_> = state.streams["s"]
+            .segments
+            .iter()
+            .map(|s| s.key.as_str())
+            .collect();
+        assert_eq!(keys, ["k1", "m"]);
+        assert_eq!(state.streams["s"].committed_end, 7);
+        // A trim that dropped part of a run makes a merge of it stale.
+        apply(
+            &mut state,
+            StreamCommand::Trim {
+                stream: "s".into(),
+                epoch: 1,
+                start_offset: 2,
+                owner: Some(a.clone()),
+            },
+        );
+        refused(&state, merge(&a, &["k1", "m"], 0, 7), "is gone");
     }
 }

@@ -167,6 +167,8 @@ pub(crate) struct StoreInner {
     gc_floor: AtomicU64,
     /// The metadata index of the last snapshot this node wrote.
     last_snapshot: AtomicU64,
+    /// Segment merges recorded by this writer.
+    merges: AtomicU64,
     segment_indexes: Mutex<HashMap<String, Arc<Vec<crate::format::IndexEntry>>>>,
 }
 
@@ -315,6 +317,7 @@ impl StreamStore {
             compaction: tokio::sync::Mutex::new(()),
             gc_floor: AtomicU64::new(1),
             last_snapshot: AtomicU64::new(0),
+            merges: AtomicU64::new(0),
             segment_indexes: Mutex::new(HashMap::new()),
         });
         tokio::spawn(writer::run_writer(store, wal, config, writer, rx));
@@ -369,6 +372,11 @@ impl StreamStore {
     /// Compacts every open stream now. Returns the number of segments written.
     pub async fn compact(&self) -> WalResult<usize> {
         compact::compact_all(&self.inner).await
+    }
+
+    /// How many segment merges this writer has recorded.
+    pub fn segment_merges(&self) -> u64 {
+        self.inner.merges.load(Ordering::Relaxed)
     }
 
     /// Deletes WAL objects of dead generations (see `docs/s3stream.md`). Returns the

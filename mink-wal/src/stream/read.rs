@@ -242,39 +242,61 @@ async fn read_pass(
     Ok(out)
 }
 
+/// The first offset at or after `timestamp_ms` (by record timestamps), if any. Looks
+/// at one segment at a time (located under the stream's lock), then memory; a segment
+/// deleted under it (a merge or trim) makes it look again from a fresh view.
 pub(super) async fn offset_for_timestamp(
     stream: &Arc<StreamInner>,
     timestamp_ms: i64,
 ) -> WalResult<Option<u64>> {
-    let (start, segments, held) = {
-        let state = stream.lock();
-        (
-            state.start_offset,
-            state.segments.clone(),
-            state
-                .held
-                .iter()
-                .map(|h| h.record.clone())
-                .collect::<Vec<_>>(),
-        )
-    };
-    for seg in segments.iter().filter(|s| s.end > start) {
-        if seg.max_timestamp_ms < timestamp_ms {
-            continue;
+    let mut pass = 0;
+    loop {
+        pass += 1;
+        match offset_for_timestamp_pass(stream, timestamp_ms).await {
+            Ok(found) => return Ok(found),
+            Err(ReadFail::Gone(path)) if pass < READ_PASSES_MAX => {
+                tracing::debug!(stream = stream.name, %path, "lookup raced a deletion; looking again");
+            }
+            Err(fail) => return Err(fail.into()),
         }
-        let index = segment_index(&stream.store, seg)
-            .await
-            .map_err(WalError::from)?;
+    }
+}
+
+async fn offset_for_timestamp_pass(
+    stream: &Arc<StreamInner>,
+    timestamp_ms: i64,
+) -> Result<Option<u64>, ReadFail> {
+    // Segments from `pos` on, one at a time.
+    let mut pos = 0u64;
+    let start = loop {
+        let (start, next) = {
+            let state = stream.lock();
+            let start = state.start_offset;
+            let from = pos.max(start);
+            let i = state.segments.partition_point(|s| s.end <= from);
+            let next = state.segments[i..]
+                .iter()
+                .find(|s| s.max_timestamp_ms >= timestamp_ms)
+                .cloned();
+            (start, next)
+        };
+        let Some(seg) = next else {
+            break start;
+        };
+        let index = segment_index(&stream.store, &seg).await?;
         if let Some(e) = index
             .iter()
             .find(|e| e.timestamp_ms >= timestamp_ms && e.end() > start)
         {
             return Ok(Some(e.base.max(start)));
         }
-    }
-    let compacted_end = segments.last().map_or(start, |s| s.end);
-    Ok(held
+        pos = seg.end;
+    };
+    let state = stream.lock();
+    let compacted_end = state.segments.last().map_or(start, |s| s.end);
+    Ok(state
+        .held
         .iter()
-        .find(|r| r.end() > compacted_end && r.timestamp_ms >= timestamp_ms)
-        .map(|r| r.base.max(start)))
+        .find(|h| h.record.end() > compacted_end && h.record.timestamp_ms >= timestamp_ms)
+        .map(|h| h.record.base.max(start)))
 }

@@ -167,11 +167,7 @@ async fn create_or_take_over(
         epoch,
         owner: store.wal.clone(),
         wal_from,
-        expected: current.as_ref().map(|m| Expected {
-            epoch: m.epoch,
-            committed_end: m.committed_end,
-            owner: m.owner.clone(),
-        }),
+        expected: current.as_ref().map(Expected::of),
         recovered: segment.clone(),
     };
     match propose(store, &command).await? {
@@ -270,11 +266,7 @@ async fn reopen_local(
         epoch,
         owner: store.wal.clone(),
         wal_from: current.wal_from,
-        expected: Some(Expected {
-            epoch: current.epoch,
-            committed_end: current.committed_end,
-            owner: current.owner.clone(),
-        }),
+        expected: Some(Expected::of(current)),
         recovered: None,
     };
     match propose(store, &command).await? {
@@ -359,6 +351,16 @@ async fn recover(
             }
         }
     }
+    tracing::debug!(
+        stream = name,
+        %owner,
+        wal_from = meta.wal_from,
+        fence,
+        committed_end = meta.committed_end,
+        records = records.len(),
+        to = expected,
+        "read the previous owner's WAL"
+    );
     Ok(Some(records))
 }
 
