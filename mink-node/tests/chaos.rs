@@ -1,9 +1,13 @@
 //! The chaos harness: a cluster of `mink-node` processes on one object store, written
-//! to by idempotent Rust clients (a log table and a primary-key table) while a seeded
-//! controller injects faults: SIGKILL and restart, SIGSTOP long enough to lose the
-//! lease and the buckets then SIGCONT, object-store PUT failures / ambiguous timeouts /
-//! latency through the nodes' fault injector (`testing.fault_injection`, `POST
-//! /fault`), `rebalance` under load, and a node joining.
+//! to by idempotent Rust clients (a log table and a primary-key table) and a pyarrow
+//! AppendTable writer (`chaos_pyarrow_writer.py`, when `MINK_CHAOS_PYTHON` is set),
+//! while a seeded controller injects faults: SIGKILL and restart, SIGSTOP long enough
+//! to lose the lease and the buckets then SIGCONT, object-store PUT failures /
+//! ambiguous timeouts / latency through the nodes' fault injector
+//! (`testing.fault_injection`, `POST /fault`), `rebalance` under load, and a node
+//! joining (the previous joiner leaving for good). Every kind comes once per cycle in
+//! a seeded order; from the second cycle on, about a third of the faults overlap with
+//! a second one on another node.
 //!
 //! After the faults stop and the cluster settles, the checker verifies: every
 //! acknowledged row is readable at its acknowledged offset, no idempotent writer's row
@@ -25,10 +29,11 @@ use std::time::{Duration, Instant};
 
 use arrow::array::{Array, Int64Array, RecordBatch, StringArray};
 use mink_flight::MinkClient;
-use mink_flight::protocol::BucketWritten;
+use mink_flight::protocol::{BucketWritten, WriteResult};
 use mink_types::table::BucketingRule;
 use mink_types::{Column, DataType, Schema, TableBucket, TableDescriptor, TablePath};
 use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
 mod common;
@@ -38,6 +43,8 @@ const KV_BUCKETS: u32 = 4;
 const LOG_WRITERS: i64 = 3;
 const KV_WRITERS: i64 = 2;
 const KEYS_PER_KV_WRITER: i64 = 12;
+/// The pyarrow writer's ids are `PYARROW_WRITER * 10^9 + n`.
+const PYARROW_WRITER: i64 = 7;
 
 /// One node process.
 struct Proc {
@@ -152,6 +159,11 @@ impl Cluster {
         self.nodes[i] = self.spawn(&id);
     }
 
+    /// Writes the live Flight addresses to `addrs`, where the pyarrow writer finds them.
+    fn publish(&self) {
+        let _ = std::fs::write(self.dir.join("addrs"), self.addrs().join("\n"));
+    }
+
     fn addrs(&self) -> Vec<String> {
         self.nodes
             .iter()
@@ -230,6 +242,9 @@ struct Ledger {
     log_acked: BTreeMap<u32, BTreeMap<i64, Vec<i64>>>,
     log_rows_acked: u64,
     log_calls_failed: u64,
+    /// AppendTable calls of the pyarrow writer: acknowledged, failed.
+    py_acked: u64,
+    py_failed: u64,
     /// Primary-key writes: key -> (last acknowledged value, values whose outcome is unknown since).
     kv: HashMap<i64, (Option<String>, Vec<String>)>,
     kv_acked: u64,
@@ -385,6 +400,185 @@ async fn kv_writer(
     }
 }
 
+/// The kinds of fault the controller injects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    Kill,
+    Pause,
+    StoreDown,
+    AmbiguousPuts,
+    Latency,
+    Rebalance,
+    Join,
+}
+
+/// The seeded parameters of one fault.
+struct Plan {
+    millis: u64,
+    seed: u32,
+}
+
+impl Fault {
+    const ALL: [Fault; 7] = [
+        Fault::Kill,
+        Fault::Pause,
+        Fault::StoreDown,
+        Fault::AmbiguousPuts,
+        Fault::Latency,
+        Fault::Rebalance,
+        Fault::Join,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Fault::Kill => "kill",
+            Fault::Pause => "pause",
+            Fault::StoreDown => "store down (PUTs fail)",
+            Fault::AmbiguousPuts => "ambiguous PUTs",
+            Fault::Latency => "latency spike",
+            Fault::Rebalance => "rebalance",
+            Fault::Join => "join",
+        }
+    }
+
+    fn plan(self, rng: &mut StdRng) -> Plan {
+        let millis = match self {
+            Fault::Kill => rng.random_range(300..1_500),
+            // Long enough to lose the lease (2 s) and the buckets (session 3 s).
+            Fault::Pause => rng.random_range(3_500..5_500),
+            Fault::StoreDown | Fault::AmbiguousPuts => rng.random_range(2_000..4_000),
+            Fault::Latency => rng.random_range(1_000..3_000),
+            Fault::Rebalance | Fault::Join => 0,
+        };
+        Plan {
+            millis,
+            seed: rng.random(),
+        }
+    }
+}
+
+/// Injects one fault on node `i` and waits until it is over (the recovery is measured
+/// by the caller). A join starts a new node; the node of the previous join, if any,
+/// leaves for good first (killed, never restarted), so the cluster stays at four.
+async fn inject(
+    cluster: &Arc<Mutex<Cluster>>,
+    admin: &MinkClient,
+    fault: Fault,
+    i: usize,
+    plan: Plan,
+    joined: u32,
+) {
+    let pause = Duration::from_millis(plan.millis);
+    let admin_of = |i: usize| cluster.lock().unwrap().nodes[i].admin.clone();
+    match fault {
+        Fault::Kill => {
+            cluster.lock().unwrap().signal(i, "-KILL");
+            tokio::time::sleep(pause).await;
+            cluster.lock().unwrap().restart(i);
+        }
+        Fault::Pause => {
+            {
+                let mut c = cluster.lock().unwrap();
+                c.signal(i, "-STOP");
+                c.nodes[i].stopped = true;
+            }
+            tokio::time::sleep(pause).await;
+            let mut c = cluster.lock().unwrap();
+            c.signal(i, "-CONT");
+            c.nodes[i].stopped = false;
+        }
+        Fault::StoreDown => {
+            let admin_addr = admin_of(i);
+            post_fault(&admin_addr, r#"{"put_failure_rate": 1.0}"#);
+            tokio::time::sleep(pause).await;
+            post_fault(&admin_addr, "{}");
+        }
+        Fault::AmbiguousPuts => {
+            let admin_addr = admin_of(i);
+            let body = format!(
+                r#"{{"put_ambiguous_rate": 0.3, "put_conflict_rate": 0.2, "put_failure_rate": 0.1, "seed": {}}}"#,
+                plan.seed
+            );
+            post_fault(&admin_addr, &body);
+            tokio::time::sleep(pause).await;
+            post_fault(&admin_addr, "{}");
+        }
+        Fault::Latency => {
+            let admin_addr = admin_of(i);
+            post_fault(&admin_addr, r#"{"put_latency_ms": 300, "jitter_ms": 200}"#);
+            tokio::time::sleep(pause).await;
+            post_fault(&admin_addr, "{}");
+        }
+        Fault::Rebalance => {
+            let _ = admin
+                .action::<serde_json::Value>("rebalance", serde_json::json!({}))
+                .await;
+        }
+        Fault::Join => {
+            let mut c = cluster.lock().unwrap();
+            if c.nodes.len() > 3 {
+                let last = c.nodes.len() - 1;
+                c.kill(last);
+                c.nodes.pop();
+            }
+            let node = c.spawn(&format!("j{joined}"));
+            c.nodes.push(node);
+        }
+    }
+}
+
+/// The pyarrow AppendTable writer (chaos_pyarrow_writer.py), when `MINK_CHAOS_PYTHON`
+/// names a Python with pyarrow (`cargo xtask test` and `cargo xtask chaos` set it):
+/// its acknowledged calls go into the ledger like the Rust writers'.
+fn pyarrow_writer(
+    dir: &Path,
+    l: &Shared,
+    path: &TablePath,
+) -> Option<(Child, std::thread::JoinHandle<()>)> {
+    let Ok(python) = std::env::var("MINK_CHAOS_PYTHON") else {
+        eprintln!("MINK_CHAOS_PYTHON is not set: no pyarrow writer in this run");
+        return None;
+    };
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/chaos_pyarrow_writer.py");
+    let mut child = Command::new(python)
+        .arg(script)
+        .arg(dir.join("addrs"))
+        .arg(path.to_string())
+        .arg(PYARROW_WRITER.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("the pyarrow writer starts");
+    let out = BufReader::new(child.stdout.take().unwrap());
+    let l = l.clone();
+    let reader = std::thread::spawn(move || {
+        for line in out.lines().map_while(|l| l.ok()) {
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
+                ledger(&l)
+                    .violations
+                    .push(format!("pyarrow writer printed {line:?}"));
+                continue;
+            };
+            if v.get("failed").is_some() {
+                ledger(&l).py_failed += 1;
+                continue;
+            }
+            let ids: Vec<i64> = serde_json::from_value(v["ids"].clone()).unwrap_or_default();
+            match serde_json::from_value::<WriteResult>(v["answer"].clone()) {
+                Ok(WriteResult::Routed { buckets }) => {
+                    record_log_ack(&l, &ids, &buckets);
+                    ledger(&l).py_acked += 1;
+                }
+                other => ledger(&l)
+                    .violations
+                    .push(format!("AppendTable answered {other:?}")),
+            }
+        }
+    });
+    Some((child, reader))
+}
+
 /// Ids of the log table, one per bucket (probes).
 fn probe_ids(base: i64) -> Vec<i64> {
     let mut out: BTreeMap<u32, i64> = BTreeMap::new();
@@ -466,6 +660,7 @@ async fn chaos_loses_no_acknowledged_write() {
         let node = cluster.spawn(&format!("n{i}"));
         cluster.nodes.push(node);
     }
+    cluster.publish();
     let cluster = Arc::new(Mutex::new(cluster));
     let admin = connect(&cluster).await;
     admin.create_database("chaos").await.unwrap();
@@ -506,78 +701,58 @@ async fn chaos_loses_no_acknowledged_write() {
         )));
     }
 
-    // The faults, one at a time, each followed by a measured recovery.
+    let pyarrow = pyarrow_writer(dir.path(), &l, &events);
+
+    // The faults: every kind once per cycle, in a seeded order, so that each kind is
+    // injected about equally often; from the second cycle on, some faults overlap with
+    // a second one on another node. Each step is followed by a measured recovery.
     let mut rng = StdRng::seed_from_u64(seed);
     let started = Instant::now();
     let mut faults: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut recovery: BTreeMap<&'static str, Vec<Duration>> = BTreeMap::new();
     let mut probe = 9_100_000_000i64;
-    let mut joined = false;
+    let mut cycle: Vec<Fault> = Vec::new();
+    let mut cycles = 0;
+    let mut joined = 0;
     while started.elapsed() < Duration::from_secs(seconds.saturating_sub(5).max(5)) {
         tokio::time::sleep(Duration::from_millis(rng.random_range(1_000..3_000))).await;
+        if cycle.is_empty() {
+            cycle = Fault::ALL.to_vec();
+            cycle.shuffle(&mut rng);
+            cycles += 1;
+        }
+        let fault = cycle.pop().unwrap_or(Fault::Rebalance);
         let live = cluster.lock().unwrap().nodes.len();
         let i = rng.random_range(0..live);
-        let kind: &'static str = match rng.random_range(0..100) {
-            0..=21 => {
-                cluster.lock().unwrap().signal(i, "-KILL");
-                tokio::time::sleep(Duration::from_millis(rng.random_range(300..1_500))).await;
-                cluster.lock().unwrap().restart(i);
-                "kill"
+        let plan = fault.plan(&mut rng);
+        let second = (cycles > 1 && fault != Fault::Join && rng.random_bool(0.3)).then(|| {
+            let other = loop {
+                let f = Fault::ALL[rng.random_range(0..Fault::ALL.len())];
+                if f != fault && f != Fault::Join {
+                    break f;
+                }
+            };
+            let j = (i + rng.random_range(1..live.max(2))) % live;
+            (other, j, other.plan(&mut rng))
+        });
+        if fault == Fault::Join {
+            joined += 1;
+        }
+        let first = inject(&cluster, &admin, fault, i, plan, joined);
+        let kind = match second {
+            Some((other, j, plan2)) => {
+                tokio::join!(first, inject(&cluster, &admin, other, j, plan2, joined));
+                *faults.entry(other.name()).or_default() += 1;
+                *faults.entry("(overlapping)").or_default() += 1;
+                "overlapping"
             }
-            22..=39 => {
-                cluster.lock().unwrap().signal(i, "-STOP");
-                cluster.lock().unwrap().nodes[i].stopped = true;
-                tokio::time::sleep(Duration::from_millis(rng.random_range(3_500..5_500))).await;
-                cluster.lock().unwrap().signal(i, "-CONT");
-                cluster.lock().unwrap().nodes[i].stopped = false;
-                "pause"
-            }
-            40..=54 => {
-                let admin_addr = cluster.lock().unwrap().nodes[i].admin.clone();
-                post_fault(&admin_addr, r#"{"put_failure_rate": 1.0}"#);
-                tokio::time::sleep(Duration::from_millis(rng.random_range(2_000..4_000))).await;
-                post_fault(&admin_addr, "{}");
-                "store down (PUTs fail)"
-            }
-            55..=69 => {
-                let admin_addr = cluster.lock().unwrap().nodes[i].admin.clone();
-                let body = format!(
-                    r#"{{"put_ambiguous_rate": 0.3, "put_conflict_rate": 0.2, "put_failure_rate": 0.1, "seed": {}}}"#,
-                    rng.random::<u32>()
-                );
-                post_fault(&admin_addr, &body);
-                tokio::time::sleep(Duration::from_millis(rng.random_range(2_000..4_000))).await;
-                post_fault(&admin_addr, "{}");
-                "ambiguous PUTs"
-            }
-            70..=79 => {
-                let admin_addr = cluster.lock().unwrap().nodes[i].admin.clone();
-                post_fault(&admin_addr, r#"{"put_latency_ms": 300, "jitter_ms": 200}"#);
-                tokio::time::sleep(Duration::from_millis(rng.random_range(1_000..3_000))).await;
-                post_fault(&admin_addr, "{}");
-                "latency spike"
-            }
-            80..=91 if !joined || rng.random_bool(0.7) => {
-                let _ = admin
-                    .action::<serde_json::Value>("rebalance", serde_json::json!({}))
-                    .await;
-                "rebalance"
-            }
-            _ if !joined => {
-                let mut c = cluster.lock().unwrap();
-                let node = c.spawn("n3");
-                c.nodes.push(node);
-                joined = true;
-                "join"
-            }
-            _ => {
-                let _ = admin
-                    .action::<serde_json::Value>("rebalance", serde_json::json!({}))
-                    .await;
-                "rebalance"
+            None => {
+                first.await;
+                fault.name()
             }
         };
-        *faults.entry(kind).or_default() += 1;
+        *faults.entry(fault.name()).or_default() += 1;
+        cluster.lock().unwrap().publish();
         probe += 100;
         match until_writable(&cluster, &l, &events, probe).await {
             Some(took) => recovery.entry(kind).or_default().push(took),
@@ -599,6 +774,12 @@ async fn chaos_loses_no_acknowledged_write() {
     for w in writers {
         w.await.unwrap();
     }
+    if let Some((mut child, reader)) = pyarrow {
+        // Its call in flight is not acknowledged: its rows may or may not land.
+        let _ = child.kill();
+        let _ = child.wait();
+        let _ = reader.join();
+    }
     let checker = connect(&cluster).await;
     let (rows_checked, keys_checked) = check(&checker, &events, &kv, &l).await;
 
@@ -617,10 +798,13 @@ async fn chaos_loses_no_acknowledged_write() {
         .collect();
     eprintln!(
         "chaos seed {seed}, {seconds} s: faults {faults:?}; log rows acknowledged {}, failed calls {}; \
-         primary-key writes acknowledged {}, failed {}; rows checked {rows_checked}, keys checked \
+         pyarrow AppendTable calls acknowledged {}, failed {}; primary-key writes \
+         acknowledged {}, failed {}; rows checked {rows_checked}, keys checked \
          {keys_checked}; violations {}; recovery until every bucket is writable: {}",
         l.log_rows_acked,
         l.log_calls_failed,
+        l.py_acked,
+        l.py_failed,
         l.kv_acked,
         l.kv_failed,
         l.violations.len(),

@@ -696,7 +696,90 @@ async fn a_commit_whose_answer_was_lost_is_adopted(t: TestStore) {
     assert_eq!(read_all(&s).await, all);
 }
 
+/// Found by the concurrent model test (seed 4211): a fencer whose fence write timed
+/// out after it landed leaves a stray fence below the one it records, and that is
+/// where the owner's writer stops. Dead-WAL GC kept only the recorded fence: it deleted
+/// the stray, and the owner — not dead, only cut off — wrote that slot on its next
+/// retry and acknowledged a record no takeover would ever recover. Every fence object
+/// now stays.
+async fn dead_wal_gc_keeps_every_fence_object(t: TestStore) {
+    let owner_store = FaultyStore::new(t.store.clone(), FaultConfig::default());
+    let owner = StreamStore::open(
+        Arc::new(owner_store.clone()),
+        "n1",
+        WalConfig {
+            upload_retry_budget_ms: 60_000,
+            ..config()
+        },
+    )
+    .await
+    .unwrap();
+    let s = owner.open_stream("s", 1).await.unwrap();
+    for i in 0..2 {
+        s.append_durable(1, 1, i, payload("s", i as u64))
+            .await
+            .unwrap();
+    }
+    // The owner is cut off; its next upload (sequence 3) keeps being retried.
+    owner_store.set_down(true);
+    let pending = {
+        let s = s.clone();
+        tokio::spawn(async move { s.append_durable(1, 1, 9, payload("s", 2)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+
+    // A takeover whose first fence write (at 3) lands but times out: it fences again
+    // at 4 and records that one.
+    let fencer_store = FaultyStore::new(
+        t.store.clone(),
+        FaultConfig {
+            fault_prefix: Some(format!("wal/{}", owner.wal_id().node)),
+            ..FaultConfig::default()
+        },
+    );
+    fencer_store.time_out_next_puts(1);
+    let other = StreamStore::open(
+        Arc::new(fencer_store),
+        "n2",
+        WalConfig {
+            dead_wal_grace_ms: 0,
+            ..config()
+        },
+    )
+    .await
+    .unwrap();
+    let s2 = other.open_stream("s", 2).await.unwrap();
+    other.metadata().catch_up().await.unwrap();
+    let recorded = other
+        .metadata()
+        .read(|st, _| st.fences.get(&owner.wal_id().to_string()).copied());
+    assert_eq!(
+        recorded,
+        Some(4),
+        "the stray fence sits at 3, the recorded one at 4"
+    );
+
+    // n1 restarts as a new generation: the old one is dead, its WAL collectable.
+    let _restarted = StreamStore::open(t.store.clone(), "n1", config())
+        .await
+        .unwrap();
+    other.gc_dead_wals().await.unwrap();
+
+    // The old process comes back: its retry at 3 must meet the stray fence.
+    owner_store.set_down(false);
+    let outcome = pending.await.unwrap();
+    assert!(
+        matches!(outcome, Err(WalError::Fenced(_))),
+        "the fenced owner acknowledged {outcome:?}"
+    );
+    assert_eq!(
+        read_all(&s2).await,
+        vec![(0, payload("s", 0)), (1, payload("s", 1))]
+    );
+}
+
 backend_tests! {
+    dead_wal_gc_keeps_every_fence_object => super::dead_wal_gc_keeps_every_fence_object;
     an_open_cancelled_after_it_landed_is_adopted => super::an_open_cancelled_after_it_landed_is_adopted;
     a_commit_whose_answer_was_lost_is_adopted => super::a_commit_whose_answer_was_lost_is_adopted;
     small_segments_are_merged => super::small_segments_are_merged;

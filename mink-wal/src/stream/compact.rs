@@ -735,23 +735,34 @@ pub(super) async fn gc_dead_wals(store: &Arc<StoreInner>) -> WalResult<usize> {
         {
             continue;
         }
-        // The fence object stays: a paused process of that generation that wakes up
-        // must still meet it.
+        // Fence objects stay, the recorded one and any other: a fencer whose write
+        // timed out after it landed, or who lost the race to record its fence, leaves
+        // one below the recorded fence, and that is where the owner's writer stopped.
+        // A process of that generation may only be paused: deleting the slot would let
+        // it write there and acknowledge records no takeover recovers (the model
+        // test found this, seed 4211). Data objects it already wrote it never writes
+        // again (a retry of one rewrites the same bytes).
         let fence = fences
             .get(&wal.to_string())
             .map(|at| super::writer::wal_path(&wal, *at));
-        let doomed: Vec<object_store::Result<Path>> = store
+        let old: Vec<object_store::ObjectMeta> = store
             .store
             .list(Some(&super::writer::wal_dir(&wal)))
             .try_filter(|m| {
                 let is_fence = fence.as_ref() == Some(&m.location);
                 futures::future::ready(!is_fence && m.last_modified.timestamp_millis() <= cutoff)
             })
-            .map_ok(|m| m.location)
-            .collect()
-            .await;
-        let doomed: Vec<object_store::Result<Path>> =
-            doomed.into_iter().filter(|p| p.is_ok()).collect();
+            .try_collect()
+            .await?;
+        let mut doomed: Vec<object_store::Result<Path>> = Vec::with_capacity(old.len());
+        for m in old {
+            if (8..=FENCE_OBJECT_BYTES_MAX).contains(&m.size)
+                && is_fence_object(store, &m.location).await?
+            {
+                continue;
+            }
+            doomed.push(Ok(m.location));
+        }
         let count = doomed.len();
         delete_paths(&store.store, doomed).await?;
         if count > 0 {
@@ -760,6 +771,20 @@ pub(super) async fn gc_dead_wals(store: &Arc<StoreInner>) -> WalResult<usize> {
         deleted += count;
     }
     Ok(deleted)
+}
+
+/// Fence objects are this small at most (magic, who fenced as JSON, CRC); larger
+/// objects are WAL data and need no look.
+const FENCE_OBJECT_BYTES_MAX: u64 = 4096;
+
+/// Whether the object at `path` is a fence (its first bytes are the fence magic).
+async fn is_fence_object(store: &StoreInner, path: &Path) -> WalResult<bool> {
+    let magic = crate::format::FENCE_MAGIC;
+    match store.store.get_range(path, 0..magic.len() as u64).await {
+        Ok(head) => Ok(head.as_ref() == magic),
+        Err(object_store::Error::NotFound { .. }) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Deletes segment objects that no metadata entry names and none ever will: those of
