@@ -172,6 +172,11 @@ impl KvTablet {
             .unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The bucket this tablet holds.
+    pub fn bucket(&self) -> TableBucket {
+        self.inner.bucket
+    }
+
     /// The log tablet under this KV tablet.
     pub fn log(&self) -> &LogTablet {
         &self.inner.log

@@ -639,14 +639,18 @@ def test_a_snapshot_older_than_the_interval_is_renewed_by_the_next_read(mink_nod
             bucket = action(client, "metadata", {"path": "db.users"})["buckets"][0]["bucket"]
             # One older than 1 ms is renewed by the next read, which then holds the
             # write.
+            # (A snapshot with no rows sends no batch, hence no metadata: an empty
+            # read says nothing about which offset it is at.)
             for _ in range(200):
                 rows, metas = snapshot_read(client, bucket)
-                if all(m["log_offset"] == i + 1 for m in metas):
+                if metas and all(m["log_offset"] == i + 1 for m in metas):
                     break
                 time.sleep(0.005)
-            assert all(m["log_offset"] == i + 1 for m in metas), metas
+            assert metas and all(m["log_offset"] == i + 1 for m in metas), metas
             assert len(rows) == i + 1, "older than 1 ms: a new snapshot with the latest write"
-        assert metric(proc, "mink_kv_snapshots_written_total") == 2
+        # The reads wrote at least these two; the periodic snapshotter (every 1 ms
+        # here, when the bucket changed) may have written more.
+        assert metric(proc, "mink_kv_snapshots_written_total") >= 2
     finally:
         client.close()
         proc.kill()
