@@ -80,7 +80,11 @@ def start(binary, cwd, env=None):
 
 
 def test_node_starts_on_a_local_directory_and_stops_on_sigterm(mink_node, tmp_path):
-    proc = start(mink_node, tmp_path, {"MINK_LISTENERS__FLIGHT": "127.0.0.1:0", "MINK_LISTENERS__ADMIN": "127.0.0.1:0"})
+    proc = start(
+        mink_node,
+        tmp_path,
+        {"MINK_LISTENERS__FLIGHT": "127.0.0.1:0", "MINK_LISTENERS__ADMIN": "127.0.0.1:0", "MINK_LISTENERS__KAFKA": "127.0.0.1:0"},
+    )
     try:
         lines = wait_for_line(proc, "node started")
         assert (tmp_path / "mink-data" / "objects").is_dir()
@@ -93,7 +97,11 @@ def test_node_starts_on_a_local_directory_and_stops_on_sigterm(mink_node, tmp_pa
 
 
 def test_node_starts_on_s3(mink_node, tmp_path, s3_url):
-    proc = start(mink_node, tmp_path, dict(s3_url, MINK_LISTENERS__FLIGHT="127.0.0.1:0", MINK_LISTENERS__ADMIN="127.0.0.1:0"))
+    proc = start(
+        mink_node,
+        tmp_path,
+        dict(s3_url, MINK_LISTENERS__FLIGHT="127.0.0.1:0", MINK_LISTENERS__ADMIN="127.0.0.1:0", MINK_LISTENERS__KAFKA="127.0.0.1:0"),
+    )
     try:
         wait_for_line(proc, "node started")
         proc.send_signal(signal.SIGINT)

@@ -237,15 +237,7 @@ impl NodeService {
                     }
                 }
             }
-            "init_writer" => {
-                let mut ids = self.writer_ids.lock().await;
-                if ids.is_empty() {
-                    *ids = self.meta.allocate_writer_ids(WRITER_ID_BLOCK).await?;
-                }
-                let id = ids.start;
-                ids.start += 1;
-                json(&serde_json::json!({"writer_id": id}))
-            }
+            "init_writer" => json(&serde_json::json!({"writer_id": self.next_writer_id().await?})),
             "list_offsets" => {
                 let b: ListOffsetsBody = parse_json("list_offsets body", body)?;
                 let table = self.table(&b.path).await?;
@@ -549,6 +541,18 @@ impl NodeService {
             ));
         }
         Ok(TableBucket::new(table.id, partition, o.bucket))
+    }
+
+    /// A writer id from this node's block of the shared allocator (a new block when
+    /// it runs out). Kafka producer ids are these too.
+    pub(crate) async fn next_writer_id(&self) -> Result<i64> {
+        let mut ids = self.writer_ids.lock().await;
+        if ids.is_empty() {
+            *ids = self.meta.allocate_writer_ids(WRITER_ID_BLOCK).await?;
+        }
+        let id = ids.start;
+        ids.start += 1;
+        Ok(id)
     }
 
     async fn metadata_json(&self, path: &TablePath) -> Result<serde_json::Value> {

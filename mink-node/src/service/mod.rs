@@ -4,7 +4,7 @@
 //! - [`reads`]: scans, tails, KV snapshot reads, a table's endpoints;
 //! - [`lookups`]: `lookup` and `prefix_lookup`;
 //! - [`actions`]: catalog and cluster actions, writers and offsets;
-//! - [`flight`]: the Flight adapter, thin, over the above;
+//! - [`flight`] and [`kafka`]: the two protocol adapters, thin, over the above;
 //! - this file: the service itself, its tablets and the lookups of tables and buckets.
 //!
 //! Anything not built answers `Unimplemented` naming what is missing.
@@ -38,6 +38,7 @@ use crate::tablets::{Tablet, Tablets};
 
 mod actions;
 mod flight;
+mod kafka;
 mod lookups;
 mod reads;
 mod writes;

@@ -1,0 +1,250 @@
+//! Refusals: APIs that are not built answer their own error, never a dropped
+//! connection. None of them is listed in ApiVersions.
+//!
+//! - Transactions (AddOffsetsToTxn, EndTxn): TRANSACTIONAL_ID_AUTHORIZATION_FAILED, as
+//!   InitProducerId answers a transactional id (a client cannot get further).
+//! - SASL: UNSUPPORTED_SASL_MECHANISM (handshake, no mechanisms offered),
+//!   ILLEGAL_SASL_STATE (authenticate).
+//! - ACLs: SECURITY_DISABLED.
+//! - Quotas, IncrementalAlterConfigs and the KIP-848 consumer protocol:
+//!   UNSUPPORTED_VERSION with a message saying what is not implemented.
+//! - The classic group protocol (FindCoordinator, JoinGroup, SyncGroup, Heartbeat,
+//!   LeaveGroup, ListGroups, OffsetFetch v2+): COORDINATOR_NOT_AVAILABLE, until the
+//!   group coordinator is built.
+//!
+//! APIs whose responses carry one result per item of the request echo those items.
+
+use bytes::Bytes;
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::alter_client_quotas_response::{EntityData, EntryData};
+use kafka_protocol::messages::create_acls_response::AclCreationResult;
+use kafka_protocol::messages::delete_acls_response::DeleteAclsFilterResult;
+use kafka_protocol::messages::find_coordinator_response::Coordinator;
+use kafka_protocol::messages::incremental_alter_configs_response::AlterConfigsResourceResponse;
+use kafka_protocol::messages::*;
+use kafka_protocol::protocol::Decodable;
+
+use super::{Body, s};
+use crate::server::encode;
+
+/// Whether `key` at `v` has a refusal (`v` a version kafka-protocol knows).
+pub(crate) fn refused(key: ApiKey, v: i16) -> bool {
+    matches!(
+        key,
+        ApiKey::AddOffsetsToTxn
+            | ApiKey::EndTxn
+            | ApiKey::SaslHandshake
+            | ApiKey::SaslAuthenticate
+            | ApiKey::DescribeAcls
+            | ApiKey::CreateAcls
+            | ApiKey::DeleteAcls
+            | ApiKey::DescribeClientQuotas
+            | ApiKey::AlterClientQuotas
+            | ApiKey::IncrementalAlterConfigs
+            | ApiKey::ConsumerGroupHeartbeat
+            | ApiKey::FindCoordinator
+            | ApiKey::JoinGroup
+            | ApiKey::SyncGroup
+            | ApiKey::Heartbeat
+            | ApiKey::LeaveGroup
+            | ApiKey::ListGroups
+    ) || (key == ApiKey::OffsetFetch && (2..=7).contains(&v))
+}
+
+const NO_GROUPS: &str = "consumer groups are not implemented yet";
+
+/// The refusal of `key` at `v` (a version kafka-protocol knows); `body` is the
+/// request body, read only by refusals that echo the request's items.
+pub(crate) fn refusal(key: ApiKey, v: i16, mut body: Bytes) -> Option<Body> {
+    let unsupported = ResponseError::UnsupportedVersion.code();
+    let coordinator = ResponseError::CoordinatorNotAvailable.code();
+    let txn = ResponseError::TransactionalIdAuthorizationFailed.code();
+    let security = ResponseError::SecurityDisabled.code();
+    let message = |m: &str| (v >= 1).then(|| s(m));
+    Some(match key {
+        ApiKey::AddOffsetsToTxn => encode(
+            key,
+            &AddOffsetsToTxnResponse::default().with_error_code(txn),
+            v,
+        ),
+        ApiKey::EndTxn => encode(key, &EndTxnResponse::default().with_error_code(txn), v),
+        ApiKey::SaslHandshake => encode(
+            key,
+            &SaslHandshakeResponse::default()
+                .with_error_code(ResponseError::UnsupportedSaslMechanism.code()),
+            v,
+        ),
+        ApiKey::SaslAuthenticate => encode(
+            key,
+            &SaslAuthenticateResponse::default()
+                .with_error_code(ResponseError::IllegalSaslState.code())
+                .with_error_message(Some(s("SASL is not implemented"))),
+            v,
+        ),
+        ApiKey::DescribeAcls => encode(
+            key,
+            &DescribeAclsResponse::default()
+                .with_error_code(security)
+                .with_error_message(Some(s("ACLs are not implemented"))),
+            v,
+        ),
+        ApiKey::CreateAcls => {
+            let r = CreateAclsRequest::decode(&mut body, v).ok()?;
+            let results = r
+                .creations
+                .iter()
+                .map(|_| {
+                    AclCreationResult::default()
+                        .with_error_code(security)
+                        .with_error_message(Some(s("ACLs are not implemented")))
+                })
+                .collect();
+            encode(key, &CreateAclsResponse::default().with_results(results), v)
+        }
+        ApiKey::DeleteAcls => {
+            let r = DeleteAclsRequest::decode(&mut body, v).ok()?;
+            let results = r
+                .filters
+                .iter()
+                .map(|_| {
+                    DeleteAclsFilterResult::default()
+                        .with_error_code(security)
+                        .with_error_message(Some(s("ACLs are not implemented")))
+                })
+                .collect();
+            encode(
+                key,
+                &DeleteAclsResponse::default().with_filter_results(results),
+                v,
+            )
+        }
+        ApiKey::DescribeClientQuotas => encode(
+            key,
+            &DescribeClientQuotasResponse::default()
+                .with_error_code(unsupported)
+                .with_error_message(Some(s("quotas are not implemented"))),
+            v,
+        ),
+        ApiKey::AlterClientQuotas => {
+            let r = AlterClientQuotasRequest::decode(&mut body, v).ok()?;
+            let entries = r
+                .entries
+                .iter()
+                .map(|e| {
+                    EntryData::default()
+                        .with_error_code(unsupported)
+                        .with_error_message(Some(s("quotas are not implemented")))
+                        .with_entity(
+                            e.entity
+                                .iter()
+                                .map(|d| {
+                                    EntityData::default()
+                                        .with_entity_type(d.entity_type.clone())
+                                        .with_entity_name(d.entity_name.clone())
+                                })
+                                .collect(),
+                        )
+                })
+                .collect();
+            encode(
+                key,
+                &AlterClientQuotasResponse::default().with_entries(entries),
+                v,
+            )
+        }
+        ApiKey::IncrementalAlterConfigs => {
+            let r = IncrementalAlterConfigsRequest::decode(&mut body, v).ok()?;
+            let responses = r
+                .resources
+                .iter()
+                .map(|res| {
+                    AlterConfigsResourceResponse::default()
+                        .with_error_code(unsupported)
+                        .with_error_message(Some(s(
+                            "IncrementalAlterConfigs is not implemented; set retention.ms when creating a topic",
+                        )))
+                        .with_resource_type(res.resource_type)
+                        .with_resource_name(res.resource_name.clone())
+                })
+                .collect();
+            encode(
+                key,
+                &IncrementalAlterConfigsResponse::default().with_responses(responses),
+                v,
+            )
+        }
+        ApiKey::ConsumerGroupHeartbeat => encode(
+            key,
+            &ConsumerGroupHeartbeatResponse::default()
+                .with_error_code(unsupported)
+                .with_error_message(Some(s(
+                    "the KIP-848 consumer protocol is not implemented; use the classic protocol",
+                ))),
+            v,
+        ),
+        ApiKey::FindCoordinator => {
+            let r = FindCoordinatorRequest::decode(&mut body, v).ok()?;
+            if v >= 4 {
+                let coordinators = r
+                    .coordinator_keys
+                    .iter()
+                    .map(|k| {
+                        Coordinator::default()
+                            .with_key(k.clone())
+                            .with_node_id(BrokerId(-1))
+                            .with_port(-1)
+                            .with_error_code(coordinator)
+                            .with_error_message(Some(s(NO_GROUPS)))
+                    })
+                    .collect();
+                encode(
+                    key,
+                    &FindCoordinatorResponse::default().with_coordinators(coordinators),
+                    v,
+                )
+            } else {
+                encode(
+                    key,
+                    &FindCoordinatorResponse::default()
+                        .with_error_code(coordinator)
+                        .with_error_message(message(NO_GROUPS))
+                        .with_node_id(BrokerId(-1))
+                        .with_port(-1),
+                    v,
+                )
+            }
+        }
+        ApiKey::JoinGroup => encode(
+            key,
+            &JoinGroupResponse::default().with_error_code(coordinator),
+            v,
+        ),
+        ApiKey::SyncGroup => encode(
+            key,
+            &SyncGroupResponse::default().with_error_code(coordinator),
+            v,
+        ),
+        ApiKey::Heartbeat => encode(
+            key,
+            &HeartbeatResponse::default().with_error_code(coordinator),
+            v,
+        ),
+        ApiKey::LeaveGroup => encode(
+            key,
+            &LeaveGroupResponse::default().with_error_code(coordinator),
+            v,
+        ),
+        ApiKey::ListGroups => encode(
+            key,
+            &ListGroupsResponse::default().with_error_code(coordinator),
+            v,
+        ),
+        // v2-7 carry a top-level error; the others would need per-partition echoes.
+        ApiKey::OffsetFetch if (2..=7).contains(&v) => encode(
+            key,
+            &OffsetFetchResponse::default().with_error_code(coordinator),
+            v,
+        ),
+        _ => return None,
+    })
+}
