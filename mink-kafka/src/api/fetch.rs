@@ -155,7 +155,8 @@ pub(crate) async fn fetch(ctx: &Ctx, r: FetchRequest, v: i16) -> FetchResponse {
                 out = out
                     .with_error_code(error_code(&e).code())
                     .with_high_watermark(-1)
-                    .with_records(None);
+                    // Empty, not null: librdkafka refuses a null record set.
+                    .with_records(Some(bytes::Bytes::new()));
                 if let MinkError::OffsetOutOfRange {
                     log_start,
                     high_watermark,
