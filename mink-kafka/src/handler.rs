@@ -87,6 +87,15 @@ pub enum OffsetQuery {
     Timestamp(i64),
 }
 
+/// One committed offset of a group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommittedOffset {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    pub metadata: String,
+}
+
 /// What the node does for the Kafka listener.
 #[async_trait]
 pub trait KafkaHandler: Send + Sync + 'static {
@@ -143,6 +152,21 @@ pub trait KafkaHandler: Send + Sync + 'static {
     ) -> Result<Option<i64>, MinkError>;
     /// A new producer id (a writer id from the shared allocator).
     async fn init_producer_id(&self) -> Result<i64, MinkError>;
+    /// Whether this node coordinates consumer groups now (it holds the lease).
+    fn is_coordinator(&self) -> bool;
+    /// Commits a group's offsets through the metadata log, kept `retention_ms`.
+    async fn commit_offsets(
+        &self,
+        group: &str,
+        offsets: Vec<CommittedOffset>,
+        retention_ms: i64,
+    ) -> Result<(), MinkError>;
+    /// A group's committed offsets that have not expired, from the metadata view.
+    fn committed_offsets(&self, group: &str) -> Vec<CommittedOffset>;
+    /// The groups that have committed offsets.
+    fn offset_groups(&self) -> Vec<String>;
+    /// Deletes a group's committed offsets (`NotFound` when it has none).
+    async fn delete_group_offsets(&self, group: &str) -> Result<(), MinkError>;
 }
 
 /// Mink's error as a Kafka error code.

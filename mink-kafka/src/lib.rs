@@ -5,7 +5,8 @@
 //! - [`frame`]: the 4-byte length framing, `max_request_bytes` checked first.
 //! - [`versions`]: the APIs and versions served; ApiVersions with the KIP-511 fallback.
 //! - `api`: one module per group of requests (metadata, produce, fetch, offsets,
-//!   topics) and the refusals of what is not built.
+//!   topics, groups) and the refusals of what is not built.
+//! - [`groups`]: the classic consumer-group coordinator (membership, rebalances).
 //! - [`records`]: record batches v2 to and from Arrow rows of a topic table.
 //! - [`handler`]: the [`KafkaHandler`] trait `mink-node` implements.
 //! - [`config`]: settings and limits.
@@ -16,6 +17,7 @@
 mod api;
 pub mod config;
 pub mod frame;
+pub mod groups;
 pub mod handler;
 pub mod records;
 pub mod server;

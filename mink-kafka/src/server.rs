@@ -27,6 +27,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::KafkaConfig;
 use crate::api::{self, Ctx, Request};
 use crate::frame::{FrameError, frame, read_frame};
+use crate::groups::{Coordinator, SWEEP_EVERY};
 use crate::handler::KafkaHandler;
 
 /// Serves Kafka clients on `listener` until `shutdown` resolves.
@@ -36,7 +37,25 @@ pub async fn serve(
     config: KafkaConfig,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
-    let ctx = Arc::new(Ctx { handler, config });
+    let groups = Coordinator::new(config.session_timeout_min_ms, config.session_timeout_max_ms);
+    let ctx = Arc::new(Ctx {
+        handler,
+        config,
+        groups,
+    });
+    // Session and rebalance timeouts of consumer groups.
+    let sweeper = {
+        let ctx = ctx.clone();
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(SWEEP_EVERY);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                every.tick().await;
+                ctx.groups.sweep(tokio::time::Instant::now());
+            }
+        })
+    };
+    let _stop_sweeper = AbortOnDrop(sweeper);
     tokio::pin!(shutdown);
     loop {
         let accepted = tokio::select! {
@@ -53,6 +72,15 @@ pub async fn serve(
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
+    }
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -104,7 +132,7 @@ async fn connection(stream: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>) {
                 Ok(Ok(Some(frame))) => frame,
                 Ok(Err(e)) => break Some(Close::Frame(e)),
             };
-        let (header, request) = match decode(frame) {
+        let (header, request) = match decode(frame, peer) {
             Ok(decoded) => decoded,
             Err(e) => break Some(Close::Request(e)),
         };
@@ -144,10 +172,12 @@ pub(crate) struct Header {
     pub key: ApiKey,
     pub version: i16,
     pub header: RequestHeader,
+    /// The client's address.
+    pub peer: SocketAddr,
 }
 
 /// Decodes a request frame: the header, then the body at the request's version.
-fn decode(mut frame: Bytes) -> Result<(Header, Request), String> {
+fn decode(mut frame: Bytes, peer: SocketAddr) -> Result<(Header, Request), String> {
     let raw_key = i16::from_be_bytes([frame[0], frame[1]]);
     let version = i16::from_be_bytes([frame[2], frame[3]]);
     let key = ApiKey::try_from(raw_key).map_err(|_| format!("unknown API key {raw_key}"))?;
@@ -159,6 +189,7 @@ fn decode(mut frame: Bytes) -> Result<(Header, Request), String> {
             key,
             version,
             header,
+            peer,
         },
         request,
     ))

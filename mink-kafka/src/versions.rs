@@ -15,12 +15,22 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::Fetch, 4, 12),
     (ApiKey::ListOffsets, 1, 7),
     (ApiKey::Metadata, 1, 12),
+    (ApiKey::OffsetCommit, 2, 8),
+    (ApiKey::OffsetFetch, 1, 8),
+    (ApiKey::FindCoordinator, 0, 4),
+    (ApiKey::JoinGroup, 0, 9),
+    (ApiKey::Heartbeat, 0, 4),
+    (ApiKey::LeaveGroup, 0, 5),
+    (ApiKey::SyncGroup, 0, 5),
+    (ApiKey::DescribeGroups, 0, 5),
+    (ApiKey::ListGroups, 0, 4),
     (ApiKey::ApiVersions, 0, 3),
     (ApiKey::CreateTopics, 2, 7),
     (ApiKey::DeleteTopics, 1, 6),
     (ApiKey::InitProducerId, 0, 4),
     (ApiKey::DescribeConfigs, 1, 4),
     (ApiKey::DescribeCluster, 0, 1),
+    (ApiKey::DeleteGroups, 0, 2),
 ];
 
 /// The range served for `key`, if it is served.
@@ -115,9 +125,6 @@ mod tests {
     #[test]
     fn unbuilt_apis_are_not_advertised() {
         for key in [
-            ApiKey::FindCoordinator,
-            ApiKey::JoinGroup,
-            ApiKey::OffsetCommit,
             ApiKey::EndTxn,
             ApiKey::AddPartitionsToTxn,
             ApiKey::SaslHandshake,

@@ -270,6 +270,8 @@ def test_api_versions_lists_the_spec_ranges_and_falls_back_for_newer_clients(nod
         assert apis == {
             18: (0, 3), 3: (1, 12), 60: (0, 1), 0: (3, 9), 1: (4, 12), 2: (1, 7), 22: (0, 4),
             19: (2, 7), 20: (1, 6), 32: (1, 4),
+            8: (2, 8), 9: (1, 8), 10: (0, 4), 11: (0, 9), 12: (0, 4), 13: (0, 5), 14: (0, 5),
+            15: (0, 5), 16: (0, 4), 42: (0, 2),
         }
         # KIP-511: a version we do not serve gets UNSUPPORTED_VERSION (35) in a v0 body
         # that lists our ranges, on a response header v0; the connection stays open.
@@ -290,11 +292,11 @@ def test_refused_apis_answer_their_error_and_keep_the_connection(node):
         s.sendall(request(17, 1, 1, struct.pack(">h", 5) + b"PLAIN"))
         payload = read_response(s)
         assert struct.unpack(">ihi", payload[:10]) == (1, 33, 0)
-        # FindCoordinator v1 (groups are not built): COORDINATOR_NOT_AVAILABLE (15).
-        s.sendall(request(10, 1, 2, struct.pack(">h", 1) + b"g" + b"\x00"))
+        # EndTxn v1 (transactions are not built): TRANSACTIONAL_ID_AUTHORIZATION_FAILED (53).
+        s.sendall(request(26, 1, 2, struct.pack(">h", 2) + b"tx" + struct.pack(">qh", 1, 0) + b"\x01"))
         payload = read_response(s)
         correlation_id, _throttle, error = struct.unpack(">iih", payload[:10])
-        assert (correlation_id, error) == (2, 15)
+        assert (correlation_id, error) == (2, 53)
         # DescribeAcls v1: SECURITY_DISABLED (54).
         s.sendall(request(29, 1, 3, b"\x01" + b"\xff\xff" + b"\xff\xff" + b"\xff\xff" + b"\x01" + b"\x01" + b"\x01"))
         payload = read_response(s)
@@ -458,3 +460,70 @@ def test_a_kafka_topic_is_a_table_and_a_flight_table_is_a_topic(node):
         assert "not_a_topic" not in md.topics and "from_flight" in md.topics
     finally:
         client.close()
+
+
+# -- Consumer groups ----------------------------------------------------------------------
+
+
+def group_consumer(node, group):
+    return Consumer({
+        "bootstrap.servers": node.bootstrap, "group.id": group, "enable.auto.commit": False,
+        "auto.offset.reset": "earliest", "session.timeout.ms": 6000, "heartbeat.interval.ms": 300,
+    })
+
+
+def test_a_group_splits_partitions_hands_over_and_its_offsets_survive_a_restart(mink_node, tmp_path):
+    proc = NodeProcess(mink_node, tmp_path)
+    try:
+        create_topic(proc, "grouped", partitions=4)
+        p = producer(proc)
+        for part in range(4):
+            produce_all(p, "grouped", [(None, f"{part}-{i}".encode(), None, None) for i in range(10)], partition=part)
+
+        a, b = group_consumer(proc, "g1"), group_consumer(proc, "g1")
+        a.subscribe(["grouped"])
+        b.subscribe(["grouped"])
+        seen = set()
+
+        def poll(*consumers):
+            for c in consumers:
+                m = c.poll(0.1)
+                if m is not None:
+                    assert m.error() is None, m.error()
+                    seen.add(m.value())
+
+        def split():
+            poll(a, b)
+            pa_, pb = {t.partition for t in a.assignment()}, {t.partition for t in b.assignment()}
+            return pa_ and pb and not (pa_ & pb) and (pa_ | pb) == {0, 1, 2, 3}
+
+        wait_for(split, 60, "two members splitting four partitions")
+        a_admin = admin(proc)
+        described = a_admin.describe_consumer_groups(["g1"])["g1"].result(TIMEOUT)
+        assert len(described.members) == 2 and str(described.state).endswith("STABLE")
+        # B leaves: A takes every partition over.
+        b.close()
+        wait_for(lambda: (poll(a), len(a.assignment()) == 4)[1], 60, "the remaining member taking over")
+        wait_for(lambda: (poll(a), len(seen) == 40)[1], 60, "every record consumed")
+        a.commit(asynchronous=False)
+        committed = a.committed([TopicPartition("grouped", part) for part in range(4)], timeout=TIMEOUT)
+        assert [t.offset for t in committed] == [10, 10, 10, 10]
+        a.close()
+    finally:
+        proc.stop()
+    # The lease holder restarts: committed offsets survive in the metadata log.
+    again = NodeProcess(mink_node, tmp_path)
+    try:
+        c = group_consumer(again, "g1")
+        committed = c.committed([TopicPartition("grouped", part) for part in range(4)], timeout=TIMEOUT)
+        assert [t.offset for t in committed] == [10, 10, 10, 10]
+        a = admin(again)
+        listed = a.list_consumer_groups().result(TIMEOUT)
+        assert "g1" in [g.group_id for g in listed.valid]
+        # An Empty group can be deleted, and its offsets with it.
+        a.delete_consumer_groups(["g1"])["g1"].result(TIMEOUT)
+        committed = c.committed([TopicPartition("grouped", 0)], timeout=TIMEOUT)
+        assert committed[0].offset < 0
+        c.close()
+    finally:
+        again.kill()

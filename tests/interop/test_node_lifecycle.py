@@ -86,10 +86,9 @@ def test_node_starts_on_a_local_directory_and_stops_on_sigterm(mink_node, tmp_pa
         {"MINK_LISTENERS__FLIGHT": "127.0.0.1:0", "MINK_LISTENERS__ADMIN": "127.0.0.1:0", "MINK_LISTENERS__KAFKA": "127.0.0.1:0"},
     )
     try:
-        lines = wait_for_line(proc, "node started")
+        lines = wait_for_line(proc, "Kafka listening on")
+        lines += wait_for_line(proc, "node started")
         assert (tmp_path / "mink-data" / "objects").is_dir()
-        # It says plainly what it does not serve yet.
-        lines += wait_for_line(proc, "not served yet")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
     finally:

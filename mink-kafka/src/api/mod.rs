@@ -5,19 +5,23 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use kafka_protocol::messages::{
-    ApiKey, ApiVersionsRequest, CreateTopicsRequest, DeleteTopicsRequest, DescribeClusterRequest,
-    DescribeConfigsRequest, FetchRequest, InitProducerIdRequest, ListOffsetsRequest,
-    MetadataRequest, ProduceRequest,
+    ApiKey, ApiVersionsRequest, CreateTopicsRequest, DeleteGroupsRequest, DeleteTopicsRequest,
+    DescribeClusterRequest, DescribeConfigsRequest, DescribeGroupsRequest, FetchRequest,
+    FindCoordinatorRequest, HeartbeatRequest, InitProducerIdRequest, JoinGroupRequest,
+    LeaveGroupRequest, ListGroupsRequest, ListOffsetsRequest, MetadataRequest, OffsetCommitRequest,
+    OffsetFetchRequest, ProduceRequest, SyncGroupRequest,
 };
 use kafka_protocol::protocol::{Decodable, StrBytes};
 use tokio::sync::oneshot;
 
 use crate::KafkaConfig;
+use crate::groups::Coordinator;
 use crate::handler::KafkaHandler;
 use crate::server::{Header, encode};
 use crate::versions;
 
 mod fetch;
+mod groups;
 mod metadata;
 mod offsets;
 mod produce;
@@ -28,6 +32,8 @@ mod topics;
 pub(crate) struct Ctx {
     pub handler: Arc<dyn KafkaHandler>,
     pub config: KafkaConfig,
+    /// Consumer groups, while this node holds the lease.
+    pub groups: Coordinator,
 }
 
 /// An encoded response body and the version it was encoded at.
@@ -48,6 +54,16 @@ pub(crate) enum Request {
     CreateTopics(CreateTopicsRequest),
     DeleteTopics(DeleteTopicsRequest),
     DescribeConfigs(DescribeConfigsRequest),
+    FindCoordinator(FindCoordinatorRequest),
+    JoinGroup(JoinGroupRequest),
+    SyncGroup(SyncGroupRequest),
+    Heartbeat(HeartbeatRequest),
+    LeaveGroup(LeaveGroupRequest),
+    OffsetCommit(OffsetCommitRequest),
+    OffsetFetch(OffsetFetchRequest),
+    DescribeGroups(DescribeGroupsRequest),
+    ListGroups(ListGroupsRequest),
+    DeleteGroups(DeleteGroupsRequest),
     /// An API that is not built: its error response, ready.
     Refused(Body),
 }
@@ -73,7 +89,7 @@ pub(crate) fn decode_body(key: ApiKey, version: i16, buf: &mut Bytes) -> Result<
     }
     if !versions::is_supported(key, version) {
         let range = key.valid_versions();
-        if (range.min..=range.max).contains(&version) && refuse::refused(key, version) {
+        if (range.min..=range.max).contains(&version) && refuse::refused(key) {
             return refuse::refusal(key, version, buf.clone())
                 .map(Request::Refused)
                 .ok_or_else(|| malformed(key, version, "the request to refuse"));
@@ -107,6 +123,30 @@ pub(crate) fn decode_body(key: ApiKey, version: i16, buf: &mut Bytes) -> Result<
         }
         ApiKey::DescribeConfigs => {
             Request::DescribeConfigs(DescribeConfigsRequest::decode(buf, version).map_err(m)?)
+        }
+        ApiKey::FindCoordinator => {
+            Request::FindCoordinator(FindCoordinatorRequest::decode(buf, version).map_err(m)?)
+        }
+        ApiKey::JoinGroup => Request::JoinGroup(JoinGroupRequest::decode(buf, version).map_err(m)?),
+        ApiKey::SyncGroup => Request::SyncGroup(SyncGroupRequest::decode(buf, version).map_err(m)?),
+        ApiKey::Heartbeat => Request::Heartbeat(HeartbeatRequest::decode(buf, version).map_err(m)?),
+        ApiKey::LeaveGroup => {
+            Request::LeaveGroup(LeaveGroupRequest::decode(buf, version).map_err(m)?)
+        }
+        ApiKey::OffsetCommit => {
+            Request::OffsetCommit(OffsetCommitRequest::decode(buf, version).map_err(m)?)
+        }
+        ApiKey::OffsetFetch => {
+            Request::OffsetFetch(OffsetFetchRequest::decode(buf, version).map_err(m)?)
+        }
+        ApiKey::DescribeGroups => {
+            Request::DescribeGroups(DescribeGroupsRequest::decode(buf, version).map_err(m)?)
+        }
+        ApiKey::ListGroups => {
+            Request::ListGroups(ListGroupsRequest::decode(buf, version).map_err(m)?)
+        }
+        ApiKey::DeleteGroups => {
+            Request::DeleteGroups(DeleteGroupsRequest::decode(buf, version).map_err(m)?)
         }
         other => return Err(format!("{other:?} has no handler")),
     })
@@ -142,6 +182,25 @@ pub(crate) async fn handle(
         Request::CreateTopics(r) => encode(key, &topics::create_topics(ctx, r, v).await, v),
         Request::DeleteTopics(r) => encode(key, &topics::delete_topics(ctx, r, v).await, v),
         Request::DescribeConfigs(r) => encode(key, &topics::describe_configs(ctx, r, v).await, v),
+        Request::FindCoordinator(r) => encode(key, &groups::find_coordinator(ctx, r, v), v),
+        Request::JoinGroup(r) => {
+            let client_id = header
+                .header
+                .client_id
+                .as_ref()
+                .map(|c| c.to_string())
+                .unwrap_or_default();
+            let response = groups::join_group(ctx, r, v, &client_id, header.peer).await;
+            encode(key, &response, v)
+        }
+        Request::SyncGroup(r) => encode(key, &groups::sync_group(ctx, r, v).await, v),
+        Request::Heartbeat(r) => encode(key, &groups::heartbeat(ctx, r), v),
+        Request::LeaveGroup(r) => encode(key, &groups::leave_group(ctx, r, v), v),
+        Request::OffsetCommit(r) => encode(key, &groups::offset_commit(ctx, r, v).await, v),
+        Request::OffsetFetch(r) => encode(key, &groups::offset_fetch(ctx, r, v), v),
+        Request::DescribeGroups(r) => encode(key, &groups::describe_groups(ctx, r), v),
+        Request::ListGroups(r) => encode(key, &groups::list_groups(ctx, r, v), v),
+        Request::DeleteGroups(r) => encode(key, &groups::delete_groups(ctx, r).await, v),
         Request::Refused(body) => body,
     })
 }

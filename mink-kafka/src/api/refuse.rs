@@ -8,9 +8,6 @@
 //! - ACLs: SECURITY_DISABLED.
 //! - Quotas, IncrementalAlterConfigs and the KIP-848 consumer protocol:
 //!   UNSUPPORTED_VERSION with a message saying what is not implemented.
-//! - The classic group protocol (FindCoordinator, JoinGroup, SyncGroup, Heartbeat,
-//!   LeaveGroup, ListGroups, OffsetFetch v2+): COORDINATOR_NOT_AVAILABLE, until the
-//!   group coordinator is built.
 //!
 //! APIs whose responses carry one result per item of the request echo those items.
 
@@ -19,7 +16,6 @@ use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::alter_client_quotas_response::{EntityData, EntryData};
 use kafka_protocol::messages::create_acls_response::AclCreationResult;
 use kafka_protocol::messages::delete_acls_response::DeleteAclsFilterResult;
-use kafka_protocol::messages::find_coordinator_response::Coordinator;
 use kafka_protocol::messages::incremental_alter_configs_response::AlterConfigsResourceResponse;
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::Decodable;
@@ -28,7 +24,7 @@ use super::{Body, s};
 use crate::server::encode;
 
 /// Whether `key` at `v` has a refusal (`v` a version kafka-protocol knows).
-pub(crate) fn refused(key: ApiKey, v: i16) -> bool {
+pub(crate) fn refused(key: ApiKey) -> bool {
     matches!(
         key,
         ApiKey::AddOffsetsToTxn
@@ -42,25 +38,15 @@ pub(crate) fn refused(key: ApiKey, v: i16) -> bool {
             | ApiKey::AlterClientQuotas
             | ApiKey::IncrementalAlterConfigs
             | ApiKey::ConsumerGroupHeartbeat
-            | ApiKey::FindCoordinator
-            | ApiKey::JoinGroup
-            | ApiKey::SyncGroup
-            | ApiKey::Heartbeat
-            | ApiKey::LeaveGroup
-            | ApiKey::ListGroups
-    ) || (key == ApiKey::OffsetFetch && (2..=7).contains(&v))
+    )
 }
-
-const NO_GROUPS: &str = "consumer groups are not implemented yet";
 
 /// The refusal of `key` at `v` (a version kafka-protocol knows); `body` is the
 /// request body, read only by refusals that echo the request's items.
 pub(crate) fn refusal(key: ApiKey, v: i16, mut body: Bytes) -> Option<Body> {
     let unsupported = ResponseError::UnsupportedVersion.code();
-    let coordinator = ResponseError::CoordinatorNotAvailable.code();
     let txn = ResponseError::TransactionalIdAuthorizationFailed.code();
     let security = ResponseError::SecurityDisabled.code();
-    let message = |m: &str| (v >= 1).then(|| s(m));
     Some(match key {
         ApiKey::AddOffsetsToTxn => encode(
             key,
@@ -180,69 +166,6 @@ pub(crate) fn refusal(key: ApiKey, v: i16, mut body: Bytes) -> Option<Body> {
                 .with_error_message(Some(s(
                     "the KIP-848 consumer protocol is not implemented; use the classic protocol",
                 ))),
-            v,
-        ),
-        ApiKey::FindCoordinator => {
-            let r = FindCoordinatorRequest::decode(&mut body, v).ok()?;
-            if v >= 4 {
-                let coordinators = r
-                    .coordinator_keys
-                    .iter()
-                    .map(|k| {
-                        Coordinator::default()
-                            .with_key(k.clone())
-                            .with_node_id(BrokerId(-1))
-                            .with_port(-1)
-                            .with_error_code(coordinator)
-                            .with_error_message(Some(s(NO_GROUPS)))
-                    })
-                    .collect();
-                encode(
-                    key,
-                    &FindCoordinatorResponse::default().with_coordinators(coordinators),
-                    v,
-                )
-            } else {
-                encode(
-                    key,
-                    &FindCoordinatorResponse::default()
-                        .with_error_code(coordinator)
-                        .with_error_message(message(NO_GROUPS))
-                        .with_node_id(BrokerId(-1))
-                        .with_port(-1),
-                    v,
-                )
-            }
-        }
-        ApiKey::JoinGroup => encode(
-            key,
-            &JoinGroupResponse::default().with_error_code(coordinator),
-            v,
-        ),
-        ApiKey::SyncGroup => encode(
-            key,
-            &SyncGroupResponse::default().with_error_code(coordinator),
-            v,
-        ),
-        ApiKey::Heartbeat => encode(
-            key,
-            &HeartbeatResponse::default().with_error_code(coordinator),
-            v,
-        ),
-        ApiKey::LeaveGroup => encode(
-            key,
-            &LeaveGroupResponse::default().with_error_code(coordinator),
-            v,
-        ),
-        ApiKey::ListGroups => encode(
-            key,
-            &ListGroupsResponse::default().with_error_code(coordinator),
-            v,
-        ),
-        // v2-7 carry a top-level error; the others would need per-partition echoes.
-        ApiKey::OffsetFetch if (2..=7).contains(&v) => encode(
-            key,
-            &OffsetFetchResponse::default().with_error_code(coordinator),
             v,
         ),
         _ => return None,

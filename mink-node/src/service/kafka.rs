@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use mink_kafka::KafkaHandler;
 use mink_kafka::handler::{
-    Broker, ClusterView, Fetched, OffsetQuery, PartitionView, PendingProduce, Produced,
-    ProducerBatch, TopicView,
+    Broker, ClusterView, CommittedOffset, Fetched, OffsetQuery, PartitionView, PendingProduce,
+    Produced, ProducerBatch, TopicView,
 };
 use mink_kafka::records::{is_topic, topic_columns};
 use mink_types::{DatabaseName, LogTtl, Schema, TableName};
@@ -322,6 +322,66 @@ impl KafkaHandler for NodeService {
 
     async fn init_producer_id(&self) -> Result<i64> {
         self.next_writer_id().await
+    }
+
+    fn is_coordinator(&self) -> bool {
+        self.meta.is_lease_holder()
+    }
+
+    async fn commit_offsets(
+        &self,
+        group: &str,
+        offsets: Vec<CommittedOffset>,
+        retention_ms: i64,
+    ) -> Result<()> {
+        let offsets = offsets
+            .into_iter()
+            .map(|o| {
+                (
+                    format!("{}/{}", o.topic, o.partition),
+                    (o.offset, o.metadata),
+                )
+            })
+            .collect();
+        self.meta
+            .commit_group_offsets(group, offsets, retention_ms)
+            .await?;
+        Ok(())
+    }
+
+    fn committed_offsets(&self, group: &str) -> Vec<CommittedOffset> {
+        let now = now_ms();
+        self.meta.read(|s| {
+            s.group_offsets
+                .get(group)
+                .into_iter()
+                .flatten()
+                .filter(|(_, o)| o.expires_at_ms > now)
+                .filter_map(|(key, o)| {
+                    let (topic, partition) = key.rsplit_once('/')?;
+                    Some(CommittedOffset {
+                        topic: topic.to_string(),
+                        partition: partition.parse().ok()?,
+                        offset: o.offset,
+                        metadata: o.metadata.clone(),
+                    })
+                })
+                .collect()
+        })
+    }
+
+    fn offset_groups(&self) -> Vec<String> {
+        self.meta
+            .read(|s| s.group_offsets.keys().cloned().collect())
+    }
+
+    async fn delete_group_offsets(&self, group: &str) -> Result<()> {
+        self.meta
+            .propose(mink_meta::MetaCommand::DeleteGroup {
+                group: group.to_string(),
+            })
+            .await?;
+        Ok(())
     }
 }
 
