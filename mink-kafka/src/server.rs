@@ -22,7 +22,7 @@ use kafka_protocol::messages::{ApiKey, RequestHeader, ResponseHeader};
 use kafka_protocol::protocol::{Decodable, Encodable};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::KafkaConfig;
 use crate::api::{self, Ctx, Request};
@@ -56,16 +56,24 @@ pub async fn serve(
         })
     };
     let _stop_sweeper = AbortOnDrop(sweeper);
+    // Connections stop reading when the listener stops (requests already read are
+    // still answered).
+    let (closing, _) = watch::channel(false);
     tokio::pin!(shutdown);
     loop {
         let accepted = tokio::select! {
-            _ = &mut shutdown => return,
+            _ = &mut shutdown => {
+                closing.send_replace(true);
+                // Joins waiting for a rebalance are answered (REBALANCE_IN_PROGRESS).
+                ctx.groups.clear();
+                return;
+            }
             accepted = listener.accept() => accepted,
         };
         match accepted {
             Ok((stream, peer)) => {
                 let _ = stream.set_nodelay(true);
-                tokio::spawn(connection(stream, peer, ctx.clone()));
+                tokio::spawn(connection(stream, peer, ctx.clone(), closing.subscribe()));
             }
             Err(e) => {
                 tracing::warn!("kafka listener: accepting a connection: {e}");
@@ -92,7 +100,12 @@ enum Close {
 
 /// Serves one connection until the peer closes it, it idles, or it sends something
 /// that cannot be answered.
-async fn connection(stream: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>) {
+async fn connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    ctx: Arc<Ctx>,
+    mut closing: watch::Receiver<bool>,
+) {
     let (mut reader, mut writer) = stream.into_split();
     let in_flight = ctx.config.max_in_flight.max(1) as usize;
     // Each entry resolves to the framed response, or None (acks=0).
@@ -120,18 +133,21 @@ async fn connection(stream: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>) {
     // previous one's signal.
     let mut produce_turn: Option<oneshot::Receiver<()>> = None;
     let why = loop {
-        let frame =
-            match tokio::time::timeout(idle, read_frame(&mut reader, ctx.config.max_request_bytes))
-                .await
-            {
-                Err(_) => {
-                    tracing::info!(%peer, "kafka: closing a connection idle for {idle:?}");
-                    break None;
-                }
-                Ok(Ok(None)) => break None,
-                Ok(Ok(Some(frame))) => frame,
-                Ok(Err(e)) => break Some(Close::Frame(e)),
-            };
+        let read =
+            tokio::time::timeout(idle, read_frame(&mut reader, ctx.config.max_request_bytes));
+        let read = tokio::select! {
+            _ = closing.wait_for(|c| *c) => break None,
+            read = read => read,
+        };
+        let frame = match read {
+            Err(_) => {
+                tracing::info!(%peer, "kafka: closing a connection idle for {idle:?}");
+                break None;
+            }
+            Ok(Ok(None)) => break None,
+            Ok(Ok(Some(frame))) => frame,
+            Ok(Err(e)) => break Some(Close::Frame(e)),
+        };
         let (header, request) = match decode(frame, peer) {
             Ok(decoded) => decoded,
             Err(e) => break Some(Close::Request(e)),

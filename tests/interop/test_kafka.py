@@ -527,3 +527,104 @@ def test_a_group_splits_partitions_hands_over_and_its_offsets_survive_a_restart(
         c.close()
     finally:
         again.kill()
+
+
+# -- Three nodes -------------------------------------------------------------------------
+
+
+@pytest.fixture()
+def three(mink_node, tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    nodes = []
+    try:
+        for i in range(3):
+            nodes.append(NodeProcess(mink_node, tmp_path, {
+                "MINK_NODE_ID": f"n{i}",
+                "MINK_DATA_DIR": str(tmp_path / f"n{i}"),
+                "MINK_OBJECT_STORE__URL": f"file://{shared}",
+            }))
+        yield nodes
+    finally:
+        for n in nodes:
+            n.kill()
+
+
+def leaders(node, topic):
+    md = admin(node).list_topics(topic, timeout=TIMEOUT)
+    return {p.id: p.leader for p in md.topics[topic].partitions.values()}
+
+
+def test_three_brokers_lead_partitions_and_a_group_reads_them_all(three):
+    bootstrap = ",".join(n.bootstrap for n in three)
+    create_topic(three[0], "spread", partitions=6)
+    wait_for(lambda: all(l >= 0 for l in leaders(three[1], "spread").values()), TIMEOUT, "leaders for every partition")
+    md = admin(three[2]).list_topics(timeout=TIMEOUT)
+    assert len(md.brokers) == 3
+    assert md.controller_id in md.brokers
+    assert len(set(leaders(three[0], "spread").values())) > 1, "partitions are led by several brokers"
+
+    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
+    produce_all(p, "spread", [(str(i).encode(), str(i).encode(), None, None) for i in range(300)])
+    c = Consumer({"bootstrap.servers": three[1].bootstrap, "group.id": "g3", "auto.offset.reset": "earliest",
+                  "session.timeout.ms": 6000, "heartbeat.interval.ms": 300})
+    try:
+        c.subscribe(["spread"])
+        seen = []
+        deadline = time.monotonic() + 60
+        while len(seen) < 300 and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is not None and m.error() is None:
+                seen.append(int(m.value()))
+        assert sorted(seen) == list(range(300))
+    finally:
+        c.close()
+
+
+def test_an_idempotent_producer_keeps_going_through_a_leader_restart(three, mink_node, tmp_path):
+    bootstrap = ",".join(n.bootstrap for n in three)
+    create_topic(three[0], "moving", partitions=1)
+    wait_for(lambda: leaders(three[0], "moving")[0] >= 0, TIMEOUT, "a leader")
+    leader_id = leaders(three[0], "moving")[0]
+    brokers = admin(three[0]).list_topics(timeout=TIMEOUT).brokers
+    leader_port = brokers[leader_id].port
+    victim = next(i for i, n in enumerate(three) if n.kafka_port == leader_port)
+
+    stop = threading.Event()
+    delivered, failures = [], []
+
+    def keep_producing():
+        p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 2,
+                      "message.timeout.ms": 60000})
+        i = 0
+        while not stop.is_set():
+            p.produce("moving", value=str(i).encode(), partition=0,
+                      on_delivery=lambda err, msg: (failures if err else delivered).append(err or int(msg.value())))
+            p.poll(0)
+            i += 1
+            time.sleep(0.003)
+        p.flush(60)
+
+    t = threading.Thread(target=keep_producing)
+    t.start()
+    try:
+        wait_for(lambda: len(delivered) > 50, TIMEOUT, "deliveries before the restart")
+        three[victim].stop()
+        before = len(delivered)
+        wait_for(lambda: len(delivered) > before + 50, 60, "deliveries at the new leader")
+        three[victim] = NodeProcess(mink_node, tmp_path, {
+            "MINK_NODE_ID": f"n{victim}",
+            "MINK_DATA_DIR": str(tmp_path / f"n{victim}"),
+            "MINK_OBJECT_STORE__URL": f"file://{tmp_path / 'shared'}",
+        })
+        before = len(delivered)
+        wait_for(lambda: len(delivered) > before + 50, 60, "deliveries after the old leader came back")
+    finally:
+        stop.set()
+        t.join(90)
+    assert failures == []
+    count = len(delivered)
+    got = consume(three[(victim + 1) % 3], "moving", [0], count)
+    values = [int(m.value()) for m in got]
+    assert values == sorted(values) and len(set(values)) == len(values), "in order, no duplicate"
+    assert values == list(range(count))

@@ -247,11 +247,21 @@ fn load(dir: &Path) -> Result<ClusterState> {
     Ok(serde_json::from_slice(&text)?)
 }
 
-/// Prints `export MINK_ADDR=…` for the first node (`eval "$(cargo xtask cluster env)"`).
+/// Prints `export MINK_ADDR=…` for the first node and `export KAFKA_BOOTSTRAP=…` with
+/// every node's Kafka address (`eval "$(cargo xtask cluster env)"`).
 pub fn env(dir: &Path) -> Result<()> {
     let state = load(dir)?;
     let first = state.nodes.first().context("the cluster has no node")?;
     println!("export MINK_ADDR={}", first.flight);
+    let kafka: Vec<&str> = state
+        .nodes
+        .iter()
+        .map(|n| n.kafka.as_str())
+        .filter(|k| !k.is_empty())
+        .collect();
+    if !kafka.is_empty() {
+        println!("export KAFKA_BOOTSTRAP={}", kafka.join(","));
+    }
     Ok(())
 }
 
