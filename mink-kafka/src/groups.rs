@@ -496,28 +496,33 @@ impl Coordinator {
 
     /// A heartbeat: the member stays; the answer tells it to rejoin when a rebalance
     /// is in progress.
-    pub fn heartbeat(&self, group_id: &str, generation: i32, member_id: &str) -> ResponseError {
+    pub fn heartbeat(
+        &self,
+        group_id: &str,
+        generation: i32,
+        member_id: &str,
+    ) -> Option<ResponseError> {
         let mut groups = self.lock();
         let Some(group) = groups.get_mut(group_id) else {
-            return ResponseError::UnknownMemberId;
+            return Some(ResponseError::UnknownMemberId);
         };
         let state = group.state;
         let current = group.generation;
         let Some(m) = group.members.get_mut(member_id) else {
-            return ResponseError::UnknownMemberId;
+            return Some(ResponseError::UnknownMemberId);
         };
         if generation != current {
-            return ResponseError::IllegalGeneration;
+            return Some(ResponseError::IllegalGeneration);
         }
         m.expires = Instant::now() + m.session_timeout;
         match state {
-            State::PreparingRebalance => ResponseError::RebalanceInProgress,
-            _ => ResponseError::Unknown(0),
+            State::PreparingRebalance => Some(ResponseError::RebalanceInProgress),
+            _ => None,
         }
     }
 
     /// Members leave; each answered on its own (UNKNOWN_MEMBER_ID when not a member).
-    pub fn leave(&self, group_id: &str, member_ids: &[String]) -> Vec<ResponseError> {
+    pub fn leave(&self, group_id: &str, member_ids: &[String]) -> Vec<Option<ResponseError>> {
         let mut groups = self.lock();
         let now = Instant::now();
         member_ids
@@ -525,9 +530,9 @@ impl Coordinator {
             .map(|id| match groups.get_mut(group_id) {
                 Some(group) if group.members.contains_key(id) => {
                     group.remove(id, now);
-                    ResponseError::Unknown(0)
+                    None
                 }
-                _ => ResponseError::UnknownMemberId,
+                _ => Some(ResponseError::UnknownMemberId),
             })
             .collect()
     }
@@ -681,11 +686,14 @@ mod tests {
             .await;
         assert_eq!(synced.assignment, Bytes::from_static(b"all"));
         assert_eq!(c.describe("g").unwrap().state, State::Stable);
-        assert_eq!(c.heartbeat("g", 1, &id), ResponseError::Unknown(0));
-        assert_eq!(c.heartbeat("g", 0, &id), ResponseError::IllegalGeneration);
+        assert_eq!(c.heartbeat("g", 1, &id), None);
+        assert_eq!(
+            c.heartbeat("g", 0, &id),
+            Some(ResponseError::IllegalGeneration)
+        );
         assert_eq!(
             c.heartbeat("g", 1, "nobody"),
-            ResponseError::UnknownMemberId
+            Some(ResponseError::UnknownMemberId)
         );
     }
 
@@ -714,7 +722,7 @@ mod tests {
         tokio::task::yield_now().await;
         assert_eq!(
             c.heartbeat("g", 1, &a.member_id),
-            ResponseError::RebalanceInProgress
+            Some(ResponseError::RebalanceInProgress)
         );
         let a2 = c.join(join("g", &a.member_id, false)).await;
         let b = b.await.unwrap();
@@ -744,13 +752,10 @@ mod tests {
             Bytes::from_static(b"b:p1")
         );
         // A leaves: B rejoins alone and leads.
-        assert_eq!(
-            c.leave("g", std::slice::from_ref(&a.member_id)),
-            vec![ResponseError::Unknown(0)]
-        );
+        assert_eq!(c.leave("g", std::slice::from_ref(&a.member_id)), vec![None]);
         assert_eq!(
             c.heartbeat("g", 2, &b.member_id),
-            ResponseError::RebalanceInProgress
+            Some(ResponseError::RebalanceInProgress)
         );
         let b2 = c.join(join("g", &b.member_id, false)).await;
         assert_eq!(
@@ -759,7 +764,7 @@ mod tests {
         );
         assert_eq!(
             c.leave("g", std::slice::from_ref(&a.member_id)),
-            vec![ResponseError::UnknownMemberId]
+            vec![Some(ResponseError::UnknownMemberId)]
         );
     }
 
@@ -779,7 +784,7 @@ mod tests {
         assert_eq!(b.members.len(), 1, "A was removed");
         assert_eq!(
             c.heartbeat("g", b.generation, &a.member_id),
-            ResponseError::UnknownMemberId
+            Some(ResponseError::UnknownMemberId)
         );
         // B stops heartbeating: removed after its session timeout; the group empties.
         c.sync("g", b.generation, &b.member_id, vec![]).await;

@@ -628,3 +628,35 @@ def test_an_idempotent_producer_keeps_going_through_a_leader_restart(three, mink
     values = [int(m.value()) for m in got]
     assert values == sorted(values) and len(set(values)) == len(values), "in order, no duplicate"
     assert values == list(range(count))
+
+
+def test_pipelined_requests_are_answered_in_request_order(node):
+    create_topic(node, "quiet")
+    wait_for(lambda: leaders(node, "quiet")[0] >= 0, TIMEOUT, "a leader")
+    # Fetch v4 from the empty partition, waiting up to 300 ms for a byte; then two
+    # ApiVersions in the same write. The Fetch is answered first although the others
+    # are ready at once.
+    topic = b"quiet"
+    fetch = struct.pack(">iiiib", -1, 300, 1, 1 << 20, 0) + struct.pack(">i", 1)
+    fetch += struct.pack(">h", len(topic)) + topic + struct.pack(">i", 1) + struct.pack(">iqi", 0, 0, 1 << 20)
+    s = connect(node)
+    try:
+        s.sendall(request(1, 4, 1, fetch) + request(18, 0, 2) + request(18, 1, 3))
+        order = [struct.unpack(">i", read_response(s)[:4])[0] for _ in range(3)]
+        assert order == [1, 2, 3]
+    finally:
+        s.close()
+
+
+def test_an_idle_connection_is_closed(mink_node, tmp_path):
+    proc = NodeProcess(mink_node, tmp_path, {"MINK_KAFKA__CONNECTION_IDLE_MS": "300"})
+    try:
+        s = connect(proc)
+        s.sendall(request(18, 0, 1))
+        assert api_versions_v0(read_response(s))[:2] == (1, 0)
+        # Nothing more is sent: the node closes the connection.
+        assert read_response(s) is None
+        s.close()
+        wait_for(lambda: any("closing a connection idle for" in line for line in proc.lines), TIMEOUT, "the log line")
+    finally:
+        proc.kill()

@@ -199,7 +199,7 @@ pub(crate) fn heartbeat(ctx: &Ctx, r: HeartbeatRequest) -> HeartbeatResponse {
     let code = not_coordinator(ctx).unwrap_or_else(|| {
         ctx.groups
             .heartbeat(&r.group_id, r.generation_id, &r.member_id)
-            .code()
+            .map_or(0, |e| e.code())
     });
     HeartbeatResponse::default().with_error_code(code)
 }
@@ -219,12 +219,13 @@ pub(crate) fn leave_group(ctx: &Ctx, r: LeaveGroupRequest, v: i16) -> LeaveGroup
                 MemberResponse::default()
                     .with_member_id(m.member_id)
                     .with_group_instance_id(m.group_instance_id)
-                    .with_error_code(e.code())
+                    .with_error_code(e.map_or(0, |e| e.code()))
             })
             .collect();
         LeaveGroupResponse::default().with_members(members)
     } else {
-        let code = ctx.groups.leave(&r.group_id, &[r.member_id.to_string()])[0].code();
+        let code =
+            ctx.groups.leave(&r.group_id, &[r.member_id.to_string()])[0].map_or(0, |e| e.code());
         LeaveGroupResponse::default().with_error_code(code)
     }
 }
