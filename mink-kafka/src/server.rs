@@ -22,7 +22,7 @@ use kafka_protocol::messages::{ApiKey, RequestHeader, ResponseHeader};
 use kafka_protocol::protocol::{Decodable, Encodable};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
 
 use crate::KafkaConfig;
 use crate::api::{self, Ctx, Request};
@@ -108,10 +108,16 @@ async fn connection(
 ) {
     let (mut reader, mut writer) = stream.into_split();
     let in_flight = ctx.config.max_in_flight.max(1) as usize;
+    // A request holds a permit from when it is read until its response is written:
+    // at most `max_in_flight` per connection; the reader waits for one beyond that.
+    let permits = Arc::new(Semaphore::new(in_flight));
     // Each entry resolves to the framed response, or None (acks=0).
-    let (tx, mut rx) = mpsc::channel::<tokio::task::JoinHandle<Option<Vec<u8>>>>(in_flight);
+    let (tx, mut rx) = mpsc::channel::<(
+        tokio::task::JoinHandle<Option<Vec<u8>>>,
+        OwnedSemaphorePermit,
+    )>(in_flight);
     let write_loop = tokio::spawn(async move {
-        while let Some(next) = rx.recv().await {
+        while let Some((next, _permit)) = rx.recv().await {
             match next.await {
                 Ok(Some(bytes)) => {
                     if let Err(e) = writer.write_all(&bytes).await {
@@ -133,6 +139,15 @@ async fn connection(
     // previous one's signal.
     let mut produce_turn: Option<oneshot::Receiver<()>> = None;
     let why = loop {
+        // A permit first: with `max_in_flight` requests unanswered, the next frame
+        // waits in the socket.
+        let permit = tokio::select! {
+            _ = closing.wait_for(|c| *c) => break None,
+            permit = permits.clone().acquire_owned() => match permit {
+                Ok(p) => p,
+                Err(_) => break None,
+            },
+        };
         let read =
             tokio::time::timeout(idle, read_frame(&mut reader, ctx.config.max_request_bytes));
         let read = tokio::select! {
@@ -165,7 +180,7 @@ async fn connection(
             let body = api::handle(&ctx, header, request, turn).await?;
             Some(respond(key, version, correlation_id, body, peer))
         });
-        if tx.send(task).await.is_err() {
+        if tx.send((task, permit)).await.is_err() {
             break None;
         }
     };

@@ -631,6 +631,18 @@ def test_an_idempotent_producer_keeps_going_through_a_leader_restart(three, mink
 
 
 def test_pipelined_requests_are_answered_in_request_order(node):
+    pipeline_fetch_then_api_versions(node)
+
+
+def test_one_request_in_flight_at_a_time_still_answers_a_pipeline(mink_node, tmp_path):
+    proc = NodeProcess(mink_node, tmp_path, {"MINK_KAFKA__MAX_IN_FLIGHT": "1"})
+    try:
+        pipeline_fetch_then_api_versions(proc)
+    finally:
+        proc.kill()
+
+
+def pipeline_fetch_then_api_versions(node):
     create_topic(node, "quiet")
     wait_for(lambda: leaders(node, "quiet")[0] >= 0, TIMEOUT, "a leader")
     # Fetch v4 from the empty partition, waiting up to 300 ms for a byte; then two
