@@ -297,6 +297,15 @@ def test_refused_apis_answer_their_error_and_keep_the_connection(node):
         payload = read_response(s)
         correlation_id, _throttle, error = struct.unpack(">iih", payload[:10])
         assert (correlation_id, error) == (2, 53)
+        # AddPartitionsToTxn v1: one error per partition asked, 53.
+        body = struct.pack(">h", 2) + b"tx" + struct.pack(">qh", 1, 0) + struct.pack(">i", 1)
+        body += struct.pack(">h", 1) + b"t" + struct.pack(">iii", 2, 0, 1)
+        s.sendall(request(24, 1, 5, body))
+        payload = read_response(s)
+        correlation_id, _throttle, topics, name_len = struct.unpack(">iiih", payload[:14])
+        assert (correlation_id, topics, name_len) == (5, 1, 1)
+        partitions, p0, e0, p1, e1 = struct.unpack(">iihih", payload[15:31])
+        assert (partitions, p0, e0, p1, e1) == (2, 0, 53, 1, 53)
         # DescribeAcls v1: SECURITY_DISABLED (54).
         s.sendall(request(29, 1, 3, b"\x01" + b"\xff\xff" + b"\xff\xff" + b"\xff\xff" + b"\x01" + b"\x01" + b"\x01"))
         payload = read_response(s)

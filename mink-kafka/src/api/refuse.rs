@@ -1,7 +1,8 @@
 //! Refusals: APIs that are not built answer their own error, never a dropped
 //! connection. None of them is listed in ApiVersions.
 //!
-//! - Transactions (AddOffsetsToTxn, EndTxn): TRANSACTIONAL_ID_AUTHORIZATION_FAILED, as
+//! - Transactions (AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, TxnOffsetCommit):
+//!   TRANSACTIONAL_ID_AUTHORIZATION_FAILED (per partition where the response has them), as
 //!   InitProducerId answers a transactional id (a client cannot get further).
 //! - SASL: UNSUPPORTED_SASL_MECHANISM (handshake, no mechanisms offered),
 //!   ILLEGAL_SASL_STATE (authenticate).
@@ -13,10 +14,16 @@
 
 use bytes::Bytes;
 use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::add_partitions_to_txn_response::{
+    AddPartitionsToTxnPartitionResult, AddPartitionsToTxnResult, AddPartitionsToTxnTopicResult,
+};
 use kafka_protocol::messages::alter_client_quotas_response::{EntityData, EntryData};
 use kafka_protocol::messages::create_acls_response::AclCreationResult;
 use kafka_protocol::messages::delete_acls_response::DeleteAclsFilterResult;
 use kafka_protocol::messages::incremental_alter_configs_response::AlterConfigsResourceResponse;
+use kafka_protocol::messages::txn_offset_commit_response::{
+    TxnOffsetCommitResponsePartition, TxnOffsetCommitResponseTopic,
+};
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::Decodable;
 
@@ -27,8 +34,10 @@ use crate::server::encode;
 pub(crate) fn refused(key: ApiKey) -> bool {
     matches!(
         key,
-        ApiKey::AddOffsetsToTxn
+        ApiKey::AddPartitionsToTxn
+            | ApiKey::AddOffsetsToTxn
             | ApiKey::EndTxn
+            | ApiKey::TxnOffsetCommit
             | ApiKey::SaslHandshake
             | ApiKey::SaslAuthenticate
             | ApiKey::DescribeAcls
@@ -54,6 +63,73 @@ pub(crate) fn refusal(key: ApiKey, v: i16, mut body: Bytes) -> Option<Body> {
             v,
         ),
         ApiKey::EndTxn => encode(key, &EndTxnResponse::default().with_error_code(txn), v),
+        ApiKey::AddPartitionsToTxn => {
+            let r = AddPartitionsToTxnRequest::decode(&mut body, v).ok()?;
+            let topic_results =
+                |topics: &[add_partitions_to_txn_request::AddPartitionsToTxnTopic]| {
+                    topics
+                        .iter()
+                        .map(|t| {
+                            AddPartitionsToTxnTopicResult::default()
+                                .with_name(t.name.clone())
+                                .with_results_by_partition(
+                                    t.partitions
+                                        .iter()
+                                        .map(|p| {
+                                            AddPartitionsToTxnPartitionResult::default()
+                                                .with_partition_index(*p)
+                                                .with_partition_error_code(txn)
+                                        })
+                                        .collect(),
+                                )
+                        })
+                        .collect::<Vec<_>>()
+                };
+            let response = if v >= 4 {
+                AddPartitionsToTxnResponse::default()
+                    .with_error_code(txn)
+                    .with_results_by_transaction(
+                        r.transactions
+                            .iter()
+                            .map(|t| {
+                                AddPartitionsToTxnResult::default()
+                                    .with_transactional_id(t.transactional_id.clone())
+                                    .with_topic_results(topic_results(&t.topics))
+                            })
+                            .collect(),
+                    )
+            } else {
+                AddPartitionsToTxnResponse::default()
+                    .with_results_by_topic_v3_and_below(topic_results(&r.v3_and_below_topics))
+            };
+            encode(key, &response, v)
+        }
+        ApiKey::TxnOffsetCommit => {
+            let r = TxnOffsetCommitRequest::decode(&mut body, v).ok()?;
+            let topics = r
+                .topics
+                .iter()
+                .map(|t| {
+                    TxnOffsetCommitResponseTopic::default()
+                        .with_name(t.name.clone())
+                        .with_partitions(
+                            t.partitions
+                                .iter()
+                                .map(|p| {
+                                    TxnOffsetCommitResponsePartition::default()
+                                        .with_partition_index(p.partition_index)
+                                        .with_error_code(txn)
+                                })
+                                .collect(),
+                        )
+                })
+                .collect();
+            encode(
+                key,
+                &TxnOffsetCommitResponse::default().with_topics(topics),
+                v,
+            )
+        }
         ApiKey::SaslHandshake => encode(
             key,
             &SaslHandshakeResponse::default()
