@@ -23,6 +23,9 @@ pub struct KafkaConfig {
     /// The longest a Fetch waits (`max_wait_ms` is capped to it), in milliseconds.
     /// Default 30,000.
     pub fetch_max_wait_cap_ms: u64,
+    /// A connection that sends no request for this long is closed, in milliseconds.
+    /// Default 600,000 (Kafka's `connections.max.idle.ms`).
+    pub connection_idle_ms: u64,
     /// The shortest group session timeout accepted, in milliseconds. Default 6,000.
     pub session_timeout_min_ms: u64,
     /// The longest group session timeout accepted, in milliseconds. Default 1,800,000.
@@ -43,6 +46,7 @@ impl Default for KafkaConfig {
             max_fetch_bytes: 50 << 20,
             max_in_flight: 64,
             fetch_max_wait_cap_ms: 30_000,
+            connection_idle_ms: 600_000,
             session_timeout_min_ms: 6_000,
             session_timeout_max_ms: 30 * 60 * 1000,
             group_offsets_ttl_ms: 7 * 24 * 3600 * 1000,
@@ -70,6 +74,9 @@ impl KafkaConfig {
         }
         if self.max_in_flight == 0 {
             return Err("kafka.max_in_flight must be at least 1".into());
+        }
+        if self.connection_idle_ms == 0 {
+            return Err("kafka.connection_idle_ms must be at least 1".into());
         }
         if self.session_timeout_min_ms > self.session_timeout_max_ms {
             return Err(

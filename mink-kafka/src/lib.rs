@@ -1,13 +1,27 @@
 //! `mink-kafka`: the Kafka wire-protocol listener.
 //!
-//! It owns, as it grows, framing, version negotiation, request dispatch, record-batch
-//! conversion to and from Arrow rows and the classic group coordinator, over a handler
-//! trait it defines. Today it holds its configuration and the limits of
-//! spec/protocols.txt.
+//! - [`server`]: accepting connections, one task per connection, pipelined requests
+//!   answered in order, idle and malformed connections closed.
+//! - [`frame`]: the 4-byte length framing, `max_request_bytes` checked first.
+//! - [`versions`]: the APIs and versions served; ApiVersions with the KIP-511 fallback.
+//! - `api`: one module per group of requests (metadata, produce, fetch, offsets,
+//!   topics, groups) and the refusals of what is not built.
+//! - [`groups`]: the classic consumer-group coordinator (membership, rebalances).
+//! - [`records`]: record batches v2 to and from Arrow rows of a topic table.
+//! - [`handler`]: the [`KafkaHandler`] trait `mink-node` implements.
+//! - [`config`]: settings and limits.
 //!
 //! Architecture invariant: this crate speaks Kafka and nothing else. Topics are log
 //! tables behind the handler trait; it never touches storage or metadata itself.
 
+mod api;
 pub mod config;
+pub mod frame;
+pub mod groups;
+pub mod handler;
+pub mod records;
+pub mod server;
+pub mod versions;
 
 pub use config::KafkaConfig;
+pub use handler::KafkaHandler;

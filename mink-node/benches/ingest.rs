@@ -85,6 +85,7 @@ fn config(dir: &std::path::Path) -> MinkConfig {
     };
     c.listeners.flight = "127.0.0.1:0".parse().unwrap();
     c.listeners.admin = "127.0.0.1:0".parse().unwrap();
+    c.listeners.kafka = "127.0.0.1:0".parse().unwrap();
     c.wal.compaction_interval_ms = 3_600_000;
     c
 }

@@ -236,14 +236,6 @@ impl MinkConfig {
             .unwrap_or_else(|| self.listeners.flight.to_string())
     }
 
-    /// The Kafka address clients are told to use.
-    pub fn advertised_kafka(&self) -> String {
-        self.advertised
-            .kafka
-            .clone()
-            .unwrap_or_else(|| self.listeners.kafka.to_string())
-    }
-
     /// This configuration as it may be shown (`get_config`, `--print-config`): secrets,
     /// when set, are `"<redacted>"` ([`mink_wal::REDACTED`]). `Debug` redacts them too.
     pub fn redacted(&self) -> Self {

@@ -76,10 +76,6 @@ fn main() -> ExitCode {
             flight = %node.flight_addr,
             "node started"
         );
-        tracing::warn!(
-            "not served yet: the Kafka listener ({}) is not implemented, so nothing listens there",
-            node.config.listeners.kafka
-        );
         shutdown.await;
         tracing::info!("shutting down");
         node.stop().await;

@@ -27,6 +27,8 @@ pub struct Node {
     pub flight_addr: SocketAddr,
     /// The address the admin HTTP endpoint is bound to.
     pub admin_addr: SocketAddr,
+    /// The address the Kafka listener is bound to (`None` with `kafka.enabled` off).
+    pub kafka_addr: Option<SocketAddr>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -123,11 +125,36 @@ impl Node {
             .flight
             .clone()
             .unwrap_or_else(|| flight_addr.to_string());
+        // The Kafka listener is bound before the node registers, so that the address
+        // it advertises is the bound one (port 0 in tests).
+        let kafka_listener = if config.kafka.enabled {
+            let l = TcpListener::bind(config.listeners.kafka)
+                .await
+                .map_err(|e| {
+                    anyhow::anyhow!(
+                        "listeners.kafka {}: cannot bind: {e}",
+                        config.listeners.kafka
+                    )
+                })?;
+            Some(l)
+        } else {
+            None
+        };
+        let kafka_addr = kafka_listener
+            .as_ref()
+            .map(|l| l.local_addr())
+            .transpose()?;
+        let advertised_kafka = match (&config.advertised.kafka, kafka_addr) {
+            (Some(a), _) => a.clone(),
+            (None, Some(bound)) => bound.to_string(),
+            // No listener: nothing to advertise, and no broker entry for this node.
+            (None, None) => String::new(),
+        };
         let meta = MetaNode::open(
             store.clone(),
             &config.node_id,
             &advertised,
-            &config.advertised_kafka(),
+            &advertised_kafka,
             config.meta.clone(),
         )
         .await
@@ -182,10 +209,22 @@ impl Node {
                 tracing::error!("the Flight server stopped: {e}");
             }
         }));
+        if let Some(listener) = kafka_listener {
+            let handler: Arc<dyn mink_kafka::KafkaHandler> = service.clone();
+            tasks.push(tokio::spawn(mink_kafka::server::serve(
+                listener,
+                handler,
+                config.kafka.clone(),
+                stopped(&shutdown),
+            )));
+        }
         admin
             .ready
             .store(true, std::sync::atomic::Ordering::Relaxed);
         tracing::info!(addr = %flight_addr, "Flight listening on {flight_addr}");
+        if let Some(addr) = kafka_addr {
+            tracing::info!(addr = %addr, "Kafka listening on {addr}");
+        }
         tracing::info!(addr = %admin_addr, "admin HTTP listening on {admin_addr} (/health, /metrics)");
         Ok(Self {
             config,
@@ -194,6 +233,7 @@ impl Node {
             service,
             flight_addr,
             admin_addr,
+            kafka_addr,
             shutdown,
             tasks,
         })

@@ -28,6 +28,7 @@ fn spawn(data: &std::path::Path, store: &std::path::Path, flight: &str) -> (Chil
         )
         .env("MINK_LISTENERS__FLIGHT", flight)
         .env("MINK_LISTENERS__ADMIN", "127.0.0.1:0")
+        .env("MINK_LISTENERS__KAFKA", "127.0.0.1:0")
         .env("MINK_META__HEARTBEAT_INTERVAL_MS", "200")
         .env("MINK_META__LEASE_TIMEOUT_MS", "2000")
         .env("MINK_META__NODE_SESSION_TIMEOUT_MS", "3000")

@@ -25,6 +25,7 @@ class NodeProcess:
                     "RUST_LOG": "info",
                     "MINK_LISTENERS__FLIGHT": "127.0.0.1:0",
                     "MINK_LISTENERS__ADMIN": "127.0.0.1:0",
+                    "MINK_LISTENERS__KAFKA": "127.0.0.1:0",
                     "MINK_META__HEARTBEAT_INTERVAL_MS": "200",
                     "MINK_META__LEASE_TIMEOUT_MS": "2000",
                     "MINK_META__NODE_SESSION_TIMEOUT_MS": "3000",
@@ -38,6 +39,7 @@ class NodeProcess:
         )
         self.flight_port = None
         self.admin_port = None
+        self.kafka_port = None
         found = threading.Event()
 
         def pump():
@@ -46,6 +48,9 @@ class NodeProcess:
                 m = re.search(r"admin HTTP listening on 127\.0\.0\.1:(\d+)", line)
                 if m:
                     self.admin_port = int(m.group(1))
+                m = re.search(r"Kafka listening on 127\.0\.0\.1:(\d+)", line)
+                if m:
+                    self.kafka_port = int(m.group(1))
                 m = re.search(r"Flight listening on 127\.0\.0\.1:(\d+)", line)
                 if m:
                     self.flight_port = int(m.group(1))
@@ -60,6 +65,11 @@ class NodeProcess:
         if self.flight_port is None or self.admin_port is None:
             self.kill()
             raise AssertionError("the node did not start:\n" + "".join(self.lines))
+
+    @property
+    def bootstrap(self):
+        """The Kafka bootstrap address."""
+        return f"127.0.0.1:{self.kafka_port}"
 
     @property
     def location(self):

@@ -80,12 +80,15 @@ def start(binary, cwd, env=None):
 
 
 def test_node_starts_on_a_local_directory_and_stops_on_sigterm(mink_node, tmp_path):
-    proc = start(mink_node, tmp_path, {"MINK_LISTENERS__FLIGHT": "127.0.0.1:0", "MINK_LISTENERS__ADMIN": "127.0.0.1:0"})
+    proc = start(
+        mink_node,
+        tmp_path,
+        {"MINK_LISTENERS__FLIGHT": "127.0.0.1:0", "MINK_LISTENERS__ADMIN": "127.0.0.1:0", "MINK_LISTENERS__KAFKA": "127.0.0.1:0"},
+    )
     try:
-        lines = wait_for_line(proc, "node started")
+        lines = wait_for_line(proc, "Kafka listening on")
+        lines += wait_for_line(proc, "node started")
         assert (tmp_path / "mink-data" / "objects").is_dir()
-        # It says plainly what it does not serve yet.
-        lines += wait_for_line(proc, "not served yet")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
     finally:
@@ -93,7 +96,11 @@ def test_node_starts_on_a_local_directory_and_stops_on_sigterm(mink_node, tmp_pa
 
 
 def test_node_starts_on_s3(mink_node, tmp_path, s3_url):
-    proc = start(mink_node, tmp_path, dict(s3_url, MINK_LISTENERS__FLIGHT="127.0.0.1:0", MINK_LISTENERS__ADMIN="127.0.0.1:0"))
+    proc = start(
+        mink_node,
+        tmp_path,
+        dict(s3_url, MINK_LISTENERS__FLIGHT="127.0.0.1:0", MINK_LISTENERS__ADMIN="127.0.0.1:0", MINK_LISTENERS__KAFKA="127.0.0.1:0"),
+    )
     try:
         wait_for_line(proc, "node started")
         proc.send_signal(signal.SIGINT)

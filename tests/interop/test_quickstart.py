@@ -1,8 +1,10 @@
 """docs/quickstart.md, run block by block as a person would paste it (debug builds)."""
 
+import os
 import pathlib
 import re
 import subprocess
+import sys
 
 from conftest import clean_env
 
@@ -22,8 +24,10 @@ def test_the_quickstart_runs(tmp_path, bin_dir):
     script = re.sub(r'cargo xtask cluster (up|env|down|status)([^\n)"]*)',
                     lambda m: f" (cd {ROOT} && cargo --quiet xtask cluster {m.group(1)}{m.group(2)} --dir {cluster})",
                     script)
+    # python3 is the interop venv's (it has confluent-kafka), as after `pip install`.
+    venv_bin = pathlib.Path(sys.executable).parent
     script = "set -euo pipefail\n" + script.replace(
-        'export PATH="$PWD/target/debug:$PATH"', f'export PATH="{bin_dir}:$PATH"'
+        'export PATH="$PWD/target/debug:$PATH"', f'export PATH="{bin_dir}:{venv_bin}:$PATH"'
     )
     try:
         out = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=clean_env(), capture_output=True,
@@ -34,6 +38,7 @@ def test_the_quickstart_runs(tmp_path, bin_dir):
         tail = (tmp_path / "tail.log").read_text()
         assert "hello" in tail and "mink" in tail, tail
         assert "anne" in out.stdout, "the lookup sees the latest row of key 1"
+        assert "consumed hello from kafka" in out.stdout
     finally:
         subprocess.run(["cargo", "xtask", "cluster", "down", "--dir", str(cluster)], cwd=ROOT,
                        env=clean_env(), capture_output=True, timeout=120)

@@ -18,6 +18,9 @@ struct NodeEntry {
     id: String,
     pid: u32,
     flight: String,
+    /// Empty in a state file written before nodes had a Kafka listener.
+    #[serde(default)]
+    kafka: String,
     admin: String,
     log: PathBuf,
 }
@@ -139,6 +142,7 @@ pub fn up(root: &Path, dir: &Path, nodes: usize, s3: bool, release: bool) -> Res
             .env("MINK_OBJECT_STORE__URL", &object_store)
             .env("MINK_LISTENERS__FLIGHT", "127.0.0.1:0")
             .env("MINK_LISTENERS__ADMIN", "127.0.0.1:0")
+            .env("MINK_LISTENERS__KAFKA", "127.0.0.1:0")
             .envs(s3_env.iter().cloned())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -151,13 +155,14 @@ pub fn up(root: &Path, dir: &Path, nodes: usize, s3: bool, release: bool) -> Res
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut entries = Vec::new();
     for (id, pid, log) in started {
-        let (flight, admin) = loop {
+        let (flight, kafka, admin) = loop {
             let text = std::fs::read_to_string(&log).unwrap_or_default();
-            if let (Some(flight), Some(admin)) = (
+            if let (Some(flight), Some(kafka), Some(admin)) = (
                 logged_addr(&text, "Flight listening on "),
+                logged_addr(&text, "Kafka listening on "),
                 logged_addr(&text, "admin HTTP listening on "),
             ) {
-                break (flight, admin);
+                break (flight, kafka, admin);
             }
             if Instant::now() > deadline || !alive(pid) {
                 bail!("node {id} did not start; see {}", log.display());
@@ -168,6 +173,7 @@ pub fn up(root: &Path, dir: &Path, nodes: usize, s3: bool, release: bool) -> Res
             id,
             pid,
             flight,
+            kafka,
             admin,
             log,
         });
@@ -215,8 +221,8 @@ fn logged_addr(log: &str, marker: &str) -> Option<String> {
 
 fn print_nodes(state: &ClusterState) {
     println!(
-        "{:<6} {:>8} {:<22} {:<22} health",
-        "node", "pid", "flight", "admin"
+        "{:<6} {:>8} {:<22} {:<22} {:<22} health",
+        "node", "pid", "flight", "kafka", "admin"
     );
     for n in &state.nodes {
         let health = if !alive(n.pid) {
@@ -229,8 +235,8 @@ fn print_nodes(state: &ClusterState) {
             }
         };
         println!(
-            "{:<6} {:>8} {:<22} {:<22} {health}",
-            n.id, n.pid, n.flight, n.admin
+            "{:<6} {:>8} {:<22} {:<22} {:<22} {health}",
+            n.id, n.pid, n.flight, n.kafka, n.admin
         );
     }
 }
@@ -241,11 +247,21 @@ fn load(dir: &Path) -> Result<ClusterState> {
     Ok(serde_json::from_slice(&text)?)
 }
 
-/// Prints `export MINK_ADDR=…` for the first node (`eval "$(cargo xtask cluster env)"`).
+/// Prints `export MINK_ADDR=…` for the first node and `export KAFKA_BOOTSTRAP=…` with
+/// every node's Kafka address (`eval "$(cargo xtask cluster env)"`).
 pub fn env(dir: &Path) -> Result<()> {
     let state = load(dir)?;
     let first = state.nodes.first().context("the cluster has no node")?;
     println!("export MINK_ADDR={}", first.flight);
+    let kafka: Vec<&str> = state
+        .nodes
+        .iter()
+        .map(|n| n.kafka.as_str())
+        .filter(|k| !k.is_empty())
+        .collect();
+    if !kafka.is_empty() {
+        println!("export KAFKA_BOOTSTRAP={}", kafka.join(","));
+    }
     Ok(())
 }
 

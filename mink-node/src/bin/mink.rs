@@ -730,7 +730,7 @@ async fn run(cli: Cli) -> CliResult<()> {
                 tokio::select! {
                     _ = tokio::signal::ctrl_c() => return Ok(()),
                     batch = rx.recv() => match batch {
-                        Some(b) => println!("{}", pretty_format_batches(&[b]).map_err(err)?),
+                        Some(b) => println!("{}", pretty_format_batches(&[displayable(&b)?]).map_err(err)?),
                         None => return Ok(()),
                     },
                     _ = refresh.tick(), if d.is_partitioned() => {
@@ -815,23 +815,56 @@ async fn run(cli: Cli) -> CliResult<()> {
     Ok(())
 }
 
+/// `batch` as Arrow's text formatters can show it: they parse time zones and, without
+/// the chrono-tz feature, know offsets only, so TIMESTAMP_LTZ columns (zone "UTC")
+/// are shown with the equal offset "+00:00".
+fn displayable(batch: &RecordBatch) -> CliResult<RecordBatch> {
+    use arrow::datatypes::{DataType as ArrowType, Field, Schema};
+    let utc = |t: &ArrowType| match t {
+        ArrowType::Timestamp(unit, Some(tz)) if tz.as_ref() == "UTC" => {
+            Some(ArrowType::Timestamp(*unit, Some("+00:00".into())))
+        }
+        _ => None,
+    };
+    let schema = batch.schema();
+    if !schema.fields().iter().any(|f| utc(f.data_type()).is_some()) {
+        return Ok(batch.clone());
+    }
+    let mut fields = Vec::with_capacity(schema.fields().len());
+    let mut columns = Vec::with_capacity(schema.fields().len());
+    for (f, c) in schema.fields().iter().zip(batch.columns()) {
+        match utc(f.data_type()) {
+            Some(t) => {
+                columns.push(arrow::compute::cast(c, &t).map_err(err)?);
+                fields.push(Field::new(f.name(), t, f.is_nullable()));
+            }
+            None => {
+                columns.push(c.clone());
+                fields.push(f.as_ref().clone());
+            }
+        }
+    }
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).map_err(err)
+}
+
 fn print_batches(
     schema: &SchemaRef,
     batches: &[RecordBatch],
     format: OutputFormat,
 ) -> CliResult<()> {
     let stdout = std::io::stdout();
+    let shown = || -> CliResult<Vec<RecordBatch>> { batches.iter().map(displayable).collect() };
     match format {
         OutputFormat::Table => {
             if batches.iter().all(|b| b.num_rows() == 0) {
                 println!("(no rows)");
             } else {
-                println!("{}", pretty_format_batches(batches).map_err(err)?);
+                println!("{}", pretty_format_batches(&shown()?).map_err(err)?);
             }
         }
         OutputFormat::Json => {
             let mut writer = arrow::json::LineDelimitedWriter::new(stdout.lock());
-            for b in batches {
+            for b in &shown()? {
                 writer.write(b).map_err(err)?;
             }
             writer.finish().map_err(err)?;
@@ -840,7 +873,7 @@ fn print_batches(
             let mut writer = arrow::csv::WriterBuilder::new()
                 .with_header(true)
                 .build(stdout.lock());
-            for b in batches {
+            for b in &shown()? {
                 writer.write(b).map_err(err)?;
             }
         }

@@ -20,6 +20,7 @@ pub fn config(dir: &std::path::Path, shared: &std::path::Path, id: &str) -> Mink
     c.object_store.url = format!("file://{}", shared.display());
     c.listeners.flight = "127.0.0.1:0".parse().unwrap();
     c.listeners.admin = "127.0.0.1:0".parse().unwrap();
+    c.listeners.kafka = "127.0.0.1:0".parse().unwrap();
     c.meta.heartbeat_interval_ms = 100;
     c.meta.lease_timeout_ms = 1_000;
     c.meta.node_session_timeout_ms = 1_500;

@@ -1,0 +1,178 @@
+//! Fetch (4-12): a long poll over many partitions without a thread per partition.
+//!
+//! Every partition is read once at once. When that is less than `min_bytes` and the
+//! client would wait, the partitions that had nothing are tailed together (futures
+//! on this task, each woken by its high watermark, never by polling) until enough
+//! arrived or `max_wait_ms` (capped by `kafka.fetch_max_wait_cap_ms`) passed. Rows are
+//! re-encoded as record batches v2; the response stops growing at the request's
+//! `max_bytes` (capped by `kafka.max_fetch_bytes`), but always carries the first
+//! partition that has data, whatever its size (KIP-74).
+
+use std::time::Duration;
+
+use bytes::BytesMut;
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
+use kafka_protocol::messages::{FetchRequest, FetchResponse, TopicName};
+use mink_types::MinkError;
+
+use super::Ctx;
+use crate::handler::{Fetched, error_code};
+use crate::records::encode_fetched;
+
+/// One partition asked for.
+struct Wanted {
+    topic: usize,
+    name: TopicName,
+    partition: i32,
+    offset: i64,
+    max_bytes: usize,
+}
+
+/// What one partition answered: its records, encoded, or its error.
+enum Answer {
+    Records {
+        bytes: BytesMut,
+        high_watermark: i64,
+        log_start_offset: i64,
+    },
+    Error(MinkError),
+}
+
+impl Answer {
+    fn size(&self) -> usize {
+        match self {
+            Answer::Records { bytes, .. } => bytes.len(),
+            Answer::Error(_) => 0,
+        }
+    }
+}
+
+async fn read(ctx: &Ctx, w: &Wanted, wait: Duration) -> Answer {
+    match ctx
+        .handler
+        .fetch(&w.name, w.partition, w.offset, wait, w.max_bytes)
+        .await
+    {
+        Ok(f) => encode(w, f),
+        Err(e) => Answer::Error(e),
+    }
+}
+
+fn encode(w: &Wanted, f: Fetched) -> Answer {
+    let mut bytes = BytesMut::new();
+    for (base, rows) in &f.batches {
+        if let Err(e) = encode_fetched(*base, rows, f.leader_epoch, &mut bytes) {
+            return Answer::Error(MinkError::Internal(format!(
+                "{} partition {} at {base}: {e}",
+                &*w.name, w.partition
+            )));
+        }
+    }
+    Answer::Records {
+        bytes,
+        high_watermark: f.high_watermark,
+        log_start_offset: f.log_start_offset,
+    }
+}
+
+pub(crate) async fn fetch(ctx: &Ctx, r: FetchRequest, v: i16) -> FetchResponse {
+    let wait_ms = (r.max_wait_ms.max(0) as u64).min(ctx.config.fetch_max_wait_cap_ms);
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
+    let min_bytes = r.min_bytes.max(0) as usize;
+    let max_bytes = (r.max_bytes.max(0) as u64).min(ctx.config.max_fetch_bytes) as usize;
+    let mut wanted = Vec::new();
+    let mut topics = Vec::with_capacity(r.topics.len());
+    for (t, topic) in r.topics.into_iter().enumerate() {
+        topics.push(FetchableTopicResponse::default().with_topic(topic.topic.clone()));
+        for p in topic.partitions {
+            wanted.push(Wanted {
+                topic: t,
+                name: topic.topic.clone(),
+                partition: p.partition,
+                offset: p.fetch_offset,
+                max_bytes: p.partition_max_bytes.max(0) as usize,
+            });
+        }
+    }
+    // Everything that is there now, all partitions at once.
+    let mut answers: Vec<Answer> =
+        futures::future::join_all(wanted.iter().map(|w| read(ctx, w, Duration::ZERO))).await;
+    let mut total: usize = answers.iter().map(Answer::size).sum();
+    let errors = answers.iter().any(|a| matches!(a, Answer::Error(_)));
+    if total < min_bytes.max(1) && !errors && wait_ms > 0 {
+        // Tail the partitions that had nothing until enough arrives.
+        let mut tails: FuturesUnordered<_> = wanted
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| answers[*i].size() == 0)
+            .map(|(i, w)| async move {
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                (i, read(ctx, w, left).await)
+            })
+            .collect();
+        while let Some((i, answer)) = tails.next().await {
+            total += answer.size();
+            let error = matches!(answer, Answer::Error(_));
+            answers[i] = answer;
+            if total >= min_bytes.max(1) || error {
+                break;
+            }
+        }
+    }
+    let mut used = 0usize;
+    for (w, answer) in wanted.iter().zip(answers) {
+        let mut out = PartitionData::default().with_partition_index(w.partition);
+        match answer {
+            Answer::Records {
+                bytes,
+                high_watermark,
+                log_start_offset,
+            } => {
+                // Past max_bytes, partitions answer without records (the client asks
+                // again from the same offset), except the first one with data.
+                let records = if used > 0 && used + bytes.len() > max_bytes {
+                    bytes::Bytes::new()
+                } else {
+                    used += bytes.len();
+                    bytes.freeze()
+                };
+                out = out
+                    .with_high_watermark(high_watermark)
+                    .with_last_stable_offset(high_watermark)
+                    .with_records(Some(records));
+                if v >= 5 {
+                    out = out.with_log_start_offset(log_start_offset);
+                }
+            }
+            Answer::Error(e) => {
+                tracing::debug!(
+                    topic = w.name.as_str(),
+                    partition = w.partition,
+                    "kafka fetch: {e}"
+                );
+                out = out
+                    .with_error_code(error_code(&e).code())
+                    .with_high_watermark(-1)
+                    // Empty, not null: librdkafka refuses a null record set.
+                    .with_records(Some(bytes::Bytes::new()));
+                if let MinkError::OffsetOutOfRange {
+                    log_start,
+                    high_watermark,
+                    ..
+                } = e
+                {
+                    out = out
+                        .with_high_watermark(high_watermark)
+                        .with_last_stable_offset(high_watermark);
+                    if v >= 5 {
+                        out = out.with_log_start_offset(log_start);
+                    }
+                }
+            }
+        }
+        topics[w.topic].partitions.push(out);
+    }
+    FetchResponse::default().with_responses(topics)
+}

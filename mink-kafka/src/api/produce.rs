@@ -1,0 +1,147 @@
+//! Produce (3-9): one append per topic-partition, durable on object storage before
+//! the response (acks=0 only suppresses the response). Idempotent producers go
+//! through the writer window: producer id = writer id, base sequence = the batch's
+//! first sequence. Transactional produce is refused.
+
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
+use kafka_protocol::messages::{ProduceRequest, ProduceResponse};
+use mink_types::MinkError;
+
+use super::{Ctx, ProduceTurn, now_ms, s};
+use crate::handler::{PendingProduce, ProducerBatch, error_code};
+use crate::records::decode_produce;
+
+fn failed(index: i32, code: ResponseError, message: String, v: i16) -> PartitionProduceResponse {
+    let mut out = PartitionProduceResponse::default()
+        .with_index(index)
+        .with_error_code(code.code())
+        .with_base_offset(-1);
+    if v >= 8 {
+        out = out.with_error_message(Some(s(message)));
+    }
+    out
+}
+
+/// What became of one partition before durability.
+enum Step {
+    Done(PartitionProduceResponse),
+    Pending(i32, PendingProduce),
+}
+
+pub(crate) async fn produce(
+    ctx: &Ctx,
+    r: ProduceRequest,
+    v: i16,
+    turn: Option<ProduceTurn>,
+) -> ProduceResponse {
+    let (previous, done) = match turn {
+        Some((previous, done)) => (previous, Some(done)),
+        None => (None, None),
+    };
+    if let Some(previous) = previous {
+        // Dropped (the previous request failed early) counts as done.
+        let _ = previous.await;
+    }
+    let refusal = if r.transactional_id.is_some() {
+        Some((
+            ResponseError::TransactionalIdAuthorizationFailed,
+            "transactional produce is not implemented".to_string(),
+        ))
+    } else if !matches!(r.acks, -1..=1) {
+        Some((
+            ResponseError::InvalidRequiredAcks,
+            format!("acks={} is not -1, 0 or 1", r.acks),
+        ))
+    } else {
+        None
+    };
+    let mut steps: Vec<(usize, Step)> = Vec::new();
+    let mut topics = Vec::with_capacity(r.topic_data.len());
+    for (t, topic) in r.topic_data.into_iter().enumerate() {
+        topics.push(TopicProduceResponse::default().with_name(topic.name.clone()));
+        for p in topic.partition_data {
+            let step = match &refusal {
+                Some((code, message)) => Step::Done(failed(p.index, *code, message.clone(), v)),
+                None => one(ctx, &topic.name, p.index, p.records, v).await,
+            };
+            steps.push((t, step));
+        }
+    }
+    // Every partition has its offsets: the next Produce of this connection may go.
+    drop(done);
+    for (t, step) in steps {
+        let response = match step {
+            Step::Done(r) => r,
+            Step::Pending(index, pending) => match pending.await {
+                Ok(p) => {
+                    let mut out = PartitionProduceResponse::default()
+                        .with_index(index)
+                        .with_base_offset(p.base_offset);
+                    if v >= 5 {
+                        out = out.with_log_start_offset(p.log_start_offset);
+                    }
+                    out
+                }
+                Err(e) => failed(index, error_code(&e), e.to_string(), v),
+            },
+        };
+        topics[t].partition_responses.push(response);
+    }
+    ProduceResponse::default().with_responses(topics)
+}
+
+async fn one(ctx: &Ctx, topic: &str, index: i32, records: Option<bytes::Bytes>, v: i16) -> Step {
+    let Some(records) = records else {
+        return Step::Done(failed(
+            index,
+            ResponseError::InvalidRecord,
+            "no records".into(),
+            v,
+        ));
+    };
+    let batch = match decode_produce(&records, now_ms()) {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::debug!(topic, partition = index, "kafka produce refused: {e}");
+            return Step::Done(failed(index, e.code, e.message, v));
+        }
+    };
+    let producer = (batch.producer_id >= 0).then(|| ProducerBatch {
+        producer_id: batch.producer_id,
+        first_sequence: i64::from(batch.base_sequence),
+        last_sequence: i64::from(batch.base_sequence) + batch.rows.num_rows() as i64 - 1,
+    });
+    let mut attempt = ctx
+        .handler
+        .produce(topic, index, batch.rows.clone(), producer)
+        .await;
+    if matches!(attempt, Err(MinkError::NotFound(_))) && ctx.config.auto_create_topics {
+        // Created on first use; a partition it lacks stays unknown.
+        match ctx
+            .handler
+            .topic(topic, Some(ctx.config.default_partitions))
+            .await
+        {
+            Ok(_) => {
+                attempt = ctx
+                    .handler
+                    .produce(topic, index, batch.rows, producer)
+                    .await
+            }
+            Err(e) => attempt = Err(e),
+        }
+    }
+    match attempt {
+        Ok(pending) => Step::Pending(index, pending),
+        Err(e) => {
+            let code = match &e {
+                MinkError::InvalidArgument { field, .. } if field == "topic" => {
+                    ResponseError::InvalidTopicException
+                }
+                other => error_code(other),
+            };
+            Step::Done(failed(index, code, e.to_string(), v))
+        }
+    }
+}

@@ -1,0 +1,244 @@
+//! CreateTopics (2-7), DeleteTopics (1-6) and DescribeConfigs (1-4). A topic is a
+//! log table of the Kafka database; `retention.ms` is its `log_ttl`. Replication
+//! factors are accepted and ignored: durability is the object store's.
+
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::create_topics_response::{
+    CreatableTopicConfigs, CreatableTopicResult,
+};
+use kafka_protocol::messages::delete_topics_response::DeletableTopicResult;
+use kafka_protocol::messages::describe_configs_response::{
+    DescribeConfigsResourceResult, DescribeConfigsResult,
+};
+use kafka_protocol::messages::{
+    CreateTopicsRequest, CreateTopicsResponse, DeleteTopicsRequest, DeleteTopicsResponse,
+    DescribeConfigsRequest, DescribeConfigsResponse, TopicName,
+};
+
+use super::metadata::topic_error;
+use super::{Ctx, s};
+use crate::handler::TopicView;
+
+/// DescribeConfigs resource types.
+const RESOURCE_TOPIC: i8 = 2;
+const RESOURCE_BROKER: i8 = 4;
+/// Config sources: a topic's own setting, and a default.
+const SOURCE_TOPIC: i8 = 1;
+const SOURCE_DEFAULT: i8 = 5;
+
+/// A topic's settings in Kafka's terms: name, value, source, type (2 string, 5 long).
+fn topic_configs(t: &TopicView, max_message_bytes: u64) -> Vec<(&'static str, String, i8, i8)> {
+    vec![
+        (
+            "retention.ms",
+            t.retention_ms.unwrap_or(-1).to_string(),
+            SOURCE_TOPIC,
+            5,
+        ),
+        ("cleanup.policy", "delete".into(), SOURCE_DEFAULT, 2),
+        (
+            "message.timestamp.type",
+            "CreateTime".into(),
+            SOURCE_DEFAULT,
+            2,
+        ),
+        (
+            "max.message.bytes",
+            max_message_bytes.to_string(),
+            SOURCE_DEFAULT,
+            3,
+        ),
+        ("min.insync.replicas", "1".into(), SOURCE_DEFAULT, 3),
+    ]
+}
+
+/// `retention.ms` from a CreateTopics config list; an unknown or bad config is an
+/// INVALID_CONFIG with its reason.
+fn retention(
+    configs: &[kafka_protocol::messages::create_topics_request::CreatableTopicConfig],
+) -> Result<Option<i64>, String> {
+    let mut retention = None;
+    for c in configs {
+        let value = c.value.as_ref().map(|v| v.as_str().to_string());
+        match (c.name.as_str(), value.as_deref()) {
+            ("retention.ms", Some(v)) => {
+                let ms: i64 = v
+                    .parse()
+                    .map_err(|_| format!("retention.ms={v} is not a number of milliseconds"))?;
+                if ms == 0 || ms < -1 {
+                    return Err(format!(
+                        "retention.ms={v}: give a positive number of milliseconds or -1 (forever)"
+                    ));
+                }
+                retention = Some(ms);
+            }
+            ("cleanup.policy", Some("delete")) | (_, None) => {}
+            (name, Some(v)) => {
+                return Err(format!(
+                    "{name}={v} is not supported (retention.ms and cleanup.policy=delete are)"
+                ));
+            }
+        }
+    }
+    Ok(retention)
+}
+
+pub(crate) async fn create_topics(
+    ctx: &Ctx,
+    r: CreateTopicsRequest,
+    v: i16,
+) -> CreateTopicsResponse {
+    let mut results = Vec::with_capacity(r.topics.len());
+    for t in r.topics {
+        let out = CreatableTopicResult::default().with_name(t.name.clone());
+        let fail = |code: ResponseError, message: String| {
+            out.clone()
+                .with_error_code(code.code())
+                .with_error_message(Some(s(message)))
+        };
+        let partitions = if t.num_partitions == -1 {
+            ctx.config.default_partitions as i32
+        } else {
+            t.num_partitions
+        };
+        if partitions < 1 {
+            results.push(fail(
+                ResponseError::InvalidPartitions,
+                format!("{} partitions; give at least 1", t.num_partitions),
+            ));
+            continue;
+        }
+        if !t.assignments.is_empty() {
+            results.push(fail(
+                ResponseError::InvalidReplicaAssignment,
+                "replica assignments are not supported: the metadata log assigns leaders".into(),
+            ));
+            continue;
+        }
+        let retention_ms = match retention(&t.configs) {
+            Ok(r) => r,
+            Err(e) => {
+                results.push(fail(ResponseError::InvalidConfig, e));
+                continue;
+            }
+        };
+        match ctx
+            .handler
+            .create_topic(&t.name, partitions as u32, retention_ms, r.validate_only)
+            .await
+        {
+            Ok(()) => {
+                let mut ok = out.clone();
+                if v >= 5 {
+                    let view = TopicView {
+                        name: t.name.to_string(),
+                        partitions: vec![],
+                        retention_ms: retention_ms.filter(|ms| *ms > 0),
+                    };
+                    let configs = topic_configs(&view, ctx.config.max_request_bytes)
+                        .into_iter()
+                        .map(|(name, value, source, _)| {
+                            CreatableTopicConfigs::default()
+                                .with_name(s(name))
+                                .with_value(Some(s(value)))
+                                .with_read_only(true)
+                                .with_config_source(source)
+                        })
+                        .collect();
+                    ok = ok
+                        .with_num_partitions(partitions)
+                        .with_replication_factor(1)
+                        .with_configs(Some(configs));
+                }
+                results.push(ok);
+            }
+            Err(e) => results.push(fail(topic_error(&e), e.to_string())),
+        }
+    }
+    CreateTopicsResponse::default().with_topics(results)
+}
+
+pub(crate) async fn delete_topics(
+    ctx: &Ctx,
+    r: DeleteTopicsRequest,
+    v: i16,
+) -> DeleteTopicsResponse {
+    let names: Vec<Option<TopicName>> = if v >= 6 {
+        r.topics.into_iter().map(|t| t.name).collect()
+    } else {
+        r.topic_names.into_iter().map(Some).collect()
+    };
+    let mut responses = Vec::with_capacity(names.len());
+    for name in names {
+        let out = DeletableTopicResult::default().with_name(name.clone());
+        let Some(name) = name else {
+            responses.push(out.with_error_code(ResponseError::UnknownTopicId.code()));
+            continue;
+        };
+        match ctx.handler.delete_topic(&name).await {
+            Ok(()) => responses.push(out),
+            Err(e) => {
+                let mut out = out.with_error_code(topic_error(&e).code());
+                if v >= 5 {
+                    out = out.with_error_message(Some(s(e.to_string())));
+                }
+                responses.push(out);
+            }
+        }
+    }
+    DeleteTopicsResponse::default().with_responses(responses)
+}
+
+pub(crate) async fn describe_configs(
+    ctx: &Ctx,
+    r: DescribeConfigsRequest,
+    v: i16,
+) -> DescribeConfigsResponse {
+    let mut results = Vec::with_capacity(r.resources.len());
+    for resource in r.resources {
+        let out = DescribeConfigsResult::default()
+            .with_resource_type(resource.resource_type)
+            .with_resource_name(resource.resource_name.clone());
+        let wanted = |name: &str| {
+            resource
+                .configuration_keys
+                .as_ref()
+                .is_none_or(|keys| keys.iter().any(|k| k.as_str() == name))
+        };
+        match resource.resource_type {
+            RESOURCE_TOPIC => match ctx.handler.topic(&resource.resource_name, None).await {
+                Ok(view) => {
+                    let configs = topic_configs(&view, ctx.config.max_request_bytes)
+                        .into_iter()
+                        .filter(|(name, ..)| wanted(name))
+                        .map(|(name, value, source, kind)| {
+                            let mut c = DescribeConfigsResourceResult::default()
+                                .with_name(s(name))
+                                .with_value(Some(s(value)))
+                                .with_read_only(true)
+                                .with_config_source(source);
+                            if v >= 3 {
+                                c = c.with_config_type(kind);
+                            }
+                            c
+                        })
+                        .collect();
+                    results.push(out.with_configs(configs));
+                }
+                Err(e) => results.push(
+                    out.with_error_code(topic_error(&e).code())
+                        .with_error_message(Some(s(e.to_string()))),
+                ),
+            },
+            // A broker has no settings a client can read here.
+            RESOURCE_BROKER => results.push(out),
+            other => results.push(
+                out.with_error_code(ResponseError::InvalidRequest.code())
+                    .with_error_message(Some(s(format!(
+                        "resource type {other} is not served (topics 2 and brokers 4 are)"
+                    )))),
+            ),
+        }
+    }
+    DescribeConfigsResponse::default().with_results(results)
+}

@@ -1,0 +1,406 @@
+//! The Kafka adapter: [`KafkaHandler`] over the node service. Topics are log tables
+//! of the Kafka database (`kafka.database`) with the four topic columns; partitions are
+//! buckets; brokers are the nodes with a Kafka listener; the controller is the lease
+//! holder. Produce and Fetch reach the same log tablets as Flight's Append and Tail.
+
+use std::time::Duration;
+
+use mink_kafka::KafkaHandler;
+use mink_kafka::handler::{
+    Broker, ClusterView, CommittedOffset, Fetched, OffsetQuery, PartitionView, PendingProduce,
+    Produced, ProducerBatch, TopicView,
+};
+use mink_kafka::records::{is_topic, topic_columns};
+use mink_types::{DatabaseName, LogTtl, Schema, TableName};
+
+use super::*;
+
+/// A node's Kafka broker id: a stable hash of its node id (FNV-1a, 31 bits), the same
+/// on every node and across restarts.
+pub(crate) fn broker_id(node_id: &str) -> i32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in node_id.bytes() {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    (h & 0x7fff_ffff) as i32
+}
+
+/// `host:port` split for a broker entry.
+fn host_port(addr: &str) -> Option<(String, i32)> {
+    let (host, port) = addr.rsplit_once(':')?;
+    Some((
+        host.trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string(),
+        port.parse().ok()?,
+    ))
+}
+
+impl NodeService {
+    /// The table path of a topic; an invalid Mink name is `InvalidArgument` on `topic`.
+    fn topic_path(&self, topic: &str) -> Result<TablePath> {
+        let invalid = |e: MinkError| {
+            MinkError::invalid(
+                "topic",
+                format!("{topic:?} is not a valid Mink table name ({e})"),
+            )
+        };
+        Ok(TablePath::new(
+            DatabaseName::new(self.config.kafka.database.clone()).map_err(invalid)?,
+            TableName::new(topic).map_err(invalid)?,
+        ))
+    }
+
+    /// A topic's table: it must exist and have the topic columns.
+    async fn topic_table(&self, topic: &str) -> Result<TableInfo> {
+        let path = self.topic_path(topic)?;
+        let table = self.table(&path).await.map_err(|e| match e {
+            MinkError::NotFound(_) => MinkError::NotFound(format!("topic {topic}")),
+            other => other,
+        })?;
+        if !is_kafka_topic(&table) {
+            return Err(MinkError::NotFound(format!(
+                "topic {topic}: {path} is a table, not a topic (its columns are not key, value, headers, timestamp)"
+            )));
+        }
+        Ok(table)
+    }
+
+    fn topic_view(&self, table: &TableInfo) -> TopicView {
+        let partitions = self.meta.read(|s| {
+            (0..table.descriptor.bucket_count)
+                .map(|b| {
+                    let bucket = TableBucket::new(table.id, None, b);
+                    let state = s.buckets.get(&bucket.stream_name());
+                    PartitionView {
+                        partition: b as i32,
+                        leader_id: state
+                            .and_then(|st| st.leader.as_deref())
+                            .map_or(-1, broker_id),
+                        leader_epoch: state.map_or(0, |st| st.epoch.min(i32::MAX as u64) as i32),
+                    }
+                })
+                .collect()
+        });
+        TopicView {
+            name: table.path.table.to_string(),
+            partitions,
+            retention_ms: table
+                .descriptor
+                .properties
+                .log_ttl
+                .0
+                .map(|d| d.as_millis() as i64),
+        }
+    }
+
+    /// The bucket of a topic partition.
+    async fn topic_bucket(&self, topic: &str, partition: i32) -> Result<TableBucket> {
+        let table = self.topic_table(topic).await?;
+        if partition < 0 || partition as u32 >= table.descriptor.bucket_count {
+            return Err(MinkError::NotFound(format!(
+                "partition {partition} of topic {topic} ({} partitions)",
+                table.descriptor.bucket_count
+            )));
+        }
+        Ok(TableBucket::new(table.id, None, partition as u32))
+    }
+
+    fn topic_descriptor(partitions: u32, retention_ms: Option<i64>) -> Result<TableDescriptor> {
+        let mut d = TableDescriptor::log_table(Schema::new(1, topic_columns()));
+        d.bucket_count = partitions;
+        match retention_ms {
+            None => {}
+            Some(-1) => d.properties.log_ttl = LogTtl(None),
+            Some(ms) if ms > 0 => {
+                d.properties.log_ttl = LogTtl(Some(Duration::from_millis(ms as u64)))
+            }
+            Some(ms) => {
+                return Err(MinkError::invalid(
+                    "retention.ms",
+                    format!("{ms} is neither positive nor -1"),
+                ));
+            }
+        }
+        d.validate()?;
+        Ok(d)
+    }
+
+    /// Creates the Kafka database when it is missing.
+    async fn kafka_database(&self) -> Result<()> {
+        let db = &self.config.kafka.database;
+        if self.meta.read(|s| s.databases.contains_key(db)) {
+            return Ok(());
+        }
+        match self.meta.create_database(db).await {
+            Ok(_) | Err(MinkError::AlreadyExists(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Whether a table is a topic: an unpartitioned log table with the topic columns.
+fn is_kafka_topic(table: &TableInfo) -> bool {
+    let d = &table.descriptor;
+    !d.has_primary_key() && !d.is_partitioned() && is_topic(&d.schema.columns)
+}
+
+#[async_trait]
+impl KafkaHandler for NodeService {
+    fn broker_id(&self) -> i32 {
+        broker_id(self.meta.node_id())
+    }
+
+    fn cluster(&self) -> ClusterView {
+        let (brokers, holder) = self.meta.read(|s| {
+            let brokers = s
+                .nodes
+                .iter()
+                .filter(|(_, n)| n.alive)
+                .filter_map(|(id, n)| {
+                    let (host, port) = host_port(&n.kafka_addr)?;
+                    Some(Broker {
+                        node_id: broker_id(id),
+                        host,
+                        port,
+                    })
+                })
+                .collect::<Vec<_>>();
+            (brokers, s.lease.holder.clone())
+        });
+        ClusterView {
+            // The same on every node of the cluster: all share one object store.
+            cluster_id: format!(
+                "mink-{:08x}",
+                broker_id(&self.config.object_store.url) as u32
+            ),
+            controller_id: holder.as_deref().map_or(-1, broker_id),
+            brokers,
+        }
+    }
+
+    async fn topics(&self) -> Result<Vec<TopicView>> {
+        let prefix = format!("{}.", self.config.kafka.database);
+        let tables: Vec<TableInfo> = self.meta.read(|s| {
+            s.tables
+                .values()
+                .filter(|t| t.path.to_string().starts_with(&prefix))
+                .filter(|t| is_kafka_topic(t))
+                .cloned()
+                .collect()
+        });
+        Ok(tables.iter().map(|t| self.topic_view(t)).collect())
+    }
+
+    async fn topic(&self, name: &str, create_partitions: Option<u32>) -> Result<TopicView> {
+        match (self.topic_table(name).await, create_partitions) {
+            (Ok(table), _) => Ok(self.topic_view(&table)),
+            (Err(MinkError::NotFound(why)), Some(partitions)) if why == format!("topic {name}") => {
+                match self.create_topic(name, partitions, None, false).await {
+                    Ok(()) | Err(MinkError::AlreadyExists(_)) => {}
+                    Err(e) => return Err(e),
+                }
+                let table = self.topic_table(name).await?;
+                Ok(self.topic_view(&table))
+            }
+            (Err(e), _) => Err(e),
+        }
+    }
+
+    async fn create_topic(
+        &self,
+        name: &str,
+        partitions: u32,
+        retention_ms: Option<i64>,
+        validate_only: bool,
+    ) -> Result<()> {
+        let path = self.topic_path(name)?;
+        let descriptor = Self::topic_descriptor(partitions, retention_ms)?;
+        if self.meta.read(|s| s.table(&path).is_some()) {
+            return Err(MinkError::AlreadyExists(format!("topic {name}")));
+        }
+        if validate_only {
+            return Ok(());
+        }
+        self.kafka_database().await?;
+        self.meta.create_table(&path, descriptor).await?;
+        self.meta.assign_now().await;
+        Ok(())
+    }
+
+    async fn delete_topic(&self, name: &str) -> Result<()> {
+        let table = self.topic_table(name).await?;
+        self.meta
+            .propose(mink_meta::MetaCommand::DropTable { path: table.path })
+            .await?;
+        Ok(())
+    }
+
+    async fn produce(
+        &self,
+        topic: &str,
+        partition: i32,
+        rows: RecordBatch,
+        producer: Option<ProducerBatch>,
+    ) -> Result<PendingProduce> {
+        let bucket = self.topic_bucket(topic, partition).await?;
+        let table = self.table_by_id(bucket.table_id).await?;
+        let tablet = match self.log_tablet(bucket).await {
+            Ok(t) => t,
+            Err(e) => return Err(self.redirect_stale(bucket, e).await),
+        };
+        let (writer_id, first_sequence, last_sequence) = match producer {
+            Some(p) => (p.producer_id, p.first_sequence, p.last_sequence),
+            None => (NO_WRITER, 0, 0),
+        };
+        let submitted = tablet
+            .submit(AppendRequest {
+                writer_id,
+                first_sequence,
+                last_sequence,
+                schema_id: table.descriptor.schema.schema_id,
+                change_types: None,
+                batch: rows,
+            })
+            .await;
+        let submitted = match submitted {
+            Ok(s) => s,
+            Err(e) => return Err(self.redirect_stale(bucket, e).await),
+        };
+        Ok(Box::pin(async move {
+            let appended = submitted.wait().await?;
+            Ok(Produced {
+                base_offset: appended.first_offset,
+                log_start_offset: tablet.log_start(),
+                duplicated: appended.duplicated,
+            })
+        }))
+    }
+
+    async fn fetch(
+        &self,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+        max_wait: Duration,
+        max_bytes: usize,
+    ) -> Result<Fetched> {
+        let bucket = self.topic_bucket(topic, partition).await?;
+        let table = self.table_by_id(bucket.table_id).await?;
+        let schema = table.descriptor.schema.to_arrow();
+        let tablet = self.log_tablet(bucket).await?;
+        let scan = tablet.tail(offset, 1, max_wait, max_bytes).await?;
+        let batches = scan
+            .batches
+            .into_iter()
+            .map(|b| Ok((b.header.base_offset, as_schema(b.batch, &schema)?)))
+            .collect::<Result<_>>()?;
+        Ok(Fetched {
+            batches,
+            high_watermark: scan.high_watermark,
+            log_start_offset: scan.log_start,
+            leader_epoch: tablet.epoch().min(i32::MAX as u64) as i32,
+        })
+    }
+
+    async fn list_offset(
+        &self,
+        topic: &str,
+        partition: i32,
+        query: OffsetQuery,
+    ) -> Result<Option<i64>> {
+        let bucket = self.topic_bucket(topic, partition).await?;
+        let tablet = self.log_tablet(bucket).await?;
+        let spec = match query {
+            OffsetQuery::Earliest => OffsetSpec::Earliest,
+            OffsetQuery::Latest => OffsetSpec::Latest,
+            OffsetQuery::Timestamp(ts) => OffsetSpec::Timestamp(ts),
+        };
+        tablet.list_offsets(spec).await
+    }
+
+    async fn init_producer_id(&self) -> Result<i64> {
+        self.next_writer_id().await
+    }
+
+    fn is_coordinator(&self) -> bool {
+        self.meta.is_lease_holder()
+    }
+
+    async fn commit_offsets(
+        &self,
+        group: &str,
+        offsets: Vec<CommittedOffset>,
+        retention_ms: i64,
+    ) -> Result<()> {
+        let offsets = offsets
+            .into_iter()
+            .map(|o| {
+                (
+                    format!("{}/{}", o.topic, o.partition),
+                    (o.offset, o.metadata),
+                )
+            })
+            .collect();
+        self.meta
+            .commit_group_offsets(group, offsets, retention_ms)
+            .await?;
+        Ok(())
+    }
+
+    fn committed_offsets(&self, group: &str) -> Vec<CommittedOffset> {
+        let now = now_ms();
+        self.meta.read(|s| {
+            s.group_offsets
+                .get(group)
+                .into_iter()
+                .flatten()
+                .filter(|(_, o)| o.expires_at_ms > now)
+                .filter_map(|(key, o)| {
+                    let (topic, partition) = key.rsplit_once('/')?;
+                    Some(CommittedOffset {
+                        topic: topic.to_string(),
+                        partition: partition.parse().ok()?,
+                        offset: o.offset,
+                        metadata: o.metadata.clone(),
+                    })
+                })
+                .collect()
+        })
+    }
+
+    fn offset_groups(&self) -> Vec<String> {
+        self.meta
+            .read(|s| s.group_offsets.keys().cloned().collect())
+    }
+
+    async fn delete_group_offsets(&self, group: &str) -> Result<()> {
+        self.meta
+            .propose(mink_meta::MetaCommand::DeleteGroup {
+                group: group.to_string(),
+            })
+            .await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn broker_ids_are_stable_and_not_negative() {
+        assert_eq!(broker_id("node-1"), broker_id("node-1"));
+        assert_ne!(broker_id("node-1"), broker_id("node-2"));
+        for n in ["", "a", "node-1", "a-very-long-node-name-0123456789"] {
+            assert!(broker_id(n) >= 0);
+        }
+        assert_eq!(
+            host_port("127.0.0.1:9092"),
+            Some(("127.0.0.1".into(), 9092))
+        );
+        assert_eq!(host_port("[::1]:9092"), Some(("::1".into(), 9092)));
+        assert_eq!(host_port("nope"), None);
+    }
+}

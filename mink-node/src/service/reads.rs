@@ -1,0 +1,221 @@
+//! Reads: scans and limit scans of a bucket, KV snapshot reads, the long-poll tail,
+//! and a table's endpoints (one scan per bucket, at its leader).
+
+use super::*;
+
+impl NodeService {
+    pub(crate) async fn read(&self, ticket: ReadTicket) -> Result<(SchemaRef, ReadBatches)> {
+        match ticket {
+            // With an `end_offset`, the Flight server reads the range in scans like this.
+            ReadTicket::Scan {
+                bucket,
+                offset,
+                max_bytes,
+                end_offset: _,
+            } => {
+                let table = self.table_by_id(bucket.table_id).await?;
+                let schema = table.descriptor.schema.to_arrow();
+                let tablet = self.tablet(bucket).await?;
+                let max = max_bytes.unwrap_or(self.config.log.scan_bytes_max) as usize;
+                let scan = tablet.log().scan(offset, max).await?;
+                let batches = read_batches(bucket, scan, &schema)?;
+                Ok((schema, ReadBatches::Scan(batches)))
+            }
+            ReadTicket::LimitScan { bucket, limit } => {
+                let table = self.table_by_id(bucket.table_id).await?;
+                let schema = table.descriptor.schema.to_arrow();
+                let tablet = self.tablet(bucket).await?;
+                let log = tablet.log();
+                let mut pos = log.log_start();
+                let mut rows = 0u64;
+                let mut out = Vec::new();
+                while rows < limit && pos < log.high_watermark() {
+                    let scan = log
+                        .scan(pos, self.config.log.scan_bytes_max as usize)
+                        .await?;
+                    pos = scan.next_offset(pos);
+                    for b in scan.batches {
+                        if rows >= limit {
+                            break;
+                        }
+                        let take = (limit - rows).min(b.batch.num_rows() as u64) as usize;
+                        rows += take as u64;
+                        let meta = ScanBatch {
+                            bucket,
+                            base_offset: b.header.base_offset,
+                            high_watermark: scan.high_watermark,
+                            change_types: (!b.header.change_types.is_empty())
+                                .then(|| b.header.change_types[..take].to_vec()),
+                        };
+                        out.push((as_schema(b.batch.slice(0, take), &schema)?, meta));
+                    }
+                }
+                Ok((schema, ReadBatches::Scan(out)))
+            }
+            ReadTicket::Snapshot { bucket } => {
+                let table = self.table_by_id(bucket.table_id).await?;
+                let schema = table.descriptor.schema.to_arrow();
+                let info = self.kv_snapshot(bucket).await?;
+                let store = SnapshotStore {
+                    store: self.streams().object_store(),
+                    prefix: snapshot_prefix(bucket),
+                    retain: self.config.kv.snapshots_retained as usize,
+                };
+                let batches = store
+                    .read(info.log_offset)
+                    .await?
+                    .into_iter()
+                    .map(|b| {
+                        let meta = SnapshotBatch {
+                            bucket,
+                            log_offset: info.log_offset,
+                            written_at_ms: info.written_at_ms,
+                        };
+                        Ok((as_schema(b, &schema)?, meta))
+                    })
+                    .collect::<Result<_>>()?;
+                Ok((schema, ReadBatches::Snapshot(batches)))
+            }
+            ReadTicket::Union { .. } | ReadTicket::Lake { .. } => Err(MinkError::Unimplemented(
+                "lake tiering does not exist yet, so Union and Lake tickets are not implemented"
+                    .into(),
+            )),
+        }
+    }
+
+    pub(crate) async fn tail(
+        &self,
+        bucket: TableBucket,
+        poll: TailPoll,
+    ) -> Result<(SchemaRef, Vec<ReadBatch>, i64)> {
+        let table = self.table_by_id(bucket.table_id).await?;
+        let schema = table.descriptor.schema.to_arrow();
+        let tablet = self.tablet(bucket).await?;
+        let wait = Duration::from_millis(poll.max_wait_ms.min(self.config.flight.tail_wait_max_ms));
+        let max = poll.max_bytes.unwrap_or(self.config.log.scan_bytes_max) as usize;
+        let scan = tablet
+            .log()
+            .tail(poll.offset, poll.min_bytes as usize, wait, max)
+            .await?;
+        let high_watermark = scan.high_watermark;
+        let batches = read_batches(bucket, scan, &schema)?;
+        Ok((schema, batches, high_watermark))
+    }
+
+    /// One endpoint per bucket of every partition: a `Scan` of the bucket's rows now,
+    /// from its log start to its high watermark (both asked with `list_offsets`, which
+    /// asks the leaders of buckets this node does not lead), at its leader.
+    pub(crate) async fn table_endpoints(
+        &self,
+        path: &TablePath,
+    ) -> Result<(SchemaRef, Vec<TableEndpoint>)> {
+        #[derive(Deserialize)]
+        struct BucketOffset {
+            bucket: TableBucket,
+            offset: Option<i64>,
+        }
+        let table = self.table(path).await?;
+        let partitions: Vec<Option<String>> = if table.descriptor.is_partitioned() {
+            table.partitions.keys().cloned().map(Some).collect()
+        } else {
+            vec![None]
+        };
+        let mut out = Vec::new();
+        for partition in partitions {
+            let mut ends = Vec::with_capacity(2);
+            for spec in ["earliest", "latest"] {
+                let body = serde_json::json!({"path": path, "spec": spec, "partition": partition});
+                let answer = self.action("list_offsets", &json(&body)?).await?;
+                let offsets: Vec<BucketOffset> = parse_json("list_offsets answer", &answer)?;
+                ends.push(offsets);
+            }
+            let [earliest, latest] = <[Vec<BucketOffset>; 2]>::try_from(ends)
+                .map_err(|_| MinkError::Internal("two list_offsets answers".into()))?;
+            for (start, end) in earliest.into_iter().zip(latest) {
+                debug_assert_eq!(start.bucket, end.bucket);
+                let bucket = start.bucket;
+                let from = start.offset.unwrap_or(0);
+                let to = end.offset.unwrap_or(from).max(from);
+                let leader = self.meta.read(|s| {
+                    s.buckets
+                        .get(&bucket.stream_name())
+                        .and_then(|b| b.leader.as_ref())
+                        .and_then(|l| s.nodes.get(l))
+                        .map(|n| n.flight_addr.clone())
+                });
+                out.push(TableEndpoint {
+                    ticket: ReadTicket::Scan {
+                        bucket,
+                        offset: from,
+                        max_bytes: None,
+                        end_offset: Some(to),
+                    },
+                    leader,
+                    rows: to - from,
+                });
+            }
+        }
+        Ok((table.descriptor.schema.to_arrow(), out))
+    }
+
+    /// The KV snapshot a bucket's state is read from: the newest one while it is younger
+    /// than `kv.snapshot_interval_ms`, otherwise a new one (never one per read). A new
+    /// one is recorded in the metadata log for other nodes.
+    pub(crate) async fn kv_snapshot(&self, bucket: TableBucket) -> Result<mink_kv::SnapshotInfo> {
+        let tablet = self.kv_tablet(bucket).await?;
+        let age_max = Duration::from_millis(self.config.kv.snapshot_interval_ms);
+        let info = tablet
+            .recent_snapshot(age_max)
+            .await?
+            .ok_or_else(|| MinkError::Internal("the KV tablet has no snapshot store".into()))?;
+        let snapshot_id = info.log_offset.max(0) as u64;
+        let recorded = self.meta.read(|s| {
+            s.kv_snapshots
+                .get(&bucket.stream_name())
+                .map(|p| p.snapshot_id)
+        });
+        if recorded.is_none_or(|id| id < snapshot_id) {
+            let pointer = mink_meta::state::KvSnapshotPointer {
+                snapshot_id,
+                log_offset: info.log_offset,
+                location: info.location.clone(),
+            };
+            // Best effort: the snapshot serves this read whether or not it is recorded
+            // (a concurrent reader may have recorded it first).
+            if let Err(e) = self
+                .meta
+                .propose(mink_meta::MetaCommand::SetKvSnapshot {
+                    bucket: bucket.stream_name(),
+                    pointer,
+                })
+                .await
+            {
+                tracing::debug!(%bucket, "KV snapshot pointer not recorded: {e}");
+            }
+        }
+        Ok(info)
+    }
+}
+
+/// A scan's batches with their `ScanBatch` metadata, arranged as the table's current
+/// schema.
+fn read_batches(
+    bucket: TableBucket,
+    scan: mink_log::ScanResult,
+    schema: &SchemaRef,
+) -> Result<Vec<ReadBatch>> {
+    let high_watermark = scan.high_watermark;
+    scan.batches
+        .into_iter()
+        .map(|b| {
+            let meta = ScanBatch {
+                bucket,
+                base_offset: b.header.base_offset,
+                high_watermark,
+                change_types: (!b.header.change_types.is_empty())
+                    .then(|| b.header.change_types.clone()),
+            };
+            Ok((as_schema(b.batch, schema)?, meta))
+        })
+        .collect()
+}

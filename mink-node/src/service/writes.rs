@@ -1,0 +1,490 @@
+//! The write path of spec/writes.txt: bucket writes (Append, Put) on the leader,
+//! table writes routed by this node (AppendTable, PutTable) with the parts it does
+//! not lead forwarded to their leaders.
+
+use super::*;
+
+/// A bucket's open tablet: a log, or a log under a KV tablet.
+/// How long a forwarded bucket write may take, redirects and retries included.
+const FORWARD_DEADLINE: Duration = Duration::from_secs(30);
+
+impl NodeService {
+    pub(crate) async fn write(
+        &self,
+        descriptor: &WriteDescriptor,
+        batch: RecordBatch,
+        meta: WriteBatch,
+    ) -> Result<WriteResult> {
+        match descriptor {
+            WriteDescriptor::Append {
+                bucket,
+                schema_id,
+                writer_id,
+            } => {
+                let table = self.table_by_id(bucket.table_id).await?;
+                if table.descriptor.has_primary_key() {
+                    return Err(MinkError::invalid(
+                        "descriptor",
+                        format!("{} has a primary key: use Put", table.path),
+                    ));
+                }
+                let w = self
+                    .append(*bucket, *schema_id, *writer_id, batch, &meta)
+                    .await?;
+                Ok(WriteResult::Written {
+                    first_offset: w.first_offset,
+                    last_offset: w.last_offset,
+                    duplicated: w.duplicated,
+                })
+            }
+            WriteDescriptor::AppendTable { path, schema_id } => {
+                self.append_table(path, *schema_id, batch, &meta).await
+            }
+            WriteDescriptor::Put {
+                bucket,
+                schema_id,
+                writer_id,
+                target_columns,
+            } => {
+                let changes = meta.changes.clone();
+                let w = self
+                    .put(
+                        *bucket,
+                        *schema_id,
+                        *writer_id,
+                        target_columns.clone(),
+                        batch,
+                        changes,
+                        &meta,
+                    )
+                    .await?;
+                Ok(WriteResult::Written {
+                    first_offset: w.first_offset,
+                    last_offset: w.last_offset,
+                    duplicated: w.duplicated,
+                })
+            }
+            WriteDescriptor::PutTable {
+                path,
+                schema_id,
+                target_columns,
+            } => {
+                self.put_table(path, *schema_id, target_columns.clone(), batch, &meta)
+                    .await
+            }
+        }
+    }
+
+    /// A write that failed because this node's stream of `bucket` was fenced or moved
+    /// to a newer epoch: answered as `NotLeader` with the new leader when leadership
+    /// moved (the client follows the redirect), `Unavailable` (retry) otherwise.
+    pub(crate) async fn redirect_stale(&self, bucket: TableBucket, err: MinkError) -> MinkError {
+        if !matches!(err, MinkError::Fenced(_)) {
+            return err;
+        }
+        self.meta.inner_catch_up().await;
+        let me = self.meta.node_id().to_string();
+        let (leader, addr) = self.meta.read(|s| {
+            let leader = s
+                .buckets
+                .get(&bucket.stream_name())
+                .and_then(|b| b.leader.clone());
+            let addr = leader
+                .as_ref()
+                .and_then(|l| s.nodes.get(l))
+                .map(|n| n.flight_addr.clone());
+            (leader, addr)
+        });
+        match leader {
+            Some(l) if l != me => MinkError::NotLeader {
+                bucket,
+                leader: addr,
+            },
+            _ => MinkError::Unavailable(format!(
+                "{bucket}: the bucket is being reopened ({err}); retry"
+            )),
+        }
+    }
+
+    /// A bucket-addressed write must carry only rows of that bucket (when the table
+    /// has bucket keys): otherwise lookups would look for them elsewhere.
+    pub(crate) async fn check_rows_belong(
+        &self,
+        bucket: TableBucket,
+        batch: &RecordBatch,
+    ) -> Result<()> {
+        let table = self.table_by_id(bucket.table_id).await?;
+        let d = &table.descriptor;
+        let keys = d.bucket_keys();
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let indices: Vec<usize> = keys
+            .iter()
+            .map(|k| {
+                batch.schema().index_of(k).map_err(|_| {
+                    MinkError::invalid("batch", format!("the batch lacks bucket-key column {k:?}"))
+                })
+            })
+            .collect::<Result<_>>()?;
+        let per_row = mink_types::bucket_per_row(batch, &indices, d.bucketing, d.bucket_count)?;
+        if let Some((row, other)) = per_row
+            .iter()
+            .enumerate()
+            .find(|(_, b)| **b != bucket.bucket)
+        {
+            return Err(MinkError::invalid(
+                "batch",
+                format!(
+                    "row {row} belongs to bucket {other}, not to {bucket}; route rows by their bucket keys"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn sequence(writer: Option<i64>, meta: &WriteBatch) -> Result<(i64, i64)> {
+        match (writer, meta.batch_sequence) {
+            (Some(w), Some(s)) => Ok((w, s)),
+            (Some(_), None) => Err(MinkError::invalid(
+                "batch_sequence",
+                "a write with a writer_id needs a batch_sequence",
+            )),
+            (None, s) => Ok((NO_WRITER, s.unwrap_or(0))),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn put(
+        &self,
+        bucket: TableBucket,
+        schema_id: i32,
+        writer: Option<i64>,
+        target_columns: Option<Vec<String>>,
+        batch: RecordBatch,
+        changes: Option<Vec<ChangeType>>,
+        meta: &WriteBatch,
+    ) -> Result<BucketWritten> {
+        let (writer_id, batch_sequence) = Self::sequence(writer, meta)?;
+        self.check_rows_belong(bucket, &batch).await?;
+        // A primary-key table keeps rows of its current schema: rows of an older
+        // version are read with the evolution rules (added columns null) first.
+        let table = self.table_by_id(bucket.table_id).await?;
+        let current = &table.descriptor.schema;
+        let (schema_id, batch) = if schema_id == current.schema_id {
+            (schema_id, batch)
+        } else {
+            let old = schema_version(&table, schema_id)?;
+            match &target_columns {
+                Some(_) => (current.schema_id, batch),
+                None => {
+                    old.check_batch(&batch)?;
+                    (current.schema_id, as_schema(batch, &current.to_arrow())?)
+                }
+            }
+        };
+        let tablet = match self.kv_tablet(bucket).await {
+            Ok(t) => t,
+            Err(e) => return Err(self.redirect_stale(bucket, e).await),
+        };
+        let appended = match tablet
+            .put(PutRequest {
+                writer_id,
+                batch_sequence,
+                schema_id,
+                target_columns,
+                changes,
+                batch,
+            })
+            .await
+        {
+            Ok(a) => a,
+            Err(e) => return Err(self.redirect_stale(bucket, e).await),
+        };
+        Ok(BucketWritten {
+            bucket,
+            first_offset: appended.first_offset,
+            last_offset: appended.last_offset,
+            duplicated: appended.duplicated,
+        })
+    }
+
+    pub(crate) async fn append(
+        &self,
+        bucket: TableBucket,
+        schema_id: i32,
+        writer: Option<i64>,
+        batch: RecordBatch,
+        meta: &WriteBatch,
+    ) -> Result<BucketWritten> {
+        let tablet = match self.log_tablet(bucket).await {
+            Ok(t) => t,
+            Err(e) => return Err(self.redirect_stale(bucket, e).await),
+        };
+        let (writer_id, sequence) = Self::sequence(writer, meta)?;
+        self.check_rows_belong(bucket, &batch).await?;
+        let appended = match tablet
+            .append(AppendRequest {
+                writer_id,
+                first_sequence: sequence,
+                last_sequence: sequence,
+                schema_id,
+                change_types: None,
+                batch,
+            })
+            .await
+        {
+            Ok(a) => a,
+            Err(e) => return Err(self.redirect_stale(bucket, e).await),
+        };
+        Ok(BucketWritten {
+            bucket,
+            first_offset: appended.first_offset,
+            last_offset: appended.last_offset,
+            duplicated: appended.duplicated,
+        })
+    }
+
+    /// Writes a bucket's part at its leader, following redirects (`NotLeader` names
+    /// the new leader) and retrying while the leader answers `Unavailable` (the bucket
+    /// is being opened), both refusals before anything was written; within
+    /// [`FORWARD_DEADLINE`]. A forwarded write that outlives it answers `Unavailable`.
+    pub(crate) async fn forwarded(
+        &self,
+        addr: &str,
+        bucket: TableBucket,
+        descriptor: &WriteDescriptor,
+        part: &RecordBatch,
+        meta: &WriteBatch,
+    ) -> Result<BucketWritten> {
+        let deadline = tokio::time::Instant::now() + FORWARD_DEADLINE;
+        let mut addr = addr.to_string();
+        let mut pause = Duration::from_millis(50);
+        loop {
+            let attempt = tokio::time::timeout_at(
+                deadline,
+                self.forwarded_once(&addr, bucket, descriptor, part, meta),
+            )
+            .await;
+            match attempt {
+                Err(_) => {
+                    return Err(MinkError::Unavailable(format!(
+                        "{bucket}: the leader at {addr} did not answer within {FORWARD_DEADLINE:?}"
+                    )));
+                }
+                Ok(Err(MinkError::NotLeader {
+                    leader: Some(next), ..
+                })) if next != addr => addr = next,
+                Ok(Err(MinkError::Unavailable(why)))
+                    if tokio::time::Instant::now() + pause < deadline =>
+                {
+                    tracing::debug!(%bucket, %addr, "forwarded write refused ({why}); retrying");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+                Ok(other) => return other,
+            }
+        }
+    }
+
+    pub(crate) async fn forwarded_once(
+        &self,
+        addr: &str,
+        bucket: TableBucket,
+        descriptor: &WriteDescriptor,
+        part: &RecordBatch,
+        meta: &WriteBatch,
+    ) -> Result<BucketWritten> {
+        match self.forwarder.write(addr, descriptor, part, meta).await? {
+            WriteResult::Written {
+                first_offset,
+                last_offset,
+                duplicated,
+            } => Ok(BucketWritten {
+                bucket,
+                first_offset,
+                last_offset,
+                duplicated,
+            }),
+            other => Err(MinkError::Internal(format!(
+                "{addr} answered a bucket write with {other:?}"
+            ))),
+        }
+    }
+
+    /// Where each row of a table-addressed batch goes: partitions first (created on
+    /// demand), then buckets (hash of the bucket keys, or round-robin per batch).
+    /// Returns each bucket with the original row indices it gets. With `create` false,
+    /// rows of partitions that do not exist are left out (lookups: such keys have no row).
+    pub(crate) async fn route(
+        &self,
+        table: &TableInfo,
+        batch: &RecordBatch,
+        create: bool,
+    ) -> Result<Vec<(TableBucket, Vec<u32>)>> {
+        let d = &table.descriptor;
+        let column = |k: &String| {
+            batch
+                .schema()
+                .index_of(k)
+                .map_err(|_| MinkError::invalid("batch", format!("the batch lacks column {k:?}")))
+        };
+        let mut parts: Vec<(Option<i64>, Vec<u32>)> = Vec::new();
+        if d.is_partitioned() {
+            let keys: Vec<usize> = d.partition_keys.iter().map(column).collect::<Result<_>>()?;
+            for p in split_by_partition(batch, &keys)? {
+                let known = self.meta.read(|s| {
+                    s.table(&table.path)
+                        .and_then(|t| t.partitions.get(&p.name).map(|p| p.id))
+                });
+                let id = match known {
+                    Some(id) => id,
+                    None if !create => continue,
+                    None => {
+                        let (info, _) = self.meta.create_partition(&table.path, &p.name).await?;
+                        self.meta.assign_now().await;
+                        info.id
+                    }
+                };
+                parts.push((Some(id), p.rows.values().to_vec()));
+            }
+        } else {
+            parts.push((None, (0..batch.num_rows() as u32).collect()));
+        }
+        let bucket_keys: Vec<usize> = d.bucket_keys().iter().map(column).collect::<Result<_>>()?;
+        let mut out = Vec::new();
+        for (partition, rows) in parts {
+            if bucket_keys.is_empty() {
+                let bucket = {
+                    let mut rr = self.round_robin.lock().unwrap_or_else(|e| e.into_inner());
+                    let next = rr.entry(table.id).or_insert(0);
+                    let b = *next % d.bucket_count;
+                    *next = next.wrapping_add(1);
+                    b
+                };
+                out.push((TableBucket::new(table.id, partition, bucket), rows));
+                continue;
+            }
+            let sub = take_record_batch(batch, &arrow::array::UInt32Array::from(rows.clone()))?;
+            for part in split_by_bucket(&sub, &bucket_keys, d.bucketing, d.bucket_count)? {
+                let original = part
+                    .rows
+                    .values()
+                    .iter()
+                    .map(|i| rows[*i as usize])
+                    .collect();
+                out.push((TableBucket::new(table.id, partition, part.bucket), original));
+            }
+        }
+        Ok(out)
+    }
+
+    pub(crate) async fn append_table(
+        &self,
+        path: &TablePath,
+        schema_id: i32,
+        batch: RecordBatch,
+        meta: &WriteBatch,
+    ) -> Result<WriteResult> {
+        let table = self.table(path).await?;
+        let d = &table.descriptor;
+        if d.has_primary_key() {
+            return Err(MinkError::invalid(
+                "descriptor",
+                format!("{path} has a primary key: write it with PutTable"),
+            ));
+        }
+        // Rows of an older schema version keep its id: it travels with them, and
+        // readers see them through the evolution rules (added columns null).
+        schema_version(&table, schema_id)?.check_batch(&batch)?;
+        let mut results = Vec::new();
+        for (bucket, rows) in self.route(&table, &batch, true).await? {
+            let part = take_record_batch(&batch, &arrow::array::UInt32Array::from(rows))?;
+            let written = match self
+                .append(bucket, schema_id, None, part.clone(), meta)
+                .await
+            {
+                Err(MinkError::NotLeader {
+                    leader: Some(addr), ..
+                }) => {
+                    let descriptor = WriteDescriptor::Append {
+                        bucket,
+                        schema_id,
+                        writer_id: None,
+                    };
+                    self.forwarded(&addr, bucket, &descriptor, &part, meta)
+                        .await?
+                }
+                other => other?,
+            };
+            results.push(written);
+        }
+        Ok(WriteResult::Routed { buckets: results })
+    }
+
+    pub(crate) async fn put_table(
+        &self,
+        path: &TablePath,
+        schema_id: i32,
+        target_columns: Option<Vec<String>>,
+        batch: RecordBatch,
+        meta: &WriteBatch,
+    ) -> Result<WriteResult> {
+        let table = self.table(path).await?;
+        let d = &table.descriptor;
+        if !d.has_primary_key() {
+            return Err(MinkError::invalid(
+                "descriptor",
+                format!("{path} has no primary key: write it with AppendTable"),
+            ));
+        }
+        if let Some(c) = &meta.changes
+            && c.len() != batch.num_rows()
+        {
+            return Err(MinkError::invalid(
+                "changes",
+                format!("{} change types for {} rows", c.len(), batch.num_rows()),
+            ));
+        }
+        let mut results = Vec::new();
+        for (bucket, rows) in self.route(&table, &batch, true).await? {
+            let changes = meta
+                .changes
+                .as_ref()
+                .map(|c| rows.iter().map(|i| c[*i as usize]).collect());
+            let part = take_record_batch(&batch, &arrow::array::UInt32Array::from(rows))?;
+            let result = self
+                .put(
+                    bucket,
+                    schema_id,
+                    None,
+                    target_columns.clone(),
+                    part.clone(),
+                    changes.clone(),
+                    meta,
+                )
+                .await;
+            let written = match result {
+                Err(MinkError::NotLeader {
+                    leader: Some(addr), ..
+                }) => {
+                    let descriptor = WriteDescriptor::Put {
+                        bucket,
+                        schema_id,
+                        writer_id: None,
+                        target_columns: target_columns.clone(),
+                    };
+                    let meta = WriteBatch {
+                        batch_sequence: None,
+                        changes,
+                    };
+                    self.forwarded(&addr, bucket, &descriptor, &part, &meta)
+                        .await?
+                }
+                other => other?,
+            };
+            results.push(written);
+        }
+        Ok(WriteResult::Routed { buckets: results })
+    }
+}

@@ -1,0 +1,683 @@
+"""A node over the Kafka protocol, driven by confluent-kafka (librdkafka, a client we did
+not write), and by raw sockets for framing and version negotiation."""
+
+import json
+import socket
+import struct
+import threading
+import time
+
+import pyarrow as pa
+import pyarrow.flight as flight
+import pytest
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+
+from node_proc import NodeProcess, retry, wait_for
+
+TIMEOUT = 30
+
+
+@pytest.fixture()
+def node(mink_node, tmp_path):
+    proc = NodeProcess(mink_node, tmp_path)
+    yield proc
+    proc.kill()
+
+
+def producer(node, **extra):
+    return Producer({"bootstrap.servers": node.bootstrap, "linger.ms": 5, **extra})
+
+
+def produce_all(p, topic, records, partition=None):
+    """Produces (key, value, headers, timestamp) records; returns their delivery reports."""
+    reports = []
+
+    def done(err, msg):
+        reports.append((err, msg))
+
+    for key, value, headers, ts in records:
+        kwargs = dict(key=key, value=value, headers=headers, on_delivery=done)
+        if ts is not None:
+            kwargs["timestamp"] = ts
+        if partition is not None:
+            kwargs["partition"] = partition
+        p.produce(topic, **kwargs)
+    assert p.flush(TIMEOUT) == 0, "undelivered messages"
+    errors = [err for err, _ in reports if err is not None]
+    assert errors == [], errors
+    return [msg for _, msg in reports]
+
+
+def consume(node, topic, partitions, count, **extra):
+    """Reads `count` records from offset 0 of each partition, by assignment."""
+    c = Consumer({"bootstrap.servers": node.bootstrap, "group.id": "unused", "enable.auto.commit": False, **extra})
+    try:
+        c.assign([TopicPartition(topic, p, 0) for p in partitions])
+        got = []
+        deadline = time.monotonic() + TIMEOUT
+        while len(got) < count and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is None:
+                continue
+            assert m.error() is None, m.error()
+            got.append(m)
+        assert len(got) == count, f"read {len(got)} of {count}"
+        return got
+    finally:
+        c.close()
+
+
+def admin(node):
+    return AdminClient({"bootstrap.servers": node.bootstrap})
+
+
+def create_topic(node, name, partitions=1, config=None):
+    a = admin(node)  # the futures need their client alive
+    futures = a.create_topics([NewTopic(name, num_partitions=partitions, config=config or {})])
+    futures[name].result(TIMEOUT)
+
+
+@pytest.mark.parametrize("compression", ["none", "gzip", "snappy", "lz4", "zstd"])
+def test_round_trip_keeps_keys_headers_and_timestamps(node, compression):
+    create_topic(node, "events", partitions=3)
+    p = producer(node, **{"compression.type": compression})
+    records = []
+    for i in range(60):
+        headers = [("n", str(i).encode()), ("empty", b"")] if i % 2 == 0 else None
+        key = None if i % 7 == 0 else f"key-{i}".encode()
+        records.append((key, f"value-{i}".encode() * 5, headers, 1_700_000_000_000 + i))
+    delivered = produce_all(p, "events", records)
+    assert {m.partition() for m in delivered} <= {0, 1, 2}
+    got = consume(node, "events", [0, 1, 2], len(records))
+    by_value = {m.value(): m for m in got}
+    for key, value, headers, ts in records:
+        m = by_value[value]
+        assert m.key() == key
+        assert m.timestamp() == (1, ts)  # CreateTime
+        assert (m.headers() or None) == headers
+    # Offsets per partition are contiguous from 0, as delivered.
+    for part in {m.partition() for m in got}:
+        offsets = sorted(m.offset() for m in got if m.partition() == part)
+        assert offsets == list(range(len(offsets)))
+
+
+def test_an_idempotent_producer_writes_each_record_once_in_order(node):
+    p = producer(node, **{"enable.idempotence": True, "acks": "all", "max.in.flight.requests.per.connection": 5,
+                          "batch.num.messages": 10})
+    records = [(b"k", f"{i}".encode(), None, None) for i in range(500)]
+    delivered = produce_all(p, "ordered", records, partition=0)
+    assert [m.offset() for m in delivered] == list(range(500))
+    got = consume(node, "ordered", [0], 500)
+    assert [int(m.value()) for m in got] == list(range(500))
+    lo, hi = Consumer({"bootstrap.servers": node.bootstrap, "group.id": "unused"}).get_watermark_offsets(
+        TopicPartition("ordered", 0), timeout=TIMEOUT
+    )
+    assert (lo, hi) == (0, 500)
+
+
+def test_a_client_speaking_the_lowest_versions_works(node):
+    # No ApiVersions: librdkafka assumes a 0.11.0 broker (Produce 3, Fetch 4, Metadata 2,
+    # ListOffsets 1), the lowest versions of the spec's ranges.
+    old = {"api.version.request": False, "broker.version.fallback": "0.11.0"}
+    delivered = produce_all(producer(node, **old), "legacy", [(b"k", b"v", [("h", b"1")], 1_700_000_000_000)], partition=0)
+    assert delivered[0].offset() == 0
+    got = consume(node, "legacy", [0], 1, **old)
+    assert (got[0].key(), got[0].value(), got[0].headers(), got[0].timestamp()) == (b"k", b"v", [("h", b"1")], (1, 1_700_000_000_000))
+
+
+def test_list_offsets_earliest_latest_and_by_time(node):
+    produce_all(producer(node), "timed", [(None, b"a", None, None)] * 3, partition=0)
+    c = Consumer({"bootstrap.servers": node.bootstrap, "group.id": "unused"})
+    try:
+        assert c.get_watermark_offsets(TopicPartition("timed", 0), timeout=TIMEOUT) == (0, 3)
+        # Commit timestamps are now: a time in the past finds the first row, the future none.
+        past = c.offsets_for_times([TopicPartition("timed", 0, 1_000)], timeout=TIMEOUT)
+        assert past[0].offset == 0
+        future = c.offsets_for_times([TopicPartition("timed", 0, int(time.time() * 1000) + 3_600_000)], timeout=TIMEOUT)
+        assert future[0].offset == -1
+    finally:
+        c.close()
+
+
+def test_fetch_below_the_log_start_or_past_the_end_is_out_of_range(node):
+    produce_all(producer(node), "short", [(None, b"x", None, None)], partition=0)
+    c = Consumer({"bootstrap.servers": node.bootstrap, "group.id": "unused", "auto.offset.reset": "error"})
+    try:
+        c.assign([TopicPartition("short", 0, 100)])
+        deadline = time.monotonic() + TIMEOUT
+        error = None
+        while error is None and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is not None and m.error() is not None:
+                error = m.error()
+        assert error is not None
+        assert "out of range" in str(error).lower() or error.code() == KafkaError._AUTO_OFFSET_RESET, error
+    finally:
+        c.close()
+
+
+def test_unknown_topics_without_auto_create_and_invalid_names(mink_node, tmp_path):
+    proc = NodeProcess(mink_node, tmp_path, {"MINK_KAFKA__AUTO_CREATE_TOPICS": "false"})
+    try:
+        p = producer(proc, **{"message.timeout.ms": 3000})
+        reports = []
+        p.produce("missing", value=b"x", on_delivery=lambda err, msg: reports.append(err))
+        p.flush(TIMEOUT)
+        assert len(reports) == 1 and reports[0] is not None
+        assert reports[0].code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._MSG_TIMED_OUT), reports[0]
+        md = admin(proc).list_topics("missing", timeout=TIMEOUT)
+        assert md.topics["missing"].error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+
+        # A dot is legal in Kafka, not in a Mink name.
+        a = admin(proc)
+        futures = a.create_topics([NewTopic("has.dot", num_partitions=1)])
+        with pytest.raises(KafkaException) as err:
+            futures["has.dot"].result(TIMEOUT)
+        assert err.value.args[0].code() == KafkaError.TOPIC_EXCEPTION
+    finally:
+        proc.kill()
+
+
+def test_admin_creates_describes_and_deletes_topics(node):
+    a = admin(node)
+    create_topic(node, "admin1", partitions=4, config={"retention.ms": "3600000"})
+    md = a.list_topics(timeout=TIMEOUT)
+    assert len(md.topics["admin1"].partitions) == 4
+    part = md.topics["admin1"].partitions[0]
+    assert part.replicas == [part.leader] and part.isrs == [part.leader]
+    assert md.controller_id == part.leader and md.cluster_id.startswith("mink-")
+
+    configs = a.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, "admin1")])
+    entries = list(configs.values())[0].result(TIMEOUT)
+    assert entries["retention.ms"].value == "3600000"
+
+    futures = a.create_topics([NewTopic("admin1", num_partitions=1)])
+    with pytest.raises(KafkaException) as err:
+        futures["admin1"].result(TIMEOUT)
+    assert err.value.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS
+
+    futures = a.create_topics([NewTopic("dry", num_partitions=2)], validate_only=True)
+    futures["dry"].result(TIMEOUT)
+    assert "dry" not in a.list_topics(timeout=TIMEOUT).topics
+
+    futures = a.create_topics([NewTopic("badconf", num_partitions=1, config={"compression.type": "gzip"})])
+    with pytest.raises(KafkaException) as err:
+        futures["badconf"].result(TIMEOUT)
+    assert err.value.args[0].code() == KafkaError.INVALID_CONFIG
+
+    a.delete_topics(["admin1"])["admin1"].result(TIMEOUT)
+    assert "admin1" not in a.list_topics(timeout=TIMEOUT).topics
+    with pytest.raises(KafkaException) as err:
+        a.delete_topics(["admin1"])["admin1"].result(TIMEOUT)
+    assert err.value.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+
+
+# -- Raw protocol: framing, negotiation, refusals ---------------------------------------
+
+
+def request(api_key, version, correlation_id, body=b"", flexible=False):
+    """A request frame: header v1 (or v2 with an empty tag buffer) and `body`."""
+    client_id = b"raw"
+    header = struct.pack(">hhih", api_key, version, correlation_id, len(client_id)) + client_id
+    if flexible:
+        header += b"\x00"
+    payload = header + body
+    return struct.pack(">i", len(payload)) + payload
+
+
+def read_response(sock):
+    """One response frame's payload, or None when the connection closed."""
+    head = recv_exact(sock, 4)
+    if head is None:
+        return None
+    (size,) = struct.unpack(">i", head)
+    return recv_exact(sock, size)
+
+
+def recv_exact(sock, n):
+    out = b""
+    while len(out) < n:
+        chunk = sock.recv(n - len(out))
+        if not chunk:
+            return None
+        out += chunk
+    return out
+
+
+def connect(node):
+    s = socket.create_connection(("127.0.0.1", node.kafka_port), timeout=TIMEOUT)
+    return s
+
+
+def api_versions_v0(payload):
+    """(correlation id, error code, {api_key: (min, max)}) of a v0 ApiVersions response."""
+    correlation_id, error = struct.unpack(">ih", payload[:6])
+    (count,) = struct.unpack(">i", payload[6:10])
+    apis = {}
+    for i in range(count):
+        key, lo, hi = struct.unpack(">hhh", payload[10 + 6 * i: 16 + 6 * i])
+        apis[key] = (lo, hi)
+    return correlation_id, error, apis
+
+
+def test_api_versions_lists_the_spec_ranges_and_falls_back_for_newer_clients(node):
+    s = connect(node)
+    try:
+        s.sendall(request(18, 0, 7))
+        correlation_id, error, apis = api_versions_v0(read_response(s))
+        assert (correlation_id, error) == (7, 0)
+        assert apis == {
+            18: (0, 3), 3: (1, 12), 60: (0, 1), 0: (3, 9), 1: (4, 12), 2: (1, 7), 22: (0, 4),
+            19: (2, 7), 20: (1, 6), 32: (1, 4),
+            8: (2, 8), 9: (1, 8), 10: (0, 4), 11: (0, 9), 12: (0, 4), 13: (0, 5), 14: (0, 5),
+            15: (0, 5), 16: (0, 4), 42: (0, 2),
+        }
+        # KIP-511: a version we do not serve gets UNSUPPORTED_VERSION (35) in a v0 body
+        # that lists our ranges, on a response header v0; the connection stays open.
+        s.sendall(request(18, 9, 8, b"\x00\x00\x00", flexible=True))
+        correlation_id, error, apis = api_versions_v0(read_response(s))
+        assert (correlation_id, error) == (8, 35)
+        assert apis[18] == (0, 3)
+        s.sendall(request(18, 0, 9))
+        assert api_versions_v0(read_response(s))[:2] == (9, 0)
+    finally:
+        s.close()
+
+
+def test_refused_apis_answer_their_error_and_keep_the_connection(node):
+    s = connect(node)
+    try:
+        # SaslHandshake v1, mechanism PLAIN: UNSUPPORTED_SASL_MECHANISM (33), no mechanisms.
+        s.sendall(request(17, 1, 1, struct.pack(">h", 5) + b"PLAIN"))
+        payload = read_response(s)
+        assert struct.unpack(">ihi", payload[:10]) == (1, 33, 0)
+        # EndTxn v1 (transactions are not built): TRANSACTIONAL_ID_AUTHORIZATION_FAILED (53).
+        s.sendall(request(26, 1, 2, struct.pack(">h", 2) + b"tx" + struct.pack(">qh", 1, 0) + b"\x01"))
+        payload = read_response(s)
+        correlation_id, _throttle, error = struct.unpack(">iih", payload[:10])
+        assert (correlation_id, error) == (2, 53)
+        # AddPartitionsToTxn v1: one error per partition asked, 53.
+        body = struct.pack(">h", 2) + b"tx" + struct.pack(">qh", 1, 0) + struct.pack(">i", 1)
+        body += struct.pack(">h", 1) + b"t" + struct.pack(">iii", 2, 0, 1)
+        s.sendall(request(24, 1, 5, body))
+        payload = read_response(s)
+        correlation_id, _throttle, topics, name_len = struct.unpack(">iiih", payload[:14])
+        assert (correlation_id, topics, name_len) == (5, 1, 1)
+        partitions, p0, e0, p1, e1 = struct.unpack(">iihih", payload[15:31])
+        assert (partitions, p0, e0, p1, e1) == (2, 0, 53, 1, 53)
+        # DescribeAcls v1: SECURITY_DISABLED (54).
+        s.sendall(request(29, 1, 3, b"\x01" + b"\xff\xff" + b"\xff\xff" + b"\xff\xff" + b"\x01" + b"\x01" + b"\x01"))
+        payload = read_response(s)
+        correlation_id, _throttle, error = struct.unpack(">iih", payload[:10])
+        assert (correlation_id, error) == (3, 54)
+        # Still served.
+        s.sendall(request(18, 0, 4))
+        assert api_versions_v0(read_response(s))[:2] == (4, 0)
+    finally:
+        s.close()
+
+
+def test_transactional_ids_are_refused(node):
+    # librdkafka refuses transactions on its own (FindCoordinator is not advertised)...
+    p = Producer({"bootstrap.servers": node.bootstrap, "transactional.id": "tx-1"})
+    with pytest.raises(KafkaException) as err:
+        p.init_transactions(TIMEOUT)
+    assert err.value.args[0].fatal()
+    # ...so the broker's answer is checked directly: InitProducerId v1 with a
+    # transactional id is TRANSACTIONAL_ID_AUTHORIZATION_FAILED (53).
+    s = connect(node)
+    try:
+        s.sendall(request(22, 1, 5, struct.pack(">h", 4) + b"tx-1" + struct.pack(">i", 60_000)))
+        payload = read_response(s)
+        correlation_id, _throttle, error, producer_id = struct.unpack(">iihq", payload[:18])
+        assert (correlation_id, error, producer_id) == (5, 53, -1)
+        # Without one: a producer id (a writer id), epoch 0.
+        s.sendall(request(22, 1, 6, struct.pack(">h", -1) + struct.pack(">i", 60_000)))
+        payload = read_response(s)
+        correlation_id, _throttle, error, producer_id, epoch = struct.unpack(">iihqh", payload[:20])
+        assert (correlation_id, error, epoch) == (6, 0, 0) and producer_id >= 0
+    finally:
+        s.close()
+
+
+def test_garbage_and_oversized_frames_close_only_their_connection(mink_node, tmp_path):
+    proc = NodeProcess(mink_node, tmp_path, {"MINK_KAFKA__MAX_REQUEST_BYTES": "65536"})
+    try:
+        create_topic(proc, "steady")
+        stop = threading.Event()
+        delivered = []
+        failures = []
+
+        def keep_producing():
+            p = producer(proc, **{"enable.idempotence": True})
+            i = 0
+            while not stop.is_set():
+                p.produce("steady", value=str(i).encode(),
+                          on_delivery=lambda err, msg: (failures if err else delivered).append(err or msg.offset()))
+                p.poll(0)
+                i += 1
+                time.sleep(0.002)
+            assert p.flush(TIMEOUT) == 0
+
+        t = threading.Thread(target=keep_producing)
+        t.start()
+        try:
+            wait_for(lambda: len(delivered) > 20, TIMEOUT, "the producer delivering")
+
+            # An unknown API key: the connection closes, with a log line naming it.
+            s = connect(proc)
+            s.sendall(request(9999, 0, 1))
+            assert read_response(s) is None
+            s.close()
+            # Garbage in a well-framed request: closed.
+            s = connect(proc)
+            s.sendall(struct.pack(">i", 12) + b"\x00\x03\x00\x0c\xde\xad\xbe\xef\xff\xff\xff\xff")
+            assert read_response(s) is None
+            s.close()
+            # Oversized: refused from its length alone, the body is never sent.
+            s = connect(proc)
+            s.sendall(struct.pack(">i", 10_000_000))
+            assert read_response(s) is None
+            s.close()
+            # Truncated: the client goes away mid-frame.
+            s = connect(proc)
+            s.sendall(struct.pack(">i", 100) + b"\x00\x12")
+            s.shutdown(socket.SHUT_WR)
+            assert read_response(s) is None
+            s.close()
+
+            before = len(delivered)
+            wait_for(lambda: len(delivered) > before + 20, TIMEOUT, "the producer delivering after the bad frames")
+        finally:
+            stop.set()
+            t.join(TIMEOUT)
+        assert failures == []
+        assert sorted(delivered) == list(range(len(delivered))), "no gap, no duplicate"
+        log = "".join(proc.lines)
+        assert "unknown API key 9999" in log
+        assert "a frame of 10000000 bytes is larger than kafka.max_request_bytes (65536)" in log
+        assert "the connection closed 2 bytes into a frame of 100 bytes" in log
+        assert "a malformed request" in log
+    finally:
+        proc.kill()
+
+
+# -- Kafka and Flight see the same tables ------------------------------------------------
+
+
+def flight_action(client, name, body=None):
+    results = list(client.do_action(flight.Action(name, json.dumps(body or {}).encode())))
+    return json.loads(results[0].body.to_pybytes())
+
+
+def test_a_kafka_topic_is_a_table_and_a_flight_table_is_a_topic(node):
+    produce_all(producer(node), "clicks", [(b"u1", b"page-1", [("src", b"web")], 1_700_000_000_123)], partition=0)
+    client = flight.connect(node.location)
+    try:
+        info = client.get_flight_info(flight.FlightDescriptor.for_path("kafka.clicks"))
+        rows = []
+        for endpoint in info.endpoints:
+            rows.extend(client.do_get(endpoint.ticket).read_all().to_pylist())
+        assert len(rows) == 1
+        row = rows[0]
+        assert (row["key"], row["value"]) == (b"u1", b"page-1")
+        assert row["timestamp"].timestamp() * 1000 == 1_700_000_000_123
+        # Kafka's record-header encoding: count 1, "src", "web" (zigzag varints).
+        assert row["headers"] == b"\x02\x06src\x06web"
+
+        # A table with the four columns, written through Flight, consumed by Kafka.
+        descriptor = {
+            "schema": {"columns": [
+                {"name": "key", "type": "BYTES"},
+                {"name": "value", "type": "BYTES"},
+                {"name": "headers", "type": "BYTES"},
+                {"name": "timestamp", "type": "TIMESTAMP_LTZ(3)", "nullable": False},
+            ]},
+            "bucket_count": 1,
+        }
+        flight_action(client, "create_table", {"path": "kafka.from_flight", "descriptor": descriptor})
+        schema = pa.schema([
+            pa.field("key", pa.binary()), pa.field("value", pa.binary()), pa.field("headers", pa.binary()),
+            pa.field("timestamp", pa.timestamp("ms", tz="UTC"), nullable=False),
+        ])
+        batch = pa.record_batch([
+            pa.array([b"a", None], pa.binary()), pa.array([b"1", b"2"], pa.binary()),
+            pa.array([None, b"\x02\x02h\x02v"], pa.binary()),
+            pa.array([1_700_000_000_000, 1_700_000_000_001], pa.timestamp("ms", tz="UTC")),
+        ], schema=schema)
+        cmd = flight.FlightDescriptor.for_command(json.dumps({"AppendTable": {"path": "kafka.from_flight", "schema_id": 1}}))
+
+        def put():
+            writer, reader = client.do_put(cmd, schema)
+            writer.write_with_metadata(batch, pa.py_buffer(b"{}"))
+            writer.done_writing()
+            reader.read()
+            writer.close()
+
+        retry(put)
+        got = consume(node, "from_flight", [0], 2)
+        assert [(m.key(), m.value(), m.headers(), m.timestamp()) for m in got] == [
+            (b"a", b"1", None, (1, 1_700_000_000_000)),
+            (None, b"2", [("h", b"v")], (1, 1_700_000_000_001)),
+        ]
+
+        # Any other table of the database is not a topic.
+        other = {"schema": {"columns": [{"name": "id", "type": "BIGINT"}]}}
+        flight_action(client, "create_table", {"path": "kafka.not_a_topic", "descriptor": other})
+        md = admin(node).list_topics(timeout=TIMEOUT)
+        assert "not_a_topic" not in md.topics and "from_flight" in md.topics
+    finally:
+        client.close()
+
+
+# -- Consumer groups ----------------------------------------------------------------------
+
+
+def group_consumer(node, group):
+    return Consumer({
+        "bootstrap.servers": node.bootstrap, "group.id": group, "enable.auto.commit": False,
+        "auto.offset.reset": "earliest", "session.timeout.ms": 6000, "heartbeat.interval.ms": 300,
+    })
+
+
+def test_a_group_splits_partitions_hands_over_and_its_offsets_survive_a_restart(mink_node, tmp_path):
+    proc = NodeProcess(mink_node, tmp_path)
+    try:
+        create_topic(proc, "grouped", partitions=4)
+        p = producer(proc)
+        for part in range(4):
+            produce_all(p, "grouped", [(None, f"{part}-{i}".encode(), None, None) for i in range(10)], partition=part)
+
+        a, b = group_consumer(proc, "g1"), group_consumer(proc, "g1")
+        a.subscribe(["grouped"])
+        b.subscribe(["grouped"])
+        seen = set()
+
+        def poll(*consumers):
+            for c in consumers:
+                m = c.poll(0.1)
+                if m is not None:
+                    assert m.error() is None, m.error()
+                    seen.add(m.value())
+
+        def split():
+            poll(a, b)
+            pa_, pb = {t.partition for t in a.assignment()}, {t.partition for t in b.assignment()}
+            return pa_ and pb and not (pa_ & pb) and (pa_ | pb) == {0, 1, 2, 3}
+
+        wait_for(split, 60, "two members splitting four partitions")
+        a_admin = admin(proc)
+        described = a_admin.describe_consumer_groups(["g1"])["g1"].result(TIMEOUT)
+        assert len(described.members) == 2 and str(described.state).endswith("STABLE")
+        # B leaves: A takes every partition over.
+        b.close()
+        wait_for(lambda: (poll(a), len(a.assignment()) == 4)[1], 60, "the remaining member taking over")
+        wait_for(lambda: (poll(a), len(seen) == 40)[1], 60, "every record consumed")
+        a.commit(asynchronous=False)
+        committed = a.committed([TopicPartition("grouped", part) for part in range(4)], timeout=TIMEOUT)
+        assert [t.offset for t in committed] == [10, 10, 10, 10]
+        a.close()
+    finally:
+        proc.stop()
+    # The lease holder restarts: committed offsets survive in the metadata log.
+    again = NodeProcess(mink_node, tmp_path)
+    try:
+        c = group_consumer(again, "g1")
+        committed = c.committed([TopicPartition("grouped", part) for part in range(4)], timeout=TIMEOUT)
+        assert [t.offset for t in committed] == [10, 10, 10, 10]
+        a = admin(again)
+        listed = a.list_consumer_groups().result(TIMEOUT)
+        assert "g1" in [g.group_id for g in listed.valid]
+        # An Empty group can be deleted, and its offsets with it.
+        a.delete_consumer_groups(["g1"])["g1"].result(TIMEOUT)
+        committed = c.committed([TopicPartition("grouped", 0)], timeout=TIMEOUT)
+        assert committed[0].offset < 0
+        c.close()
+    finally:
+        again.kill()
+
+
+# -- Three nodes -------------------------------------------------------------------------
+
+
+@pytest.fixture()
+def three(mink_node, tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    nodes = []
+    try:
+        for i in range(3):
+            nodes.append(NodeProcess(mink_node, tmp_path, {
+                "MINK_NODE_ID": f"n{i}",
+                "MINK_DATA_DIR": str(tmp_path / f"n{i}"),
+                "MINK_OBJECT_STORE__URL": f"file://{shared}",
+            }))
+        yield nodes
+    finally:
+        for n in nodes:
+            n.kill()
+
+
+def leaders(node, topic):
+    md = admin(node).list_topics(topic, timeout=TIMEOUT)
+    return {p.id: p.leader for p in md.topics[topic].partitions.values()}
+
+
+def test_three_brokers_lead_partitions_and_a_group_reads_them_all(three):
+    bootstrap = ",".join(n.bootstrap for n in three)
+    create_topic(three[0], "spread", partitions=6)
+    wait_for(lambda: all(l >= 0 for l in leaders(three[1], "spread").values()), TIMEOUT, "leaders for every partition")
+    md = admin(three[2]).list_topics(timeout=TIMEOUT)
+    assert len(md.brokers) == 3
+    assert md.controller_id in md.brokers
+    assert len(set(leaders(three[0], "spread").values())) > 1, "partitions are led by several brokers"
+
+    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
+    produce_all(p, "spread", [(str(i).encode(), str(i).encode(), None, None) for i in range(300)])
+    c = Consumer({"bootstrap.servers": three[1].bootstrap, "group.id": "g3", "auto.offset.reset": "earliest",
+                  "session.timeout.ms": 6000, "heartbeat.interval.ms": 300})
+    try:
+        c.subscribe(["spread"])
+        seen = []
+        deadline = time.monotonic() + 60
+        while len(seen) < 300 and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is not None and m.error() is None:
+                seen.append(int(m.value()))
+        assert sorted(seen) == list(range(300))
+    finally:
+        c.close()
+
+
+def test_an_idempotent_producer_keeps_going_through_a_leader_restart(three, mink_node, tmp_path):
+    bootstrap = ",".join(n.bootstrap for n in three)
+    create_topic(three[0], "moving", partitions=1)
+    wait_for(lambda: leaders(three[0], "moving")[0] >= 0, TIMEOUT, "a leader")
+    leader_id = leaders(three[0], "moving")[0]
+    brokers = admin(three[0]).list_topics(timeout=TIMEOUT).brokers
+    leader_port = brokers[leader_id].port
+    victim = next(i for i, n in enumerate(three) if n.kafka_port == leader_port)
+
+    stop = threading.Event()
+    delivered, failures = [], []
+
+    def keep_producing():
+        p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 2,
+                      "message.timeout.ms": 60000})
+        i = 0
+        while not stop.is_set():
+            p.produce("moving", value=str(i).encode(), partition=0,
+                      on_delivery=lambda err, msg: (failures if err else delivered).append(err or int(msg.value())))
+            p.poll(0)
+            i += 1
+            time.sleep(0.003)
+        p.flush(60)
+
+    t = threading.Thread(target=keep_producing)
+    t.start()
+    try:
+        wait_for(lambda: len(delivered) > 50, TIMEOUT, "deliveries before the restart")
+        three[victim].stop()
+        before = len(delivered)
+        wait_for(lambda: len(delivered) > before + 50, 60, "deliveries at the new leader")
+        three[victim] = NodeProcess(mink_node, tmp_path, {
+            "MINK_NODE_ID": f"n{victim}",
+            "MINK_DATA_DIR": str(tmp_path / f"n{victim}"),
+            "MINK_OBJECT_STORE__URL": f"file://{tmp_path / 'shared'}",
+        })
+        before = len(delivered)
+        wait_for(lambda: len(delivered) > before + 50, 60, "deliveries after the old leader came back")
+    finally:
+        stop.set()
+        t.join(90)
+    assert failures == []
+    count = len(delivered)
+    got = consume(three[(victim + 1) % 3], "moving", [0], count)
+    values = [int(m.value()) for m in got]
+    assert values == sorted(values) and len(set(values)) == len(values), "in order, no duplicate"
+    assert values == list(range(count))
+
+
+def test_pipelined_requests_are_answered_in_request_order(node):
+    pipeline_fetch_then_api_versions(node)
+
+
+def test_one_request_in_flight_at_a_time_still_answers_a_pipeline(mink_node, tmp_path):
+    proc = NodeProcess(mink_node, tmp_path, {"MINK_KAFKA__MAX_IN_FLIGHT": "1"})
+    try:
+        pipeline_fetch_then_api_versions(proc)
+    finally:
+        proc.kill()
+
+
+def pipeline_fetch_then_api_versions(node):
+    create_topic(node, "quiet")
+    wait_for(lambda: leaders(node, "quiet")[0] >= 0, TIMEOUT, "a leader")
+    # Fetch v4 from the empty partition, waiting up to 300 ms for a byte; then two
+    # ApiVersions in the same write. The Fetch is answered first although the others
+    # are ready at once.
+    topic = b"quiet"
+    fetch = struct.pack(">iiiib", -1, 300, 1, 1 << 20, 0) + struct.pack(">i", 1)
+    fetch += struct.pack(">h", len(topic)) + topic + struct.pack(">i", 1) + struct.pack(">iqi", 0, 0, 1 << 20)
+    s = connect(node)
+    try:
+        s.sendall(request(1, 4, 1, fetch) + request(18, 0, 2) + request(18, 1, 3))
+        order = [struct.unpack(">i", read_response(s)[:4])[0] for _ in range(3)]
+        assert order == [1, 2, 3]
+    finally:
+        s.close()
+
+
+def test_an_idle_connection_is_closed(mink_node, tmp_path):
+    proc = NodeProcess(mink_node, tmp_path, {"MINK_KAFKA__CONNECTION_IDLE_MS": "300"})
+    try:
+        s = connect(proc)
+        s.sendall(request(18, 0, 1))
+        assert api_versions_v0(read_response(s))[:2] == (1, 0)
+        # Nothing more is sent: the node closes the connection.
+        assert read_response(s) is None
+        s.close()
+        wait_for(lambda: any("closing a connection idle for" in line for line in proc.lines), TIMEOUT, "the log line")
+    finally:
+        proc.kill()
