@@ -397,28 +397,35 @@ impl NodeService {
         // Rows of an older schema version keep its id: it travels with them, and
         // readers see them through the evolution rules (added columns null).
         schema_version(&table, schema_id)?.check_batch(&batch)?;
-        let mut results = Vec::new();
+        // Every bucket's part at once (local appends and forwards alike): a write
+        // spanning N buckets costs one PUT of latency, not N. The answer waits for all.
+        let mut parts = Vec::new();
         for (bucket, rows) in self.route(&table, &batch, true).await? {
             let part = take_record_batch(&batch, &arrow::array::UInt32Array::from(rows))?;
-            let written = match self
-                .append(bucket, schema_id, None, part.clone(), meta)
-                .await
-            {
-                Err(MinkError::NotLeader {
-                    leader: Some(addr), ..
-                }) => {
-                    let descriptor = WriteDescriptor::Append {
-                        bucket,
-                        schema_id,
-                        writer_id: None,
-                    };
-                    self.forwarded(&addr, bucket, &descriptor, &part, meta)
-                        .await?
+            parts.push(async move {
+                match self
+                    .append(bucket, schema_id, None, part.clone(), meta)
+                    .await
+                {
+                    Err(MinkError::NotLeader {
+                        leader: Some(addr), ..
+                    }) => {
+                        let descriptor = WriteDescriptor::Append {
+                            bucket,
+                            schema_id,
+                            writer_id: None,
+                        };
+                        self.forwarded(&addr, bucket, &descriptor, &part, meta)
+                            .await
+                    }
+                    other => other,
                 }
-                other => other?,
-            };
-            results.push(written);
+            });
         }
+        let results = futures::future::join_all(parts)
+            .await
+            .into_iter()
+            .collect::<Result<Vec<_>>>()?;
         Ok(WriteResult::Routed { buckets: results })
     }
 
@@ -446,45 +453,52 @@ impl NodeService {
                 format!("{} change types for {} rows", c.len(), batch.num_rows()),
             ));
         }
-        let mut results = Vec::new();
+        // Every bucket's part at once, as for AppendTable.
+        let mut parts = Vec::new();
         for (bucket, rows) in self.route(&table, &batch, true).await? {
-            let changes = meta
+            let changes: Option<Vec<_>> = meta
                 .changes
                 .as_ref()
                 .map(|c| rows.iter().map(|i| c[*i as usize]).collect());
             let part = take_record_batch(&batch, &arrow::array::UInt32Array::from(rows))?;
-            let result = self
-                .put(
-                    bucket,
-                    schema_id,
-                    None,
-                    target_columns.clone(),
-                    part.clone(),
-                    changes.clone(),
-                    meta,
-                )
-                .await;
-            let written = match result {
-                Err(MinkError::NotLeader {
-                    leader: Some(addr), ..
-                }) => {
-                    let descriptor = WriteDescriptor::Put {
+            let target_columns = target_columns.clone();
+            parts.push(async move {
+                let result = self
+                    .put(
                         bucket,
                         schema_id,
-                        writer_id: None,
-                        target_columns: target_columns.clone(),
-                    };
-                    let meta = WriteBatch {
-                        batch_sequence: None,
-                        changes,
-                    };
-                    self.forwarded(&addr, bucket, &descriptor, &part, &meta)
-                        .await?
+                        None,
+                        target_columns.clone(),
+                        part.clone(),
+                        changes.clone(),
+                        meta,
+                    )
+                    .await;
+                match result {
+                    Err(MinkError::NotLeader {
+                        leader: Some(addr), ..
+                    }) => {
+                        let descriptor = WriteDescriptor::Put {
+                            bucket,
+                            schema_id,
+                            writer_id: None,
+                            target_columns,
+                        };
+                        let meta = WriteBatch {
+                            batch_sequence: None,
+                            changes,
+                        };
+                        self.forwarded(&addr, bucket, &descriptor, &part, &meta)
+                            .await
+                    }
+                    other => other,
                 }
-                other => other?,
-            };
-            results.push(written);
+            });
         }
+        let results = futures::future::join_all(parts)
+            .await
+            .into_iter()
+            .collect::<Result<Vec<_>>>()?;
         Ok(WriteResult::Routed { buckets: results })
     }
 }
