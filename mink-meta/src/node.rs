@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mink_types::{MinkError, Result, TableDescriptor, TablePath};
-use mink_wal::{Appended, ObjectLog, WalError};
+use mink_wal::{Appended, ObjectLog, Purpose, Stores, WalError};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use tokio::sync::watch;
@@ -61,6 +61,7 @@ struct Inner {
     /// Grows when the node comes back as a new incarnation without a restart (after
     /// its WAL was replaced).
     incarnation: AtomicU64,
+    /// The handle for heartbeat objects (purpose `heartbeat`).
     store: Arc<dyn ObjectStore>,
     log: ObjectLog<MetaState>,
     config: MetaConfig,
@@ -91,9 +92,11 @@ pub struct MetaNode {
 
 impl MetaNode {
     /// Opens the metadata log (from its latest snapshot), registers this node as a new
-    /// incarnation, and starts the tailer, the heartbeat and the lease loop.
+    /// incarnation, and starts the tailer, the heartbeat and the lease loop. `stores`
+    /// is a bare store or one handle per purpose (the log's requests count as `meta`,
+    /// heartbeats as `heartbeat`).
     pub async fn open(
-        store: Arc<dyn ObjectStore>,
+        stores: impl Into<Stores>,
         node: &str,
         flight_addr: &str,
         kafka_addr: &str,
@@ -102,7 +105,9 @@ impl MetaNode {
         config
             .validate()
             .map_err(|e| MinkError::invalid("meta config", e))?;
-        let log = ObjectLog::open(store.clone(), "meta", MetaState::default())
+        let stores: Stores = stores.into();
+        let store = stores.get(Purpose::Heartbeat);
+        let log = ObjectLog::open(stores.get(Purpose::Meta), "meta", MetaState::default())
             .await
             .map_err(storage)?;
         let mut incarnation = log.read(|s, _| s.nodes.get(node).map_or(0, |n| n.incarnation)) + 1;

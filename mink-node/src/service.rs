@@ -1505,6 +1505,7 @@ impl MinkService for NodeService {
                 "tablets_open": self.tablets.open_count(),
                 "applied_index": self.meta.applied_index(),
                 "lease": self.meta.lease(),
+                "object_store": self.streams().stores().accounting().map(|a| a.report()),
             })),
             "prefix_lookup" => {
                 let b: PrefixLookupBody = parse_json("prefix_lookup body", body)?;
@@ -1657,7 +1658,9 @@ impl MinkService for NodeService {
                 let schema = table.descriptor.schema.to_arrow();
                 let info = self.kv_snapshot(bucket).await?;
                 let store = SnapshotStore {
-                    store: self.streams().object_store(),
+                    store: self
+                        .streams()
+                        .object_store_for(mink_wal::Purpose::KvSnapshot),
                     prefix: snapshot_prefix(bucket),
                     retain: self.config.kv.snapshots_retained as usize,
                 };

@@ -290,7 +290,7 @@ impl Tablets {
             return Ok(Tablet::Log(log));
         }
         let snapshots = SnapshotStore {
-            store: streams.object_store(),
+            store: streams.object_store_for(mink_wal::Purpose::KvSnapshot),
             prefix: crate::service::snapshot_prefix(bucket),
             retain: self.config.kv.snapshots_retained as usize,
         };

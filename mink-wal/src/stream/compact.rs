@@ -28,7 +28,7 @@ pub(super) async fn write_segment(
     let key = format!("seg/{stream}/{:020}-{epoch}-{}", first.base, &unique[..12]);
     let len = bytes.len() as u64;
     store
-        .store
+        .segment_store
         .put(&Path::from(key.as_str()), PutPayload::from(bytes))
         .await?;
     metrics::counter!("mink_wal_segments_written_total").increment(1);
@@ -285,7 +285,7 @@ async fn gc_own_wal(store: &Arc<StoreInner>) -> WalResult<()> {
     let paths: Vec<object_store::Result<Path>> = (from..floor)
         .map(|seq| Ok(wal_path(&store.wal, seq)))
         .collect();
-    delete_paths(&store.store, paths).await?;
+    delete_paths(&store.gc_store, paths).await?;
     store.gc_floor.store(floor, Ordering::SeqCst);
     Ok(())
 }
@@ -495,7 +495,7 @@ pub(super) async fn trim(stream: &Arc<StreamInner>, start: u64) -> WalResult<u64
         gone
     };
     for seg in &doomed {
-        match store.store.delete(&Path::from(seg.key.as_str())).await {
+        match store.gc_store.delete(&Path::from(seg.key.as_str())).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
             Err(e) => tracing::warn!("could not delete trimmed segment {}: {e}", seg.key),
         }
@@ -514,7 +514,7 @@ pub(super) async fn trim(stream: &Arc<StreamInner>, start: u64) -> WalResult<u64
 pub(super) async fn gc_dead_wals(store: &Arc<StoreInner>) -> WalResult<usize> {
     use futures::TryStreamExt;
     let claims: Vec<Path> = store
-        .store
+        .gc_store
         .list(Some(&Path::from("walgen")))
         .map_ok(|m| m.location)
         .try_collect()
@@ -561,7 +561,7 @@ pub(super) async fn gc_dead_wals(store: &Arc<StoreInner>) -> WalResult<usize> {
             .get(&wal.to_string())
             .map(|at| super::writer::wal_path(&wal, *at));
         let doomed: Vec<object_store::Result<Path>> = store
-            .store
+            .gc_store
             .list(Some(&super::writer::wal_dir(&wal)))
             .try_filter(|m| {
                 let is_fence = fence.as_ref() == Some(&m.location);
@@ -573,7 +573,7 @@ pub(super) async fn gc_dead_wals(store: &Arc<StoreInner>) -> WalResult<usize> {
         let doomed: Vec<object_store::Result<Path>> =
             doomed.into_iter().filter(|p| p.is_ok()).collect();
         let count = doomed.len();
-        delete_paths(&store.store, doomed).await?;
+        delete_paths(&store.gc_store, doomed).await?;
         if count > 0 {
             tracing::info!(%wal, objects = count, "deleted the WAL objects of a dead generation");
         }
@@ -609,7 +609,7 @@ pub(super) async fn gc_orphan_segments(store: &Arc<StoreInner>) -> WalResult<usi
     let mut deleted = 0;
     for (name, epoch, known) in owned {
         let orphans: Vec<object_store::Result<Path>> = store
-            .store
+            .gc_store
             .list(Some(&Path::from(format!("seg/{name}"))))
             .try_filter(|m| {
                 let named = known.contains(m.location.as_ref());
@@ -624,7 +624,7 @@ pub(super) async fn gc_orphan_segments(store: &Arc<StoreInner>) -> WalResult<usi
         let orphans: Vec<object_store::Result<Path>> =
             orphans.into_iter().filter(|p| p.is_ok()).collect();
         deleted += orphans.len();
-        delete_paths(&store.store, orphans).await?;
+        delete_paths(&store.gc_store, orphans).await?;
     }
     Ok(deleted)
 }
@@ -637,7 +637,7 @@ fn segment_epoch(path: &Path) -> Option<u64> {
 /// The store's clock (see [`crate::store::store_now_ms`]), `grace_ms` ago.
 async fn cutoff_ms(store: &StoreInner, grace_ms: u64) -> WalResult<i64> {
     let now =
-        crate::store::store_now_ms(&store.store, &format!("clock/{}", store.wal.node)).await?;
+        crate::store::store_now_ms(&store.gc_store, &format!("clock/{}", store.wal.node)).await?;
     Ok(now.saturating_sub(grace_ms.min(i64::MAX as u64) as i64))
 }
 

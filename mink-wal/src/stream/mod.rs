@@ -37,6 +37,7 @@ use tokio::sync::{Notify, Semaphore, mpsc, oneshot, watch};
 
 pub use meta::{SegmentMeta, StreamCommand, StreamMeta, StreamsState, WalId};
 
+use crate::accounting::{Purpose, Stores};
 use crate::config::WalConfig;
 use crate::error::{WalError, WalResult};
 use crate::format::Record;
@@ -147,7 +148,15 @@ impl StreamInner {
 }
 
 pub(crate) struct StoreInner {
+    /// The handle for WAL objects (purpose `wal`): uploads, fences, recovery, reads
+    /// of uncompacted records.
     store: Arc<dyn ObjectStore>,
+    /// The handle for segments (purpose `segment`).
+    segment_store: Arc<dyn ObjectStore>,
+    /// The handle for garbage collection (purpose `gc`).
+    gc_store: Arc<dyn ObjectStore>,
+    /// Every purpose's handle, for companions ([`Stream::object_store_for`]).
+    stores: Stores,
     wal: WalId,
     config: WalConfig,
     meta: ObjectLog<StreamsState>,
@@ -272,13 +281,12 @@ async fn claim_generation(store: &Arc<dyn ObjectStore>, node: &str) -> WalResult
 }
 
 impl StreamStore {
-    /// Starts node `node`'s s3stream service on `store`: claims a new WAL generation,
-    /// opens the stream-metadata log and starts the WAL writer.
-    pub async fn open(
-        store: Arc<dyn ObjectStore>,
-        node: &str,
-        config: WalConfig,
-    ) -> WalResult<Self> {
+    /// Starts node `node`'s s3stream service on `stores` (a bare store, or one handle
+    /// per purpose so that requests are counted): claims a new WAL generation, opens
+    /// the stream-metadata log and starts the WAL writer.
+    pub async fn open(stores: impl Into<Stores>, node: &str, config: WalConfig) -> WalResult<Self> {
+        let stores: Stores = stores.into();
+        let store = stores.get(Purpose::Wal);
         config.validate().map_err(WalError::Config)?;
         if node.is_empty() || node.contains('/') {
             return Err(WalError::Config(format!(
@@ -290,7 +298,12 @@ impl StreamStore {
             node: node.to_string(),
             generation,
         };
-        let meta = ObjectLog::open(store.clone(), "streams", StreamsState::default()).await?;
+        let meta = ObjectLog::open(
+            stores.get(Purpose::Meta),
+            "streams",
+            StreamsState::default(),
+        )
+        .await?;
         let (tx, rx) = mpsc::unbounded_channel();
         let writer = Arc::new(WriterShared {
             next_seq: AtomicU64::new(1),
@@ -299,6 +312,9 @@ impl StreamStore {
         });
         let inner = Arc::new(StoreInner {
             store: store.clone(),
+            segment_store: stores.get(Purpose::Segment),
+            gc_store: stores.get(Purpose::Gc),
+            stores: stores.clone(),
             wal: wal.clone(),
             budget: Arc::new(Semaphore::new(
                 config.pending_bytes_max.min(u32::MAX as u64) as usize,
@@ -348,9 +364,15 @@ impl StreamStore {
         }
     }
 
-    /// The object store this service writes to.
-    pub fn object_store(&self) -> Arc<dyn ObjectStore> {
-        self.inner.store.clone()
+    /// The object store this service writes to, as the handle for `purpose` (its
+    /// requests are counted under that purpose when the stores count).
+    pub fn object_store_for(&self, purpose: Purpose) -> Arc<dyn ObjectStore> {
+        self.inner.stores.get(purpose)
+    }
+
+    /// Every purpose's handle of the store (and the node's request counters).
+    pub fn stores(&self) -> &Stores {
+        &self.inner.stores
     }
 
     /// The stream-metadata log (read-only use: inspection, tests, tooling).
@@ -458,9 +480,10 @@ impl Stream {
         &self.inner.name
     }
 
-    /// The object store the stream lives on (for companions such as checkpoints).
-    pub fn object_store(&self) -> Arc<dyn ObjectStore> {
-        self.inner.store.store.clone()
+    /// The object store the stream lives on, as the handle for `purpose` (for
+    /// companions such as checkpoints).
+    pub fn object_store_for(&self, purpose: Purpose) -> Arc<dyn ObjectStore> {
+        self.inner.store.stores.get(purpose)
     }
 
     /// The epoch the stream is open under.
