@@ -3,9 +3,13 @@
 //!
 //! - **View.** The metadata `ObjectLog` applied to `MetaState`; a tailer keeps it
 //!   fresh, backing off while idle; `wait_for(index)` serves `mink-min-applied-index`.
-//! - **Heartbeat.** Every `heartbeat_interval_ms` the node overwrites `nodes/{node}`
-//!   with a counter. Liveness is judged by whether that object *changes*, on the
-//!   observer's own clock, so clocks need not agree.
+//! - **Heartbeat.** Every `heartbeat_interval_ms` the node overwrites
+//!   `meta/nodes/{node}` with a counter. Liveness is judged by whether that object
+//!   *changes* (its ETag, size or modification time), on the observer's own clock, so
+//!   clocks need not agree. Observers read no heartbeat: the tailer's listing of
+//!   `meta/` shows every heartbeat object beside the new entries
+//!   ([`ObjectLog::beside`]), so liveness costs no request of its own, and silence
+//!   grows only between listings (a node that cannot list declares nobody dead).
 //! - **Lease.** A node takes the lease (`AcquireLease` with term + 1, one winner per
 //!   term by conditional create) when there is no holder or the holder's heartbeat has
 //!   not changed for `lease_timeout_ms`. Every duty of the holder is a proposal carrying
@@ -50,9 +54,14 @@ fn now_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
-/// What a node last saw of another node's heartbeat object, and when it changed.
+/// Where heartbeat objects live, beside the metadata log (sorting after `meta/log/`,
+/// so the tailer's listing shows them).
+const HEARTBEATS: &str = "meta/nodes";
+
+/// What a node last saw of another node's heartbeat object (its version: ETag, size,
+/// modification time; `None` while absent), and when that changed.
 struct Seen {
-    content: bytes::Bytes,
+    version: Option<(Option<String>, u64, i64)>,
     changed_at: Instant,
 }
 
@@ -67,6 +76,8 @@ struct Inner {
     config: MetaConfig,
     heartbeat: AtomicU64,
     seen: Mutex<HashMap<String, Seen>>,
+    /// The tailer's latest listing of what is beside the metadata log: heartbeats.
+    beside: watch::Receiver<Arc<mink_wal::objectlog::BesideListing>>,
     /// Serializes this node's proposals whose result is read back from the state.
     proposing: tokio::sync::Mutex<()>,
     /// Serializes the lease holder's duties that plan from the view and propose the
@@ -129,6 +140,7 @@ impl MetaNode {
                 Appended::Rejected(e) => return Err(e),
             }
         }
+        let beside = log.beside();
         let meta = Self {
             inner: Arc::new(Inner {
                 node: node.to_string(),
@@ -138,6 +150,7 @@ impl MetaNode {
                 config,
                 heartbeat: AtomicU64::new(0),
                 seen: Mutex::new(HashMap::new()),
+                beside,
                 proposing: tokio::sync::Mutex::new(()),
                 duties: tokio::sync::Mutex::new(()),
                 shutdown: watch::channel(false).0,
@@ -464,7 +477,7 @@ impl MetaNode {
             "at_ms": now_ms(),
         })
         .to_string();
-        let path = Path::from(format!("nodes/{}", self.inner.node));
+        let path = Path::from(format!("{HEARTBEATS}/{}", self.inner.node));
         let ok = match self.inner.store.put(&path, PutPayload::from(body)).await {
             Ok(_) => true,
             Err(e) => {
@@ -485,24 +498,33 @@ impl MetaNode {
         }
     }
 
-    /// How long `node`'s heartbeat object has been unchanged, on our clock.
-    async fn silent_for(&self, node: &str) -> Duration {
-        let path = Path::from(format!("nodes/{node}"));
-        let content = match self.inner.store.get(&path).await {
-            Ok(got) => got.bytes().await.unwrap_or_default(),
-            Err(_) => bytes::Bytes::new(),
-        };
-        let now = Instant::now();
+    /// How long `node`'s heartbeat object has been unchanged, on our clock, as the
+    /// tailer's latest listing shows it (no request of its own). Measured up to that
+    /// listing, not to now: while listings fail, nobody's silence grows.
+    fn silent_for(&self, node: &str) -> Duration {
+        let listing = self.inner.beside.borrow().clone();
+        let path = Path::from(format!("{HEARTBEATS}/{node}"));
+        let version = listing
+            .objects
+            .iter()
+            .find(|m| m.location == path)
+            .map(|m| {
+                (
+                    m.e_tag.clone(),
+                    m.size,
+                    m.last_modified.timestamp_nanos_opt().unwrap_or_default(),
+                )
+            });
         let mut seen = self.inner.seen.lock().unwrap_or_else(|e| e.into_inner());
         let entry = seen.entry(node.to_string()).or_insert_with(|| Seen {
-            content: content.clone(),
-            changed_at: now,
+            version: version.clone(),
+            changed_at: listing.at,
         });
-        if entry.content != content {
-            entry.content = content;
-            entry.changed_at = now;
+        if entry.version != version {
+            entry.version = version;
+            entry.changed_at = entry.changed_at.max(listing.at);
         }
-        now.duration_since(entry.changed_at)
+        listing.at.saturating_duration_since(entry.changed_at)
     }
 
     async fn lease_loop(self) {
@@ -538,7 +560,7 @@ impl MetaNode {
         match holder {
             Some(h) if h == self.inner.node => self.duties(last_expire).await,
             Some(h) => {
-                let silent = self.silent_for(&h).await;
+                let silent = self.silent_for(&h);
                 if silent >= Duration::from_millis(self.inner.config.lease_timeout_ms) {
                     tracing::info!(node = %self.inner.node, holder = %h, ?silent, "taking over the lease");
                     self.acquire(term + 1).await?;
@@ -586,7 +608,7 @@ impl MetaNode {
         });
         let session = Duration::from_millis(self.inner.config.node_session_timeout_ms);
         for node in others {
-            if self.silent_for(&node).await >= session {
+            if self.silent_for(&node) >= session {
                 tracing::warn!(%node, "declaring a node dead: its heartbeat stopped");
                 self.propose(MetaCommand::NodeDown { term, node }).await?;
             }
@@ -602,11 +624,11 @@ impl MetaNode {
         }
         if last_expire.elapsed() >= EXPIRE_EVERY {
             *last_expire = Instant::now();
-            self.propose(MetaCommand::ExpireOffsets {
-                term,
-                now_ms: now_ms(),
-            })
-            .await?;
+            let now_ms = now_ms();
+            if self.read(|s| s.has_expired_offsets(now_ms)) {
+                self.propose(MetaCommand::ExpireOffsets { term, now_ms })
+                    .await?;
+            }
         }
         // Snapshots of the metadata log.
         let applied = self.applied_index();

@@ -91,7 +91,7 @@ impl Node {
             )
         })?;
         // One cheap request proves the store is reachable and the credentials work.
-        let probe = Path::from("nodes");
+        let probe = Path::from("meta/nodes");
         let mut listing = stores.get(Purpose::Meta).list(Some(&probe));
         if let Some(Err(e)) = listing.next().await {
             anyhow::bail!(

@@ -1,13 +1,20 @@
 //! What a node costs on object storage: every request is counted by operation and
-//! purpose (`node_stats`, `/metrics`).
+//! purpose (`node_stats`, `/metrics`), and an idle node or cluster stays within its
+//! request budget (issue 15: ≤ 2,000 requests/hour for one node, ≤ 6,000 for three).
+//!
+//! The idle tests run the default timings on tokio's paused clock: after the writes,
+//! time only moves when every task waits for a timer, so one virtual hour passes in
+//! about a second and the counts do not depend on the machine's speed. The budget is
+//! asserted on request counts, not on time.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use mink_flight::MinkClient;
 use mink_node::MinkConfig;
 use mink_node::node::Node;
 use mink_types::TablePath;
-use mink_wal::{Op, Purpose};
+use mink_wal::{AccountingReport, Op, Purpose};
 use object_store::ObjectStore;
 use object_store::memory::InMemory;
 
@@ -25,6 +32,106 @@ fn config(dir: &std::path::Path, id: &str) -> MinkConfig {
     c.listeners.flight = "127.0.0.1:0".parse().unwrap();
     c.listeners.admin = "127.0.0.1:0".parse().unwrap();
     c
+}
+
+fn total(nodes: &[Node]) -> u64 {
+    nodes.iter().map(|n| n.accounting.report().requests).sum()
+}
+
+fn breakdown(reports: &[AccountingReport]) -> String {
+    let mut rows = std::collections::BTreeMap::new();
+    for r in reports {
+        for u in &r.by_kind {
+            *rows
+                .entry((u.purpose.as_str(), u.op.as_str()))
+                .or_insert(0u64) += u.requests;
+        }
+    }
+    rows.iter()
+        .map(|((p, o), n)| format!("{p}/{o}={n}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Starts `n` nodes on one in-memory store, creates a log table and a primary-key
+/// table, writes to every bucket, then lets `settle` of virtual time pass (compaction,
+/// checkpoints and back-offs run) and counts the requests of the next hour.
+async fn idle_hour(n: usize) -> (u64, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let mut nodes = Vec::new();
+    for i in 0..n {
+        let node = Node::start_with_store(config(dir.path(), &format!("n{i}")), store.clone())
+            .await
+            .unwrap();
+        nodes.push(node);
+    }
+    let client = MinkClient::connect(&nodes[0].flight_addr.to_string())
+        .await
+        .unwrap();
+    common::settle(|| client.create_database("db")).await;
+    let log = TablePath::parse("db.events").unwrap();
+    client
+        .create_table(&log, &common::events_in(6))
+        .await
+        .unwrap();
+    let batch = rows(0..100);
+    common::settle(|| client.append(&log, &batch)).await;
+    let pk = TablePath::parse("db.users").unwrap();
+    let mut descriptor = common::events_in(3);
+    descriptor.primary_key = vec!["id".into()];
+    client.create_table(&pk, &descriptor).await.unwrap();
+    let batch = rows(0..50);
+    common::settle(|| client.put(&pk, &batch, None, None)).await;
+    drop(client);
+
+    // Idle from here: time moves only when every task waits for a timer.
+    tokio::time::pause();
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    let before: Vec<AccountingReport> = nodes.iter().map(|n| n.accounting.report()).collect();
+    let start = total(&nodes);
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    let hour = total(&nodes) - start;
+    let after: Vec<AccountingReport> = nodes.iter().map(|n| n.accounting.report()).collect();
+    let mut diff = Vec::new();
+    for (b, a) in before.iter().zip(&after) {
+        let mut d = a.clone();
+        for u in &mut d.by_kind {
+            let prior = b
+                .by_kind
+                .iter()
+                .find(|x| x.op == u.op && x.purpose == u.purpose)
+                .map_or(0, |x| x.requests);
+            u.requests -= prior;
+        }
+        diff.push(d);
+    }
+    let text = breakdown(&diff);
+    tokio::time::resume();
+    for node in nodes {
+        node.stop().await;
+    }
+    (hour, text)
+}
+
+#[tokio::test]
+async fn an_idle_node_makes_at_most_2000_requests_an_hour() {
+    let (hour, breakdown) = idle_hour(1).await;
+    println!("idle single node: {hour} requests/hour: {breakdown}");
+    assert!(
+        hour <= 2_000,
+        "{hour} requests in an idle hour: {breakdown}"
+    );
+}
+
+#[tokio::test]
+async fn an_idle_three_node_cluster_makes_at_most_6000_requests_an_hour() {
+    let (hour, breakdown) = idle_hour(3).await;
+    println!("idle 3-node cluster: {hour} requests/hour: {breakdown}");
+    assert!(
+        hour <= 6_000,
+        "{hour} requests in an idle hour: {breakdown}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

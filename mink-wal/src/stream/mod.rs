@@ -44,6 +44,14 @@ use crate::format::Record;
 use crate::objectlog::{Appended, ObjectLog};
 use writer::{Job, WriterShared};
 
+/// Collection of dead WAL generations and orphan segments runs every this many
+/// compaction ticks at first and after any round that had work...
+const GC_EVERY_TICKS_MIN: u64 = 10;
+/// ... and backs off, doubling while a pass finds nothing to delete, to this many
+/// (an hour at the default 30 s interval): what it collects appears only after
+/// restarts and rejected commits, and waits out a 10-minute grace anyway.
+const GC_EVERY_TICKS_MAX: u64 = 120;
+
 /// The largest payload one append may carry: 256 MiB.
 pub const PAYLOAD_BYTES_MAX: usize = 256 << 20;
 
@@ -200,6 +208,24 @@ impl StoreInner {
                 state.held.pop_front();
             }
         }
+    }
+
+    /// Whether a compaction round has anything to do, judged without a request:
+    /// records not yet in a segment, an open stream whose WAL position would move (so
+    /// that an idle stream does not pin the WAL), WAL objects below the floor the log
+    /// gives not yet deleted, or a stream-metadata snapshot due. An idle node skips
+    /// the round (and its catch-up of the stream-metadata log) entirely. Work a
+    /// compaction round takes on must be reported here.
+    fn compaction_due(&self) -> bool {
+        let oldest = self.writer.oldest_unacked.load(Ordering::SeqCst);
+        let streams_due = self.lock_streams().values().any(|s| {
+            let state = s.lock();
+            state.status == Status::Open
+                && (state.committed_wal_from < oldest || state.held.iter().any(|h| h.wal.is_some()))
+        });
+        streams_due
+            || self.meta.read(|s, _| s.wal_floor(&self.wal)) > self.gc_floor.load(Ordering::SeqCst)
+            || self.meta.applied_index() >= self.last_snapshot.load(Ordering::Relaxed) + 1_000
     }
 
     fn lock_streams(&self) -> MutexGuard<'_, BTreeMap<String, Arc<StreamInner>>> {
@@ -406,14 +432,16 @@ impl StreamStore {
     }
 
     /// Runs compaction every `compaction_interval_ms`, or sooner when the node holds
-    /// `segment_bytes_max` of uncompacted data, until `shutdown` resolves. Every tenth
-    /// round also collects dead WAL generations and orphan segments.
+    /// `segment_bytes_max` of uncompacted data, until `shutdown` resolves; a tick with
+    /// nothing to compact makes no request. Collection of dead WAL generations and
+    /// orphan segments runs every tenth tick, backing off to every 120th while it finds
+    /// nothing and nothing is written.
     pub async fn run_compactor(&self, shutdown: impl std::future::Future<Output = ()>) {
         tokio::pin!(shutdown);
         let interval = Duration::from_millis(self.inner.config.compaction_interval_ms.max(1));
-        let mut round = 0u64;
+        let mut gc_every = GC_EVERY_TICKS_MIN;
+        let mut since_gc = 0u64;
         loop {
-            round += 1;
             tokio::select! {
                 biased;
                 _ = &mut shutdown => return,
@@ -423,16 +451,33 @@ impl StreamStore {
             if self.failure().is_some() {
                 return;
             }
-            if let Err(e) = self.compact().await {
-                tracing::warn!(wal = %self.inner.wal, "compaction failed: {e}");
+            if self.inner.compaction_due() {
+                gc_every = GC_EVERY_TICKS_MIN;
+                if let Err(e) = self.compact().await {
+                    tracing::warn!(wal = %self.inner.wal, "compaction failed: {e}");
+                }
             }
-            if round.is_multiple_of(10) {
-                if let Err(e) = self.gc_dead_wals().await {
-                    tracing::warn!(wal = %self.inner.wal, "dead WAL collection failed: {e}");
+            since_gc += 1;
+            if since_gc >= gc_every {
+                since_gc = 0;
+                let mut deleted = 0;
+                match self.gc_dead_wals().await {
+                    Ok(n) => deleted += n,
+                    Err(e) => {
+                        tracing::warn!(wal = %self.inner.wal, "dead WAL collection failed: {e}")
+                    }
                 }
-                if let Err(e) = self.gc_orphan_segments().await {
-                    tracing::warn!(wal = %self.inner.wal, "orphan segment collection failed: {e}");
+                match self.gc_orphan_segments().await {
+                    Ok(n) => deleted += n,
+                    Err(e) => {
+                        tracing::warn!(wal = %self.inner.wal, "orphan segment collection failed: {e}")
+                    }
                 }
+                gc_every = if deleted == 0 {
+                    (gc_every * 2).min(GC_EVERY_TICKS_MAX)
+                } else {
+                    GC_EVERY_TICKS_MIN
+                };
             }
         }
     }
