@@ -25,7 +25,9 @@
 //! retried with backoff, an `ObjectLog` append retried after a conflict) call the store
 //! again, so every attempt is counted. The retries inside object_store's HTTP client
 //! (S3: up to `RetryConfig::max_retries` on 5xx, throttling and connection errors) are
-//! below the wrapper: one logical request that was retried twice counts once.
+//! below the wrapper: one logical request that was retried twice counts once. (On
+//! `s3://` stores the HTTP client counts every attempt, retries included, in
+//! `mink_object_store_http_requests_total`; see [`crate::store`].)
 //! [`Stores::with_faults`] puts the fault injector of tests *above* the accounting, so
 //! an injected failure (which never reaches the store) is not counted and an injected
 //! timeout of a request that was applied counts as the request it was.
