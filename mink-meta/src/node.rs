@@ -321,7 +321,33 @@ impl MetaNode {
         let table = self
             .read(|s| s.table(path).cloned())
             .ok_or_else(|| MinkError::NotFound(format!("table {path} (dropped meanwhile)")))?;
+        self.await_leaders(table.id).await;
         Ok((table, index))
+    }
+
+    /// Waits (bounded) until every bucket of table `id` has a leader. The lease holder
+    /// assigns at once; another node's new table reaches the holder at the holder's
+    /// next metadata listing, up to `tail_idle_interval_max_ms` later on an idle
+    /// cluster, and a table whose buckets have no leader yet cannot be written, read
+    /// or tailed. So a `create_table` answers once its buckets are led (or after
+    /// that interval plus 2 s, when they are not: writes then wait for them as before).
+    async fn await_leaders(&self, id: i64) {
+        let wait = Duration::from_millis(self.inner.config.tail_idle_interval_max_ms)
+            + Duration::from_secs(2);
+        let deadline = Instant::now() + wait;
+        let mut changes = self.subscribe();
+        let led = |s: &MetaState| {
+            s.buckets
+                .values()
+                .filter(|b| b.bucket.table_id == id)
+                .all(|b| b.leader.is_some())
+        };
+        while !self.read(led) {
+            match tokio::time::timeout_at(deadline, changes.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) | Err(_) => return,
+            }
+        }
     }
 
     /// Creates a partition, or finds it when it exists.

@@ -138,7 +138,7 @@ async fn main() {
     let (runs, settle, window) = if quick {
         (1, Duration::from_secs(15), Duration::from_secs(15))
     } else {
-        (3, Duration::from_secs(40), Duration::from_secs(60))
+        (3, Duration::from_secs(30), Duration::from_secs(60))
     };
     println!(
         "Default timings (5 s heartbeat, 5 s idle tail, 30 s compaction), `file://` store, \

@@ -473,6 +473,9 @@ impl<S: LogState> ObjectLog<S> {
             {
                 Ok(_) => {
                     self.apply_entry(next, entry);
+                    // What follows one's own entry (others' answers to it) is likely
+                    // soon: the tailer polls fast again instead of at its idle pace.
+                    self.poke();
                     return Ok(Appended::At(next));
                 }
                 Err(object_store::Error::AlreadyExists { .. }) => {
