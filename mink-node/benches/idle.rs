@@ -138,8 +138,16 @@ async fn main() {
     let (runs, settle, window) = if quick {
         (1, Duration::from_secs(15), Duration::from_secs(15))
     } else {
-        (3, Duration::from_secs(30), Duration::from_secs(60))
+        (3, Duration::from_secs(45), Duration::from_secs(60))
     };
+    // `--runs N` overrides the number of runs (to run several processes side by side).
+    let args: Vec<String> = std::env::args().collect();
+    let runs = args
+        .iter()
+        .position(|a| a == "--runs")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(runs);
     println!(
         "Default timings (5 s heartbeat, 5 s idle tail, 30 s compaction), `file://` store, \
          nodes in one process. A log table (6 buckets) and a primary-key table (3 buckets) \
