@@ -772,7 +772,10 @@ impl LogTablet {
         let mut windows = Windows::default();
         let mut last_ts = i64::MIN;
         let mut batches = 0u64;
-        let store = self.inner.stream.object_store();
+        let store = self
+            .inner
+            .stream
+            .object_store_for(mink_wal::Purpose::Checkpoint);
         if let Some(c) =
             crate::checkpoint::latest(&store, self.inner.stream.name(), end as i64).await
         {
@@ -849,7 +852,10 @@ impl LogTablet {
             crate::checkpoint::Checkpoint::of(&state.windows, hw, state.last_commit_timestamp)
         };
         crate::checkpoint::write(
-            &self.inner.stream.object_store(),
+            &self
+                .inner
+                .stream
+                .object_store_for(mink_wal::Purpose::Checkpoint),
             self.inner.stream.name(),
             &checkpoint,
         )

@@ -3,19 +3,26 @@
 use serde::{Deserialize, Serialize};
 
 /// Metadata timings. Object-store requests cost money even when nothing happens, so
-/// the defaults are unhurried; tests shorten them.
+/// the defaults are unhurried; tests shorten them. An idle node makes one heartbeat
+/// PUT per `heartbeat_interval_ms` and one LIST per `tail_idle_interval_max_ms` (the
+/// tail, which also shows every node's heartbeat): 1,440 requests an hour at the
+/// defaults (docs/operations.md has the budget and the failover times it buys).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MetaConfig {
-    /// How often a node rewrites its heartbeat object, in milliseconds. Default 2,000.
+    /// How often a node rewrites its heartbeat object, in milliseconds. Default 5,000.
     pub heartbeat_interval_ms: u64,
     /// A lease holder whose heartbeat has not changed for this long is replaced, in
-    /// milliseconds. Default 10,000.
+    /// milliseconds. Must exceed `heartbeat_interval_ms` plus
+    /// `tail_idle_interval_max_ms` (a live node's heartbeat is seen that late at
+    /// worst). Default 20,000.
     pub lease_timeout_ms: u64,
     /// A node whose heartbeat has not changed for this long is dead and its buckets
-    /// move, in milliseconds. Default 15,000.
+    /// move, in milliseconds. Same lower bound as `lease_timeout_ms`. Default 25,000.
     pub node_session_timeout_ms: u64,
-    /// The slowest the metadata log is polled while idle, in milliseconds. Default 1,000.
+    /// The slowest the metadata log is polled while idle, in milliseconds; the same
+    /// listing shows heartbeats, so this is also how often liveness is observed.
+    /// Default 5,000.
     pub tail_idle_interval_max_ms: u64,
     /// A snapshot of the state machine is written every this many entries. Default 1,000.
     pub snapshot_every_entries: u64,
@@ -27,10 +34,10 @@ pub struct MetaConfig {
 impl Default for MetaConfig {
     fn default() -> Self {
         Self {
-            heartbeat_interval_ms: 2_000,
-            lease_timeout_ms: 10_000,
-            node_session_timeout_ms: 15_000,
-            tail_idle_interval_max_ms: 1_000,
+            heartbeat_interval_ms: 5_000,
+            lease_timeout_ms: 20_000,
+            node_session_timeout_ms: 25_000,
+            tail_idle_interval_max_ms: 5_000,
             snapshot_every_entries: 1_000,
             applied_index_wait_max_ms: 5_000,
         }
@@ -43,12 +50,17 @@ impl MetaConfig {
         if self.heartbeat_interval_ms == 0 {
             return Err("meta.heartbeat_interval_ms must be at least 1".into());
         }
-        if self.lease_timeout_ms <= self.heartbeat_interval_ms {
-            return Err("meta.lease_timeout_ms must exceed meta.heartbeat_interval_ms".into());
+        // A live node's heartbeat changes every heartbeat interval and is seen at the
+        // next listing: a timeout at or below their sum declares live nodes dead.
+        let seen_within = self
+            .heartbeat_interval_ms
+            .saturating_add(self.tail_idle_interval_max_ms);
+        if self.lease_timeout_ms <= seen_within {
+            return Err("meta.lease_timeout_ms must exceed meta.heartbeat_interval_ms + meta.tail_idle_interval_max_ms".into());
         }
-        if self.node_session_timeout_ms <= self.heartbeat_interval_ms {
+        if self.node_session_timeout_ms <= seen_within {
             return Err(
-                "meta.node_session_timeout_ms must exceed meta.heartbeat_interval_ms".into(),
+                "meta.node_session_timeout_ms must exceed meta.heartbeat_interval_ms + meta.tail_idle_interval_max_ms".into(),
             );
         }
         if self.snapshot_every_entries == 0 {

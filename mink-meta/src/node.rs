@@ -3,9 +3,13 @@
 //!
 //! - **View.** The metadata `ObjectLog` applied to `MetaState`; a tailer keeps it
 //!   fresh, backing off while idle; `wait_for(index)` serves `mink-min-applied-index`.
-//! - **Heartbeat.** Every `heartbeat_interval_ms` the node overwrites `nodes/{node}`
-//!   with a counter. Liveness is judged by whether that object *changes*, on the
-//!   observer's own clock, so clocks need not agree.
+//! - **Heartbeat.** Every `heartbeat_interval_ms` the node overwrites
+//!   `meta/nodes/{node}` with a counter. Liveness is judged by whether that object
+//!   *changes* (its ETag, size or modification time), on the observer's own clock, so
+//!   clocks need not agree. Observers read no heartbeat: the tailer's listing of
+//!   `meta/` shows every heartbeat object beside the new entries
+//!   ([`ObjectLog::beside`]), so liveness costs no request of its own, and silence
+//!   grows only between listings (a node that cannot list declares nobody dead).
 //! - **Lease.** A node takes the lease (`AcquireLease` with term + 1, one winner per
 //!   term by conditional create) when there is no holder or the holder's heartbeat has
 //!   not changed for `lease_timeout_ms`. Every duty of the holder is a proposal carrying
@@ -22,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mink_types::{MinkError, Result, TableDescriptor, TablePath};
-use mink_wal::{Appended, ObjectLog, WalError};
+use mink_wal::{Appended, ObjectLog, Purpose, Stores, WalError};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use tokio::sync::watch;
@@ -50,9 +54,14 @@ fn now_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
-/// What a node last saw of another node's heartbeat object, and when it changed.
+/// Where heartbeat objects live, beside the metadata log (sorting after `meta/log/`,
+/// so the tailer's listing shows them).
+const HEARTBEATS: &str = "meta/nodes";
+
+/// What a node last saw of another node's heartbeat object (its version: ETag, size,
+/// modification time; `None` while absent), and when that changed.
 struct Seen {
-    content: bytes::Bytes,
+    version: Option<(Option<String>, u64, i64)>,
     changed_at: Instant,
 }
 
@@ -61,11 +70,14 @@ struct Inner {
     /// Grows when the node comes back as a new incarnation without a restart (after
     /// its WAL was replaced).
     incarnation: AtomicU64,
+    /// The handle for heartbeat objects (purpose `heartbeat`).
     store: Arc<dyn ObjectStore>,
     log: ObjectLog<MetaState>,
     config: MetaConfig,
     heartbeat: AtomicU64,
     seen: Mutex<HashMap<String, Seen>>,
+    /// The tailer's latest listing of what is beside the metadata log: heartbeats.
+    beside: watch::Receiver<Arc<mink_wal::objectlog::BesideListing>>,
     /// Serializes this node's proposals whose result is read back from the state.
     proposing: tokio::sync::Mutex<()>,
     /// Serializes the lease holder's duties that plan from the view and propose the
@@ -91,9 +103,11 @@ pub struct MetaNode {
 
 impl MetaNode {
     /// Opens the metadata log (from its latest snapshot), registers this node as a new
-    /// incarnation, and starts the tailer, the heartbeat and the lease loop.
+    /// incarnation, and starts the tailer, the heartbeat and the lease loop. `stores`
+    /// is a bare store or one handle per purpose (the log's requests count as `meta`,
+    /// heartbeats as `heartbeat`).
     pub async fn open(
-        store: Arc<dyn ObjectStore>,
+        stores: impl Into<Stores>,
         node: &str,
         flight_addr: &str,
         kafka_addr: &str,
@@ -102,7 +116,9 @@ impl MetaNode {
         config
             .validate()
             .map_err(|e| MinkError::invalid("meta config", e))?;
-        let log = ObjectLog::open(store.clone(), "meta", MetaState::default())
+        let stores: Stores = stores.into();
+        let store = stores.get(Purpose::Heartbeat);
+        let log = ObjectLog::open(stores.get(Purpose::Meta), "meta", MetaState::default())
             .await
             .map_err(storage)?;
         let mut incarnation = log.read(|s, _| s.nodes.get(node).map_or(0, |n| n.incarnation)) + 1;
@@ -124,6 +140,7 @@ impl MetaNode {
                 Appended::Rejected(e) => return Err(e),
             }
         }
+        let beside = log.beside();
         let meta = Self {
             inner: Arc::new(Inner {
                 node: node.to_string(),
@@ -133,6 +150,7 @@ impl MetaNode {
                 config,
                 heartbeat: AtomicU64::new(0),
                 seen: Mutex::new(HashMap::new()),
+                beside,
                 proposing: tokio::sync::Mutex::new(()),
                 duties: tokio::sync::Mutex::new(()),
                 shutdown: watch::channel(false).0,
@@ -303,7 +321,33 @@ impl MetaNode {
         let table = self
             .read(|s| s.table(path).cloned())
             .ok_or_else(|| MinkError::NotFound(format!("table {path} (dropped meanwhile)")))?;
+        self.await_leaders(table.id).await;
         Ok((table, index))
+    }
+
+    /// Waits (bounded) until every bucket of table `id` has a leader. The lease holder
+    /// assigns at once; another node's new table reaches the holder at the holder's
+    /// next metadata listing, up to `tail_idle_interval_max_ms` later on an idle
+    /// cluster, and a table whose buckets have no leader yet cannot be written, read
+    /// or tailed. So a `create_table` answers once its buckets are led (or after
+    /// that interval plus 2 s, when they are not: writes then wait for them as before).
+    async fn await_leaders(&self, id: i64) {
+        let wait = Duration::from_millis(self.inner.config.tail_idle_interval_max_ms)
+            + Duration::from_secs(2);
+        let deadline = Instant::now() + wait;
+        let mut changes = self.subscribe();
+        let led = |s: &MetaState| {
+            s.buckets
+                .values()
+                .filter(|b| b.bucket.table_id == id)
+                .all(|b| b.leader.is_some())
+        };
+        while !self.read(led) {
+            match tokio::time::timeout_at(deadline, changes.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) | Err(_) => return,
+            }
+        }
     }
 
     /// Creates a partition, or finds it when it exists.
@@ -459,7 +503,7 @@ impl MetaNode {
             "at_ms": now_ms(),
         })
         .to_string();
-        let path = Path::from(format!("nodes/{}", self.inner.node));
+        let path = Path::from(format!("{HEARTBEATS}/{}", self.inner.node));
         let ok = match self.inner.store.put(&path, PutPayload::from(body)).await {
             Ok(_) => true,
             Err(e) => {
@@ -480,24 +524,33 @@ impl MetaNode {
         }
     }
 
-    /// How long `node`'s heartbeat object has been unchanged, on our clock.
-    async fn silent_for(&self, node: &str) -> Duration {
-        let path = Path::from(format!("nodes/{node}"));
-        let content = match self.inner.store.get(&path).await {
-            Ok(got) => got.bytes().await.unwrap_or_default(),
-            Err(_) => bytes::Bytes::new(),
-        };
-        let now = Instant::now();
+    /// How long `node`'s heartbeat object has been unchanged, on our clock, as the
+    /// tailer's latest listing shows it (no request of its own). Measured up to that
+    /// listing, not to now: while listings fail, nobody's silence grows.
+    fn silent_for(&self, node: &str) -> Duration {
+        let listing = self.inner.beside.borrow().clone();
+        let path = Path::from(format!("{HEARTBEATS}/{node}"));
+        let version = listing
+            .objects
+            .iter()
+            .find(|m| m.location == path)
+            .map(|m| {
+                (
+                    m.e_tag.clone(),
+                    m.size,
+                    m.last_modified.timestamp_nanos_opt().unwrap_or_default(),
+                )
+            });
         let mut seen = self.inner.seen.lock().unwrap_or_else(|e| e.into_inner());
         let entry = seen.entry(node.to_string()).or_insert_with(|| Seen {
-            content: content.clone(),
-            changed_at: now,
+            version: version.clone(),
+            changed_at: listing.at,
         });
-        if entry.content != content {
-            entry.content = content;
-            entry.changed_at = now;
+        if entry.version != version {
+            entry.version = version;
+            entry.changed_at = entry.changed_at.max(listing.at);
         }
-        now.duration_since(entry.changed_at)
+        listing.at.saturating_duration_since(entry.changed_at)
     }
 
     async fn lease_loop(self) {
@@ -533,7 +586,7 @@ impl MetaNode {
         match holder {
             Some(h) if h == self.inner.node => self.duties(last_expire).await,
             Some(h) => {
-                let silent = self.silent_for(&h).await;
+                let silent = self.silent_for(&h);
                 if silent >= Duration::from_millis(self.inner.config.lease_timeout_ms) {
                     tracing::info!(node = %self.inner.node, holder = %h, ?silent, "taking over the lease");
                     self.acquire(term + 1).await?;
@@ -581,7 +634,7 @@ impl MetaNode {
         });
         let session = Duration::from_millis(self.inner.config.node_session_timeout_ms);
         for node in others {
-            if self.silent_for(&node).await >= session {
+            if self.silent_for(&node) >= session {
                 tracing::warn!(%node, "declaring a node dead: its heartbeat stopped");
                 self.propose(MetaCommand::NodeDown { term, node }).await?;
             }
@@ -597,11 +650,11 @@ impl MetaNode {
         }
         if last_expire.elapsed() >= EXPIRE_EVERY {
             *last_expire = Instant::now();
-            self.propose(MetaCommand::ExpireOffsets {
-                term,
-                now_ms: now_ms(),
-            })
-            .await?;
+            let now_ms = now_ms();
+            if self.read(|s| s.has_expired_offsets(now_ms)) {
+                self.propose(MetaCommand::ExpireOffsets { term, now_ms })
+                    .await?;
+            }
         }
         // Snapshots of the metadata log.
         let applied = self.applied_index();

@@ -233,6 +233,19 @@ fn not_found(what: impl Into<String>) -> MinkError {
 }
 
 impl MetaState {
+    /// Whether `ExpireOffsets` at `now_ms` would remove anything (the holder proposes
+    /// it only then: an entry that changes nothing still costs requests on every node).
+    pub fn has_expired_offsets(&self, now_ms: i64) -> bool {
+        self.group_offsets
+            .values()
+            .flat_map(|g| g.values())
+            .any(|o| o.expires_at_ms <= now_ms)
+            || self
+                .producer_offsets
+                .values()
+                .any(|p| p.expires_at_ms <= now_ms)
+    }
+
     pub fn table(&self, path: &TablePath) -> Option<&TableInfo> {
         self.table_ids
             .get(&path.to_string())

@@ -19,11 +19,29 @@ pub fn prometheus() -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE
         .get_or_init(|| {
-            PrometheusBuilder::new()
+            object_store_buckets(PrometheusBuilder::new())
                 .install_recorder()
                 .unwrap_or_else(|_| PrometheusBuilder::new().build_recorder().handle())
         })
         .clone()
+}
+
+/// Object-store latency as a histogram (aggregatable across nodes), from 1 ms to 10 s;
+/// other histograms render as summaries.
+fn object_store_buckets(builder: PrometheusBuilder) -> PrometheusBuilder {
+    const SECONDS: [f64; 14] = [
+        0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0,
+    ];
+    let matcher = metrics_exporter_prometheus::Matcher::Full(
+        "mink_object_store_request_duration_seconds".into(),
+    );
+    match builder.set_buckets_for_metric(matcher, &SECONDS) {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::warn!("object-store latency buckets: {e}");
+            PrometheusBuilder::new()
+        }
+    }
 }
 
 /// What the endpoint reports on.

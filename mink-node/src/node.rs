@@ -8,7 +8,7 @@ use arrow_flight::flight_service_server::FlightServiceServer;
 use futures::StreamExt;
 use mink_flight::FlightServer;
 use mink_meta::MetaNode;
-use mink_wal::StreamStore;
+use mink_wal::{Accounting, Purpose, Stores, StreamStore};
 use object_store::ObjectStore;
 use object_store::path::Path;
 use tokio::net::TcpListener;
@@ -20,7 +20,11 @@ use crate::service::NodeService;
 /// A running node.
 pub struct Node {
     pub config: MinkConfig,
+    /// The object store as given (behind the fault injector with
+    /// `testing.fault_injection`), uncounted: for tests and tools that inspect it.
     pub store: Arc<dyn ObjectStore>,
+    /// Every object-store request this node makes, by operation and purpose.
+    pub accounting: Arc<Accounting>,
     pub meta: MetaNode,
     service: Arc<NodeService>,
     /// The address the Flight listener is bound to.
@@ -48,21 +52,38 @@ impl Node {
     /// endpoint's `POST /fault` configures (a test facility; `testing.fault_injection`).
     async fn start_faulty(config: MinkConfig) -> anyhow::Result<Self> {
         let store = mink_wal::open_object_store(&config.object_store)?;
-        let faulty = mink_wal::fault::FaultyStore::new(store, Default::default());
-        Self::start_inner(config, Arc::new(faulty.clone()), Some(faulty)).await
+        let faulty = mink_wal::fault::FaultyStore::new(store.clone(), Default::default());
+        // The injector above the accounting: what it fails never reaches the store and
+        // is not a request.
+        let accounting = Accounting::new();
+        let stores = Stores::with_faults(store, accounting.clone(), &faulty);
+        Self::start_inner(
+            config,
+            Arc::new(faulty.clone()),
+            stores,
+            accounting,
+            Some(faulty),
+        )
+        .await
     }
 
     /// [`Node::start`] on a given object store (benchmarks wrap one with latency).
+    /// Requests to it are counted as the node's (faults the given store injects count
+    /// as failed requests).
     pub async fn start_with_store(
         config: MinkConfig,
         store: Arc<dyn ObjectStore>,
     ) -> anyhow::Result<Self> {
-        Self::start_inner(config, store, None).await
+        let accounting = Accounting::new();
+        let stores = Stores::accounted(store.clone(), accounting.clone());
+        Self::start_inner(config, store, stores, accounting, None).await
     }
 
     async fn start_inner(
         config: MinkConfig,
         store: Arc<dyn ObjectStore>,
+        stores: Stores,
+        accounting: Arc<Accounting>,
         fault: Option<mink_wal::fault::FaultyStore>,
     ) -> anyhow::Result<Self> {
         std::fs::create_dir_all(&config.data_dir).map_err(|e| {
@@ -72,8 +93,8 @@ impl Node {
             )
         })?;
         // One cheap request proves the store is reachable and the credentials work.
-        let probe = Path::from("nodes");
-        let mut listing = store.list(Some(&probe));
+        let probe = Path::from("meta/nodes");
+        let mut listing = stores.get(Purpose::Meta).list(Some(&probe));
         if let Some(Err(e)) = listing.next().await {
             anyhow::bail!(
                 "object store {} is not usable: {e}",
@@ -151,7 +172,7 @@ impl Node {
             (None, None) => String::new(),
         };
         let meta = MetaNode::open(
-            store.clone(),
+            stores.clone(),
             &config.node_id,
             &advertised,
             &advertised_kafka,
@@ -159,7 +180,7 @@ impl Node {
         )
         .await
         .map_err(|e| anyhow::anyhow!("joining the cluster: {e}"))?;
-        let streams = StreamStore::open(store.clone(), &config.node_id, config.wal.clone())
+        let streams = StreamStore::open(stores.clone(), &config.node_id, config.wal.clone())
             .await
             .map_err(|e| anyhow::anyhow!("starting the WAL: {e}"))?;
         let kv = mink_kv::open_kv_store(config.kv.backend, &config.data_dir.join("kv"))
@@ -186,7 +207,7 @@ impl Node {
         tasks.push(tokio::spawn(supervise_wal(
             service.clone(),
             meta.clone(),
-            store.clone(),
+            stores,
             config.clone(),
             shutdown.subscribe(),
         )));
@@ -229,6 +250,7 @@ impl Node {
         Ok(Self {
             config,
             store,
+            accounting,
             meta,
             service,
             flight_addr,
@@ -267,7 +289,7 @@ impl Node {
 async fn supervise_wal(
     service: Arc<NodeService>,
     meta: MetaNode,
-    store: Arc<dyn ObjectStore>,
+    stores: Stores,
     config: MinkConfig,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -295,7 +317,7 @@ async fn supervise_wal(
         let mut replacement = None;
         loop {
             if replacement.is_none() {
-                match StreamStore::open(store.clone(), &config.node_id, config.wal.clone()).await {
+                match StreamStore::open(stores.clone(), &config.node_id, config.wal.clone()).await {
                     Ok(new) => replacement = Some(new),
                     Err(e) => tracing::warn!("opening a new WAL generation: {e}; retrying"),
                 }

@@ -10,7 +10,7 @@
 //!   leads a bucket this node has open, the tablet is dropped at once (no more writes)
 //!   and its stream closed cleanly, so the new leader opens it without fencing anyone.
 //!   A new leader whose stream is still held by a live node waits up to
-//!   [`HANDOVER_WAIT`] for that close before it takes the stream over (fencing).
+//!   [`handover_wait`] for that close before it takes the stream over (fencing).
 //! - **Background duties** run per open tablet: log TTL trim, writer-state
 //!   checkpoints (so the next open reads only what came after) and, for primary-key
 //!   tables, KV snapshots every `kv.snapshot_interval_ms` when the bucket changed
@@ -34,8 +34,21 @@ use crate::MinkConfig;
 pub const OPEN_WAIT: Duration = Duration::from_secs(3);
 
 /// How long a new leader waits for the previous leader, alive, to close the bucket's
-/// stream (a handover) before it takes the stream over and fences that node's WAL.
+/// stream (a handover) before it takes the stream over and fences that node's WAL, at
+/// least. An idle previous leader learns of the move at its next metadata listing,
+/// up to `meta.tail_idle_interval_max_ms` later, so the wait is never shorter than
+/// that plus [`HANDOVER_CLOSE_MARGIN`].
 pub const HANDOVER_WAIT: Duration = Duration::from_secs(3);
+
+/// What a previous leader has for closing the stream once it knows (a flush, a last
+/// compaction, one metadata append).
+pub const HANDOVER_CLOSE_MARGIN: Duration = Duration::from_secs(2);
+
+/// How long a new leader waits for a live previous leader's handover.
+pub fn handover_wait(config: &MinkConfig) -> Duration {
+    HANDOVER_WAIT
+        .max(Duration::from_millis(config.meta.tail_idle_interval_max_ms) + HANDOVER_CLOSE_MARGIN)
+}
 
 #[derive(Clone)]
 pub(crate) enum Tablet {
@@ -290,7 +303,7 @@ impl Tablets {
             return Ok(Tablet::Log(log));
         }
         let snapshots = SnapshotStore {
-            store: streams.object_store(),
+            store: streams.object_store_for(mink_wal::Purpose::KvSnapshot),
             prefix: crate::service::snapshot_prefix(bucket),
             retain: self.config.kv.snapshots_retained as usize,
         };
@@ -313,7 +326,7 @@ impl Tablets {
     /// every other bucket it leads.
     async fn await_handover(&self, streams: &StreamStore, name: &str) {
         let me = self.meta.node_id().to_string();
-        let deadline = tokio::time::Instant::now() + HANDOVER_WAIT;
+        let deadline = tokio::time::Instant::now() + handover_wait(&self.config);
         loop {
             let owner = streams
                 .metadata()

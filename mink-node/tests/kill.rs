@@ -32,6 +32,7 @@ fn spawn(data: &std::path::Path, store: &std::path::Path, flight: &str) -> (Chil
         .env("MINK_META__HEARTBEAT_INTERVAL_MS", "200")
         .env("MINK_META__LEASE_TIMEOUT_MS", "2000")
         .env("MINK_META__NODE_SESSION_TIMEOUT_MS", "3000")
+        .env("MINK_META__TAIL_IDLE_INTERVAL_MAX_MS", "200")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

@@ -206,6 +206,18 @@ impl FaultyStore {
         }
     }
 
+    /// A wrapper of `inner` that shares this one's faults, configuration, RNG, clock
+    /// and counters: one injector over several stores (the node puts one over each
+    /// purpose's accounted handle, see [`crate::accounting::Stores::with_faults`]).
+    pub fn over(&self, inner: Arc<dyn ObjectStore>) -> Self {
+        Self {
+            inner,
+            clock: self.clock.clone(),
+            state: self.state.clone(),
+            counters: self.counters.clone(),
+        }
+    }
+
     /// Reports modification times from `clock` (shared by every store over the same
     /// objects) instead of the wrapped store's wall clock.
     pub fn with_clock(mut self, clock: VirtualClock) -> Self {

@@ -1,7 +1,8 @@
 //! `mink-wal`: the object-storage toolkit Mink's durability rests on.
 //!
 //! - [`store`]: object stores from a URL; [`fault`]: a seeded fault and latency
-//!   injecting wrapper for tests and benchmarks.
+//!   injecting wrapper for tests and benchmarks; [`accounting`]: every request
+//!   counted by operation and purpose, with one tagged handle per component.
 //! - [`objectlog`]: `ObjectLog`, a totally ordered log of objects appended by
 //!   conditional create, feeding a deterministic state machine.
 //! - [`stream`]: s3stream — streams with epochs, one group-commit WAL per node with
@@ -13,6 +14,7 @@
 //! use it on its own. It depends on object_store, tokio and bytes, never on another
 //! Mink crate.
 
+pub mod accounting;
 pub mod config;
 pub mod error;
 pub mod fault;
@@ -21,6 +23,7 @@ pub mod objectlog;
 pub mod store;
 pub mod stream;
 
+pub use accounting::{Accounting, AccountingReport, Op, Purpose, Stores};
 pub use config::{ObjectStoreConfig, REDACTED, WalConfig};
 pub use error::{WalError, WalResult};
 pub use format::Record;

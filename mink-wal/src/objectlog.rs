@@ -23,6 +23,12 @@
 //! than `list_refresh`, which must be well below `delete_grace`. An entry a writer has
 //! not seen was then created after its last listing, so it is too young to be gone.
 //!
+//! Tailing costs one LIST per catch-up: the listing covers all of `{prefix}/` from the
+//! next entry on, so it also shows every snapshot (no second listing to find one) and
+//! the objects kept beside the log whose keys sort after `{prefix}/log/` (the
+//! metadata service keeps heartbeats under `{prefix}/nodes/`), which
+//! [`ObjectLog::beside`] publishes: liveness is read from the tail for free.
+//!
 //! Entry format: `b"MKL1"`, CRC32C (u32 LE) of the rest, the 16-byte token, then the
 //! entry as JSON.
 
@@ -32,7 +38,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::{Mutex, Notify, watch};
@@ -68,6 +74,15 @@ pub enum Appended<R> {
     Rejected(R),
 }
 
+/// Objects under the log's prefix beside the log and its snapshots (keys sorting after
+/// `{prefix}/log/`), as one listing saw them.
+#[derive(Debug, Clone)]
+pub struct BesideListing {
+    /// When the listing was requested (tokio's clock).
+    pub at: tokio::time::Instant,
+    pub objects: Vec<ObjectMeta>,
+}
+
 #[derive(Clone)]
 struct Applied<S> {
     index: u64,
@@ -99,8 +114,12 @@ pub struct ObjectLog<S: LogState> {
     options: ObjectLogOptions,
     /// When the last successful listing catch-up started.
     last_listed: std::sync::Mutex<std::time::Instant>,
+    /// `{prefix}`: a catch-up lists it from the next entry on.
+    root: Path,
     log_dir: Path,
     snap_dir: Path,
+    /// What the last listing saw beside the log.
+    beside: watch::Sender<Arc<BesideListing>>,
     /// Written to read the store's clock (ages of entries are judged by it).
     clock_key: String,
     view: RwLock<Arc<Applied<S>>>,
@@ -169,8 +188,14 @@ impl<S: LogState> ObjectLog<S> {
             store,
             options,
             last_listed: std::sync::Mutex::new(std::time::Instant::now()),
+            root: Path::from(prefix),
             log_dir: Path::from(format!("{prefix}/log")),
             snap_dir: Path::from(format!("{prefix}/snap")),
+            beside: watch::channel(Arc::new(BesideListing {
+                at: tokio::time::Instant::now(),
+                objects: Vec::new(),
+            }))
+            .0,
             clock_key: format!("{prefix}/clock"),
             view: RwLock::new(Arc::new(Applied {
                 index: 0,
@@ -225,6 +250,12 @@ impl<S: LogState> ObjectLog<S> {
         self.applied_tx.subscribe()
     }
 
+    /// The objects beside the log (keys under the prefix that sort after `log/` and
+    /// are not snapshots) as the latest listing saw them; changed after every listing.
+    pub fn beside(&self) -> watch::Receiver<Arc<BesideListing>> {
+        self.beside.subscribe()
+    }
+
     /// Wakes a running tailer ([`ObjectLog::run_tailer`]) at once.
     pub fn poke(&self) {
         self.poke.notify_one();
@@ -244,12 +275,18 @@ impl<S: LogState> ObjectLog<S> {
         let Some((index, path)) = latest.filter(|(i, _)| *i > above) else {
             return Ok(false);
         };
-        let bytes = self.store.get(&path).await?.bytes().await?;
+        self.load_snapshot(index, &path).await?;
+        Ok(true)
+    }
+
+    /// Loads the snapshot at `path`, which holds the state after entry `index`.
+    async fn load_snapshot(&self, index: u64, path: &Path) -> WalResult<()> {
+        let bytes = self.store.get(path).await?.bytes().await?;
         let state: S = serde_json::from_slice(&bytes)
             .map_err(|e| WalError::Corrupt(format!("snapshot {path}: {e}")))?;
         *self.view.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(Applied { index, state });
         self.applied_tx.send_replace(index);
-        Ok(true)
+        Ok(())
     }
 
     /// Applies entries after the applied index by reading `applied + 1`,
@@ -277,8 +314,9 @@ impl<S: LogState> ObjectLog<S> {
         Ok(found)
     }
 
-    /// Applies every entry after the applied index, found by listing with
-    /// `start_after`. Returns the index at which `token` was found, if it was.
+    /// Applies every entry after the applied index, found by listing the prefix with
+    /// `start_after` the applied entry (one LIST that also shows the snapshots and the
+    /// objects beside the log). Returns the index at which `token` was found, if it was.
     async fn catch_up_locked(&self, token: Option<&[u8; 16]>) -> WalResult<Option<u64>> {
         let started = std::time::Instant::now();
         let found = self.list_and_apply(token).await?;
@@ -290,18 +328,40 @@ impl<S: LogState> ObjectLog<S> {
         let mut found = None;
         loop {
             let applied = self.applied_index();
-            let mut indices: Vec<u64> = self
+            let at = tokio::time::Instant::now();
+            let listed: Vec<ObjectMeta> = self
                 .store
-                .list_with_offset(Some(&self.log_dir), &self.entry_path(applied))
-                .try_filter_map(|meta| async move { Ok(index_of(&meta.location)) })
+                .list_with_offset(Some(&self.root), &self.entry_path(applied))
                 .try_collect()
                 .await?;
+            let mut indices = Vec::new();
+            let mut newest_snapshot: Option<(u64, Path)> = None;
+            let mut beside = Vec::new();
+            for meta in listed {
+                if meta.location.prefix_matches(&self.log_dir) {
+                    indices.extend(index_of(&meta.location));
+                } else if meta.location.prefix_matches(&self.snap_dir) {
+                    if let Some(i) = index_of(&meta.location)
+                        && newest_snapshot.as_ref().is_none_or(|(j, _)| i > *j)
+                    {
+                        newest_snapshot = Some((i, meta.location));
+                    }
+                } else {
+                    beside.push(meta);
+                }
+            }
+            self.beside.send_replace(Arc::new(BesideListing {
+                at,
+                objects: beside,
+            }));
             indices.retain(|i| *i > applied);
             indices.sort_unstable();
             if indices.first() != Some(&(applied + 1)) {
                 // Either we are caught up, or the next entries were deleted under a
-                // snapshot we have not read: a newer snapshot tells.
-                if self.load_latest_snapshot(applied).await? {
+                // snapshot we have not read: a newer snapshot tells (the same listing
+                // shows every snapshot).
+                if let Some((index, path)) = newest_snapshot.filter(|(i, _)| *i > applied) {
+                    self.load_snapshot(index, &path).await?;
                     continue;
                 }
                 if indices.is_empty() {
@@ -427,6 +487,9 @@ impl<S: LogState> ObjectLog<S> {
             {
                 Ok(_) => {
                     self.apply_entry(next, entry);
+                    // What follows one's own entry (others' answers to it) is likely
+                    // soon: the tailer polls fast again instead of at its idle pace.
+                    self.poke();
                     return Ok(Appended::At(next));
                 }
                 Err(object_store::Error::AlreadyExists { .. }) => {

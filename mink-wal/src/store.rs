@@ -25,6 +25,65 @@ pub async fn store_now_ms(store: &Arc<dyn ObjectStore>, key: &str) -> WalResult<
     Ok(store.head(&path).await?.last_modified.timestamp_millis())
 }
 
+/// The HTTP client of S3 stores: object_store's own (reqwest), counting every HTTP
+/// request it sends in `mink_object_store_http_requests_total{method,status}`. The
+/// node's request accounting (`crate::accounting`) counts one per store call; object_store
+/// retries failed requests inside that call (5xx, throttling, connection errors), and
+/// those retries show here only: the difference is what was retried. Process-wide
+/// (the client does not know which node or purpose sends).
+#[derive(Debug, Default)]
+struct CountingConnector;
+
+impl object_store::client::HttpConnector for CountingConnector {
+    fn connect(
+        &self,
+        options: &object_store::ClientOptions,
+    ) -> object_store::Result<object_store::client::HttpClient> {
+        let inner = object_store::client::HttpConnector::connect(
+            &object_store::client::ReqwestConnector::default(),
+            options,
+        )?;
+        Ok(object_store::client::HttpClient::new(CountingService {
+            inner,
+        }))
+    }
+}
+
+#[derive(Debug)]
+struct CountingService {
+    inner: object_store::client::HttpClient,
+}
+
+#[async_trait::async_trait]
+impl object_store::client::HttpService for CountingService {
+    async fn call(
+        &self,
+        req: object_store::client::HttpRequest,
+    ) -> Result<object_store::client::HttpResponse, object_store::client::HttpError> {
+        let method = match req.method().as_str() {
+            "GET" => "get",
+            "PUT" => "put",
+            "POST" => "post",
+            "HEAD" => "head",
+            "DELETE" => "delete",
+            _ => "other",
+        };
+        let result = self.inner.execute(req).await;
+        let status = match &result {
+            Ok(r) => match r.status().as_u16() {
+                200..=299 => "2xx",
+                300..=399 => "3xx",
+                400..=499 => "4xx",
+                _ => "5xx",
+            },
+            Err(_) => "error",
+        };
+        metrics::counter!("mink_object_store_http_requests_total", "method" => method, "status" => status)
+            .increment(1);
+        result
+    }
+}
+
 /// Opens the store `config.url` names:
 /// - `file:///abs/dir`: a local directory (created if missing), every write fsynced;
 /// - `memory://`: a fresh in-memory store (tests);
@@ -56,6 +115,7 @@ pub fn open_object_store(config: &ObjectStoreConfig) -> WalResult<Arc<dyn Object
             return Err(bad("an s3:// URL needs a bucket".into()));
         }
         let mut builder = AmazonS3Builder::from_env()
+            .with_http_connector(CountingConnector)
             .with_bucket_name(bucket)
             .with_region(&config.region)
             .with_allow_http(config.allow_http)

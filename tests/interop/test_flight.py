@@ -455,6 +455,10 @@ def test_alter_snapshots_limit_scan_and_stats(node):
         action(client, "lake_snapshot", {"path": "db.events"})
     stats = action(client, "node_stats")
     assert stats["tablets_open"] == 2 and stats["wal_failure"] is None
+    # Every object-store request is counted by operation and purpose.
+    counted = stats["object_store"]
+    assert counted["requests"] == sum(k["requests"] for k in counted["by_kind"])
+    assert any(k["op"] == "put" and k["purpose"] == "wal" for k in counted["by_kind"])
 
 
 def test_prefix_lookup_by_the_leading_bucket_key(node):

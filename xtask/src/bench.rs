@@ -33,6 +33,12 @@ pub const BENCHES: &[(&str, &str, &str, &str)] = &[
         "DoPut rows/s against raw s3stream appends; write-to-tail visibility latency",
     ),
     (
+        "idle",
+        "mink-node",
+        "idle",
+        "object-store requests per hour of an idle node and an idle 3-node cluster",
+    ),
+    (
         "meta",
         "mink-meta",
         "meta",

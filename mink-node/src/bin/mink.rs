@@ -206,7 +206,8 @@ enum ClusterCommand {
 
 #[derive(Debug, Subcommand)]
 enum NodeCommand {
-    /// The node's counters. Example: mink node stats
+    /// The node's counters, with its object-store requests by operation and purpose
+    /// (docs/operations.md). Example: mink node stats
     Stats,
 }
 

@@ -461,6 +461,7 @@ impl NodeService {
                 "tablets_open": self.tablets.open_count(),
                 "applied_index": self.meta.applied_index(),
                 "lease": self.meta.lease(),
+                "object_store": self.streams().stores().accounting().map(|a| a.report()),
             })),
             "prefix_lookup" => {
                 let b: PrefixLookupBody = parse_json("prefix_lookup body", body)?;

@@ -57,7 +57,9 @@ impl NodeService {
                 let schema = table.descriptor.schema.to_arrow();
                 let info = self.kv_snapshot(bucket).await?;
                 let store = SnapshotStore {
-                    store: self.streams().object_store(),
+                    store: self
+                        .streams()
+                        .object_store_for(mink_wal::Purpose::KvSnapshot),
                     prefix: snapshot_prefix(bucket),
                     retain: self.config.kv.snapshots_retained as usize,
                 };

@@ -28,7 +28,7 @@ pub(super) async fn write_segment(
     let key = format!("seg/{stream}/{:020}-{epoch}-{}", first.base, &unique[..12]);
     let len = bytes.len() as u64;
     store
-        .store
+        .segment_store
         .put(&Path::from(key.as_str()), PutPayload::from(bytes))
         .await?;
     metrics::counter!("mink_wal_segments_written_total").increment(1);
@@ -330,7 +330,7 @@ async fn read_whole_segment(store: &StoreInner, seg: &SegmentMeta) -> WalResult<
         SEGMENT_FOOTER_LEN, decode_segment_footer, decode_segment_index, decode_segment_records,
     };
     let bytes = store
-        .store
+        .segment_store
         .get(&Path::from(seg.key.as_str()))
         .await?
         .bytes()
@@ -447,7 +447,7 @@ async fn merge_segments(store: &Arc<StoreInner>) -> WalResult<usize> {
         .merges
         .fetch_add(merges.len() as u64, Ordering::Relaxed);
     // Reads that located a replaced segment meet NotFound and look again.
-    if let Err(e) = delete_paths(&store.store, doomed).await {
+    if let Err(e) = delete_paths(&store.gc_store, doomed).await {
         tracing::warn!("could not delete merged segments: {e}; orphan GC will");
     }
     Ok(merges.len())
@@ -465,7 +465,7 @@ async fn gc_own_wal(store: &Arc<StoreInner>) -> WalResult<()> {
     let paths: Vec<object_store::Result<Path>> = (from..floor)
         .map(|seq| Ok(wal_path(&store.wal, seq)))
         .collect();
-    delete_paths(&store.store, paths).await?;
+    delete_paths(&store.gc_store, paths).await?;
     store.gc_floor.store(floor, Ordering::SeqCst);
     Ok(())
 }
@@ -675,7 +675,7 @@ pub(super) async fn trim(stream: &Arc<StreamInner>, start: u64) -> WalResult<u64
         gone
     };
     for seg in &doomed {
-        match store.store.delete(&Path::from(seg.key.as_str())).await {
+        match store.gc_store.delete(&Path::from(seg.key.as_str())).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
             Err(e) => tracing::warn!("could not delete trimmed segment {}: {e}", seg.key),
         }
@@ -694,7 +694,7 @@ pub(super) async fn trim(stream: &Arc<StreamInner>, start: u64) -> WalResult<u64
 pub(super) async fn gc_dead_wals(store: &Arc<StoreInner>) -> WalResult<usize> {
     use futures::TryStreamExt;
     let claims: Vec<Path> = store
-        .store
+        .gc_store
         .list(Some(&Path::from("walgen")))
         .map_ok(|m| m.location)
         .try_collect()
@@ -746,7 +746,7 @@ pub(super) async fn gc_dead_wals(store: &Arc<StoreInner>) -> WalResult<usize> {
             .get(&wal.to_string())
             .map(|at| super::writer::wal_path(&wal, *at));
         let old: Vec<object_store::ObjectMeta> = store
-            .store
+            .gc_store
             .list(Some(&super::writer::wal_dir(&wal)))
             .try_filter(|m| {
                 let is_fence = fence.as_ref() == Some(&m.location);
@@ -764,7 +764,7 @@ pub(super) async fn gc_dead_wals(store: &Arc<StoreInner>) -> WalResult<usize> {
             doomed.push(Ok(m.location));
         }
         let count = doomed.len();
-        delete_paths(&store.store, doomed).await?;
+        delete_paths(&store.gc_store, doomed).await?;
         if count > 0 {
             tracing::info!(%wal, objects = count, "deleted the WAL objects of a dead generation");
         }
@@ -780,7 +780,7 @@ const FENCE_OBJECT_BYTES_MAX: u64 = 4096;
 /// Whether the object at `path` is a fence (its first bytes are the fence magic).
 async fn is_fence_object(store: &StoreInner, path: &Path) -> WalResult<bool> {
     let magic = crate::format::FENCE_MAGIC;
-    match store.store.get_range(path, 0..magic.len() as u64).await {
+    match store.gc_store.get_range(path, 0..magic.len() as u64).await {
         Ok(head) => Ok(head.as_ref() == magic),
         Err(object_store::Error::NotFound { .. }) => Ok(false),
         Err(e) => Err(e.into()),
@@ -814,7 +814,7 @@ pub(super) async fn gc_orphan_segments(store: &Arc<StoreInner>) -> WalResult<usi
     let mut deleted = 0;
     for (name, epoch, known) in owned {
         let orphans: Vec<object_store::Result<Path>> = store
-            .store
+            .gc_store
             .list(Some(&Path::from(format!("seg/{name}"))))
             .try_filter(|m| {
                 let named = known.contains(m.location.as_ref());
@@ -829,7 +829,7 @@ pub(super) async fn gc_orphan_segments(store: &Arc<StoreInner>) -> WalResult<usi
         let orphans: Vec<object_store::Result<Path>> =
             orphans.into_iter().filter(|p| p.is_ok()).collect();
         deleted += orphans.len();
-        delete_paths(&store.store, orphans).await?;
+        delete_paths(&store.gc_store, orphans).await?;
     }
     Ok(deleted)
 }
@@ -842,7 +842,7 @@ fn segment_epoch(path: &Path) -> Option<u64> {
 /// The store's clock (see [`crate::store::store_now_ms`]), `grace_ms` ago.
 async fn cutoff_ms(store: &StoreInner, grace_ms: u64) -> WalResult<i64> {
     let now =
-        crate::store::store_now_ms(&store.store, &format!("clock/{}", store.wal.node)).await?;
+        crate::store::store_now_ms(&store.gc_store, &format!("clock/{}", store.wal.node)).await?;
     Ok(now.saturating_sub(grace_ms.min(i64::MAX as u64) as i64))
 }
 

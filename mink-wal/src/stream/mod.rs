@@ -37,11 +37,20 @@ use tokio::sync::{Notify, Semaphore, mpsc, oneshot, watch};
 
 pub use meta::{SegmentMeta, StreamCommand, StreamMeta, StreamsState, WalId};
 
+use crate::accounting::{Purpose, Stores};
 use crate::config::WalConfig;
 use crate::error::{WalError, WalResult};
 use crate::format::Record;
 use crate::objectlog::{Appended, ObjectLog};
 use writer::{Job, WriterShared};
+
+/// Collection of dead WAL generations and orphan segments runs every this many
+/// compaction ticks at first and after any round that had work...
+const GC_EVERY_TICKS_MIN: u64 = 10;
+/// ... and backs off, doubling while a pass finds nothing to delete, to this many
+/// (an hour at the default 30 s interval): what it collects appears only after
+/// restarts and rejected commits, and waits out a 10-minute grace anyway.
+const GC_EVERY_TICKS_MAX: u64 = 120;
 
 /// The largest payload one append may carry: 256 MiB.
 pub const PAYLOAD_BYTES_MAX: usize = 256 << 20;
@@ -147,7 +156,15 @@ impl StreamInner {
 }
 
 pub(crate) struct StoreInner {
+    /// The handle for WAL objects (purpose `wal`): uploads, fences, recovery, reads
+    /// of uncompacted records.
     store: Arc<dyn ObjectStore>,
+    /// The handle for segments (purpose `segment`).
+    segment_store: Arc<dyn ObjectStore>,
+    /// The handle for garbage collection (purpose `gc`).
+    gc_store: Arc<dyn ObjectStore>,
+    /// Every purpose's handle, for companions ([`Stream::object_store_for`]).
+    stores: Stores,
     wal: WalId,
     config: WalConfig,
     meta: ObjectLog<StreamsState>,
@@ -193,6 +210,29 @@ impl StoreInner {
                 state.held.pop_front();
             }
         }
+    }
+
+    /// Whether a compaction round has anything to do, judged without a request:
+    /// records not yet in a segment, an open stream whose WAL position would move (so
+    /// that an idle stream does not pin the WAL), WAL objects below the floor the log
+    /// gives not yet deleted, or a stream-metadata snapshot due. An idle node skips
+    /// the round (and its catch-up of the stream-metadata log) entirely. Work a
+    /// compaction round takes on must be reported here.
+    fn compaction_due(&self) -> bool {
+        let oldest = self.writer.oldest_unacked.load(Ordering::SeqCst);
+        let fanin = self.config.segment_merge_fanin as usize;
+        let streams_due = self.lock_streams().values().any(|s| {
+            let state = s.lock();
+            state.status == Status::Open
+                && (state.committed_wal_from < oldest
+                    || state.held.iter().any(|h| h.wal.is_some())
+                    // A merge left for later (refused, or over the round's budget).
+                    || compact::merge_run(&state.segments, fanin, self.config.segment_bytes_max)
+                        .is_some())
+        });
+        streams_due
+            || self.meta.read(|s, _| s.wal_floor(&self.wal)) > self.gc_floor.load(Ordering::SeqCst)
+            || self.meta.applied_index() >= self.last_snapshot.load(Ordering::Relaxed) + 1_000
     }
 
     fn lock_streams(&self) -> MutexGuard<'_, BTreeMap<String, Arc<StreamInner>>> {
@@ -274,13 +314,12 @@ async fn claim_generation(store: &Arc<dyn ObjectStore>, node: &str) -> WalResult
 }
 
 impl StreamStore {
-    /// Starts node `node`'s s3stream service on `store`: claims a new WAL generation,
-    /// opens the stream-metadata log and starts the WAL writer.
-    pub async fn open(
-        store: Arc<dyn ObjectStore>,
-        node: &str,
-        config: WalConfig,
-    ) -> WalResult<Self> {
+    /// Starts node `node`'s s3stream service on `stores` (a bare store, or one handle
+    /// per purpose so that requests are counted): claims a new WAL generation, opens
+    /// the stream-metadata log and starts the WAL writer.
+    pub async fn open(stores: impl Into<Stores>, node: &str, config: WalConfig) -> WalResult<Self> {
+        let stores: Stores = stores.into();
+        let store = stores.get(Purpose::Wal);
         config.validate().map_err(WalError::Config)?;
         if node.is_empty() || node.contains('/') {
             return Err(WalError::Config(format!(
@@ -292,7 +331,12 @@ impl StreamStore {
             node: node.to_string(),
             generation,
         };
-        let meta = ObjectLog::open(store.clone(), "streams", StreamsState::default()).await?;
+        let meta = ObjectLog::open(
+            stores.get(Purpose::Meta),
+            "streams",
+            StreamsState::default(),
+        )
+        .await?;
         let (tx, rx) = mpsc::unbounded_channel();
         let writer = Arc::new(WriterShared {
             next_seq: AtomicU64::new(1),
@@ -301,6 +345,9 @@ impl StreamStore {
         });
         let inner = Arc::new(StoreInner {
             store: store.clone(),
+            segment_store: stores.get(Purpose::Segment),
+            gc_store: stores.get(Purpose::Gc),
+            stores: stores.clone(),
             wal: wal.clone(),
             budget: Arc::new(Semaphore::new(
                 config.pending_bytes_max.min(u32::MAX as u64) as usize,
@@ -351,9 +398,15 @@ impl StreamStore {
         }
     }
 
-    /// The object store this service writes to.
-    pub fn object_store(&self) -> Arc<dyn ObjectStore> {
-        self.inner.store.clone()
+    /// The object store this service writes to, as the handle for `purpose` (its
+    /// requests are counted under that purpose when the stores count).
+    pub fn object_store_for(&self, purpose: Purpose) -> Arc<dyn ObjectStore> {
+        self.inner.stores.get(purpose)
+    }
+
+    /// Every purpose's handle of the store (and the node's request counters).
+    pub fn stores(&self) -> &Stores {
+        &self.inner.stores
     }
 
     /// The stream-metadata log (read-only use: inspection, tests, tooling).
@@ -392,14 +445,16 @@ impl StreamStore {
     }
 
     /// Runs compaction every `compaction_interval_ms`, or sooner when the node holds
-    /// `segment_bytes_max` of uncompacted data, until `shutdown` resolves. Every tenth
-    /// round also collects dead WAL generations and orphan segments.
+    /// `segment_bytes_max` of uncompacted data, until `shutdown` resolves; a tick with
+    /// nothing to compact makes no request. Collection of dead WAL generations and
+    /// orphan segments runs every tenth tick, backing off to every 120th while it finds
+    /// nothing and nothing is written.
     pub async fn run_compactor(&self, shutdown: impl std::future::Future<Output = ()>) {
         tokio::pin!(shutdown);
         let interval = Duration::from_millis(self.inner.config.compaction_interval_ms.max(1));
-        let mut round = 0u64;
+        let mut gc_every = GC_EVERY_TICKS_MIN;
+        let mut since_gc = 0u64;
         loop {
-            round += 1;
             tokio::select! {
                 biased;
                 _ = &mut shutdown => return,
@@ -409,16 +464,33 @@ impl StreamStore {
             if self.failure().is_some() {
                 return;
             }
-            if let Err(e) = self.compact().await {
-                tracing::warn!(wal = %self.inner.wal, "compaction failed: {e}");
+            if self.inner.compaction_due() {
+                gc_every = GC_EVERY_TICKS_MIN;
+                if let Err(e) = self.compact().await {
+                    tracing::warn!(wal = %self.inner.wal, "compaction failed: {e}");
+                }
             }
-            if round.is_multiple_of(10) {
-                if let Err(e) = self.gc_dead_wals().await {
-                    tracing::warn!(wal = %self.inner.wal, "dead WAL collection failed: {e}");
+            since_gc += 1;
+            if since_gc >= gc_every {
+                since_gc = 0;
+                let mut deleted = 0;
+                match self.gc_dead_wals().await {
+                    Ok(n) => deleted += n,
+                    Err(e) => {
+                        tracing::warn!(wal = %self.inner.wal, "dead WAL collection failed: {e}")
+                    }
                 }
-                if let Err(e) = self.gc_orphan_segments().await {
-                    tracing::warn!(wal = %self.inner.wal, "orphan segment collection failed: {e}");
+                match self.gc_orphan_segments().await {
+                    Ok(n) => deleted += n,
+                    Err(e) => {
+                        tracing::warn!(wal = %self.inner.wal, "orphan segment collection failed: {e}")
+                    }
                 }
+                gc_every = if deleted == 0 {
+                    (gc_every * 2).min(GC_EVERY_TICKS_MAX)
+                } else {
+                    GC_EVERY_TICKS_MIN
+                };
             }
         }
     }
@@ -466,9 +538,10 @@ impl Stream {
         &self.inner.name
     }
 
-    /// The object store the stream lives on (for companions such as checkpoints).
-    pub fn object_store(&self) -> Arc<dyn ObjectStore> {
-        self.inner.store.store.clone()
+    /// The object store the stream lives on, as the handle for `purpose` (for
+    /// companions such as checkpoints).
+    pub fn object_store_for(&self, purpose: Purpose) -> Arc<dyn ObjectStore> {
+        self.inner.store.stores.get(purpose)
     }
 
     /// The epoch the stream is open under.

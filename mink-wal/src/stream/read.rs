@@ -68,7 +68,7 @@ async fn segment_index(
     }
     let path = Path::from(seg.key.as_str());
     let footer = store
-        .store
+        .segment_store
         .get_range(
             &path,
             seg.bytes.saturating_sub(SEGMENT_FOOTER_LEN as u64)..seg.bytes,
@@ -82,7 +82,10 @@ async fn segment_index(
             seg.key
         ))));
     }
-    let bytes = store.store.get_range(&path, index_pos..index_end).await?;
+    let bytes = store
+        .segment_store
+        .get_range(&path, index_pos..index_end)
+        .await?;
     let index = Arc::new(decode_segment_index(&seg.key, &bytes, entries, crc)?);
     let mut cache = store
         .segment_indexes
@@ -116,7 +119,7 @@ async fn read_segment(
         return Ok(vec![]);
     };
     let data = store
-        .store
+        .segment_store
         .get_range(
             &Path::from(seg.key.as_str()),
             a.range().start..b.range().end,
