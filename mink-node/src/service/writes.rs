@@ -199,7 +199,7 @@ impl NodeService {
             .await
         {
             Ok(a) => a,
-            Err(e) => return Err(self.redirect_stale(bucket, e).await),
+            Err(e) => return Err(self.after_write_error(bucket, writer, e).await),
         };
         Ok(BucketWritten {
             bucket,
@@ -207,6 +207,28 @@ impl NodeService {
             last_offset: appended.last_offset,
             duplicated: appended.duplicated,
         })
+    }
+
+    /// The error of a write that reached its tablet. With a writer id a retry is
+    /// deduplicated, so a stale leader redirects as usual. Without one, the rows may
+    /// have been recorded (an upload that landed before the WAL failed or was fenced is
+    /// recovered by the next leader): a redirect would invite a retry that writes them
+    /// twice, so the caller hears that the outcome is unknown instead.
+    async fn after_write_error(
+        &self,
+        bucket: TableBucket,
+        writer: Option<i64>,
+        e: MinkError,
+    ) -> MinkError {
+        match (writer, self.redirect_stale(bucket, e).await) {
+            (None, e @ (MinkError::NotLeader { .. } | MinkError::Unavailable(_))) => {
+                MinkError::StorageFailure(format!(
+                    "{bucket}: the write's outcome is unknown ({e}); without a writer id it \
+                     is not retried"
+                ))
+            }
+            (_, e) => e,
+        }
     }
 
     pub(crate) async fn append(
@@ -235,7 +257,7 @@ impl NodeService {
             .await
         {
             Ok(a) => a,
-            Err(e) => return Err(self.redirect_stale(bucket, e).await),
+            Err(e) => return Err(self.after_write_error(bucket, writer, e).await),
         };
         Ok(BucketWritten {
             bucket,
@@ -258,6 +280,12 @@ impl NodeService {
         meta: &WriteBatch,
     ) -> Result<BucketWritten> {
         let deadline = tokio::time::Instant::now() + FORWARD_DEADLINE;
+        let idempotent = match descriptor {
+            WriteDescriptor::Append { writer_id, .. } | WriteDescriptor::Put { writer_id, .. } => {
+                writer_id.is_some()
+            }
+            _ => false,
+        };
         let mut addr = addr.to_string();
         let mut pause = Duration::from_millis(50);
         loop {
@@ -275,8 +303,10 @@ impl NodeService {
                 Ok(Err(MinkError::NotLeader {
                     leader: Some(next), ..
                 })) if next != addr => addr = next,
+                // Without a writer id only a redirect is safe to follow: an
+                // Unavailable may be a connection lost after the leader recorded it.
                 Ok(Err(MinkError::Unavailable(why)))
-                    if tokio::time::Instant::now() + pause < deadline =>
+                    if idempotent && tokio::time::Instant::now() + pause < deadline =>
                 {
                     tracing::debug!(%bucket, %addr, "forwarded write refused ({why}); retrying");
                     tokio::time::sleep(pause).await;
