@@ -1,6 +1,6 @@
 //! The chaos harness: a cluster of `mink-node` processes on one object store, written
 //! to by idempotent Rust clients (a log table and a primary-key table) and a pyarrow
-//! AppendTable writer (`chaos_pyarrow_writer.py`, when `MINK_CHAOS_PYTHON` is set),
+//! AppendTable writer (`chaos_pyarrow_writer.py`, when `MINKTEST_CHAOS_PYTHON` is set),
 //! while a seeded controller injects faults: SIGKILL and restart, SIGSTOP long enough
 //! to lose the lease and the buckets then SIGCONT, object-store PUT failures /
 //! ambiguous timeouts / latency through the nodes' fault injector
@@ -528,7 +528,7 @@ async fn inject(
     }
 }
 
-/// The pyarrow AppendTable writer (chaos_pyarrow_writer.py), when `MINK_CHAOS_PYTHON`
+/// The pyarrow AppendTable writer (chaos_pyarrow_writer.py), when `MINKTEST_CHAOS_PYTHON`
 /// names a Python with pyarrow (`cargo xtask test` and `cargo xtask chaos` set it):
 /// its acknowledged calls go into the ledger like the Rust writers'.
 fn pyarrow_writer(
@@ -536,8 +536,8 @@ fn pyarrow_writer(
     l: &Shared,
     path: &TablePath,
 ) -> Option<(Child, std::thread::JoinHandle<()>)> {
-    let Ok(python) = std::env::var("MINK_CHAOS_PYTHON") else {
-        eprintln!("MINK_CHAOS_PYTHON is not set: no pyarrow writer in this run");
+    let Ok(python) = std::env::var("MINKTEST_CHAOS_PYTHON") else {
+        eprintln!("MINKTEST_CHAOS_PYTHON is not set: no pyarrow writer in this run");
         return None;
     };
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/chaos_pyarrow_writer.py");

@@ -31,6 +31,7 @@ fn config(dir: &std::path::Path, id: &str) -> MinkConfig {
     c.object_store.url = "memory://".into();
     c.listeners.flight = "127.0.0.1:0".parse().unwrap();
     c.listeners.admin = "127.0.0.1:0".parse().unwrap();
+    c.listeners.kafka = "127.0.0.1:0".parse().unwrap();
     c
 }
 

@@ -27,7 +27,7 @@ pub fn run(root: &Path, seconds: u64, seed: u64, s3: bool) -> Result<()> {
         .env("MINK_CHAOS_SECONDS", seconds.to_string())
         .env("MINK_CHAOS_SEED", seed.to_string());
     let python = crate::python::ensure_venv(root)?;
-    cmd.env("MINK_CHAOS_PYTHON", &python);
+    cmd.env("MINKTEST_CHAOS_PYTHON", &python);
     let _server = if s3 {
         let server = S3Server::start(root, &python)?;
         eprintln!("S3 API server (moto) at {}", server.endpoint);

@@ -46,7 +46,7 @@ pub fn run(root: &Path, interop: bool, rest: &[String]) -> Result<()> {
     tests.args(rest);
     with_s3(&mut tests);
     // The chaos harness's pyarrow writer.
-    tests.env("MINK_CHAOS_PYTHON", &python);
+    tests.env("MINKTEST_CHAOS_PYTHON", &python);
     run_checked(&mut tests)?;
     if cargo_has("nextest") && rest.is_empty() {
         // nextest does not run doctests; the README examples are doctests.
