@@ -31,7 +31,7 @@ pub use names::{
 pub use partition::{PartitionRows, split_by_partition};
 pub use schema::{Column, Schema, SchemaId};
 pub use table::{
-    AggFunction, BucketingRule, DeleteBehavior, LogTtl, MergeEngine, TableDescriptor,
-    TableProperties,
+    AggFunction, BucketingRule, DeleteBehavior, LAKE_SYSTEM_COLUMNS, LakeProperties, LogTtl,
+    MergeEngine, TableDescriptor, TableProperties,
 };
 pub use types::DataType;

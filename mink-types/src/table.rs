@@ -265,6 +265,64 @@ pub struct TableProperties {
     /// What deletes do; default `allow` for `last_row`, `ignore` for the other engines.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delete_behavior: Option<DeleteBehavior>,
+    /// Tiering to the lake (Apache Iceberg on the same object store).
+    #[serde(default, skip_serializing_if = "LakeProperties::is_off_by_default")]
+    pub lake: LakeProperties,
+}
+
+/// Names of the columns every lake table carries besides the table's own: the bucket
+/// a row came from, its log offset and its commit timestamp. A table tiered to the lake
+/// may not have columns of these names.
+pub const LAKE_SYSTEM_COLUMNS: [&str; 3] = ["__bucket", "__offset", "__timestamp"];
+
+/// The shortest and longest `lake.freshness`.
+pub const LAKE_FRESHNESS_MIN: Duration = Duration::from_secs(1);
+pub const LAKE_FRESHNESS_MAX: Duration = Duration::from_secs(24 * 3600);
+
+/// Whether and how often a table is tiered to the lake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LakeProperties {
+    #[serde(default)]
+    pub enabled: bool,
+    /// How far the lake may lag the log: each bucket is tiered this often.
+    #[serde(default = "default_freshness", with = "humantime_serde_duration")]
+    pub freshness: Duration,
+}
+
+fn default_freshness() -> Duration {
+    Duration::from_secs(60)
+}
+
+impl Default for LakeProperties {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            freshness: default_freshness(),
+        }
+    }
+}
+
+impl LakeProperties {
+    fn is_off_by_default(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// `Duration` as humantime text (`"1m"`, `"30s"`) in JSON.
+mod humantime_serde_duration {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_duration(*d).to_string())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let text = String::deserialize(d)?;
+        humantime::parse_duration(&text).map_err(serde::de::Error::custom)
+    }
 }
 
 impl TableProperties {
@@ -284,6 +342,26 @@ impl TableProperties {
         match key {
             "log_ttl" => self.log_ttl = value.parse()?,
             "delete_behavior" => self.delete_behavior = Some(value.parse()?),
+            "lake.enabled" => {
+                self.lake.enabled = match value {
+                    "true" => true,
+                    "false" => false,
+                    other => {
+                        return Err(MinkError::invalid(
+                            "properties.lake.enabled",
+                            format!("{other:?} is not true or false"),
+                        ));
+                    }
+                }
+            }
+            "lake.freshness" => {
+                self.lake.freshness = humantime::parse_duration(value).map_err(|e| {
+                    MinkError::invalid(
+                        "properties.lake.freshness",
+                        format!("{value:?} is not a duration such as 1m or 30s: {e}"),
+                    )
+                })?
+            }
             "merge_engine" => {
                 self.merge_engine = match value {
                     "last_row" => MergeEngine::LastRow,
@@ -331,7 +409,7 @@ impl TableProperties {
                     return Err(MinkError::invalid(
                         format!("properties.{key}"),
                         "unknown property; known: log_ttl, merge_engine, aggregation.COLUMN, \
-                         delete_behavior",
+                         delete_behavior, lake.enabled, lake.freshness",
                     ));
                 }
             },
@@ -532,7 +610,45 @@ impl TableDescriptor {
         self.validate_properties()
     }
 
+    fn validate_lake(&self) -> Result<()> {
+        let lake = &self.properties.lake;
+        if !(LAKE_FRESHNESS_MIN..=LAKE_FRESHNESS_MAX).contains(&lake.freshness) {
+            return Err(MinkError::invalid(
+                "properties.lake.freshness",
+                format!(
+                    "{} is outside {}..={}",
+                    humantime::format_duration(lake.freshness),
+                    humantime::format_duration(LAKE_FRESHNESS_MIN),
+                    humantime::format_duration(LAKE_FRESHNESS_MAX)
+                ),
+            ));
+        }
+        if !lake.enabled {
+            return Ok(());
+        }
+        if self.has_primary_key() {
+            return Err(MinkError::Unimplemented(
+                "lake tiering of primary-key tables is not implemented yet; \
+                 only log tables can set lake.enabled"
+                    .into(),
+            ));
+        }
+        for name in LAKE_SYSTEM_COLUMNS {
+            if self.schema.column(name).is_some() {
+                return Err(MinkError::invalid(
+                    "properties.lake.enabled",
+                    format!(
+                        "column {name:?} is reserved in the lake (with {}); rename it to tier this table",
+                        LAKE_SYSTEM_COLUMNS.join(", ")
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     fn validate_properties(&self) -> Result<()> {
+        self.validate_lake()?;
         let props = &self.properties;
         let engine = &props.merge_engine;
         if !self.has_primary_key() {

@@ -15,6 +15,7 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
     ("mink-log", &["mink-types", "mink-wal"]),
     ("mink-kv", &["mink-types", "mink-wal", "mink-log"]),
     ("mink-meta", &["mink-types", "mink-wal"]),
+    ("mink-lake", &["mink-types", "mink-wal"]),
     ("mink-flight", &["mink-types"]),
     ("mink-kafka", &["mink-types"]),
     (
@@ -25,6 +26,7 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
             "mink-log",
             "mink-kv",
             "mink-meta",
+            "mink-lake",
             "mink-flight",
             "mink-kafka",
         ],

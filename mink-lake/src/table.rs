@@ -1,0 +1,896 @@
+//! One lake table on the object store: its Iceberg metadata versions (the catalog),
+//! its Parquet data files, commits of tiering rounds and the files a snapshot holds.
+//!
+//! Layout under the store's root (DESIGN.md):
+//!
+//! ```text
+//! lake/{db}/{table}/metadata/v{N}.metadata.json     version N, created with PutMode::Create
+//! lake/{db}/{table}/metadata/version-hint.text      N, best effort (DuckDB and pyiceberg read it)
+//! lake/{db}/{table}/metadata/snap-{id}-{token}.avro manifest lists
+//! lake/{db}/{table}/metadata/{token}-m{i}.avro      manifests
+//! lake/{db}/{table}/data/{stream}/{first:020}-{token}.parquet
+//! ```
+//!
+//! The version objects are the only truth: committing version `N + 1` is a conditional
+//! create, so two writers never both win, and a writer that lost re-reads, re-checks and
+//! tries again. Every snapshot's summary carries `mink.offsets` (per bucket, the log
+//! offset the lake holds rows below) and `mink.commit` (the committing round's token,
+//! which tells "my create landed though its answer was lost" from "another writer won").
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::datatypes::{DataType as ArrowType, Int32Type, Int64Type};
+use bytes::Bytes;
+use futures::TryStreamExt;
+use iceberg::io::FileIO;
+use iceberg::spec::{
+    DataContentType, DataFile, DataFileBuilder, DataFileFormat, FormatVersion, Literal,
+    ManifestList, ManifestListWriter, ManifestStatus, ManifestWriterBuilder, Operation,
+    PrimitiveLiteral, Snapshot, SnapshotReference, SnapshotRetention, Struct, Summary,
+    TableMetadata, TableMetadataBuilder,
+};
+use mink_types::{MinkError, Result, Schema, TablePath};
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use parquet::arrow::ArrowWriter;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::basic::Compression;
+use parquet::file::properties::WriterProperties;
+
+use crate::schema::{field_id, iceberg_schema};
+
+/// Summary key: per-bucket log offsets the lake holds rows below (JSON object).
+pub const OFFSETS_KEY: &str = "mink.offsets";
+/// Summary key: the token of the round that committed the snapshot.
+pub const COMMIT_KEY: &str = "mink.commit";
+/// Snapshots kept in the metadata (older ones are expired at each commit).
+pub const SNAPSHOTS_RETAINED: usize = 100;
+/// A commit merges the table's manifests into one when it would reference more.
+pub const MANIFESTS_MAX: usize = 32;
+/// Commit attempts before a round gives up (each lost race re-reads and re-checks).
+const COMMIT_ATTEMPTS_MAX: usize = 32;
+
+fn storage(what: impl std::fmt::Display, e: impl std::fmt::Display) -> MinkError {
+    MinkError::StorageFailure(format!("lake: {what}: {e}"))
+}
+
+fn iceberg_err(what: &str, e: iceberg::Error) -> MinkError {
+    MinkError::Internal(format!("lake: {what}: {e}"))
+}
+
+fn token() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
+/// A version of a lake table's metadata.
+#[derive(Debug, Clone)]
+pub struct LakeVersion {
+    /// `N` of `v{N}.metadata.json`.
+    pub version: u64,
+    pub metadata: TableMetadata,
+}
+
+impl LakeVersion {
+    /// The per-bucket offsets of snapshot `snapshot_id` (the current one with `None`):
+    /// the lake holds exactly the rows of each bucket below its offset. Empty before
+    /// the first tiering round.
+    pub fn offsets(&self, snapshot_id: Option<i64>) -> Result<BTreeMap<String, i64>> {
+        let snapshot = match snapshot_id {
+            Some(id) => Some(
+                self.metadata
+                    .snapshot_by_id(id)
+                    .ok_or_else(|| MinkError::NotFound(format!("lake snapshot {id}")))?,
+            ),
+            None => self.metadata.current_snapshot(),
+        };
+        let Some(snapshot) = snapshot else {
+            return Ok(BTreeMap::new());
+        };
+        match snapshot.summary().additional_properties.get(OFFSETS_KEY) {
+            Some(json) => {
+                serde_json::from_str(json).map_err(|e| storage("the offsets of a lake snapshot", e))
+            }
+            None => Ok(BTreeMap::new()),
+        }
+    }
+
+    /// The current snapshot id, if a round has been committed.
+    pub fn snapshot_id(&self) -> Option<i64> {
+        self.metadata.current_snapshot_id()
+    }
+
+    fn commit_token(&self) -> Option<&str> {
+        self.metadata
+            .current_snapshot()
+            .and_then(|s| s.summary().additional_properties.get(COMMIT_KEY))
+            .map(String::as_str)
+    }
+}
+
+/// The rows of one bucket a tiering round turned into data files.
+#[derive(Debug, Clone)]
+pub struct TieredBucket {
+    /// `TableBucket::stream_name`.
+    pub stream: String,
+    /// The bucket's lake offset the round read from, as the version the round started
+    /// from had it (`None`: not tiered before).
+    pub from: Option<i64>,
+    /// The offset after the last row tiered.
+    pub to: i64,
+    pub files: Vec<DataFile>,
+}
+
+/// What a commit made.
+#[derive(Debug, Clone)]
+pub struct Committed {
+    pub version: u64,
+    pub snapshot_id: i64,
+    pub timestamp_ms: i64,
+    pub metadata_location: String,
+    /// Every bucket's offset in the new snapshot.
+    pub offsets: BTreeMap<String, i64>,
+    /// Buckets left out because another writer tiered them meanwhile (their files
+    /// were deleted).
+    pub dropped: Vec<String>,
+}
+
+/// A data file of a snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LakeFile {
+    pub location: String,
+    pub record_count: u64,
+    pub size_bytes: u64,
+}
+
+/// One lake table.
+#[derive(Clone)]
+pub struct LakeTable {
+    store: Arc<dyn ObjectStore>,
+    root_url: String,
+    prefix: String,
+}
+
+impl std::fmt::Debug for LakeTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "LakeTable({}/{})", self.root_url, self.prefix)
+    }
+}
+
+impl LakeTable {
+    /// The lake table of `path` in `store`, whose root is `root_url` (the node's
+    /// `object_store.url`: locations in Iceberg metadata are absolute).
+    pub fn new(store: Arc<dyn ObjectStore>, root_url: &str, path: &TablePath) -> Self {
+        Self {
+            store,
+            root_url: root_url.trim_end_matches('/').to_string(),
+            prefix: format!("lake/{}/{}", path.database, path.table),
+        }
+    }
+
+    /// The table's location (the Iceberg `location`).
+    pub fn location(&self) -> String {
+        format!("{}/{}", self.root_url, self.prefix)
+    }
+
+    fn metadata_path(&self, version: u64) -> Path {
+        Path::from(format!("{}/metadata/v{version}.metadata.json", self.prefix))
+    }
+
+    /// The absolute location of version `version`'s metadata file.
+    pub fn metadata_location(&self, version: u64) -> String {
+        format!("{}/{}", self.root_url, self.metadata_path(version))
+    }
+
+    fn hint_path(&self) -> Path {
+        Path::from(format!("{}/metadata/version-hint.text", self.prefix))
+    }
+
+    /// The object path of an absolute location of this store.
+    pub fn path_of(&self, location: &str) -> Result<Path> {
+        location
+            .strip_prefix(&self.root_url)
+            .and_then(|rest| rest.strip_prefix('/'))
+            .map(Path::from)
+            .ok_or_else(|| {
+                MinkError::StorageFailure(format!(
+                    "lake location {location:?} is not under {}",
+                    self.root_url
+                ))
+            })
+    }
+
+    async fn get(&self, path: &Path) -> Result<Option<Bytes>> {
+        match self.store.get(path).await {
+            Ok(r) => Ok(Some(r.bytes().await.map_err(|e| storage(path, e))?)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(storage(path, e)),
+        }
+    }
+
+    async fn read_version(&self, version: u64) -> Result<Option<LakeVersion>> {
+        let Some(bytes) = self.get(&self.metadata_path(version)).await? else {
+            return Ok(None);
+        };
+        let metadata: TableMetadata = serde_json::from_slice(&bytes)
+            .map_err(|e| storage(format!("v{version}.metadata.json"), e))?;
+        Ok(Some(LakeVersion { version, metadata }))
+    }
+
+    async fn newest_listed(&self) -> Result<Option<u64>> {
+        let prefix = Path::from(format!("{}/metadata", self.prefix));
+        let objects: Vec<_> = self
+            .store
+            .list(Some(&prefix))
+            .try_collect()
+            .await
+            .map_err(|e| storage(&prefix, e))?;
+        Ok(objects
+            .iter()
+            .filter_map(|o| o.location.filename())
+            .filter_map(|name| {
+                name.strip_prefix('v')?
+                    .strip_suffix(".metadata.json")?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .max())
+    }
+
+    /// The newest metadata version, `None` before the table's first round. `hint` (a
+    /// version known to exist, such as the metadata log's pointer) saves reading
+    /// `version-hint.text`; either way the versions after it are probed, so a stale
+    /// hint costs one GET per version it lags.
+    pub async fn load(&self, hint: Option<u64>) -> Result<Option<LakeVersion>> {
+        let hint = match hint {
+            Some(v) => Some(v),
+            None => self
+                .get(&self.hint_path())
+                .await?
+                .and_then(|b| std::str::from_utf8(&b).ok()?.trim().parse().ok()),
+        };
+        let mut current = match hint {
+            Some(v) => self.read_version(v).await?,
+            None => None,
+        };
+        if current.is_none() {
+            // No hint, or a hint to an expired version: list.
+            current = match self.newest_listed().await? {
+                Some(v) => self.read_version(v).await?,
+                None => return Ok(None),
+            };
+        }
+        let mut current = current.ok_or_else(|| {
+            MinkError::StorageFailure(format!(
+                "lake table {}: a listed version vanished",
+                self.prefix
+            ))
+        })?;
+        while let Some(next) = self.read_version(current.version + 1).await? {
+            current = next;
+        }
+        Ok(Some(current))
+    }
+
+    /// Creates version 1 (no snapshot) for `schema` partitioned by `partition_keys`,
+    /// unless a version exists.
+    async fn create(&self, schema: &Schema, partition_keys: &[String]) -> Result<()> {
+        let iceberg = iceberg_schema(schema)?;
+        let fields: Vec<serde_json::Value> = partition_keys
+            .iter()
+            .enumerate()
+            .map(|(k, name)| {
+                let index = schema.index_of(name).ok_or_else(|| {
+                    MinkError::Internal(format!("partition key {name:?} is not a column"))
+                })?;
+                Ok(serde_json::json!({
+                    "source-id": field_id(index),
+                    "field-id": 1000 + k as i32,
+                    "name": name,
+                    "transform": "identity",
+                }))
+            })
+            .collect::<Result<_>>()?;
+        let now = crate::now_ms();
+        let json = serde_json::json!({
+            "format-version": 2,
+            "table-uuid": uuid::Uuid::new_v4().to_string(),
+            "location": self.location(),
+            "last-sequence-number": 0,
+            "last-updated-ms": now,
+            "last-column-id": iceberg.highest_field_id(),
+            "current-schema-id": iceberg.schema_id(),
+            "schemas": [iceberg],
+            "default-spec-id": 0,
+            "partition-specs": [{"spec-id": 0, "fields": fields}],
+            "last-partition-id": 999 + partition_keys.len() as i32,
+            "default-sort-order-id": 0,
+            "sort-orders": [{"order-id": 0, "fields": []}],
+            "properties": {"write.format.default": "parquet", "mink.managed": "true"},
+            "snapshots": [],
+            "snapshot-log": [],
+            "metadata-log": [],
+            "refs": {},
+        });
+        // Parse it back: the crate checks what we wrote is valid v2 metadata.
+        let metadata: TableMetadata = serde_json::from_value(json)
+            .map_err(|e| MinkError::Internal(format!("lake: new table metadata: {e}")))?;
+        let bytes = serde_json::to_vec(&metadata)
+            .map_err(|e| MinkError::Internal(format!("lake: new table metadata: {e}")))?;
+        let create = PutOptions::from(PutMode::Create);
+        match self
+            .store
+            .put_opts(&self.metadata_path(1), PutPayload::from(bytes), create)
+            .await
+        {
+            // Another node created it (or our own earlier attempt did): either way v1
+            // exists and the caller reloads.
+            Ok(_) | Err(object_store::Error::AlreadyExists { .. }) => {}
+            Err(e) => return Err(storage("creating v1.metadata.json", e)),
+        }
+        self.write_hint(1).await;
+        Ok(())
+    }
+
+    async fn write_hint(&self, version: u64) {
+        let payload = PutPayload::from(version.to_string().into_bytes());
+        if let Err(e) = self.store.put(&self.hint_path(), payload).await {
+            tracing::debug!(table = %self.prefix, "version-hint.text not written: {e}");
+        }
+    }
+
+    /// Writes `batches` (lake rows of one bucket, offsets from `first_offset` on, in the
+    /// lake's Arrow schema) as one Parquet data file and returns its manifest entry.
+    /// `partition` is the Iceberg partition value (empty for unpartitioned tables).
+    pub async fn write_data_file(
+        &self,
+        stream: &str,
+        first_offset: i64,
+        batches: &[RecordBatch],
+        partition: Struct,
+    ) -> Result<DataFile> {
+        let Some(first) = batches.first() else {
+            return Err(MinkError::Internal("lake: a data file of no rows".into()));
+        };
+        let props = WriterProperties::builder()
+            .set_compression(Compression::SNAPPY)
+            .build();
+        let mut writer = ArrowWriter::try_new(Vec::new(), first.schema(), Some(props))
+            .map_err(|e| MinkError::Internal(format!("lake: Parquet writer: {e}")))?;
+        let mut rows = 0u64;
+        for b in batches {
+            rows += b.num_rows() as u64;
+            writer
+                .write(b)
+                .map_err(|e| MinkError::Internal(format!("lake: writing Parquet: {e}")))?;
+        }
+        let bytes = writer
+            .into_inner()
+            .map_err(|e| MinkError::Internal(format!("lake: closing Parquet: {e}")))?;
+        let size = bytes.len() as u64;
+        let path = Path::from(format!(
+            "{}/data/{stream}/{first_offset:020}-{}.parquet",
+            self.prefix,
+            token()
+        ));
+        self.store
+            .put(&path, PutPayload::from(bytes))
+            .await
+            .map_err(|e| storage(&path, e))?;
+        DataFileBuilder::default()
+            .content(DataContentType::Data)
+            .file_path(format!("{}/{path}", self.root_url))
+            .file_format(DataFileFormat::Parquet)
+            .partition(partition)
+            .record_count(rows)
+            .file_size_in_bytes(size)
+            .partition_spec_id(0)
+            .build()
+            .map_err(|e| MinkError::Internal(format!("lake: data file entry: {e}")))
+    }
+
+    /// Deletes data files a round wrote but did not commit (best effort: orphans
+    /// left by a crash are the orphan sweep's).
+    pub async fn delete_files(&self, files: &[DataFile]) {
+        for f in files {
+            if let Ok(path) = self.path_of(f.file_path())
+                && let Err(e) = self.store.delete(&path).await
+            {
+                tracing::debug!(
+                    file = f.file_path(),
+                    "uncommitted lake file not deleted: {e}"
+                );
+            }
+        }
+    }
+
+    /// Commits one tiering round: one snapshot adding every bucket's files and moving
+    /// its offset to `to`. A bucket whose offset in the newest version is no longer its
+    /// `from` was tiered by another writer meanwhile (a leader that moved); it is left
+    /// out and its files deleted. `None` when nothing was left to commit.
+    pub async fn commit(
+        &self,
+        schema: &Schema,
+        partition_keys: &[String],
+        hint: Option<u64>,
+        mut buckets: Vec<TieredBucket>,
+    ) -> Result<Option<Committed>> {
+        let token = token();
+        let mut dropped = Vec::new();
+        let mut hint = hint;
+        for _ in 0..COMMIT_ATTEMPTS_MAX {
+            let Some(current) = self.load(hint).await? else {
+                self.create(schema, partition_keys).await?;
+                continue;
+            };
+            hint = Some(current.version);
+            let offsets = current.offsets(None)?;
+            let (keep, lost): (Vec<_>, Vec<_>) = buckets
+                .into_iter()
+                .partition(|b| offsets.get(&b.stream).copied() == b.from);
+            for b in &lost {
+                tracing::info!(
+                    table = %self.prefix,
+                    stream = %b.stream,
+                    "another writer tiered this bucket meanwhile; this round's files for it are dropped"
+                );
+                self.delete_files(&b.files).await;
+                dropped.push(b.stream.clone());
+            }
+            buckets = keep;
+            if buckets.is_empty() {
+                return Ok(None);
+            }
+            let staged = self.stage(&current, schema, &buckets, &token).await?;
+            let next = current.version + 1;
+            let path = self.metadata_path(next);
+            let bytes = serde_json::to_vec(&staged.metadata)
+                .map_err(|e| MinkError::Internal(format!("lake: metadata JSON: {e}")))?;
+            let put = self
+                .store
+                .put_opts(
+                    &path,
+                    PutPayload::from(bytes),
+                    PutOptions::from(PutMode::Create),
+                )
+                .await;
+            let landed = match put {
+                Ok(_) => true,
+                // Lost the race, or our own create landed and its answer was lost (a
+                // retried create meets itself): the token tells which.
+                Err(object_store::Error::AlreadyExists { .. }) => {
+                    self.is_ours(next, &token).await?
+                }
+                Err(e) => {
+                    // Ambiguous: read it back.
+                    match self.read_version(next).await {
+                        Ok(Some(v)) => v.commit_token() == Some(token.as_str()),
+                        Ok(None) => {
+                            self.unstage(&staged).await;
+                            return Err(storage(format!("committing v{next}"), e));
+                        }
+                        Err(read) => {
+                            return Err(storage(
+                                format!("committing v{next} (and reading it back: {read})"),
+                                e,
+                            ));
+                        }
+                    }
+                }
+            };
+            if !landed {
+                self.unstage(&staged).await;
+                continue;
+            }
+            self.write_hint(next).await;
+            for expired in &staged.expired_lists {
+                if let Ok(p) = self.path_of(expired) {
+                    let _ = self.store.delete(&p).await;
+                }
+            }
+            for old in &staged.expired_metadata {
+                if let Ok(p) = self.path_of(old) {
+                    let _ = self.store.delete(&p).await;
+                }
+            }
+            let snapshot = staged
+                .metadata
+                .current_snapshot()
+                .ok_or_else(|| MinkError::Internal("lake: committed no snapshot".into()))?;
+            return Ok(Some(Committed {
+                version: next,
+                snapshot_id: snapshot.snapshot_id(),
+                timestamp_ms: snapshot.timestamp_ms(),
+                metadata_location: self.metadata_location(next),
+                offsets: staged.offsets,
+                dropped,
+            }));
+        }
+        for b in &buckets {
+            self.delete_files(&b.files).await;
+        }
+        Err(MinkError::Unavailable(format!(
+            "lake table {}: {COMMIT_ATTEMPTS_MAX} commit attempts lost to other writers",
+            self.prefix
+        )))
+    }
+
+    async fn is_ours(&self, version: u64, token: &str) -> Result<bool> {
+        Ok(self
+            .read_version(version)
+            .await?
+            .is_some_and(|v| v.commit_token() == Some(token)))
+    }
+
+    async fn unstage(&self, staged: &Staged) {
+        for p in &staged.written {
+            let _ = self.store.delete(p).await;
+        }
+    }
+
+    async fn manifest_list(&self, location: &str) -> Result<ManifestList> {
+        let path = self.path_of(location)?;
+        let bytes = self
+            .get(&path)
+            .await?
+            .ok_or_else(|| MinkError::StorageFailure(format!("lake: {location} is missing")))?;
+        ManifestList::parse_with_version(&bytes, FormatVersion::V2)
+            .map_err(|e| iceberg_err("reading a manifest list", e))
+    }
+
+    async fn manifest(&self, location: &str) -> Result<iceberg::spec::Manifest> {
+        let path = self.path_of(location)?;
+        let bytes = self
+            .get(&path)
+            .await?
+            .ok_or_else(|| MinkError::StorageFailure(format!("lake: {location} is missing")))?;
+        iceberg::spec::Manifest::parse_avro(&bytes)
+            .map_err(|e| iceberg_err("reading a manifest", e))
+    }
+
+    /// Writes the manifest and manifest list of a new snapshot on top of `current` and
+    /// builds the new metadata (not yet committed).
+    async fn stage(
+        &self,
+        current: &LakeVersion,
+        schema: &Schema,
+        buckets: &[TieredBucket],
+        token: &str,
+    ) -> Result<Staged> {
+        let base = &current.metadata;
+        let mut builder = TableMetadataBuilder::new_from_metadata(
+            base.clone(),
+            Some(self.metadata_location(current.version)),
+        );
+        // Schema evolution: the table's newest schema becomes the current one. The id
+        // it gets is the builder's to choose (an existing identical schema is reused),
+        // so it is learnt first: the manifests name it too.
+        let wanted = iceberg_schema(schema)?;
+        let schema_ref = if base.current_schema().as_struct() == wanted.as_struct() {
+            base.current_schema().clone()
+        } else {
+            builder = builder
+                .add_current_schema(wanted.clone())
+                .map_err(|e| iceberg_err("adding a schema", e))?;
+            TableMetadataBuilder::new_from_metadata(base.clone(), None)
+                .add_current_schema(wanted)
+                .and_then(|b| b.build())
+                .map_err(|e| iceberg_err("adding a schema", e))?
+                .metadata
+                .current_schema()
+                .clone()
+        };
+        let snapshot_id = (uuid::Uuid::new_v4().as_u64_pair().0 >> 1) as i64;
+        let sequence = base.next_sequence_number();
+        let parent = base.current_snapshot();
+        let io = FileIO::new_with_memory();
+        let mut written = Vec::new();
+        let spec = (**base.default_partition_spec()).clone();
+
+        // The new files' manifest.
+        let mut manifests = Vec::new();
+        let new_manifest = |i: usize| -> Result<(String, iceberg::io::OutputFile)> {
+            let location = format!("{}/metadata/{token}-m{i}.avro", self.location());
+            let out = io
+                .new_output(&location)
+                .map_err(|e| iceberg_err("a manifest", e))?;
+            Ok((location, out))
+        };
+        let (location, out) = new_manifest(0)?;
+        let mut writer =
+            ManifestWriterBuilder::new(out, Some(snapshot_id), schema_ref.clone(), spec.clone())
+                .build_v2_data();
+        let (mut added_files, mut added_rows, mut added_bytes) = (0u64, 0u64, 0u64);
+        for f in buckets.iter().flat_map(|b| &b.files) {
+            added_files += 1;
+            added_rows += f.record_count();
+            added_bytes += f.file_size_in_bytes();
+            writer
+                .add_file(f.clone(), sequence)
+                .map_err(|e| iceberg_err("a manifest entry", e))?;
+        }
+        let manifest = writer
+            .write_manifest_file()
+            .await
+            .map_err(|e| iceberg_err("writing a manifest", e))?;
+        manifests.push((location, manifest));
+
+        // The previous snapshot's manifests, merged into one when there are too many.
+        let mut previous = match parent {
+            Some(p) => self
+                .manifest_list(p.manifest_list())
+                .await?
+                .consume_entries()
+                .into_iter()
+                .collect(),
+            None => Vec::new(),
+        };
+        if previous.len() + 1 > MANIFESTS_MAX {
+            let (location, out) = new_manifest(1)?;
+            let mut merged = ManifestWriterBuilder::new(
+                out,
+                Some(snapshot_id),
+                schema_ref.clone(),
+                spec.clone(),
+            )
+            .build_v2_data();
+            for m in &previous {
+                let manifest = self.manifest(&m.manifest_path).await?;
+                for entry in manifest.entries() {
+                    if entry.status() == ManifestStatus::Deleted {
+                        continue;
+                    }
+                    let seq = entry.sequence_number().unwrap_or(m.sequence_number);
+                    merged
+                        .add_existing_file(
+                            entry.data_file().clone(),
+                            entry.snapshot_id().unwrap_or(m.added_snapshot_id),
+                            seq,
+                            Some(seq),
+                        )
+                        .map_err(|e| iceberg_err("merging manifests", e))?;
+                }
+            }
+            let manifest = merged
+                .write_manifest_file()
+                .await
+                .map_err(|e| iceberg_err("writing a merged manifest", e))?;
+            manifests.push((location, manifest));
+            previous.clear();
+        }
+        for (location, _) in &manifests {
+            let bytes = io
+                .new_input(location)
+                .map_err(|e| iceberg_err("a manifest", e))?
+                .read()
+                .await
+                .map_err(|e| iceberg_err("a manifest", e))?;
+            let path = self.path_of(location)?;
+            self.store
+                .put(&path, PutPayload::from(bytes))
+                .await
+                .map_err(|e| storage(&path, e))?;
+            written.push(path);
+        }
+
+        // The manifest list.
+        let list_location = format!(
+            "{}/metadata/snap-{snapshot_id}-{token}.avro",
+            self.location()
+        );
+        let out = io
+            .new_output(&list_location)
+            .map_err(|e| iceberg_err("a manifest list", e))?;
+        let file = out
+            .writer()
+            .await
+            .map_err(|e| iceberg_err("a manifest list", e))?;
+        let mut list =
+            ManifestListWriter::v2(file, snapshot_id, parent.map(|p| p.snapshot_id()), sequence);
+        list.add_manifests(manifests.into_iter().map(|(_, m)| m).chain(previous))
+            .map_err(|e| iceberg_err("a manifest list", e))?;
+        list.close()
+            .await
+            .map_err(|e| iceberg_err("a manifest list", e))?;
+        let bytes = io
+            .new_input(&list_location)
+            .map_err(|e| iceberg_err("a manifest list", e))?
+            .read()
+            .await
+            .map_err(|e| iceberg_err("a manifest list", e))?;
+        let path = self.path_of(&list_location)?;
+        self.store
+            .put(&path, PutPayload::from(bytes))
+            .await
+            .map_err(|e| storage(&path, e))?;
+        written.push(path);
+
+        // The snapshot.
+        let mut offsets = current.offsets(None)?;
+        for b in buckets {
+            offsets.insert(b.stream.clone(), b.to);
+        }
+        let prev_summary = parent.map(|p| &p.summary().additional_properties);
+        let total = |key: &str, added: u64| {
+            let before: u64 = prev_summary
+                .and_then(|s| s.get(key))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            (before + added).to_string()
+        };
+        let summary = Summary {
+            operation: Operation::Append,
+            additional_properties: HashMap::from([
+                ("added-data-files".into(), added_files.to_string()),
+                ("added-records".into(), added_rows.to_string()),
+                ("added-files-size".into(), added_bytes.to_string()),
+                (
+                    "total-data-files".into(),
+                    total("total-data-files", added_files),
+                ),
+                ("total-records".into(), total("total-records", added_rows)),
+                (
+                    "total-files-size".into(),
+                    total("total-files-size", added_bytes),
+                ),
+                ("total-delete-files".into(), "0".into()),
+                ("total-position-deletes".into(), "0".into()),
+                ("total-equality-deletes".into(), "0".into()),
+                (
+                    OFFSETS_KEY.into(),
+                    serde_json::to_string(&offsets)
+                        .map_err(|e| MinkError::Internal(e.to_string()))?,
+                ),
+                (COMMIT_KEY.into(), token.to_string()),
+            ]),
+        };
+        let now = crate::now_ms().max(base.last_updated_ms());
+        let snapshot = Snapshot::builder()
+            .with_snapshot_id(snapshot_id)
+            .with_parent_snapshot_id(parent.map(|p| p.snapshot_id()))
+            .with_sequence_number(sequence)
+            .with_timestamp_ms(now)
+            .with_manifest_list(list_location)
+            .with_summary(summary)
+            .with_schema_id(schema_ref.schema_id())
+            .build();
+        builder = builder
+            .add_snapshot(snapshot.clone())
+            .map_err(|e| iceberg_err("adding a snapshot", e))?
+            .set_ref(
+                "main",
+                SnapshotReference::new(snapshot_id, SnapshotRetention::branch(None, None, None)),
+            )
+            .map_err(|e| iceberg_err("moving main", e))?;
+        // Expire the oldest snapshots beyond the retained count.
+        let mut all: Vec<_> = base
+            .snapshots()
+            .map(|s| {
+                (
+                    s.sequence_number(),
+                    s.snapshot_id(),
+                    s.manifest_list().to_string(),
+                )
+            })
+            .collect();
+        all.sort();
+        let excess = (all.len() + 1).saturating_sub(SNAPSHOTS_RETAINED);
+        let expired: Vec<_> = all.into_iter().take(excess).collect();
+        if !expired.is_empty() {
+            let ids: Vec<i64> = expired.iter().map(|(_, id, _)| *id).collect();
+            builder = builder.remove_snapshots(&ids);
+        }
+        let built = builder
+            .build()
+            .map_err(|e| iceberg_err("building metadata", e))?;
+        Ok(Staged {
+            metadata: built.metadata,
+            offsets,
+            written,
+            expired_lists: expired.into_iter().map(|(_, _, l)| l).collect(),
+            expired_metadata: built
+                .expired_metadata_logs
+                .into_iter()
+                .map(|m| m.metadata_file)
+                .collect(),
+        })
+    }
+
+    /// The data files of snapshot `snapshot_id` of `version` (its current snapshot with
+    /// `None`).
+    pub async fn files(
+        &self,
+        version: &LakeVersion,
+        snapshot_id: Option<i64>,
+    ) -> Result<Vec<LakeFile>> {
+        let snapshot = match snapshot_id {
+            Some(id) => version.metadata.snapshot_by_id(id).cloned(),
+            None => version.metadata.current_snapshot().cloned(),
+        };
+        let Some(snapshot) = snapshot else {
+            return match snapshot_id {
+                Some(id) => Err(MinkError::NotFound(format!("lake snapshot {id}"))),
+                None => Ok(Vec::new()),
+            };
+        };
+        let list = self.manifest_list(snapshot.manifest_list()).await?;
+        let mut out = Vec::new();
+        for m in list.entries() {
+            let manifest = self.manifest(&m.manifest_path).await?;
+            for e in manifest.entries() {
+                if !e.is_alive() || e.content_type() != DataContentType::Data {
+                    continue;
+                }
+                out.push(LakeFile {
+                    location: e.file_path().to_string(),
+                    record_count: e.record_count(),
+                    size_bytes: e.file_size_in_bytes(),
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// The rows of one data file, in the file's own (lake) Arrow schema.
+    pub async fn read_file(&self, file: &LakeFile) -> Result<Vec<RecordBatch>> {
+        let path = self.path_of(&file.location)?;
+        let bytes = self.get(&path).await?.ok_or_else(|| {
+            MinkError::StorageFailure(format!("lake: {} is missing", file.location))
+        })?;
+        let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
+            .map_err(|e| storage(&path, e))?
+            .build()
+            .map_err(|e| storage(&path, e))?;
+        reader
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| storage(&path, e))
+    }
+}
+
+struct Staged {
+    metadata: TableMetadata,
+    offsets: BTreeMap<String, i64>,
+    /// Manifests and the manifest list, deleted if the commit loses.
+    written: Vec<Path>,
+    expired_lists: Vec<String>,
+    expired_metadata: Vec<String>,
+}
+
+/// The Iceberg partition value of lake rows of one Mink partition: the partition-key
+/// columns of the first row (every row of a bucket of a partition has the same).
+pub fn partition_value(
+    schema: &Schema,
+    partition_keys: &[String],
+    batch: &RecordBatch,
+) -> Result<Struct> {
+    if partition_keys.is_empty() {
+        return Ok(Struct::empty());
+    }
+    let mut values = Vec::with_capacity(partition_keys.len());
+    for name in partition_keys {
+        let index = schema.index_of(name).ok_or_else(|| {
+            MinkError::Internal(format!("partition key {name:?} is not a column"))
+        })?;
+        let a = batch.column(index);
+        if a.is_empty() || a.is_null(0) {
+            values.push(None);
+            continue;
+        }
+        let v = match a.data_type() {
+            ArrowType::Int32 | ArrowType::Date32 => {
+                PrimitiveLiteral::Int(a.as_primitive::<Int32Type>().value(0))
+            }
+            ArrowType::Int64 => PrimitiveLiteral::Long(a.as_primitive::<Int64Type>().value(0)),
+            ArrowType::Boolean => PrimitiveLiteral::Boolean(a.as_boolean().value(0)),
+            ArrowType::Utf8 => PrimitiveLiteral::String(a.as_string::<i32>().value(0).to_string()),
+            other => {
+                return Err(MinkError::Internal(format!(
+                    "partition key {name:?} has lake type {other}"
+                )));
+            }
+        };
+        values.push(Some(Literal::Primitive(v)));
+    }
+    Ok(Struct::from_iter(values))
+}

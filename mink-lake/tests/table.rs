@@ -1,0 +1,284 @@
+//! A lake table on an object store: rounds commit, race, survive ambiguous answers,
+//! and read back exactly what was tiered.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use arrow::array::{Int64Array, RecordBatch, StringArray};
+use mink_lake::{
+    LakeTable, TieredBucket, from_lake_batch, lake_arrow_schema, partition_value, to_lake_batch,
+};
+use mink_types::{Column, DataType, Schema, TablePath};
+use mink_wal::fault::{FaultConfig, FaultyStore};
+use object_store::ObjectStore;
+use object_store::memory::InMemory;
+
+fn schema() -> Schema {
+    Schema::new(
+        1,
+        vec![
+            Column::new("id", DataType::BigInt, false),
+            Column::new("name", DataType::String, true),
+        ],
+    )
+}
+
+fn rows(schema: &Schema, ids: std::ops::Range<i64>) -> RecordBatch {
+    RecordBatch::try_new(
+        schema.to_arrow(),
+        vec![
+            Arc::new(Int64Array::from_iter_values(ids.clone())),
+            Arc::new(StringArray::from_iter_values(ids.map(|i| format!("n{i}")))),
+        ],
+    )
+    .unwrap()
+}
+
+/// Tiers rows `[from, to)` of bucket `bucket` into one file; the round's record.
+async fn tier(
+    table: &LakeTable,
+    schema: &Schema,
+    bucket: u32,
+    from: Option<i64>,
+    to: i64,
+) -> TieredBucket {
+    let start = from.unwrap_or(0);
+    let lake = lake_arrow_schema(schema);
+    let batch =
+        to_lake_batch(schema, &lake, &rows(schema, start..to), bucket, start, 1000).unwrap();
+    let stream = format!("t1-b{bucket}");
+    let partition = partition_value(schema, &[], &batch).unwrap();
+    let file = table
+        .write_data_file(&stream, start, &[batch], partition)
+        .await
+        .unwrap();
+    TieredBucket {
+        stream,
+        from,
+        to,
+        files: vec![file],
+    }
+}
+
+async fn all_ids(table: &LakeTable, schema: &Schema) -> Vec<i64> {
+    let version = table.load(None).await.unwrap().unwrap();
+    let mut ids = Vec::new();
+    for f in table.files(&version, None).await.unwrap() {
+        for b in table.read_file(&f).await.unwrap() {
+            let rows = from_lake_batch(schema, &b).unwrap();
+            let col = rows
+                .batch
+                .column(0)
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap()
+                .clone();
+            // The id column was written equal to the offset.
+            assert_eq!(col.values(), rows.offsets.values());
+            ids.extend(col.values().iter());
+        }
+    }
+    ids.sort();
+    ids
+}
+
+fn path() -> TablePath {
+    TablePath::parse("db.t").unwrap()
+}
+
+#[tokio::test]
+async fn rounds_commit_and_read_back() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let table = LakeTable::new(store.clone(), "memory://", &path());
+    let s = schema();
+    assert!(table.load(None).await.unwrap().is_none());
+    let b0 = tier(&table, &s, 0, None, 10).await;
+    let c = table
+        .commit(&s, &[], None, vec![b0])
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        c.version, 2,
+        "v1 creates the table, v2 holds the first snapshot"
+    );
+    assert_eq!(c.offsets, BTreeMap::from([("t1-b0".to_string(), 10)]));
+    let b0 = tier(&table, &s, 0, Some(10), 25).await;
+    let c = table
+        .commit(&s, &[], Some(c.version), vec![b0])
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(c.offsets["t1-b0"], 25);
+    assert_eq!(all_ids(&table, &s).await, (0..25).collect::<Vec<_>>());
+    let v = table.load(None).await.unwrap().unwrap();
+    assert_eq!(v.snapshot_id(), Some(c.snapshot_id));
+    assert_eq!(v.offsets(None).unwrap()["t1-b0"], 25);
+    // The first snapshot is still readable as it was.
+    let first = v
+        .metadata
+        .snapshots()
+        .map(|s| s.snapshot_id())
+        .find(|id| *id != c.snapshot_id)
+        .unwrap();
+    let files = table.files(&v, Some(first)).await.unwrap();
+    assert_eq!(files.iter().map(|f| f.record_count).sum::<u64>(), 10);
+}
+
+#[tokio::test]
+async fn a_schema_change_reads_old_files_with_nulls() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let table = LakeTable::new(store, "memory://", &path());
+    let s1 = schema();
+    let b = tier(&table, &s1, 0, None, 5).await;
+    table
+        .commit(&s1, &[], None, vec![b])
+        .await
+        .unwrap()
+        .unwrap();
+    let mut s2 = s1
+        .with_added_columns(&[Column::new("extra", DataType::Int, true)])
+        .unwrap();
+    s2.schema_id = 2;
+    let lake = lake_arrow_schema(&s2);
+    let mut batch = rows(&s1, 5..8);
+    batch = RecordBatch::try_new(
+        s2.to_arrow(),
+        vec![
+            batch.column(0).clone(),
+            batch.column(1).clone(),
+            Arc::new(arrow::array::Int32Array::from(vec![1, 2, 3])),
+        ],
+    )
+    .unwrap();
+    let l = to_lake_batch(&s2, &lake, &batch, 0, 5, 0).unwrap();
+    let f = table
+        .write_data_file("t1-b0", 5, &[l], iceberg::spec::Struct::empty())
+        .await
+        .unwrap();
+    let c = table
+        .commit(
+            &s2,
+            &[],
+            None,
+            vec![TieredBucket {
+                stream: "t1-b0".into(),
+                from: Some(5),
+                to: 8,
+                files: vec![f],
+            }],
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    let v = table.load(Some(c.version)).await.unwrap().unwrap();
+    assert_eq!(
+        v.metadata.current_schema().as_struct().fields().len(),
+        3 + 3
+    );
+    let mut nulls = 0;
+    for f in table.files(&v, None).await.unwrap() {
+        for b in table.read_file(&f).await.unwrap() {
+            nulls += from_lake_batch(&s2, &b)
+                .unwrap()
+                .batch
+                .column(2)
+                .null_count();
+        }
+    }
+    assert_eq!(nulls, 5);
+}
+
+#[tokio::test]
+async fn racing_writers_never_tier_a_bucket_twice() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let s = schema();
+    let a = LakeTable::new(store.clone(), "memory://", &path());
+    let b = LakeTable::new(store.clone(), "memory://", &path());
+    // Two writers believe they lead bucket 0 (an old and a new leader) and both tier it
+    // from the same offset; a third tiers bucket 1.
+    let (ra, rb, rc) = tokio::join!(
+        async {
+            let t = tier(&a, &s, 0, None, 10).await;
+            a.commit(&s, &[], None, vec![t]).await.unwrap()
+        },
+        async {
+            let t = tier(&b, &s, 0, None, 12).await;
+            b.commit(&s, &[], None, vec![t]).await.unwrap()
+        },
+        async {
+            let t = tier(&b, &s, 1, None, 3).await;
+            b.commit(&s, &[], None, vec![t]).await.unwrap()
+        },
+    );
+    let won: Vec<_> = [&ra, &rb].into_iter().flatten().collect();
+    assert_eq!(
+        won.len(),
+        1,
+        "exactly one of the two rounds of bucket 0 commits"
+    );
+    assert!(rc.is_some());
+    let v = a.load(None).await.unwrap().unwrap();
+    let offsets = v.offsets(None).unwrap();
+    let rows0 = offsets["t1-b0"];
+    assert!(rows0 == 10 || rows0 == 12);
+    assert_eq!(offsets["t1-b1"], 3);
+    let total: u64 = a
+        .files(&v, None)
+        .await
+        .unwrap()
+        .iter()
+        .map(|f| f.record_count)
+        .sum();
+    assert_eq!(total as i64, rows0 + 3, "no duplicate and no gap");
+    // The loser's data file was deleted.
+    let data: Vec<_> =
+        futures::TryStreamExt::try_collect::<Vec<_>>(store.list(Some(&"lake/db/t/data".into())))
+            .await
+            .unwrap();
+    assert_eq!(data.len(), 2);
+}
+
+#[tokio::test]
+async fn a_commit_whose_answer_was_lost_is_recognised() {
+    for fault in ["time_out", "conflict_after_apply"] {
+        let inner: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let faulty = FaultyStore::new(inner, FaultConfig::default());
+        let store: Arc<dyn ObjectStore> = Arc::new(faulty.clone());
+        let table = LakeTable::new(store, "memory://", &path());
+        let s = schema();
+        let first = tier(&table, &s, 0, None, 4).await;
+        let c = table
+            .commit(&s, &[], None, vec![first])
+            .await
+            .unwrap()
+            .unwrap();
+        let next = tier(&table, &s, 0, Some(4), 9).await;
+        // Only metadata versions are targeted: the next create of one lands, and its
+        // answer is lost (a timeout) or is the AlreadyExists of a retry meeting it.
+        faulty.set_config(FaultConfig {
+            fault_prefix: Some("lake/db/t/metadata/v".into()),
+            ..FaultConfig::default()
+        });
+        match fault {
+            "time_out" => faulty.time_out_next_puts(1),
+            _ => faulty.conflict_after_apply_next_puts(1),
+        }
+        let c2 = table
+            .commit(&s, &[], Some(c.version), vec![next])
+            .await
+            .unwrap()
+            .unwrap();
+        faulty.set_config(FaultConfig::default());
+        assert_eq!(
+            c2.version,
+            c.version + 1,
+            "{fault}: the landed create is ours"
+        );
+        assert_eq!(
+            all_ids(&table, &s).await,
+            (0..9).collect::<Vec<_>>(),
+            "{fault}"
+        );
+    }
+}
