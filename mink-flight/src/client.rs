@@ -768,6 +768,11 @@ impl MinkClient {
         Ok(out)
     }
 
+    /// A read any node answers (`Lake`, `Union`), at the bootstrap node.
+    pub async fn read_any(&self, ticket: &ReadTicket) -> Result<Vec<(RecordBatch, ScanBatch)>> {
+        self.read_at(&self.bootstrap.clone(), ticket).await
+    }
+
     /// Every row of a table (all buckets, all partitions), read at the leaders.
     pub async fn scan_table(&self, path: &TablePath) -> Result<Vec<RecordBatch>> {
         let meta = self.metadata(path, true).await?;

@@ -96,10 +96,15 @@ pub enum ReadTicket {
     LimitScan { bucket: TableBucket, limit: u64 },
     /// The latest KV snapshot of a bucket.
     Snapshot { bucket: TableBucket },
-    /// Lake and log together (not served yet).
+    /// The table's newest lake snapshot and, for each bucket, the log from the offset
+    /// the snapshot holds rows below: every row once, no gap. Any node answers.
     Union { path: TablePath },
-    /// Lake data only (not served yet).
-    Lake { path: TablePath },
+    /// The lake only: snapshot `snapshot_id`, or the newest. Any node answers.
+    Lake {
+        path: TablePath,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        snapshot_id: Option<i64>,
+    },
 }
 
 /// The descriptor of a DoExchange tail: which bucket to follow.

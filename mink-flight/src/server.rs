@@ -69,12 +69,25 @@ pub const ACTIONS: &[(&str, &str)] = &[
 pub type ReadBatch = (RecordBatch, ScanBatch);
 
 /// The batches a DoGet answers, each with the metadata its ticket calls for.
-#[derive(Debug)]
 pub enum ReadBatches {
     /// `Scan`, `LimitScan`: `ScanBatch` metadata.
     Scan(Vec<ReadBatch>),
     /// `Snapshot`: `SnapshotBatch` metadata.
     Snapshot(Vec<(RecordBatch, SnapshotBatch)>),
+    /// `Lake`, `Union`: `ScanBatch` metadata, streamed as they are read, so that a
+    /// read of any size holds a few batches in memory. An error ends the stream with
+    /// its status.
+    Stream(futures::stream::BoxStream<'static, Result<ReadBatch, MinkError>>),
+}
+
+impl std::fmt::Debug for ReadBatches {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReadBatches::Scan(b) => write!(f, "Scan({} batches)", b.len()),
+            ReadBatches::Snapshot(b) => write!(f, "Snapshot({} batches)", b.len()),
+            ReadBatches::Stream(_) => f.write_str("Stream"),
+        }
+    }
 }
 
 /// One part of a table in GetFlightInfo: a bucket's rows, the ticket that reads them
@@ -331,6 +344,11 @@ fn encode_read(schema: &SchemaRef, batches: ReadBatches) -> Result<Vec<FlightDat
     out.extend(match batches {
         ReadBatches::Scan(b) => encode_batches(b)?,
         ReadBatches::Snapshot(b) => encode_batches(b)?,
+        ReadBatches::Stream(_) => {
+            return Err(Status::internal(
+                "a streamed read reached the batch encoder",
+            ));
+        }
     });
     Ok(out)
 }
@@ -475,6 +493,31 @@ impl<S: MinkService> FlightService for FlightServer<S> {
                 return self.scan_range(bucket, offset, max_bytes, end).await;
             }
             let (schema, batches) = self.service.read(ticket).await.map_err(status)?;
+            if let ReadBatches::Stream(mut batches) = batches {
+                let head = FlightData::from(SchemaAsIpc::new(&schema, &IpcWriteOptions::default()));
+                let answers = async_stream(move |tx| async move {
+                    if tx.send(Ok(head)).await.is_err() {
+                        return;
+                    }
+                    while let Some(item) = batches.next().await {
+                        let encoded = item.map_err(status).and_then(|b| encode_batches(vec![b]));
+                        match encoded {
+                            Ok(data) => {
+                                for d in data {
+                                    if tx.send(Ok(d)).await.is_err() {
+                                        return;
+                                    }
+                                }
+                            }
+                            Err(e) => {
+                                let _ = tx.send(Err(e)).await;
+                                return;
+                            }
+                        }
+                    }
+                });
+                return Ok(self.respond(self.stamp_stream(answers)));
+            }
             let data = encode_read(&schema, batches)?;
             Ok(self.respond(stream::iter(data.into_iter().map(Ok)).boxed()))
         })

@@ -11,9 +11,11 @@
 //! - [`schema`]: Mink types as Iceberg types, field ids, rows to and from the lake;
 //! - [`table`]: one lake table: load, commit a round, list and read its files.
 
+pub mod config;
 pub mod schema;
 pub mod table;
 
+pub use config::LakeConfig;
 pub use schema::{LakeRows, from_lake_batch, iceberg_schema, lake_arrow_schema, to_lake_batch};
 pub use table::{Committed, LakeFile, LakeTable, LakeVersion, TieredBucket, partition_value};
 

@@ -45,6 +45,8 @@ use crate::schema::{field_id, iceberg_schema};
 pub const OFFSETS_KEY: &str = "mink.offsets";
 /// Summary key: the token of the round that committed the snapshot.
 pub const COMMIT_KEY: &str = "mink.commit";
+/// Table property: the Mink table id the lake table belongs to.
+pub const TABLE_ID_KEY: &str = "mink.table-id";
 /// Snapshots kept in the metadata (older ones are expired at each commit).
 pub const SNAPSHOTS_RETAINED: usize = 100;
 /// A commit merges the table's manifests into one when it would reference more.
@@ -94,6 +96,15 @@ impl LakeVersion {
             }
             None => Ok(BTreeMap::new()),
         }
+    }
+
+    /// The Mink table id the lake table was created for (`mink.table-id`): a lake
+    /// table left by a dropped table of the same name has another.
+    pub fn table_id(&self) -> Option<i64> {
+        self.metadata
+            .properties()
+            .get(TABLE_ID_KEY)
+            .and_then(|v| v.parse().ok())
     }
 
     /// The current snapshot id, if a round has been committed.
@@ -275,7 +286,12 @@ impl LakeTable {
 
     /// Creates version 1 (no snapshot) for `schema` partitioned by `partition_keys`,
     /// unless a version exists.
-    async fn create(&self, schema: &Schema, partition_keys: &[String]) -> Result<()> {
+    async fn create(
+        &self,
+        table_id: i64,
+        schema: &Schema,
+        partition_keys: &[String],
+    ) -> Result<()> {
         let iceberg = iceberg_schema(schema)?;
         let fields: Vec<serde_json::Value> = partition_keys
             .iter()
@@ -307,7 +323,7 @@ impl LakeTable {
             "last-partition-id": 999 + partition_keys.len() as i32,
             "default-sort-order-id": 0,
             "sort-orders": [{"order-id": 0, "fields": []}],
-            "properties": {"write.format.default": "parquet", "mink.managed": "true"},
+            "properties": {"write.format.default": "parquet", TABLE_ID_KEY: table_id.to_string()},
             "snapshots": [],
             "snapshot-log": [],
             "metadata-log": [],
@@ -390,6 +406,70 @@ impl LakeTable {
             .map_err(|e| MinkError::Internal(format!("lake: data file entry: {e}")))
     }
 
+    /// Deletes every object of the lake table of the dropped table `table_id`. Safe to
+    /// race with a new table of the same name and with other purges: after listing, every
+    /// listed metadata version is read, and if one belongs to another table (a new
+    /// table took the name, so the listing may hold its objects) nothing is deleted.
+    /// Objects created after the listing are never deleted. Metadata versions go first,
+    /// newest first, so a reader never finds a version whose files are gone.
+    pub async fn purge(&self, table_id: i64) -> Result<u64> {
+        let prefix = Path::from(self.prefix.clone());
+        let objects: Vec<_> = self
+            .store
+            .list(Some(&prefix))
+            .try_collect()
+            .await
+            .map_err(|e| storage(&prefix, e))?;
+        let version_of = |p: &Path| {
+            p.filename()?
+                .strip_prefix('v')?
+                .strip_suffix(".metadata.json")?
+                .parse::<u64>()
+                .ok()
+        };
+        let mut versions: Vec<u64> = objects
+            .iter()
+            .filter_map(|o| version_of(&o.location))
+            .collect();
+        versions.sort_unstable();
+        for v in &versions {
+            if let Some(read) = self.read_version(*v).await?
+                && read.table_id() != Some(table_id)
+            {
+                tracing::info!(
+                    table = %self.prefix,
+                    "not purging: v{v} belongs to table id {:?}, not the dropped {table_id}",
+                    read.table_id()
+                );
+                return Ok(0);
+            }
+        }
+        let mut order: Vec<&Path> = versions
+            .iter()
+            .rev()
+            .filter_map(|v| {
+                objects
+                    .iter()
+                    .map(|o| &o.location)
+                    .find(|p| version_of(p) == Some(*v))
+            })
+            .collect();
+        order.extend(
+            objects
+                .iter()
+                .map(|o| &o.location)
+                .filter(|p| version_of(p).is_none()),
+        );
+        let mut deleted = 0;
+        for p in order {
+            match self.store.delete(p).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => deleted += 1,
+                Err(e) => return Err(storage(p, e)),
+            }
+        }
+        Ok(deleted)
+    }
+
     /// Deletes data files a round wrote but did not commit (best effort: orphans
     /// left by a crash are the orphan sweep's).
     pub async fn delete_files(&self, files: &[DataFile]) {
@@ -411,6 +491,7 @@ impl LakeTable {
     /// out and its files deleted. `None` when nothing was left to commit.
     pub async fn commit(
         &self,
+        table_id: i64,
         schema: &Schema,
         partition_keys: &[String],
         hint: Option<u64>,
@@ -421,10 +502,17 @@ impl LakeTable {
         let mut hint = hint;
         for _ in 0..COMMIT_ATTEMPTS_MAX {
             let Some(current) = self.load(hint).await? else {
-                self.create(schema, partition_keys).await?;
+                self.create(table_id, schema, partition_keys).await?;
                 continue;
             };
             hint = Some(current.version);
+            if current.table_id() != Some(table_id) {
+                return Err(MinkError::Unavailable(format!(
+                    "lake table {} belongs to table id {:?}, not {table_id}; it is being purged",
+                    self.prefix,
+                    current.table_id()
+                )));
+            }
             let offsets = current.offsets(None)?;
             let (keep, lost): (Vec<_>, Vec<_>) = buckets
                 .into_iter()

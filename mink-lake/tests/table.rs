@@ -94,7 +94,7 @@ async fn rounds_commit_and_read_back() {
     assert!(table.load(None).await.unwrap().is_none());
     let b0 = tier(&table, &s, 0, None, 10).await;
     let c = table
-        .commit(&s, &[], None, vec![b0])
+        .commit(1, &s, &[], None, vec![b0])
         .await
         .unwrap()
         .unwrap();
@@ -105,7 +105,7 @@ async fn rounds_commit_and_read_back() {
     assert_eq!(c.offsets, BTreeMap::from([("t1-b0".to_string(), 10)]));
     let b0 = tier(&table, &s, 0, Some(10), 25).await;
     let c = table
-        .commit(&s, &[], Some(c.version), vec![b0])
+        .commit(1, &s, &[], Some(c.version), vec![b0])
         .await
         .unwrap()
         .unwrap();
@@ -132,7 +132,7 @@ async fn a_schema_change_reads_old_files_with_nulls() {
     let s1 = schema();
     let b = tier(&table, &s1, 0, None, 5).await;
     table
-        .commit(&s1, &[], None, vec![b])
+        .commit(1, &s1, &[], None, vec![b])
         .await
         .unwrap()
         .unwrap();
@@ -158,6 +158,7 @@ async fn a_schema_change_reads_old_files_with_nulls() {
         .unwrap();
     let c = table
         .commit(
+            1,
             &s2,
             &[],
             None,
@@ -200,15 +201,15 @@ async fn racing_writers_never_tier_a_bucket_twice() {
     let (ra, rb, rc) = tokio::join!(
         async {
             let t = tier(&a, &s, 0, None, 10).await;
-            a.commit(&s, &[], None, vec![t]).await.unwrap()
+            a.commit(1, &s, &[], None, vec![t]).await.unwrap()
         },
         async {
             let t = tier(&b, &s, 0, None, 12).await;
-            b.commit(&s, &[], None, vec![t]).await.unwrap()
+            b.commit(1, &s, &[], None, vec![t]).await.unwrap()
         },
         async {
             let t = tier(&b, &s, 1, None, 3).await;
-            b.commit(&s, &[], None, vec![t]).await.unwrap()
+            b.commit(1, &s, &[], None, vec![t]).await.unwrap()
         },
     );
     let won: Vec<_> = [&ra, &rb].into_iter().flatten().collect();
@@ -249,7 +250,7 @@ async fn a_commit_whose_answer_was_lost_is_recognised() {
         let s = schema();
         let first = tier(&table, &s, 0, None, 4).await;
         let c = table
-            .commit(&s, &[], None, vec![first])
+            .commit(1, &s, &[], None, vec![first])
             .await
             .unwrap()
             .unwrap();
@@ -265,7 +266,7 @@ async fn a_commit_whose_answer_was_lost_is_recognised() {
             _ => faulty.conflict_after_apply_next_puts(1),
         }
         let c2 = table
-            .commit(&s, &[], Some(c.version), vec![next])
+            .commit(1, &s, &[], Some(c.version), vec![next])
             .await
             .unwrap()
             .unwrap();

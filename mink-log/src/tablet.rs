@@ -706,9 +706,15 @@ impl LogTablet {
     /// Trims data whose commit timestamp is older than `ttl` (whole segments are
     /// deleted; only compacted data can go). Returns the new log start.
     pub async fn trim_expired(&self, ttl: Duration) -> Result<i64> {
+        self.trim_expired_below(ttl, None).await
+    }
+
+    /// As [`LogTablet::trim_expired`], but never past `keep_from`: rows at or above it
+    /// stay whatever their age (a lake-tiered table keeps what the lake lacks).
+    pub async fn trim_expired_below(&self, ttl: Duration, keep_from: Option<i64>) -> Result<i64> {
         let cutoff = now_ms() - ttl.as_millis() as i64;
         let bucket = self.inner.bucket;
-        let target = match self
+        let mut target = match self
             .inner
             .stream
             .offset_for_timestamp(cutoff)
@@ -718,6 +724,9 @@ impl LogTablet {
             Some(offset) => offset,
             None => self.inner.stream.durable_end(),
         };
+        if let Some(keep) = keep_from {
+            target = target.min(keep.max(0) as u64);
+        }
         let start = self
             .inner
             .stream
@@ -727,11 +736,12 @@ impl LogTablet {
         Ok(start as i64)
     }
 
-    /// Trims expired data every `log.ttl_check_interval_ms` until `shutdown` resolves;
-    /// `ttl` is read each round (it changes with `alter_table`), `None` keeps all.
+    /// Trims expired data every `log.ttl_check_interval_ms` until `shutdown` resolves.
+    /// `policy` is read each round (it changes with `alter_table`): the TTL (`None`
+    /// keeps all) and an offset the trim must not pass (`keep_from`).
     pub async fn run_ttl(
         &self,
-        ttl: impl Fn() -> Option<Duration>,
+        policy: impl Fn() -> (Option<Duration>, Option<i64>),
         shutdown: impl std::future::Future<Output = ()>,
     ) {
         tokio::pin!(shutdown);
@@ -744,8 +754,8 @@ impl LogTablet {
             if self.failure().is_some() {
                 return;
             }
-            if let Some(ttl) = ttl()
-                && let Err(e) = self.trim_expired(ttl).await
+            if let (Some(ttl), keep_from) = policy()
+                && let Err(e) = self.trim_expired_below(ttl, keep_from).await
             {
                 tracing::warn!(bucket = %self.inner.bucket, "TTL trim failed: {e}");
             }

@@ -101,9 +101,16 @@ pub struct KvSnapshotPointer {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LakeSnapshotPointer {
     pub snapshot_id: i64,
+    /// The metadata file (`.../v{N}.metadata.json`) holding the snapshot.
     pub location: String,
-    /// Log offsets tiered, by bucket.
+    /// Log offsets tiered, by bucket: the lake holds each bucket's rows below its offset.
     pub log_offsets: BTreeMap<String, i64>,
+    /// `N` of the metadata file: pointers only move forward.
+    #[serde(default)]
+    pub version: u64,
+    /// When the snapshot was committed.
+    #[serde(default)]
+    pub timestamp_ms: i64,
 }
 
 /// Every command of the metadata log.
@@ -519,9 +526,19 @@ impl LogState for MetaState {
                 }
                 Ok(())
             }
-            MetaCommand::SetLakeSnapshot { table_id, .. } => {
+            MetaCommand::SetLakeSnapshot { table_id, pointer } => {
                 if !self.tables.contains_key(table_id) {
                     return Err(not_found(format!("table id {table_id}")));
+                }
+                if self
+                    .lake_snapshots
+                    .get(table_id)
+                    .is_some_and(|p| p.version >= pointer.version)
+                {
+                    return Err(MinkError::invalid(
+                        "version",
+                        "lake snapshot pointers only move forward",
+                    ));
                 }
                 Ok(())
             }

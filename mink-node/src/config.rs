@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use mink_flight::FlightConfig;
 use mink_kafka::KafkaConfig;
 use mink_kv::KvConfig;
+use mink_lake::LakeConfig;
 use mink_log::LogConfig;
 use mink_meta::MetaConfig;
 use mink_wal::{ObjectStoreConfig, WalConfig};
@@ -105,6 +106,7 @@ pub struct MinkConfig {
     pub meta: MetaConfig,
     pub flight: FlightConfig,
     pub kafka: KafkaConfig,
+    pub lake: LakeConfig,
     pub logging: LoggingConfig,
     pub testing: TestingConfig,
 }
@@ -123,6 +125,7 @@ impl Default for MinkConfig {
             meta: MetaConfig::default(),
             flight: FlightConfig::default(),
             kafka: KafkaConfig::default(),
+            lake: LakeConfig::default(),
             logging: LoggingConfig::default(),
             testing: TestingConfig::default(),
         }
@@ -225,6 +228,7 @@ impl MinkConfig {
         self.meta.validate().map_err(ConfigError)?;
         self.flight.validate().map_err(ConfigError)?;
         self.kafka.validate().map_err(ConfigError)?;
+        self.lake.validate().map_err(ConfigError)?;
         Ok(())
     }
 

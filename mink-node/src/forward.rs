@@ -5,9 +5,12 @@
 use std::collections::HashMap;
 
 use arrow::array::RecordBatch;
-use arrow_flight::Action;
+use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
 use arrow_flight::flight_service_client::FlightServiceClient;
-use mink_flight::protocol::{WriteBatch, WriteDescriptor, WriteResult};
+use arrow_flight::{Action, Ticket};
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
+use mink_flight::protocol::{ReadTicket, ScanBatch, WriteBatch, WriteDescriptor, WriteResult};
 use mink_types::{MinkError, Result};
 use tonic::transport::Channel;
 
@@ -76,6 +79,52 @@ impl Forwarder {
             .map_err(|s| status_error(addr, s))?
             .ok_or_else(|| unavailable(addr, "no answer"))?;
         Ok(first.body.to_vec())
+    }
+
+    /// Reads `ticket` at `addr`, streaming its batches with their scan metadata.
+    pub async fn read(
+        &self,
+        addr: &str,
+        ticket: &ReadTicket,
+    ) -> Result<BoxStream<'static, Result<(RecordBatch, ScanBatch)>>> {
+        let mut client = self.client(addr).await?;
+        let ticket = Ticket {
+            ticket: serde_json::to_vec(ticket)
+                .map_err(|e| MinkError::Internal(e.to_string()))?
+                .into(),
+        };
+        let response = client
+            .do_get(ticket)
+            .await
+            .map_err(|s| status_error(addr, s))?;
+        let addr = addr.to_string();
+        let decoder = FlightDataDecoder::new(
+            response
+                .into_inner()
+                .map_err(|e| arrow_flight::error::FlightError::Tonic(Box::new(e))),
+        );
+        Ok(decoder
+            .filter_map(move |item| {
+                let addr = addr.clone();
+                async move {
+                    let decoded = match item {
+                        Ok(d) => d,
+                        Err(arrow_flight::error::FlightError::Tonic(s)) => {
+                            return Some(Err(status_error(&addr, *s)));
+                        }
+                        Err(e) => return Some(Err(unavailable(&addr, e))),
+                    };
+                    let DecodedPayload::RecordBatch(batch) = decoded.payload else {
+                        return None;
+                    };
+                    Some(
+                        serde_json::from_slice::<ScanBatch>(&decoded.inner.app_metadata)
+                            .map(|meta| (batch, meta))
+                            .map_err(|e| MinkError::Internal(format!("{addr} answered: {e}"))),
+                    )
+                }
+            })
+            .boxed())
     }
 
     /// Runs action `name` at `addr`; the first result as JSON.

@@ -199,6 +199,13 @@ impl Node {
                 async move { service.run_handovers(stop).await },
             ));
         }
+        {
+            let service = service.clone();
+            let stop = shutdown.subscribe();
+            tasks.push(tokio::spawn(
+                async move { service.run_lake_tiering(stop).await },
+            ));
+        }
         tasks.push(tokio::spawn(revive_if_declared_dead(
             meta.clone(),
             Duration::from_millis(config.meta.heartbeat_interval_ms.max(10)),

@@ -360,14 +360,26 @@ impl Tablets {
             let table_id = table.id;
             let rx = stopped.clone();
             tokio::spawn(async move {
-                let ttl = move || {
+                let stream = log.bucket().stream_name();
+                // The TTL, and for a lake-tiered table the offset the lake holds rows
+                // below (as the metadata log last recorded it, which never runs ahead
+                // of the lake): nothing the lake lacks is trimmed.
+                let policy = move || {
                     meta.read(|s| {
-                        s.tables
-                            .get(&table_id)
-                            .and_then(|t| t.descriptor.properties.log_ttl.0)
+                        let Some(t) = s.tables.get(&table_id) else {
+                            return (None, None);
+                        };
+                        let props = &t.descriptor.properties;
+                        let keep_from = props.lake.enabled.then(|| {
+                            s.lake_snapshots
+                                .get(&table_id)
+                                .and_then(|p| p.log_offsets.get(&stream).copied())
+                                .unwrap_or(0)
+                        });
+                        (props.log_ttl.0, keep_from)
                     })
                 };
-                log.run_ttl(ttl, stop(rx)).await;
+                log.run_ttl(policy, stop(rx)).await;
             });
         }
         {

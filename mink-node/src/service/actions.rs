@@ -159,10 +159,22 @@ impl NodeService {
             }
             "drop_table" => {
                 let b: PathBody = parse_json("drop_table body", body)?;
+                let dropped = self.table(&b.path).await.map(|t| t.id);
                 let index = self
                     .meta
-                    .propose(mink_meta::MetaCommand::DropTable { path: b.path })
+                    .propose(mink_meta::MetaCommand::DropTable {
+                        path: b.path.clone(),
+                    })
                     .await?;
+                // The table's lake data goes with it (best effort: a later table of the
+                // same name purges what is left before its first round).
+                let lake = self.lake_table(&b.path);
+                tokio::spawn(async move {
+                    let Ok(id) = dropped else { return };
+                    if let Err(e) = lake.purge(id).await {
+                        tracing::warn!(table = %b.path, "the dropped table's lake data stays: {e}");
+                    }
+                });
                 json(&serde_json::json!({"index": index}))
             }
             "list_tables" => {
@@ -441,17 +453,7 @@ impl NodeService {
             }
             "lake_snapshot" => {
                 let b: PathBody = parse_json("lake_snapshot body", body)?;
-                let table = self.table(&b.path).await?;
-                let pointer = self
-                    .meta
-                    .read(|s| s.lake_snapshots.get(&table.id).cloned())
-                    .ok_or_else(|| {
-                        MinkError::NotFound(format!(
-                            "a lake snapshot of {} (lake tiering does not exist yet)",
-                            b.path
-                        ))
-                    })?;
-                json(&pointer)
+                json(&self.lake_snapshot_json(&b.path).await?)
             }
             "node_stats" => json(&serde_json::json!({
                 "node_id": self.meta.node_id(),

@@ -39,6 +39,7 @@ use crate::tablets::{Tablet, Tablets};
 mod actions;
 mod flight;
 mod kafka;
+mod lake;
 mod lookups;
 mod reads;
 mod writes;

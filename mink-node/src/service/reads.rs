@@ -78,10 +78,8 @@ impl NodeService {
                     .collect::<Result<_>>()?;
                 Ok((schema, ReadBatches::Snapshot(batches)))
             }
-            ReadTicket::Union { .. } | ReadTicket::Lake { .. } => Err(MinkError::Unimplemented(
-                "lake tiering does not exist yet, so Union and Lake tickets are not implemented"
-                    .into(),
-            )),
+            ReadTicket::Lake { path, snapshot_id } => self.read_lake(&path, snapshot_id).await,
+            ReadTicket::Union { path } => self.read_union(&path).await,
         }
     }
 
@@ -201,7 +199,7 @@ impl NodeService {
 
 /// A scan's batches with their `ScanBatch` metadata, arranged as the table's current
 /// schema.
-fn read_batches(
+pub(super) fn read_batches(
     bucket: TableBucket,
     scan: mink_log::ScanResult,
     schema: &SchemaRef,

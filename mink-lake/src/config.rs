@@ -1,0 +1,43 @@
+//! Lake tiering settings (`[lake]` in `mink.toml`). Whether a table is tiered and how
+//! fresh its lake is are table properties (`lake.enabled`, `lake.freshness`).
+
+use serde::{Deserialize, Serialize};
+
+/// Lake tiering settings of a node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LakeConfig {
+    /// Parquet data files are cut at about this many bytes of Arrow data (a round holds
+    /// one file's rows in memory while it writes it). Default 128 MiB.
+    pub file_bytes_target: u64,
+    /// How often the node looks for tables due for a round. Default 1 s.
+    pub check_interval_ms: u64,
+}
+
+impl Default for LakeConfig {
+    fn default() -> Self {
+        Self {
+            file_bytes_target: 128 << 20,
+            check_interval_ms: 1000,
+        }
+    }
+}
+
+impl LakeConfig {
+    /// Checks the bounds; errors name the key.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(1 << 10..=1 << 30).contains(&self.file_bytes_target) {
+            return Err(format!(
+                "lake.file_bytes_target {} is outside 1 KiB..=1 GiB",
+                self.file_bytes_target
+            ));
+        }
+        if !(10..=3_600_000).contains(&self.check_interval_ms) {
+            return Err(format!(
+                "lake.check_interval_ms {} is outside 10..=3600000",
+                self.check_interval_ms
+            ));
+        }
+        Ok(())
+    }
+}
