@@ -8,6 +8,7 @@ import decimal
 import glob
 import json
 import os
+import subprocess
 
 import duckdb
 import pyarrow as pa
@@ -128,7 +129,7 @@ def tiered(client, path, count):
     def probe():
         try:
             snap = action(client, "lake_snapshot", {"path": path})
-        except flight.FlightError:
+        except pa.ArrowException:
             return None
         return snap if sum(snap["offsets"].values()) >= count else None
 
@@ -191,8 +192,13 @@ def test_duckdb_and_pyiceberg_read_what_union_reads(lake_node):
     assert theirs.column("at").cast(pa.timestamp("ms", tz="UTC")).equals(union.column("at"))
     assert theirs.column("local").to_pylist() == union.column("local").to_pylist()
     per_bucket = {}
-    for b, o in zip(theirs.column("__bucket").to_pylist(), theirs.column("__offset").to_pylist()):
-        per_bucket.setdefault(b, []).append(o)
+    # A bucket is (partition, bucket number): each one's offsets run from 0, once.
+    for r, b, o in zip(
+        theirs.column("region").to_pylist(),
+        theirs.column("__bucket").to_pylist(),
+        theirs.column("__offset").to_pylist(),
+    ):
+        per_bucket.setdefault((r, b), []).append(o)
     for offsets in per_bucket.values():
         assert sorted(offsets) == list(range(len(offsets))), "each bucket's offsets from 0, once"
     # Partition pruning works on the identity partition.
@@ -232,7 +238,7 @@ def test_duckdb_and_pyiceberg_read_what_union_reads(lake_node):
     assert (extra_count, extra_sum) == (50, sum(i * 10 for i in range(300, 350)))
 
 
-def test_union_is_whole_before_and_between_rounds(lake_node):
+def test_union_is_whole_before_and_between_rounds(lake_node, bin_dir):
     proc, client, s3, root = lake_node
     action(client, "create_database", {"name": "db"})
     columns = [c for c in COLUMNS if c["name"] in ("id", "msg", "region")]
@@ -267,8 +273,21 @@ def test_union_is_whole_before_and_between_rounds(lake_node):
         assert ids == list(range(written)), f"after {written} rows"
     tiered(client, "db.t", written)
     assert sorted(read(client, {"Lake": {"path": "db.t"}}).column("id").to_pylist()) == list(range(written))
+    # `mink lake status`: the snapshot and no lag left.
+    status = json.loads(
+        subprocess.run(
+            [str(bin_dir / "mink"), "--addr", f"127.0.0.1:{proc.flight_port}", "lake", "status", "db.t"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+    )
+    assert status["snapshot"]["records"] == written
+    assert len(status["buckets"]) == 2
+    assert [b["lag_rows"] for b in status["buckets"]] == [0, 0]
+    assert sum(b["lake_offset"] for b in status["buckets"]) == written
     # Unknown tables and snapshots are NotFound.
-    with pytest.raises(flight.FlightError, match="db.nope"):
+    with pytest.raises(pa.ArrowKeyError, match="db.nope"):
         read(client, {"Union": {"path": "db.nope"}})
-    with pytest.raises(flight.FlightError, match="lake snapshot"):
+    with pytest.raises(pa.ArrowKeyError, match="lake snapshot"):
         read(client, {"Lake": {"path": "db.t", "snapshot_id": 12345}})

@@ -69,6 +69,17 @@ enum Command {
     /// The node at --addr. Example: mink node stats
     #[command(subcommand)]
     Node(NodeCommand),
+    /// The table's lake (Apache Iceberg) tiering. Example: mink lake status demo.events
+    #[command(subcommand)]
+    Lake(LakeCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum LakeCommand {
+    /// The newest lake snapshot (id, files, rows, bytes, metadata location) and, per
+    /// bucket, the lake's offset, the log's high watermark and the lag in rows.
+    /// Example: mink lake status demo.events
+    Status { table: String },
 }
 
 #[derive(Debug, Subcommand)]
@@ -811,6 +822,53 @@ async fn run(cli: Cli) -> CliResult<()> {
         }
         Command::Node(NodeCommand::Stats) => {
             print_json(&action("node_stats", serde_json::json!({})).await?)
+        }
+        Command::Lake(LakeCommand::Status { table }) => {
+            path(&table)?;
+            let snapshot = match action("lake_snapshot", serde_json::json!({"path": table})).await {
+                Ok(s) => s,
+                Err(e) if e.starts_with("not found") => {
+                    serde_json::json!({"snapshot": null, "why": e})
+                }
+                Err(e) => return Err(e),
+            };
+            let info = action("get_table", serde_json::json!({"path": table})).await?;
+            let partitioned = info["descriptor"]["partition_keys"]
+                .as_array()
+                .is_some_and(|k| !k.is_empty());
+            let partitions: Vec<Option<String>> = if partitioned {
+                action("list_partitions", serde_json::json!({"path": table}))
+                    .await?
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|p| p["name"].as_str().map(|n| Some(n.to_string())))
+                    .collect()
+            } else {
+                vec![None]
+            };
+            let mut buckets = Vec::new();
+            for partition in partitions {
+                let latest = action(
+                    "list_offsets",
+                    serde_json::json!({"path": table, "spec": "latest", "partition": partition}),
+                )
+                .await?;
+                for l in latest.as_array().into_iter().flatten() {
+                    let bucket: mink_types::TableBucket =
+                        serde_json::from_value(l["bucket"].clone()).map_err(err)?;
+                    let hw = l["offset"].as_i64();
+                    let lake = snapshot["offsets"][bucket.stream_name()].as_i64();
+                    buckets.push(serde_json::json!({
+                        "partition": partition,
+                        "bucket": bucket.bucket,
+                        "lake_offset": lake,
+                        "high_watermark": hw,
+                        "lag_rows": hw.map(|h| h - lake.unwrap_or(0)),
+                    }));
+                }
+            }
+            print_json(&serde_json::json!({"snapshot": snapshot, "buckets": buckets}))
         }
     }
     Ok(())
