@@ -12,6 +12,12 @@ pub struct LakeConfig {
     pub file_bytes_target: u64,
     /// How often the node looks for tables due for a round. Default 1 s.
     pub check_interval_ms: u64,
+    /// How often each lake table's orphan sweep runs (on the leader of its first
+    /// bucket). Default 1 h.
+    pub orphan_sweep_interval_ms: u64,
+    /// The sweep keeps every object younger than this, needed or not: a round in
+    /// flight has written files it has not committed yet. Default 1 h.
+    pub orphan_min_age_ms: u64,
 }
 
 impl Default for LakeConfig {
@@ -19,6 +25,8 @@ impl Default for LakeConfig {
         Self {
             file_bytes_target: 128 << 20,
             check_interval_ms: 1000,
+            orphan_sweep_interval_ms: 3_600_000,
+            orphan_min_age_ms: 3_600_000,
         }
     }
 }
@@ -36,6 +44,18 @@ impl LakeConfig {
             return Err(format!(
                 "lake.check_interval_ms {} is outside 10..=3600000",
                 self.check_interval_ms
+            ));
+        }
+        if self.orphan_sweep_interval_ms < 1000 {
+            return Err(format!(
+                "lake.orphan_sweep_interval_ms {} is below 1000",
+                self.orphan_sweep_interval_ms
+            ));
+        }
+        if self.orphan_min_age_ms < 60_000 {
+            return Err(format!(
+                "lake.orphan_min_age_ms {} is below 60000: a round in flight could lose its files",
+                self.orphan_min_age_ms
             ));
         }
         Ok(())

@@ -17,7 +17,9 @@ pub mod table;
 
 pub use config::LakeConfig;
 pub use schema::{LakeRows, from_lake_batch, iceberg_schema, lake_arrow_schema, to_lake_batch};
-pub use table::{Committed, LakeFile, LakeTable, LakeVersion, TieredBucket, partition_value};
+pub use table::{
+    Committed, LakeFile, LakeTable, LakeVersion, SweepStats, TieredBucket, partition_value,
+};
 
 pub(crate) fn now_ms() -> i64 {
     std::time::SystemTime::now()

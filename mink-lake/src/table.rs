@@ -470,6 +470,87 @@ impl LakeTable {
         Ok(deleted)
     }
 
+    /// Deletes what no retained snapshot or metadata version needs and is older than
+    /// `min_age`: data files of rounds that died before committing (or lost and could
+    /// not delete theirs), manifests no retained snapshot lists, manifest lists of
+    /// expired snapshots, metadata versions older than the metadata log. Objects younger
+    /// than `min_age` are kept whatever they are: a round in flight has written its files
+    /// but not yet committed them (a round never runs near `min_age`).
+    pub async fn sweep_orphans(&self, min_age: std::time::Duration) -> Result<SweepStats> {
+        let Some(version) = self.load(None).await? else {
+            return Ok(SweepStats::default());
+        };
+        let metadata = &version.metadata;
+        let mut keep: std::collections::HashSet<String> = std::collections::HashSet::new();
+        keep.insert(self.hint_path().to_string());
+        // Metadata versions: this one and those its log still names.
+        let oldest_logged = metadata
+            .metadata_log()
+            .iter()
+            .filter_map(|m| {
+                m.metadata_file
+                    .rsplit('/')
+                    .next()?
+                    .strip_prefix('v')?
+                    .strip_suffix(".metadata.json")?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .min()
+            .unwrap_or(version.version);
+        let mut manifests_seen = std::collections::HashSet::new();
+        for snapshot in metadata.snapshots() {
+            keep.insert(self.path_of(snapshot.manifest_list())?.to_string());
+            let list = self.manifest_list(snapshot.manifest_list()).await?;
+            for m in list.entries() {
+                if !manifests_seen.insert(m.manifest_path.clone()) {
+                    continue;
+                }
+                keep.insert(self.path_of(&m.manifest_path)?.to_string());
+                for e in self.manifest(&m.manifest_path).await?.entries() {
+                    keep.insert(self.path_of(e.file_path())?.to_string());
+                }
+            }
+        }
+        let prefix = Path::from(self.prefix.clone());
+        let objects: Vec<_> = self
+            .store
+            .list(Some(&prefix))
+            .try_collect()
+            .await
+            .map_err(|e| storage(&prefix, e))?;
+        let now = chrono_now();
+        let mut stats = SweepStats::default();
+        for o in objects {
+            let name = o.location.to_string();
+            let version_no = o.location.filename().and_then(|f| {
+                f.strip_prefix('v')?
+                    .strip_suffix(".metadata.json")?
+                    .parse::<u64>()
+                    .ok()
+            });
+            let needed = match version_no {
+                // Newer versions than the one loaded may have been committed since.
+                Some(n) => n >= oldest_logged,
+                None => keep.contains(&name),
+            };
+            let age = now.signed_duration_since(o.last_modified);
+            let young = age.to_std().map_or(true, |a| a < min_age);
+            if needed || young {
+                stats.kept += 1;
+                continue;
+            }
+            match self.store.delete(&o.location).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {
+                    stats.deleted += 1;
+                    stats.deleted_bytes += o.size;
+                }
+                Err(e) => return Err(storage(&o.location, e)),
+            }
+        }
+        Ok(stats)
+    }
+
     /// Deletes data files a round wrote but did not commit (best effort: orphans
     /// left by a crash are the orphan sweep's).
     pub async fn delete_files(&self, files: &[DataFile]) {
@@ -934,6 +1015,18 @@ impl LakeTable {
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(|e| storage(&path, e))
     }
+}
+
+/// What an orphan sweep did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SweepStats {
+    pub kept: u64,
+    pub deleted: u64,
+    pub deleted_bytes: u64,
+}
+
+fn chrono_now() -> chrono::DateTime<chrono::Utc> {
+    chrono::Utc::now()
 }
 
 struct Staged {

@@ -10,8 +10,8 @@ use mink_lake::{
 };
 use mink_types::{Column, DataType, Schema, TablePath};
 use mink_wal::fault::{FaultConfig, FaultyStore};
-use object_store::ObjectStore;
 use object_store::memory::InMemory;
+use object_store::{ObjectStore, ObjectStoreExt};
 
 fn schema() -> Schema {
     Schema::new(
@@ -282,4 +282,83 @@ async fn a_commit_whose_answer_was_lost_is_recognised() {
             "{fault}"
         );
     }
+}
+
+#[tokio::test]
+async fn the_orphan_sweep_deletes_only_what_nothing_needs() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let table = LakeTable::new(store.clone(), "memory://", &path());
+    let s = schema();
+    let mut version = None;
+    let mut to = 0;
+    // Enough rounds to merge manifests (32) and leave some behind.
+    for round in 0..40 {
+        let b = tier(&table, &s, 0, (round > 0).then_some(to), to + 3).await;
+        to += 3;
+        version = Some(
+            table
+                .commit(1, &s, &[], version, vec![b])
+                .await
+                .unwrap()
+                .unwrap()
+                .version,
+        );
+    }
+    // A round that died after writing its file, before committing.
+    let orphan = tier(&table, &s, 1, None, 5).await;
+    let count = |store: Arc<dyn ObjectStore>| async move {
+        futures::TryStreamExt::try_collect::<Vec<_>>(store.list(Some(&"lake/db/t".into())))
+            .await
+            .unwrap()
+            .len()
+    };
+    let before = count(store.clone()).await;
+    // Young objects are kept whatever they are.
+    let kept = table
+        .sweep_orphans(std::time::Duration::from_secs(3600))
+        .await
+        .unwrap();
+    assert_eq!(kept.deleted, 0);
+    let swept = table
+        .sweep_orphans(std::time::Duration::ZERO)
+        .await
+        .unwrap();
+    assert!(swept.deleted >= 1, "{swept:?}");
+    assert_eq!(
+        count(store.clone()).await as u64,
+        before as u64 - swept.deleted
+    );
+    assert!(
+        store
+            .head(&table.path_of(orphan.files[0].file_path()).unwrap())
+            .await
+            .is_err(),
+        "the uncommitted file is gone"
+    );
+    // Every snapshot still reads, and the newest holds every row once.
+    assert_eq!(all_ids(&table, &s).await, (0..to).collect::<Vec<_>>());
+    let v = table.load(None).await.unwrap().unwrap();
+    for snap in v.metadata.snapshots() {
+        for f in table.files(&v, Some(snap.snapshot_id())).await.unwrap() {
+            table.read_file(&f).await.unwrap();
+        }
+    }
+    // The merge kept the manifest list short.
+    let list = v
+        .metadata
+        .current_snapshot()
+        .unwrap()
+        .manifest_list()
+        .to_string();
+    let bytes = store
+        .get(&table.path_of(&list).unwrap())
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let parsed =
+        iceberg::spec::ManifestList::parse_with_version(&bytes, iceberg::spec::FormatVersion::V2)
+            .unwrap();
+    assert!(parsed.entries().len() <= mink_lake::table::MANIFESTS_MAX);
 }

@@ -29,6 +29,7 @@ use super::*;
 #[derive(Default)]
 pub(crate) struct LakeState {
     due: HashMap<TableId, Instant>,
+    sweep_due: HashMap<TableId, Instant>,
     offsets: HashMap<TableId, BTreeMap<String, i64>>,
 }
 
@@ -108,6 +109,9 @@ impl NodeService {
             });
             state.due.retain(|id, _| tables.iter().any(|t| t.id == *id));
             state
+                .sweep_due
+                .retain(|id, _| tables.iter().any(|t| t.id == *id));
+            state
                 .offsets
                 .retain(|id, _| tables.iter().any(|t| t.id == *id));
             for table in tables {
@@ -115,6 +119,7 @@ impl NodeService {
                     return;
                 }
                 let now = Instant::now();
+                self.maybe_sweep(&table, &mut state, now).await;
                 if state.due.get(&table.id).is_some_and(|t| now < *t) {
                     continue;
                 }
@@ -146,6 +151,44 @@ impl NodeService {
                     }
                 }
             }
+        }
+    }
+
+    /// The orphan sweep of a table, every `lake.orphan_sweep_interval_ms`, by the
+    /// leader of its first bucket (one node per table; two would be harmless).
+    async fn maybe_sweep(&self, table: &TableInfo, state: &mut LakeState, now: Instant) {
+        let me = self.meta.node_id();
+        let first_here = self.meta.read(|s| {
+            s.buckets
+                .values()
+                .filter(|b| b.bucket.table_id == table.id)
+                .min_by_key(|b| b.bucket)
+                .is_some_and(|b| b.leader.as_deref() == Some(me))
+        });
+        if !first_here {
+            return;
+        }
+        let interval = Duration::from_millis(self.config.lake.orphan_sweep_interval_ms);
+        // The first sweep waits an interval too: a restart loop costs no sweeps.
+        let due = *state.sweep_due.entry(table.id).or_insert(now + interval);
+        if now < due {
+            return;
+        }
+        state.sweep_due.insert(table.id, now + interval);
+        let min_age = Duration::from_millis(self.config.lake.orphan_min_age_ms);
+        match self.lake_table(&table.path).sweep_orphans(min_age).await {
+            Ok(stats) => {
+                metrics::counter!("mink_lake_orphans_deleted_total").increment(stats.deleted);
+                if stats.deleted > 0 {
+                    tracing::info!(
+                        table = %table.path,
+                        deleted = stats.deleted,
+                        bytes = stats.deleted_bytes,
+                        "lake orphan sweep"
+                    );
+                }
+            }
+            Err(e) => tracing::warn!(table = %table.path, "lake orphan sweep failed: {e}"),
         }
     }
 
