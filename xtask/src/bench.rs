@@ -39,6 +39,12 @@ pub const BENCHES: &[(&str, &str, &str, &str)] = &[
         "object-store requests per hour of an idle node and an idle 3-node cluster",
     ),
     (
+        "lake",
+        "mink-node",
+        "lake",
+        "lake tiering MB/s against raw Parquet writing, lag under steady load, Union read MB/s",
+    ),
+    (
         "meta",
         "mink-meta",
         "meta",

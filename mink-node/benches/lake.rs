@@ -1,0 +1,304 @@
+//! `cargo xtask bench lake`: lake tiering on one node over `file://`.
+//!
+//! - tiering MB/s: rows already in the log, `lake.enabled` turned on, time until the
+//!   lake holds them all; against raw Parquet writing (encode + PUT) of the same rows
+//!   to the same store in the same run;
+//! - lag under a steady write load (`lake.freshness` 1 s): for each committed round,
+//!   how long ago its newest row was acknowledged;
+//! - `Union` read MB/s against a log scan of the same table.
+//!
+//! Several runs each; the report gives min..max over runs.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow::array::{Int64Array, RecordBatch, StringArray};
+use mink_flight::MinkClient;
+use mink_flight::protocol::ReadTicket;
+use mink_node::MinkConfig;
+use mink_node::node::Node;
+use mink_types::{Column, DataType, Schema, TableDescriptor, TablePath};
+use mink_wal::{ObjectStoreConfig, open_object_store};
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+const ROWS: usize = 2_000;
+const BUCKETS: u32 = 4;
+
+fn descriptor() -> TableDescriptor {
+    TableDescriptor {
+        bucket_count: BUCKETS,
+        ..TableDescriptor::log_table(Schema::new(
+            1,
+            vec![
+                Column::new("id", DataType::BigInt, false),
+                Column::new("body", DataType::String, true),
+            ],
+        ))
+    }
+}
+
+/// ~1 KB rows, not all alike (Parquet would compress identical ones to nothing).
+fn batch(seed: i64) -> RecordBatch {
+    let words = [
+        "alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf",
+    ];
+    RecordBatch::try_new(
+        descriptor().schema.to_arrow(),
+        vec![
+            Arc::new(Int64Array::from_iter_values(seed..seed + ROWS as i64)),
+            Arc::new(StringArray::from_iter_values((0..ROWS).map(|i| {
+                let n = seed as usize + i;
+                let mut s = String::with_capacity(1000);
+                while s.len() < 1000 {
+                    s.push_str(words[(n * 7 + s.len()) % words.len()]);
+                    s.push_str(&(n * 31 + s.len()).to_string());
+                }
+                s
+            }))),
+        ],
+    )
+    .unwrap()
+}
+
+fn config(dir: &std::path::Path) -> MinkConfig {
+    let mut c = MinkConfig {
+        data_dir: dir.join("data"),
+        ..MinkConfig::default()
+    };
+    c.object_store.url = format!("file://{}", dir.join("objects").display());
+    c.listeners.flight = "127.0.0.1:0".parse().unwrap();
+    c.listeners.admin = "127.0.0.1:0".parse().unwrap();
+    c.listeners.kafka = "127.0.0.1:0".parse().unwrap();
+    c.lake.check_interval_ms = 10;
+    c
+}
+
+async fn lake_rows(client: &MinkClient, path: &TablePath) -> i64 {
+    match client
+        .action::<serde_json::Value>("lake_snapshot", serde_json::json!({"path": path}))
+        .await
+    {
+        Ok(s) => s["offsets"]
+            .as_object()
+            .map_or(0, |o| o.values().filter_map(|v| v.as_i64()).sum()),
+        Err(_) => 0,
+    }
+}
+
+async fn setup(dir: &std::path::Path) -> (Node, MinkClient, TablePath) {
+    let node = Node::start(config(dir)).await.unwrap();
+    let client = MinkClient::connect(&node.flight_addr.to_string())
+        .await
+        .unwrap();
+    client.create_database("b").await.unwrap();
+    let path = TablePath::parse("b.lake").unwrap();
+    client.create_table(&path, &descriptor()).await.unwrap();
+    (node, client, path)
+}
+
+async fn enable(client: &MinkClient, path: &TablePath) {
+    client
+        .action::<serde_json::Value>(
+            "alter_table",
+            serde_json::json!({"path": path, "set_properties": {"lake.enabled": "true", "lake.freshness": "1s"}}),
+        )
+        .await
+        .unwrap();
+}
+
+struct Backlog {
+    tier_mbps: f64,
+    raw_mbps: f64,
+    union_mbps: f64,
+    scan_mbps: f64,
+}
+
+/// `batches` batches in the log, then the lake turned on: how fast it catches up.
+async fn backlog(batches: usize) -> Backlog {
+    let dir = tempfile::tempdir().unwrap();
+    let (node, client, path) = setup(dir.path()).await;
+    let mut bytes = 0usize;
+    let mut written = Vec::new();
+    for i in 0..batches {
+        let b = batch(i as i64 * ROWS as i64);
+        bytes += b.get_array_memory_size();
+        client.append(&path, &b).await.unwrap();
+        written.push(b);
+    }
+    let rows = (batches * ROWS) as i64;
+    let start = Instant::now();
+    enable(&client, &path).await;
+    while lake_rows(&client, &path).await < rows {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let tier_secs = start.elapsed().as_secs_f64();
+
+    // Raw Parquet of the same rows (same writer settings), PUT to the same store.
+    let store: Arc<dyn ObjectStore> = open_object_store(&ObjectStoreConfig {
+        url: format!("file://{}", dir.path().join("raw").display()),
+        ..Default::default()
+    })
+    .unwrap();
+    let start = Instant::now();
+    for (i, chunk) in written
+        .chunks(written.len().div_ceil(BUCKETS as usize))
+        .enumerate()
+    {
+        let props = parquet::file::properties::WriterProperties::builder()
+            .set_compression(parquet::basic::Compression::SNAPPY)
+            .build();
+        let mut w =
+            parquet::arrow::ArrowWriter::try_new(Vec::new(), chunk[0].schema(), Some(props))
+                .unwrap();
+        for b in chunk {
+            w.write(b).unwrap();
+        }
+        let data = w.into_inner().unwrap();
+        store
+            .put(&format!("raw/{i}.parquet").into(), PutPayload::from(data))
+            .await
+            .unwrap();
+    }
+    let raw_secs = start.elapsed().as_secs_f64();
+
+    let start = Instant::now();
+    let union = client
+        .read_any(&ReadTicket::Union { path: path.clone() })
+        .await
+        .unwrap();
+    let union_secs = start.elapsed().as_secs_f64();
+    let union_bytes: usize = union.iter().map(|(b, _)| b.get_array_memory_size()).sum();
+    assert_eq!(
+        union.iter().map(|(b, _)| b.num_rows()).sum::<usize>() as i64,
+        rows
+    );
+    let start = Instant::now();
+    let scanned = client.scan_table(&path).await.unwrap();
+    let scan_secs = start.elapsed().as_secs_f64();
+    let scan_bytes: usize = scanned.iter().map(|b| b.get_array_memory_size()).sum();
+    node.stop().await;
+    Backlog {
+        tier_mbps: bytes as f64 / tier_secs / 1e6,
+        raw_mbps: bytes as f64 / raw_secs / 1e6,
+        union_mbps: union_bytes as f64 / union_secs / 1e6,
+        scan_mbps: scan_bytes as f64 / scan_secs / 1e6,
+    }
+}
+
+/// A writer paced at `mbps` for `secs`; each time the lake moves, how long ago its
+/// oldest row the lake lacks was acknowledged. Returns (achieved MB/s, lag p50, p99,
+/// max) in seconds.
+async fn lag(mbps: f64, secs: f64) -> (f64, f64, f64, f64) {
+    let dir = tempfile::tempdir().unwrap();
+    let (node, client, path) = setup(dir.path()).await;
+    enable(&client, &path).await;
+    let probe = batch(0);
+    let per_batch = probe.get_array_memory_size() as f64;
+    let interval = Duration::from_secs_f64(per_batch / (mbps * 1e6));
+    let acked: Arc<std::sync::Mutex<Vec<(i64, Instant)>>> = Arc::default();
+    let writer = {
+        let acked = acked.clone();
+        let addr = node.flight_addr.to_string();
+        let path = path.clone();
+        tokio::spawn(async move {
+            let client = MinkClient::connect(&addr).await.unwrap();
+            let start = Instant::now();
+            let mut rows = 0i64;
+            let mut next = Instant::now();
+            while start.elapsed().as_secs_f64() < secs {
+                client.append(&path, &batch(rows)).await.unwrap();
+                rows += ROWS as i64;
+                acked.lock().unwrap().push((rows, Instant::now()));
+                next += interval;
+                if let Some(wait) = next.checked_duration_since(Instant::now()) {
+                    tokio::time::sleep(wait).await;
+                }
+            }
+            (rows as f64 * per_batch / ROWS as f64) / start.elapsed().as_secs_f64() / 1e6
+        })
+    };
+    // Sampled every 20 ms: how long the oldest acknowledged row the lake lacks has
+    // been waiting (0 when the lake holds every acknowledged row).
+    let mut lags = Vec::new();
+    while !writer.is_finished() {
+        let tiered = lake_rows(&client, &path).await;
+        let oldest = acked
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|(rows, _)| *rows > tiered)
+            .map(|(_, t)| *t);
+        lags.push(oldest.map_or(0.0, |t| t.elapsed().as_secs_f64()));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let achieved = writer.await.unwrap();
+    node.stop().await;
+    lags.sort_by(f64::total_cmp);
+    let at = |q: f64| {
+        lags.get(((lags.len() as f64 * q) as usize).min(lags.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(f64::NAN)
+    };
+    (
+        achieved,
+        at(0.5),
+        at(0.99),
+        lags.last().copied().unwrap_or(f64::NAN),
+    )
+}
+
+fn range(v: &[f64]) -> String {
+    let min = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    format!("{min:.2}..{max:.2}")
+}
+
+#[tokio::main]
+async fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let (runs, batches, secs) = if quick { (1, 10, 3.0) } else { (3, 100, 20.0) };
+    let mut b = Vec::new();
+    for _ in 0..runs {
+        b.push(backlog(batches).await);
+    }
+    let col = |f: fn(&Backlog) -> f64| b.iter().map(f).collect::<Vec<_>>();
+    let mut out = format!(
+        "One node in-process on `file://`, a log table of {BUCKETS} buckets, rows of ~1 KB \
+         ({} MB of Arrow data per backlog run), {runs} runs, min..max.\n\n\
+         | measure | MB/s | baseline MB/s | ratio |\n|---|---|---|---|\n",
+        batches * batch(0).get_array_memory_size() / 1_000_000
+    );
+    let tier = col(|x| x.tier_mbps);
+    let raw = col(|x| x.raw_mbps);
+    let ratio: Vec<f64> = b.iter().map(|x| x.tier_mbps / x.raw_mbps).collect();
+    out.push_str(&format!(
+        "| tiering a backlog (log → Parquet → Iceberg commit) | {} | raw Parquet encode + PUT: {} | {} |\n",
+        range(&tier),
+        range(&raw),
+        range(&ratio)
+    ));
+    let union = col(|x| x.union_mbps);
+    let scan = col(|x| x.scan_mbps);
+    let ratio: Vec<f64> = b.iter().map(|x| x.union_mbps / x.scan_mbps).collect();
+    out.push_str(&format!(
+        "| `Union` read (all rows in the lake) | {} | log scan of the same table: {} | {} |\n",
+        range(&union),
+        range(&scan),
+        range(&ratio)
+    ));
+    out.push_str(&format!(
+        "\nLag under a steady write load, `lake.freshness` 1 s, {secs:.0} s per run, sampled \
+         every 20 ms: how long the oldest acknowledged row the lake lacks has waited.\n\n\
+         | target MB/s | achieved MB/s | lag p50 | lag p99 | lag max |\n|---|---|---|---|---|\n"
+    ));
+    for _ in 0..runs {
+        let (achieved, p50, p99, max) = lag(50.0, secs).await;
+        out.push_str(&format!(
+            "| 50 | {achieved:.1} | {p50:.2} s | {p99:.2} s | {max:.2} s |\n"
+        ));
+    }
+    print!("{out}");
+}
