@@ -738,6 +738,15 @@ impl MinkClient {
         addr: &str,
         ticket: &ReadTicket,
     ) -> Result<Vec<(RecordBatch, ScanBatch)>> {
+        self.read_at_as(addr, ticket).await
+    }
+
+    /// A read whose batches carry metadata `M` (`ScanBatch` or `SnapshotBatch`).
+    async fn read_at_as<M: DeserializeOwned>(
+        &self,
+        addr: &str,
+        ticket: &ReadTicket,
+    ) -> Result<Vec<(RecordBatch, M)>> {
         let mut client = self.connection(addr).await?;
         let ticket = Ticket {
             ticket: serde_json::to_vec(ticket)
@@ -760,8 +769,8 @@ impl MinkClient {
                 other => MinkError::Internal(other.to_string()),
             })?;
             if let DecodedPayload::RecordBatch(batch) = decoded.payload {
-                let meta: ScanBatch = serde_json::from_slice(&decoded.inner.app_metadata)
-                    .map_err(|e| MinkError::Internal(format!("scan metadata: {e}")))?;
+                let meta: M = serde_json::from_slice(&decoded.inner.app_metadata)
+                    .map_err(|e| MinkError::Internal(format!("batch metadata: {e}")))?;
                 out.push((batch, meta));
             }
         }
@@ -771,6 +780,15 @@ impl MinkClient {
     /// A read any node answers (`Lake`, `Union`), at the bootstrap node.
     pub async fn read_any(&self, ticket: &ReadTicket) -> Result<Vec<(RecordBatch, ScanBatch)>> {
         self.read_at(&self.bootstrap.clone(), ticket).await
+    }
+
+    /// A primary-key table's `Lake` or `Union` read (its state, with `SnapshotBatch`
+    /// metadata), at the bootstrap node.
+    pub async fn read_state_any(
+        &self,
+        ticket: &ReadTicket,
+    ) -> Result<Vec<(RecordBatch, crate::protocol::SnapshotBatch)>> {
+        self.read_at_as(&self.bootstrap.clone(), ticket).await
     }
 
     /// Every row of a table (all buckets, all partitions), read at the leaders.

@@ -78,6 +78,11 @@ pub enum ReadBatches {
     /// read of any size holds a few batches in memory. An error ends the stream with
     /// its status.
     Stream(futures::stream::BoxStream<'static, Result<ReadBatch, MinkError>>),
+    /// `Lake`, `Union` of a primary-key table: the merged state, with `SnapshotBatch`
+    /// metadata, streamed likewise.
+    SnapshotStream(
+        futures::stream::BoxStream<'static, Result<(RecordBatch, SnapshotBatch), MinkError>>,
+    ),
 }
 
 impl std::fmt::Debug for ReadBatches {
@@ -86,6 +91,7 @@ impl std::fmt::Debug for ReadBatches {
             ReadBatches::Scan(b) => write!(f, "Scan({} batches)", b.len()),
             ReadBatches::Snapshot(b) => write!(f, "Snapshot({} batches)", b.len()),
             ReadBatches::Stream(_) => f.write_str("Stream"),
+            ReadBatches::SnapshotStream(_) => f.write_str("SnapshotStream"),
         }
     }
 }
@@ -344,13 +350,42 @@ fn encode_read(schema: &SchemaRef, batches: ReadBatches) -> Result<Vec<FlightDat
     out.extend(match batches {
         ReadBatches::Scan(b) => encode_batches(b)?,
         ReadBatches::Snapshot(b) => encode_batches(b)?,
-        ReadBatches::Stream(_) => {
+        ReadBatches::Stream(_) | ReadBatches::SnapshotStream(_) => {
             return Err(Status::internal(
                 "a streamed read reached the batch encoder",
             ));
         }
     });
     Ok(out)
+}
+
+/// A streamed read as Flight messages: the schema, then each batch as it comes; an
+/// error ends the stream with its status.
+fn stream_batches<M: serde::Serialize + Send + 'static>(
+    schema: &SchemaRef,
+    mut batches: futures::stream::BoxStream<'static, Result<(RecordBatch, M), MinkError>>,
+) -> Stream<FlightData> {
+    let head = FlightData::from(SchemaAsIpc::new(schema, &IpcWriteOptions::default()));
+    async_stream(move |tx| async move {
+        if tx.send(Ok(head)).await.is_err() {
+            return;
+        }
+        while let Some(item) = batches.next().await {
+            match item.map_err(status).and_then(|b| encode_batches(vec![b])) {
+                Ok(data) => {
+                    for d in data {
+                        if tx.send(Ok(d)).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
+            }
+        }
+    })
 }
 
 /// Batches as Flight messages, each with its metadata as JSON app metadata.
@@ -493,30 +528,14 @@ impl<S: MinkService> FlightService for FlightServer<S> {
                 return self.scan_range(bucket, offset, max_bytes, end).await;
             }
             let (schema, batches) = self.service.read(ticket).await.map_err(status)?;
-            if let ReadBatches::Stream(mut batches) = batches {
-                let head = FlightData::from(SchemaAsIpc::new(&schema, &IpcWriteOptions::default()));
-                let answers = async_stream(move |tx| async move {
-                    if tx.send(Ok(head)).await.is_err() {
-                        return;
-                    }
-                    while let Some(item) = batches.next().await {
-                        let encoded = item.map_err(status).and_then(|b| encode_batches(vec![b]));
-                        match encoded {
-                            Ok(data) => {
-                                for d in data {
-                                    if tx.send(Ok(d)).await.is_err() {
-                                        return;
-                                    }
-                                }
-                            }
-                            Err(e) => {
-                                let _ = tx.send(Err(e)).await;
-                                return;
-                            }
-                        }
-                    }
-                });
-                return Ok(self.respond(self.stamp_stream(answers)));
+            match batches {
+                ReadBatches::Stream(batches) => {
+                    return Ok(self.respond(self.stamp_stream(stream_batches(&schema, batches))));
+                }
+                ReadBatches::SnapshotStream(batches) => {
+                    return Ok(self.respond(self.stamp_stream(stream_batches(&schema, batches))));
+                }
+                _ => {}
             }
             let data = encode_read(&schema, batches)?;
             Ok(self.respond(stream::iter(data.into_iter().map(Ok)).boxed()))

@@ -15,8 +15,14 @@ pub mod config;
 pub mod schema;
 pub mod table;
 
+/// The manifest entry of a data file (the `iceberg` crate's, which callers only pass
+/// back to [`LakeTable::commit`] and [`LakeTable::delete_files`]).
+pub use iceberg::spec::DataFile;
+
 pub use config::LakeConfig;
-pub use schema::{LakeRows, from_lake_batch, iceberg_schema, lake_arrow_schema, to_lake_batch};
+pub use schema::{
+    LakeRows, from_lake_batch, iceberg_schema, lake_arrow_schema, to_current_lake, to_lake_batch,
+};
 pub use table::{
     Committed, LakeFile, LakeTable, LakeVersion, SweepStats, TieredBucket, partition_value,
 };

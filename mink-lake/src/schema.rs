@@ -197,6 +197,33 @@ pub fn to_lake_batch(
     RecordBatch::try_new(lake_schema.clone(), columns).map_err(|e| cast_error("a batch", e))
 }
 
+/// A batch read from a lake file (any schema version) in the current lake schema,
+/// matched by field id: columns the file predates are null, system columns kept. Used
+/// to rewrite files (copy-on-write of primary-key tables).
+pub fn to_current_lake(lake_schema: &SchemaRef, batch: &RecordBatch) -> Result<RecordBatch> {
+    let file_schema = batch.schema();
+    let by_id: HashMap<i32, usize> = file_schema
+        .fields()
+        .iter()
+        .enumerate()
+        .filter_map(|(i, f)| id_of(f).map(|id| (id, i)))
+        .collect();
+    let mut columns = Vec::with_capacity(lake_schema.fields().len());
+    for field in lake_schema.fields() {
+        let column = id_of(field)
+            .and_then(|id| by_id.get(&id))
+            .map(|i| batch.column(*i).clone());
+        columns.push(match column {
+            Some(a) if a.data_type() == field.data_type() => a,
+            Some(a) => cast(&a, field.data_type()).map_err(|e| cast_error(field.name(), e))?,
+            None => arrow::array::new_null_array(field.data_type(), batch.num_rows()),
+        });
+    }
+    RecordBatch::try_new(lake_schema.clone(), columns).map_err(|e| {
+        MinkError::StorageFailure(format!("a lake data file does not fit the table: {e}"))
+    })
+}
+
 /// Rows read from a lake file, as the table's schema sees them.
 #[derive(Debug, Clone)]
 pub struct LakeRows {

@@ -131,6 +131,9 @@ pub struct TieredBucket {
     /// The offset after the last row tiered.
     pub to: i64,
     pub files: Vec<DataFile>,
+    /// Locations of the bucket's files `files` replace (copy-on-write of a
+    /// primary-key bucket: the new files hold its whole state). Empty for appends.
+    pub replaces: Vec<String>,
 }
 
 /// What a commit made.
@@ -153,6 +156,15 @@ pub struct LakeFile {
     pub location: String,
     pub record_count: u64,
     pub size_bytes: u64,
+}
+
+impl LakeFile {
+    /// The bucket (`TableBucket::stream_name`) whose rows the file holds: files are
+    /// written under `data/{stream}/`.
+    pub fn stream(&self) -> Option<&str> {
+        let (_, rest) = self.location.rsplit_once("/data/")?;
+        rest.split_once('/').map(|(stream, _)| stream)
+    }
 }
 
 /// One lake table.
@@ -779,11 +791,15 @@ impl LakeTable {
                 .add_file(f.clone(), sequence)
                 .map_err(|e| iceberg_err("a manifest entry", e))?;
         }
-        let manifest = writer
-            .write_manifest_file()
-            .await
-            .map_err(|e| iceberg_err("writing a manifest", e))?;
-        manifests.push((location, manifest));
+        // A round whose buckets' changes cancelled out (a primary-key bucket whose
+        // keys were all deleted) adds no file, and no manifest.
+        if added_files > 0 {
+            let manifest = writer
+                .write_manifest_file()
+                .await
+                .map_err(|e| iceberg_err("writing a manifest", e))?;
+            manifests.push((location, manifest));
+        }
 
         // The previous snapshot's manifests, merged into one when there are too many.
         let mut previous = match parent {
@@ -795,7 +811,12 @@ impl LakeTable {
                 .collect(),
             None => Vec::new(),
         };
-        if previous.len() + 1 > MANIFESTS_MAX {
+        let replaced: std::collections::HashSet<&str> = buckets
+            .iter()
+            .flat_map(|b| b.replaces.iter().map(String::as_str))
+            .collect();
+        let (mut deleted_files, mut deleted_rows, mut deleted_bytes) = (0u64, 0u64, 0u64);
+        if previous.len() + 1 > MANIFESTS_MAX || !replaced.is_empty() {
             let (location, out) = new_manifest(1)?;
             let mut merged = ManifestWriterBuilder::new(
                 out,
@@ -811,6 +832,15 @@ impl LakeTable {
                         continue;
                     }
                     let seq = entry.sequence_number().unwrap_or(m.sequence_number);
+                    if replaced.contains(entry.file_path()) {
+                        deleted_files += 1;
+                        deleted_rows += entry.record_count();
+                        deleted_bytes += entry.file_size_in_bytes();
+                        merged
+                            .add_delete_file(entry.data_file().clone(), seq, Some(seq))
+                            .map_err(|e| iceberg_err("removing a replaced file", e))?;
+                        continue;
+                    }
                     merged
                         .add_existing_file(
                             entry.data_file().clone(),
@@ -881,38 +911,50 @@ impl LakeTable {
             offsets.insert(b.stream.clone(), b.to);
         }
         let prev_summary = parent.map(|p| &p.summary().additional_properties);
-        let total = |key: &str, added: u64| {
+        let total = |key: &str, added: u64, deleted: u64| {
             let before: u64 = prev_summary
                 .and_then(|s| s.get(key))
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0);
-            (before + added).to_string()
+            (before + added).saturating_sub(deleted).to_string()
         };
+        let mut properties: HashMap<String, String> = HashMap::from([
+            ("added-data-files".into(), added_files.to_string()),
+            ("added-records".into(), added_rows.to_string()),
+            ("added-files-size".into(), added_bytes.to_string()),
+            (
+                "total-data-files".into(),
+                total("total-data-files", added_files, deleted_files),
+            ),
+            (
+                "total-records".into(),
+                total("total-records", added_rows, deleted_rows),
+            ),
+            (
+                "total-files-size".into(),
+                total("total-files-size", added_bytes, deleted_bytes),
+            ),
+            ("total-delete-files".into(), "0".into()),
+            ("total-position-deletes".into(), "0".into()),
+            ("total-equality-deletes".into(), "0".into()),
+            (
+                OFFSETS_KEY.into(),
+                serde_json::to_string(&offsets).map_err(|e| MinkError::Internal(e.to_string()))?,
+            ),
+            (COMMIT_KEY.into(), token.to_string()),
+        ]);
+        if deleted_files > 0 {
+            properties.insert("deleted-data-files".into(), deleted_files.to_string());
+            properties.insert("deleted-records".into(), deleted_rows.to_string());
+            properties.insert("removed-files-size".into(), deleted_bytes.to_string());
+        }
         let summary = Summary {
-            operation: Operation::Append,
-            additional_properties: HashMap::from([
-                ("added-data-files".into(), added_files.to_string()),
-                ("added-records".into(), added_rows.to_string()),
-                ("added-files-size".into(), added_bytes.to_string()),
-                (
-                    "total-data-files".into(),
-                    total("total-data-files", added_files),
-                ),
-                ("total-records".into(), total("total-records", added_rows)),
-                (
-                    "total-files-size".into(),
-                    total("total-files-size", added_bytes),
-                ),
-                ("total-delete-files".into(), "0".into()),
-                ("total-position-deletes".into(), "0".into()),
-                ("total-equality-deletes".into(), "0".into()),
-                (
-                    OFFSETS_KEY.into(),
-                    serde_json::to_string(&offsets)
-                        .map_err(|e| MinkError::Internal(e.to_string()))?,
-                ),
-                (COMMIT_KEY.into(), token.to_string()),
-            ]),
+            operation: if deleted_files > 0 {
+                Operation::Overwrite
+            } else {
+                Operation::Append
+            },
+            additional_properties: properties,
         };
         let now = crate::now_ms().max(base.last_updated_ms());
         let snapshot = Snapshot::builder()

@@ -57,6 +57,7 @@ async fn tier(
         from,
         to,
         files: vec![file],
+        replaces: vec![],
     }
 }
 
@@ -167,6 +168,7 @@ async fn a_schema_change_reads_old_files_with_nulls() {
                 from: Some(5),
                 to: 8,
                 files: vec![f],
+                replaces: vec![],
             }],
         )
         .await

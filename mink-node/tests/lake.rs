@@ -268,11 +268,11 @@ async fn lake_properties_are_checked_and_a_dropped_tables_lake_goes_with_it() {
     client.create_database("db").await.unwrap();
     let path = TablePath::parse("db.events").unwrap();
 
-    // Primary-key tables are refused for now, naming why; bad freshness too.
-    let mut pk = lake_events(1);
-    pk.primary_key = vec!["id".into()];
-    let e = client.create_table(&path, &pk).await.unwrap_err();
-    assert!(matches!(e, MinkError::Unimplemented(_)), "{e:?}");
+    // A column named like the lake's own is refused, naming it; bad freshness too.
+    let mut clash = lake_events(1);
+    clash.schema.columns[1].name = "__offset".into();
+    let e = client.create_table(&path, &clash).await.unwrap_err();
+    assert!(e.to_string().contains("__offset"), "{e}");
     let mut fast = lake_events(1);
     fast.properties.lake.freshness = Duration::from_millis(10);
     let e = client.create_table(&path, &fast).await.unwrap_err();
@@ -320,5 +320,187 @@ async fn lake_properties_are_checked_and_a_dropped_tables_lake_goes_with_it() {
     .await;
     let batches: Vec<_> = lake.iter().map(|(b, _)| b.clone()).collect();
     assert_eq!(ids(&batches), (100..105).collect::<Vec<_>>());
+    node.stop().await;
+}
+
+fn state_rows(ids: std::ops::Range<i64>, tag: &str) -> arrow::array::RecordBatch {
+    let schema = common::events_in(1).schema.to_arrow();
+    arrow::array::RecordBatch::try_new(
+        schema,
+        vec![
+            Arc::new(arrow::array::Int64Array::from_iter_values(ids.clone())),
+            Arc::new(arrow::array::StringArray::from_iter_values(
+                ids.map(|i| format!("{tag}{i}")),
+            )),
+        ],
+    )
+    .unwrap()
+}
+
+/// `(id, msg)` of a state read, sorted by id.
+fn state(
+    batches: &[(
+        arrow::array::RecordBatch,
+        mink_flight::protocol::SnapshotBatch,
+    )],
+) -> Vec<(i64, String)> {
+    let mut out = Vec::new();
+    for (b, _) in batches {
+        let ids = b
+            .column(0)
+            .as_any()
+            .downcast_ref::<arrow::array::Int64Array>()
+            .unwrap();
+        let msgs = b
+            .column(1)
+            .as_any()
+            .downcast_ref::<arrow::array::StringArray>()
+            .unwrap();
+        for i in 0..b.num_rows() {
+            out.push((ids.value(i), msgs.value(i).to_string()));
+        }
+    }
+    out.sort();
+    out
+}
+
+async fn log_end(client: &MinkClient, path: &TablePath) -> i64 {
+    let answer: serde_json::Value = client
+        .action(
+            "list_offsets",
+            serde_json::json!({"path": path, "spec": "latest"}),
+        )
+        .await
+        .unwrap();
+    answer
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["offset"].as_i64().unwrap_or(0))
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_key_table_tiers_its_state_and_union_merges_by_key() {
+    use mink_types::ChangeType;
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(dir.path()).await;
+    let client = MinkClient::connect(&node.flight_addr.to_string())
+        .await
+        .unwrap();
+    client.create_database("db").await.unwrap();
+    let path = TablePath::parse("db.users").unwrap();
+    let mut d = lake_events(2);
+    d.primary_key = vec!["id".into()];
+    client.create_table(&path, &d).await.unwrap();
+    let expect = |parts: &[(std::ops::Range<i64>, &str)]| {
+        let mut m = BTreeMap::new();
+        for (ids, tag) in parts {
+            for i in ids.clone() {
+                m.insert(i, format!("{tag}{i}"));
+            }
+        }
+        m.into_iter().collect::<Vec<_>>()
+    };
+
+    // Inserts, updates and deletes, then the lake catches up with the changelog.
+    client
+        .put(&path, &state_rows(0..50, "a"), None, None)
+        .await
+        .unwrap();
+    client
+        .put(&path, &state_rows(0..20, "b"), None, None)
+        .await
+        .unwrap();
+    client
+        .put(
+            &path,
+            &state_rows(40..50, "a"),
+            Some(vec![ChangeType::Delete; 10]),
+            None,
+        )
+        .await
+        .unwrap();
+    until_tiered(&client, &path, log_end(&client, &path).await).await;
+    let want = expect(&[(0..20, "b"), (20..40, "a")]);
+    let lake = client
+        .read_state_any(&ReadTicket::Lake {
+            path: path.clone(),
+            snapshot_id: None,
+        })
+        .await
+        .unwrap();
+    assert_eq!(state(&lake), want, "the lake holds the state");
+    let union = client
+        .read_state_any(&ReadTicket::Union { path: path.clone() })
+        .await
+        .unwrap();
+    assert_eq!(state(&union), want);
+
+    // Changes the lake has not seen yet: Union merges them by key at once.
+    client
+        .put(&path, &state_rows(20..30, "c"), None, None)
+        .await
+        .unwrap();
+    client
+        .put(
+            &path,
+            &state_rows(0..5, "b"),
+            Some(vec![ChangeType::Delete; 5]),
+            None,
+        )
+        .await
+        .unwrap();
+    client
+        .put(&path, &state_rows(100..105, "d"), None, None)
+        .await
+        .unwrap();
+    let want = expect(&[(5..20, "b"), (20..30, "c"), (30..40, "a"), (100..105, "d")]);
+    let union = client
+        .read_state_any(&ReadTicket::Union { path: path.clone() })
+        .await
+        .unwrap();
+    assert_eq!(state(&union), want, "Union is the state now");
+    // Once tiered, the lake (files rewritten, the old ones replaced) agrees.
+    until_tiered(&client, &path, log_end(&client, &path).await).await;
+    let lake = client
+        .read_state_any(&ReadTicket::Lake {
+            path: path.clone(),
+            snapshot_id: None,
+        })
+        .await
+        .unwrap();
+    assert_eq!(state(&lake), want);
+    let snap: serde_json::Value = client
+        .action("lake_snapshot", serde_json::json!({"path": path}))
+        .await
+        .unwrap();
+    assert_eq!(
+        snap["records"],
+        want.len(),
+        "replaced files no longer count"
+    );
+    // Deleting every key leaves an empty bucket state, which tiers too.
+    let ids: Vec<i64> = want.iter().map(|(i, _)| *i).collect();
+    for id in ids {
+        client
+            .put(
+                &path,
+                &state_rows(id..id + 1, "x"),
+                Some(vec![ChangeType::Delete]),
+                None,
+            )
+            .await
+            .unwrap();
+    }
+    until_tiered(&client, &path, log_end(&client, &path).await).await;
+    let lake = client
+        .read_state_any(&ReadTicket::Lake {
+            path: path.clone(),
+            snapshot_id: None,
+        })
+        .await
+        .unwrap();
+    assert!(state(&lake).is_empty());
     node.stop().await;
 }

@@ -626,13 +626,6 @@ impl TableDescriptor {
         if !lake.enabled {
             return Ok(());
         }
-        if self.has_primary_key() {
-            return Err(MinkError::Unimplemented(
-                "lake tiering of primary-key tables is not implemented yet; \
-                 only log tables can set lake.enabled"
-                    .into(),
-            ));
-        }
         for name in LAKE_SYSTEM_COLUMNS {
             if self.schema.column(name).is_some() {
                 return Err(MinkError::invalid(

@@ -291,3 +291,70 @@ def test_union_is_whole_before_and_between_rounds(lake_node, bin_dir):
         read(client, {"Union": {"path": "db.nope"}})
     with pytest.raises(pa.ArrowKeyError, match="lake snapshot"):
         read(client, {"Lake": {"path": "db.t", "snapshot_id": 12345}})
+
+
+def put_table(client, path, batch, meta=None):
+    descriptor = flight.FlightDescriptor.for_command(json.dumps({"PutTable": {"path": path, "schema_id": 1}}))
+    writer, reader = client.do_put(descriptor, batch.schema)
+    writer.write_with_metadata(batch, pa.py_buffer(json.dumps(meta or {}).encode()))
+    writer.done_writing()
+    answer = reader.read()
+    writer.close()
+    assert answer is not None
+    return json.loads(answer.to_pybytes())
+
+
+def test_a_primary_key_table_reads_as_its_latest_state(lake_node):
+    """Updates and deletes are tiered copy-on-write: every engine reads the state."""
+    proc, client, s3, root = lake_node
+    action(client, "create_database", {"name": "db"})
+    action(
+        client,
+        "create_table",
+        {
+            "path": "db.users",
+            "descriptor": {
+                "schema": {
+                    "columns": [
+                        {"name": "id", "type": "BIGINT", "nullable": False},
+                        {"name": "name", "type": "STRING"},
+                        {"name": "score", "type": "BIGINT"},
+                    ]
+                },
+                "primary_key": ["id"],
+                "bucket_count": 2,
+                "properties": {"lake": {"enabled": True, "freshness": "1s"}},
+            },
+        },
+    )
+    schema = pa.schema(
+        [pa.field("id", pa.int64(), nullable=False), pa.field("name", pa.string()), pa.field("score", pa.int64())]
+    )
+
+    def users(ids, tag):
+        return pa.record_batch(
+            {"id": list(ids), "name": [f"{tag}{i}" for i in ids], "score": [i * 2 for i in ids]}, schema=schema
+        )
+
+    retry(lambda: put_table(client, "db.users", users(range(0, 40), "a")))
+    put_table(client, "db.users", users(range(0, 10), "b"))
+    put_table(client, "db.users", users(range(30, 40), "a"), meta={"changes": ["-D"] * 10})
+    want = sorted([(i, f"b{i}") for i in range(10)] + [(i, f"a{i}") for i in range(10, 30)])
+
+    def log_end():
+        return sum(o["offset"] or 0 for o in action(client, "list_offsets", {"path": "db.users", "spec": "latest"}))
+
+    snap = tiered(client, "db.users", log_end())
+    union = read(client, {"Union": {"path": "db.users"}})
+    assert sorted(zip(union.column("id").to_pylist(), union.column("name").to_pylist())) == want
+
+    table = StaticTable.from_metadata(snap["metadata_location"], properties=pyiceberg_properties(s3))
+    theirs = table.scan().to_arrow()
+    assert sorted(zip(theirs.column("id").to_pylist(), theirs.column("name").to_pylist())) == want
+
+    location = f"{root}/lake/db/users"
+    if not s3:
+        location = location.removeprefix("file://")
+    con = duckdb_connection(s3)
+    rows = con.execute(f"SELECT id, name FROM iceberg_scan('{location}') ORDER BY id").fetchall()
+    assert [tuple(r) for r in rows] == want

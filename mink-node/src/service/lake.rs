@@ -14,10 +14,10 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use mink_lake::{
-    Committed, LakeTable, LakeVersion, TieredBucket, from_lake_batch, lake_arrow_schema,
-    partition_value, to_lake_batch,
+    Committed, LakeFile, LakeTable, LakeVersion, TieredBucket, from_lake_batch, lake_arrow_schema,
+    partition_value, to_current_lake, to_lake_batch,
 };
 use mink_types::{TableId, TablePath};
 
@@ -31,6 +31,81 @@ pub(crate) struct LakeState {
     due: HashMap<TableId, Instant>,
     sweep_due: HashMap<TableId, Instant>,
     offsets: HashMap<TableId, BTreeMap<String, i64>>,
+}
+
+/// A primary-key table's key columns as comparable rows (arrow's row format), to find
+/// the rows of one key across a changelog and the lake's files.
+struct KeyColumns {
+    indices: Vec<usize>,
+    converter: arrow::row::RowConverter,
+}
+
+/// The last change of each key in a changelog: `Some((batch, row))` stands, `None` was
+/// deleted.
+type LastChanges = HashMap<arrow::row::OwnedRow, Option<(usize, usize)>>;
+
+impl KeyColumns {
+    fn new(table: &TableInfo) -> Result<Self> {
+        let schema = &table.descriptor.schema;
+        let mut indices = Vec::new();
+        let mut fields = Vec::new();
+        for name in &table.descriptor.primary_key {
+            let i = schema.index_of(name).ok_or_else(|| {
+                MinkError::Internal(format!("primary-key column {name:?} is not in the schema"))
+            })?;
+            indices.push(i);
+            fields.push(arrow::row::SortField::new(
+                schema.columns[i].data_type.to_arrow(),
+            ));
+        }
+        Ok(Self {
+            indices,
+            converter: arrow::row::RowConverter::new(fields)?,
+        })
+    }
+
+    fn rows(&self, batch: &RecordBatch) -> Result<arrow::row::Rows> {
+        let columns: Vec<_> = self
+            .indices
+            .iter()
+            .map(|i| batch.column(*i).clone())
+            .collect();
+        Ok(self.converter.convert_columns(&columns)?)
+    }
+
+    /// Applies a changelog in order: `+I`, `+U` (and `+A`) make a key's row the one
+    /// that stands, `-D` deletes it, `-U` (the old image, always followed by its `+U`)
+    /// changes nothing.
+    fn collapse(&self, changes: &[(RecordBatch, Vec<ChangeType>)]) -> Result<LastChanges> {
+        let mut last = LastChanges::new();
+        for (i, (batch, types)) in changes.iter().enumerate() {
+            let rows = self.rows(batch)?;
+            for j in 0..batch.num_rows() {
+                match types.get(j).copied().unwrap_or(ChangeType::Insert) {
+                    ChangeType::UpdateBefore => {}
+                    ChangeType::Delete => {
+                        last.insert(rows.row(j).owned(), None);
+                    }
+                    _ => {
+                        last.insert(rows.row(j).owned(), Some((i, j)));
+                    }
+                }
+            }
+        }
+        Ok(last)
+    }
+
+    /// Which rows of `batch` keep their place: those whose key has no later change.
+    fn unchanged(
+        &self,
+        batch: &RecordBatch,
+        last: &LastChanges,
+    ) -> Result<arrow::array::BooleanArray> {
+        let rows = self.rows(batch)?;
+        Ok((0..batch.num_rows())
+            .map(|j| Some(!last.contains_key(&rows.row(j).owned())))
+            .collect())
+    }
 }
 
 fn parse_stream(stream: &str, table_id: TableId) -> Option<TableBucket> {
@@ -200,9 +275,6 @@ impl NodeService {
         table: &TableInfo,
         state: &mut LakeState,
     ) -> Result<Option<Committed>> {
-        if table.descriptor.has_primary_key() {
-            return Ok(None);
-        }
         let me = self.meta.node_id().to_string();
         let buckets: Vec<TableBucket> = self.meta.read(|s| {
             s.buckets
@@ -215,8 +287,8 @@ impl NodeService {
         let known = state.offsets.get(&table.id);
         let mut tablets = Vec::new();
         for bucket in buckets {
-            let log = match self.log_tablet(bucket).await {
-                Ok(log) => log,
+            let log = match self.tablet(bucket).await {
+                Ok(t) => t.log().clone(),
                 Err(e) => {
                     tracing::debug!(%bucket, "not tiered this round: {e}");
                     continue;
@@ -236,99 +308,34 @@ impl NodeService {
             Some(v) => v.offsets(None)?,
             None => BTreeMap::new(),
         };
-        let schema = &table.descriptor.schema;
-        let arrow_schema = schema.to_arrow();
-        let lake_schema = lake_arrow_schema(schema);
-        let target = self.config.lake.file_bytes_target as usize;
-        let scan_max = self.config.log.scan_bytes_max as usize;
-        let mut tiered = Vec::new();
+        let existing = match (&current, table.descriptor.has_primary_key()) {
+            (Some(v), true) => lake.files(v, None).await?,
+            _ => Vec::new(),
+        };
+        let mut tiered: Vec<TieredBucket> = Vec::new();
         for (bucket, log) in tablets {
             let stream = bucket.stream_name();
             let from = offsets.get(&stream).copied();
-            let start = log.log_start();
-            let mut pos = from.unwrap_or(start);
-            if pos < start {
-                tracing::warn!(
-                    %bucket,
-                    "rows {pos}..{start} were trimmed from the log before they reached the lake"
-                );
-                pos = start;
-            }
-            let end = log.high_watermark();
-            if pos >= end {
-                continue;
-            }
-            let mut files = Vec::new();
-            let (mut pending, mut pending_bytes, mut file_first) = (Vec::new(), 0usize, pos);
-            let written: Result<()> = async {
-                while pos < end {
-                    let scan = log.scan(pos, scan_max).await?;
-                    let next = scan.next_offset(pos).min(end);
-                    for b in scan.batches {
-                        let base = b.header.base_offset;
-                        if base >= end {
-                            break;
-                        }
-                        let take = ((end - base) as usize).min(b.batch.num_rows());
-                        let batch = as_schema(b.batch.slice(0, take), &arrow_schema)?;
-                        let rows = to_lake_batch(
-                            schema,
-                            &lake_schema,
-                            &batch,
-                            bucket.bucket,
-                            base,
-                            b.header.commit_timestamp,
-                        )?;
-                        pending_bytes += rows.get_array_memory_size();
-                        pending.push(rows);
-                        if pending_bytes >= target {
-                            let partition = partition_value(
-                                schema,
-                                &table.descriptor.partition_keys,
-                                &pending[0],
-                            )?;
-                            files.push(
-                                lake.write_data_file(&stream, file_first, &pending, partition)
-                                    .await?,
-                            );
-                            pending.clear();
-                            pending_bytes = 0;
-                            file_first = base + take as i64;
-                        }
+            let round = if table.descriptor.has_primary_key() {
+                let files: Vec<_> = existing
+                    .iter()
+                    .filter(|f| f.stream() == Some(stream.as_str()))
+                    .cloned()
+                    .collect();
+                self.tier_pk_bucket(&lake, table, bucket, &log, from, files)
+                    .await
+            } else {
+                self.tier_log_bucket(&lake, table, bucket, &log, from).await
+            };
+            match round {
+                Ok(Some(t)) => tiered.push(t),
+                Ok(None) => {}
+                Err(e) => {
+                    for t in &tiered {
+                        lake.delete_files(&t.files).await;
                     }
-                    if next <= pos {
-                        break;
-                    }
-                    pos = next;
+                    return Err(e);
                 }
-                if !pending.is_empty() {
-                    let partition =
-                        partition_value(schema, &table.descriptor.partition_keys, &pending[0])?;
-                    files.push(
-                        lake.write_data_file(&stream, file_first, &pending, partition)
-                            .await?,
-                    );
-                }
-                Ok(())
-            }
-            .await;
-            if let Err(e) = written {
-                lake.delete_files(&files).await;
-                for t in &tiered {
-                    let t: &TieredBucket = t;
-                    lake.delete_files(&t.files).await;
-                }
-                return Err(e);
-            }
-            if !files.is_empty() {
-                metrics::counter!("mink_lake_tiered_rows_total")
-                    .increment((pos - from.unwrap_or(start).max(start)) as u64);
-                tiered.push(TieredBucket {
-                    stream,
-                    from,
-                    to: pos,
-                    files,
-                });
             }
         }
         if tiered.is_empty() {
@@ -338,7 +345,7 @@ impl NodeService {
         let committed = lake
             .commit(
                 table.id,
-                schema,
+                &table.descriptor.schema,
                 &table.descriptor.partition_keys,
                 current.as_ref().map(|v| v.version),
                 tiered,
@@ -351,6 +358,189 @@ impl NodeService {
         state.offsets.insert(table.id, c.offsets.clone());
         self.record_lake_pointer(table.id, &c).await;
         Ok(Some(c))
+    }
+
+    /// Reads a bucket's log from its lake offset (`from`; the log start with `None`)
+    /// to its high watermark, each batch as the table's current schema sees it and as
+    /// lake rows, with its change types; and the offset after the last row read.
+    async fn read_for_lake(
+        &self,
+        table: &TableInfo,
+        bucket: TableBucket,
+        log: &LogTablet,
+        from: Option<i64>,
+    ) -> Result<(Vec<(RecordBatch, RecordBatch, Vec<ChangeType>)>, i64, i64)> {
+        let schema = &table.descriptor.schema;
+        let arrow_schema = schema.to_arrow();
+        let lake_schema = lake_arrow_schema(schema);
+        let start = log.log_start();
+        let mut pos = from.unwrap_or(start);
+        if pos < start {
+            tracing::warn!(
+                %bucket,
+                "rows {pos}..{start} were trimmed from the log before they reached the lake"
+            );
+            pos = start;
+        }
+        let first = pos;
+        let end = log.high_watermark();
+        let scan_max = self.config.log.scan_bytes_max as usize;
+        let mut out = Vec::new();
+        while pos < end {
+            let scan = log.scan(pos, scan_max).await?;
+            let next = scan.next_offset(pos).min(end);
+            for b in scan.batches {
+                let base = b.header.base_offset;
+                if base >= end {
+                    break;
+                }
+                let take = ((end - base) as usize).min(b.batch.num_rows());
+                let batch = as_schema(b.batch.slice(0, take), &arrow_schema)?;
+                let rows = to_lake_batch(
+                    schema,
+                    &lake_schema,
+                    &batch,
+                    bucket.bucket,
+                    base,
+                    b.header.commit_timestamp,
+                )?;
+                let mut changes = b.header.change_types.clone();
+                changes.truncate(take);
+                out.push((batch, rows, changes));
+            }
+            if next <= pos {
+                break;
+            }
+            pos = next;
+        }
+        Ok((out, first, pos))
+    }
+
+    /// Writes `batches` (lake rows of one bucket) as data files of about
+    /// `lake.file_bytes_target` each.
+    async fn write_lake_files(
+        &self,
+        lake: &LakeTable,
+        table: &TableInfo,
+        stream: &str,
+        batches: Vec<RecordBatch>,
+    ) -> Result<Vec<mink_lake::DataFile>> {
+        let target = self.config.lake.file_bytes_target as usize;
+        let schema = &table.descriptor.schema;
+        let mut files = Vec::new();
+        let mut pending: Vec<RecordBatch> = Vec::new();
+        let mut bytes = 0usize;
+        let flush = |pending: Vec<RecordBatch>| async move {
+            let first = pending[0]
+                .column(pending[0].num_columns() - 2)
+                .as_any()
+                .downcast_ref::<arrow::array::Int64Array>()
+                .map_or(0, |o| o.value(0));
+            let partition = partition_value(schema, &table.descriptor.partition_keys, &pending[0])?;
+            lake.write_data_file(stream, first, &pending, partition)
+                .await
+        };
+        for b in batches.into_iter().filter(|b| b.num_rows() > 0) {
+            bytes += b.get_array_memory_size();
+            pending.push(b);
+            if bytes >= target {
+                match flush(std::mem::take(&mut pending)).await {
+                    Ok(f) => files.push(f),
+                    Err(e) => {
+                        lake.delete_files(&files).await;
+                        return Err(e);
+                    }
+                }
+                bytes = 0;
+            }
+        }
+        if !pending.is_empty() {
+            match flush(pending).await {
+                Ok(f) => files.push(f),
+                Err(e) => {
+                    lake.delete_files(&files).await;
+                    return Err(e);
+                }
+            }
+        }
+        Ok(files)
+    }
+
+    /// A log table's bucket: its new rows appended as new files.
+    async fn tier_log_bucket(
+        &self,
+        lake: &LakeTable,
+        table: &TableInfo,
+        bucket: TableBucket,
+        log: &LogTablet,
+        from: Option<i64>,
+    ) -> Result<Option<TieredBucket>> {
+        let (read, first, to) = self.read_for_lake(table, bucket, log, from).await?;
+        if to <= first {
+            return Ok(None);
+        }
+        let stream = bucket.stream_name();
+        let rows = read.into_iter().map(|(_, l, _)| l).collect();
+        let files = self.write_lake_files(lake, table, &stream, rows).await?;
+        metrics::counter!("mink_lake_tiered_rows_total").increment((to - first) as u64);
+        Ok(Some(TieredBucket {
+            stream,
+            from,
+            to,
+            files,
+            replaces: Vec::new(),
+        }))
+    }
+
+    /// A primary-key table's bucket, copy-on-write: its changelog since the lake offset
+    /// collapsed to the last change of each key, applied to the rows of its current
+    /// files, written as new files that replace them all.
+    async fn tier_pk_bucket(
+        &self,
+        lake: &LakeTable,
+        table: &TableInfo,
+        bucket: TableBucket,
+        log: &LogTablet,
+        from: Option<i64>,
+        current: Vec<LakeFile>,
+    ) -> Result<Option<TieredBucket>> {
+        let (read, first, to) = self.read_for_lake(table, bucket, log, from).await?;
+        if to <= first {
+            return Ok(None);
+        }
+        let keys = KeyColumns::new(table)?;
+        let changes: Vec<(RecordBatch, Vec<ChangeType>)> = read
+            .iter()
+            .map(|(m, _, c)| (m.clone(), c.clone()))
+            .collect();
+        let last = keys.collapse(&changes)?;
+        let lake_schema = lake_arrow_schema(&table.descriptor.schema);
+        let mut out = Vec::new();
+        for file in &current {
+            for b in lake.read_file(file).await? {
+                let b = to_current_lake(&lake_schema, &b)?;
+                let view = from_lake_batch(&table.descriptor.schema, &b)?.batch;
+                let keep = keys.unchanged(&view, &last)?;
+                out.push(arrow::compute::filter_record_batch(&b, &keep)?);
+            }
+        }
+        let lake_rows: Vec<&RecordBatch> = read.iter().map(|(_, l, _)| l).collect();
+        let standing: Vec<(usize, usize)> = last.values().filter_map(|v| *v).collect();
+        if !standing.is_empty() {
+            out.push(arrow::compute::interleave_record_batch(
+                &lake_rows, &standing,
+            )?);
+        }
+        let stream = bucket.stream_name();
+        let files = self.write_lake_files(lake, table, &stream, out).await?;
+        metrics::counter!("mink_lake_tiered_rows_total").increment((to - first) as u64);
+        Ok(Some(TieredBucket {
+            stream,
+            from,
+            to,
+            files,
+            replaces: current.into_iter().map(|f| f.location).collect(),
+        }))
     }
 
     /// Records a committed snapshot in the metadata log (best effort: the next round,
@@ -413,100 +603,151 @@ impl NodeService {
         }))
     }
 
-    /// The rows of a lake snapshot, one batch per row group read, each with its bucket
-    /// and base offset (rows of a data file are one bucket's, in offset order).
-    async fn lake_stream(
+    /// The rows of lake files, one batch per row group read, as the table's current
+    /// schema sees them, each with the bucket it belongs to and its first offset. Files
+    /// are read one at a time as the stream is consumed.
+    fn lake_rows(
         &self,
         table: &TableInfo,
-        version: Option<LakeVersion>,
-        snapshot_id: Option<i64>,
-    ) -> Result<futures::stream::BoxStream<'static, Result<ReadBatch>>> {
-        let Some(version) = version else {
-            if snapshot_id.is_some() {
-                return Err(MinkError::NotFound(format!(
-                    "lake snapshot {snapshot_id:?} of {}",
-                    table.path
-                )));
-            }
-            return Ok(futures::stream::empty().boxed());
-        };
+        files: Vec<LakeFile>,
+    ) -> futures::stream::BoxStream<'static, Result<(RecordBatch, TableBucket, i64)>> {
         let lake = self.lake_table(&table.path);
-        let mut files = lake.files(&version, snapshot_id).await?;
-        // Data file names are `{stream}/{first offset:020}-…`: by name is by bucket,
-        // then offset, so each bucket's rows stream in offset order.
-        files.sort_by(|a, b| a.location.cmp(&b.location));
-        let offsets = version.offsets(snapshot_id)?;
         let schema = table.descriptor.schema.clone();
         let table_id = table.id;
-        let stream = futures::stream::iter(files)
+        futures::stream::iter(files)
             .then(move |file| {
                 let lake = lake.clone();
-                async move { lake.read_file(&file).await }
+                async move {
+                    let bucket = file
+                        .stream()
+                        .and_then(|s| parse_stream(s, table_id))
+                        .ok_or_else(|| {
+                            MinkError::StorageFailure(format!(
+                                "lake file {} is not under data/<bucket>/",
+                                file.location
+                            ))
+                        });
+                    (bucket, lake.read_file(&file).await)
+                }
             })
-            .flat_map(move |read| {
-                let out: Vec<Result<ReadBatch>> = match read {
-                    Err(e) => vec![Err(e)],
-                    Ok(batches) => batches
+            .flat_map(move |(bucket, read)| {
+                let out: Vec<Result<(RecordBatch, TableBucket, i64)>> = match (bucket, read) {
+                    (Err(e), _) | (_, Err(e)) => vec![Err(e)],
+                    (Ok(bucket), Ok(batches)) => batches
                         .iter()
+                        .filter(|b| b.num_rows() > 0)
                         .map(|b| {
                             let rows = from_lake_batch(&schema, b)?;
-                            let (Some(bucket), Some(base)) = (
-                                rows.buckets.values().first().copied(),
-                                rows.offsets.values().first().copied(),
-                            ) else {
-                                return Ok(None);
-                            };
-                            let stream = offsets
-                                .keys()
-                                .filter_map(|s| parse_stream(s, table_id))
-                                .find(|tb| tb.bucket == bucket as u32);
-                            let tb =
-                                stream.unwrap_or(TableBucket::new(table_id, None, bucket as u32));
-                            let hw = offsets.get(&tb.stream_name()).copied().unwrap_or(base);
-                            Ok(Some((
-                                rows.batch,
-                                ScanBatch {
-                                    bucket: tb,
-                                    base_offset: base,
-                                    high_watermark: hw,
-                                    change_types: None,
-                                },
-                            )))
+                            let base = rows.offsets.value(0);
+                            Ok((rows.batch, bucket, base))
                         })
-                        .filter_map(|r| r.transpose())
                         .collect(),
                 };
                 futures::stream::iter(out)
-            });
-        Ok(stream.boxed())
+            })
+            .boxed()
     }
 
-    /// DoGet `Lake`.
+    /// The files of a snapshot (the newest with `None`), by bucket, then offset.
+    async fn snapshot_files(
+        &self,
+        table: &TableInfo,
+        version: &LakeVersion,
+        snapshot_id: Option<i64>,
+    ) -> Result<Vec<LakeFile>> {
+        let mut files = self
+            .lake_table(&table.path)
+            .files(version, snapshot_id)
+            .await?;
+        // Data file names are `{stream}/{first offset:020}-…`: by name is by bucket,
+        // then offset, so each bucket's rows stream in offset order.
+        files.sort_by(|a, b| a.location.cmp(&b.location));
+        Ok(files)
+    }
+
+    /// DoGet `Lake`: a log table's rows with `ScanBatch` metadata; a primary-key
+    /// table's state at the snapshot with `SnapshotBatch` metadata (its `log_offset` is
+    /// the bucket's offset in the snapshot).
     pub(crate) async fn read_lake(
         &self,
         path: &TablePath,
         snapshot_id: Option<i64>,
     ) -> Result<(SchemaRef, ReadBatches)> {
         let table = self.table(path).await?;
-        let version = self.lake_version(&table).await?;
-        let stream = self.lake_stream(&table, version, snapshot_id).await?;
-        Ok((
-            table.descriptor.schema.to_arrow(),
-            ReadBatches::Stream(stream),
-        ))
+        let schema = table.descriptor.schema.to_arrow();
+        let Some(version) = self.lake_version(&table).await? else {
+            if let Some(id) = snapshot_id {
+                return Err(MinkError::NotFound(format!("lake snapshot {id} of {path}")));
+            }
+            let empty = if table.descriptor.has_primary_key() {
+                ReadBatches::SnapshotStream(futures::stream::empty().boxed())
+            } else {
+                ReadBatches::Stream(futures::stream::empty().boxed())
+            };
+            return Ok((schema, empty));
+        };
+        let files = self.snapshot_files(&table, &version, snapshot_id).await?;
+        let offsets = version.offsets(snapshot_id)?;
+        let rows = self.lake_rows(&table, files);
+        if table.descriptor.has_primary_key() {
+            let written_at_ms = match snapshot_id {
+                Some(id) => version
+                    .metadata
+                    .snapshot_by_id(id)
+                    .map(|s| s.timestamp_ms()),
+                None => version
+                    .metadata
+                    .current_snapshot()
+                    .map(|s| s.timestamp_ms()),
+            }
+            .unwrap_or(0);
+            let stream = rows.map(move |r| {
+                r.map(|(batch, bucket, _)| {
+                    let log_offset = offsets.get(&bucket.stream_name()).copied().unwrap_or(0);
+                    (
+                        batch,
+                        SnapshotBatch {
+                            bucket,
+                            log_offset,
+                            written_at_ms,
+                        },
+                    )
+                })
+            });
+            return Ok((schema, ReadBatches::SnapshotStream(stream.boxed())));
+        }
+        let stream = rows.map(move |r| {
+            r.map(|(batch, bucket, base)| {
+                let high_watermark = offsets.get(&bucket.stream_name()).copied().unwrap_or(base);
+                (
+                    batch,
+                    ScanBatch {
+                        bucket,
+                        base_offset: base,
+                        high_watermark,
+                        change_types: None,
+                    },
+                )
+            })
+        });
+        Ok((schema, ReadBatches::Stream(stream.boxed())))
     }
 
     /// DoGet `Union`: the newest lake snapshot, then each bucket's log from the offset
     /// that snapshot holds rows below up to its high watermark now (read at its
-    /// leader): every row once.
+    /// leader): every row once. A primary-key table's answer is its state now, merged
+    /// by key (latest change wins, deletes applied), with `SnapshotBatch` metadata.
     pub(crate) async fn read_union(&self, path: &TablePath) -> Result<(SchemaRef, ReadBatches)> {
         let table = self.table(path).await?;
+        let schema = table.descriptor.schema.to_arrow();
         let version = self.lake_version(&table).await?;
-        let offsets = match &version {
-            Some(v) => v.offsets(None)?,
-            None => BTreeMap::new(),
+        let (offsets, files) = match &version {
+            Some(v) => (
+                v.offsets(None)?,
+                self.snapshot_files(&table, v, None).await?,
+            ),
+            None => (BTreeMap::new(), Vec::new()),
         };
-        let lake_part = self.lake_stream(&table, version, None).await?;
         // Every bucket of every partition, from its lake offset (the log start when
         // the lake has none of it).
         let buckets: Vec<TableBucket> = self.meta.read(|s| {
@@ -516,16 +757,105 @@ impl NodeService {
                 .map(|b| b.bucket)
                 .collect()
         });
+        if table.descriptor.has_primary_key() {
+            let mut parts = Vec::new();
+            for bucket in buckets {
+                let stream = bucket.stream_name();
+                let mine: Vec<LakeFile> = files
+                    .iter()
+                    .filter(|f| f.stream() == Some(stream.as_str()))
+                    .cloned()
+                    .collect();
+                parts.push(
+                    self.merged_bucket(&table, bucket, offsets.get(&stream).copied(), mine)
+                        .await?,
+                );
+            }
+            let stream = futures::stream::iter(parts).flatten();
+            return Ok((schema, ReadBatches::SnapshotStream(stream.boxed())));
+        }
+        let lake_part = self.lake_rows(&table, files).map({
+            let offsets = offsets.clone();
+            move |r| {
+                r.map(|(batch, bucket, base)| {
+                    let high_watermark =
+                        offsets.get(&bucket.stream_name()).copied().unwrap_or(base);
+                    (
+                        batch,
+                        ScanBatch {
+                            bucket,
+                            base_offset: base,
+                            high_watermark,
+                            change_types: None,
+                        },
+                    )
+                })
+            }
+        });
         let mut log_parts = Vec::new();
         for bucket in buckets {
             let from = offsets.get(&bucket.stream_name()).copied();
             log_parts.push(self.bucket_log_from(bucket, from).await?);
         }
         let stream = lake_part.chain(futures::stream::iter(log_parts).flatten());
-        Ok((
-            table.descriptor.schema.to_arrow(),
-            ReadBatches::Stream(stream.boxed()),
-        ))
+        Ok((schema, ReadBatches::Stream(stream.boxed())))
+    }
+
+    /// A primary-key bucket's state now: its changelog since the lake offset (held in
+    /// memory: at most about a freshness interval of changes) collapsed by key, then
+    /// the lake rows whose key did not change (streamed), then the rows that stand.
+    async fn merged_bucket(
+        &self,
+        table: &TableInfo,
+        bucket: TableBucket,
+        from: Option<i64>,
+        files: Vec<LakeFile>,
+    ) -> Result<futures::stream::BoxStream<'static, Result<(RecordBatch, SnapshotBatch)>>> {
+        let log: Vec<ReadBatch> = self
+            .bucket_log_from(bucket, from)
+            .await?
+            .try_collect()
+            .await?;
+        let end = log
+            .iter()
+            .map(|(b, m)| m.base_offset + b.num_rows() as i64)
+            .max()
+            .or(from)
+            .unwrap_or(0);
+        let keys = Arc::new(KeyColumns::new(table)?);
+        let changes: Vec<(RecordBatch, Vec<ChangeType>)> = log
+            .into_iter()
+            .map(|(b, m)| {
+                let types = m
+                    .change_types
+                    .unwrap_or_else(|| vec![ChangeType::Insert; b.num_rows()]);
+                (b, types)
+            })
+            .collect();
+        let last = Arc::new(keys.collapse(&changes)?);
+        let meta = SnapshotBatch {
+            bucket,
+            log_offset: end,
+            written_at_ms: now_ms(),
+        };
+        let standing: Vec<(usize, usize)> = last.values().filter_map(|v| *v).collect();
+        let tail = if standing.is_empty() {
+            None
+        } else {
+            let refs: Vec<&RecordBatch> = changes.iter().map(|(b, _)| b).collect();
+            Some(arrow::compute::interleave_record_batch(&refs, &standing)?)
+        };
+        let lake_meta = meta.clone();
+        let lake_part = self.lake_rows(table, files).map(move |r| {
+            let (batch, _, _) = r?;
+            let keep = keys.unchanged(&batch, &last)?;
+            Ok((
+                arrow::compute::filter_record_batch(&batch, &keep)?,
+                lake_meta.clone(),
+            ))
+        });
+        let tail_part = futures::stream::iter(tail.map(|b| Ok((b, meta))));
+        Ok(lake_part.chain(tail_part).boxed())
     }
 
     /// A bucket's log from `from` (its log start with `None`) to its high watermark
