@@ -616,6 +616,44 @@ impl MinkClient {
         path: &TablePath,
         batch: &RecordBatch,
     ) -> Result<Vec<BucketWritten>> {
+        let first = self.append_once(path, batch).await;
+        if self.table_replaced(path, &first).await? {
+            return self.append_once(path, batch).await;
+        }
+        first
+    }
+
+    /// Whether `result` failed because the routing names a table that was dropped
+    /// and `path` now names another (a new table of the same name): then nothing was
+    /// written to the table `path` names and the call can be made again, once. The
+    /// stale routing is dropped either way.
+    async fn table_replaced<T>(&self, path: &TablePath, result: &Result<T>) -> Result<bool> {
+        let Err(MinkError::NotFound(what)) = result else {
+            return Ok(false);
+        };
+        let Some(id) = what
+            .strip_prefix("table id ")
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|id| id.parse::<i64>().ok())
+        else {
+            return Ok(false);
+        };
+        let cached = self.routing.lock().await.remove(path);
+        let was = cached.map(|r| r.table.id);
+        if was != Some(id) {
+            return Ok(false);
+        }
+        Ok(self
+            .metadata(path, true)
+            .await
+            .is_ok_and(|m| m.table.id != id))
+    }
+
+    async fn append_once(
+        &self,
+        path: &TablePath,
+        batch: &RecordBatch,
+    ) -> Result<Vec<BucketWritten>> {
         let schema_id = self
             .metadata(path, false)
             .await?
@@ -639,6 +677,22 @@ impl MinkClient {
     /// Upserts (or, with `changes`, deletes) rows of a primary-key table; with
     /// `target_columns`, a partial update.
     pub async fn put(
+        &self,
+        path: &TablePath,
+        batch: &RecordBatch,
+        changes: Option<Vec<ChangeType>>,
+        target_columns: Option<Vec<String>>,
+    ) -> Result<Vec<BucketWritten>> {
+        let first = self
+            .put_once(path, batch, changes.clone(), target_columns.clone())
+            .await;
+        if self.table_replaced(path, &first).await? {
+            return self.put_once(path, batch, changes, target_columns).await;
+        }
+        first
+    }
+
+    async fn put_once(
         &self,
         path: &TablePath,
         batch: &RecordBatch,

@@ -12,6 +12,14 @@ pub struct LakeConfig {
     pub file_bytes_target: u64,
     /// How often the node looks for tables due for a round. Default 1 s.
     pub check_interval_ms: u64,
+    /// At most this many bytes of a bucket's log go into one round (the rest into the
+    /// next, which runs at once): bounds a round's duration, and, for primary-key
+    /// tables, the changelog a round holds in memory. Default 256 MiB.
+    pub round_bytes_max: u64,
+    /// The TTL trims a lake-enabled table's log only below offsets the lake has held
+    /// for at least this long, so that a `Union` read that began on an older snapshot
+    /// still finds the log rows it needs. Default 1 min.
+    pub trim_grace_ms: u64,
     /// How often each lake table's orphan sweep runs (on the leader of its first
     /// bucket). Default 1 h.
     pub orphan_sweep_interval_ms: u64,
@@ -25,6 +33,8 @@ impl Default for LakeConfig {
         Self {
             file_bytes_target: 128 << 20,
             check_interval_ms: 1000,
+            round_bytes_max: 256 << 20,
+            trim_grace_ms: 60_000,
             orphan_sweep_interval_ms: 3_600_000,
             orphan_min_age_ms: 3_600_000,
         }
@@ -46,15 +56,21 @@ impl LakeConfig {
                 self.check_interval_ms
             ));
         }
+        if self.round_bytes_max < self.file_bytes_target.min(1 << 20) {
+            return Err(format!(
+                "lake.round_bytes_max {} is below 1 MiB (or file_bytes_target)",
+                self.round_bytes_max
+            ));
+        }
         if self.orphan_sweep_interval_ms < 1000 {
             return Err(format!(
                 "lake.orphan_sweep_interval_ms {} is below 1000",
                 self.orphan_sweep_interval_ms
             ));
         }
-        if self.orphan_min_age_ms < 60_000 {
+        if self.orphan_min_age_ms < 600_000 {
             return Err(format!(
-                "lake.orphan_min_age_ms {} is below 60000: a round in flight could lose its files",
+                "lake.orphan_min_age_ms {} is below 600000: a round in flight could lose its files",
                 self.orphan_min_age_ms
             ));
         }

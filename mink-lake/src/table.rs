@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use arrow::array::{Array, AsArray, RecordBatch};
-use arrow::datatypes::{DataType as ArrowType, Int32Type, Int64Type};
+use arrow::datatypes::{DataType as ArrowType, Date32Type, Int32Type, Int64Type};
 use bytes::Bytes;
 use futures::TryStreamExt;
 use iceberg::io::FileIO;
@@ -444,36 +444,39 @@ impl LakeTable {
             .filter_map(|o| version_of(&o.location))
             .collect();
         versions.sort_unstable();
+        // Each listed version must still be the dropped table's, now and again right
+        // before it is deleted: version names are reused by a new table of the same
+        // name, which may appear once another purge deleted the old versions. A
+        // listed version that is gone means another purge ran: leave the rest to it.
+        let owned =
+            |read: Option<LakeVersion>| read.is_some_and(|r| r.table_id() == Some(table_id));
         for v in &versions {
-            if let Some(read) = self.read_version(*v).await?
-                && read.table_id() != Some(table_id)
-            {
+            if !owned(self.read_version(*v).await?) {
                 tracing::info!(
                     table = %self.prefix,
-                    "not purging: v{v} belongs to table id {:?}, not the dropped {table_id}",
-                    read.table_id()
+                    "not purging: v{v} is gone or belongs to another table than the dropped {table_id}"
                 );
                 return Ok(0);
             }
         }
-        let mut order: Vec<&Path> = versions
-            .iter()
-            .rev()
-            .filter_map(|v| {
-                objects
-                    .iter()
-                    .map(|o| &o.location)
-                    .find(|p| version_of(p) == Some(*v))
-            })
-            .collect();
-        order.extend(
-            objects
-                .iter()
-                .map(|o| &o.location)
-                .filter(|p| version_of(p).is_none()),
-        );
         let mut deleted = 0;
-        for p in order {
+        for v in versions.iter().rev() {
+            if !owned(self.read_version(*v).await?) {
+                return Ok(deleted);
+            }
+            let p = self.metadata_path(*v);
+            match self.store.delete(&p).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => deleted += 1,
+                Err(e) => return Err(storage(&p, e)),
+            }
+        }
+        // What the versions named: listed before any version was deleted, so none of
+        // it belongs to a table created since (its objects have unique names).
+        for p in objects
+            .iter()
+            .map(|o| &o.location)
+            .filter(|p| version_of(p).is_none())
+        {
             match self.store.delete(p).await {
                 Ok(()) | Err(object_store::Error::NotFound { .. }) => deleted += 1,
                 Err(e) => return Err(storage(p, e)),
@@ -511,15 +514,24 @@ impl LakeTable {
             .min()
             .unwrap_or(version.version);
         let mut manifests_seen = std::collections::HashSet::new();
+        // A manifest list (or manifest) missing was expired by a commit newer than the
+        // version loaded; every live file is also named by the snapshots that remain.
         for snapshot in metadata.snapshots() {
             keep.insert(self.path_of(snapshot.manifest_list())?.to_string());
-            let list = self.manifest_list(snapshot.manifest_list()).await?;
+            let Some(list) = self.manifest_list_if_any(snapshot.manifest_list()).await? else {
+                continue;
+            };
             for m in list.entries() {
                 if !manifests_seen.insert(m.manifest_path.clone()) {
                     continue;
                 }
                 keep.insert(self.path_of(&m.manifest_path)?.to_string());
-                for e in self.manifest(&m.manifest_path).await?.entries() {
+                let Some(bytes) = self.get(&self.path_of(&m.manifest_path)?).await? else {
+                    continue;
+                };
+                let manifest = iceberg::spec::Manifest::parse_avro(&bytes)
+                    .map_err(|e| iceberg_err("reading a manifest", e))?;
+                for e in manifest.entries() {
                     keep.insert(self.path_of(e.file_path())?.to_string());
                 }
             }
@@ -624,6 +636,19 @@ impl LakeTable {
                 return Ok(None);
             }
             let staged = self.stage(&current, schema, &buckets, &token).await?;
+            // The round's data files must all still be there (an orphan sweep deletes
+            // uncommitted files older than its minimum age; a round never runs that
+            // long, and this makes sure): a version never names a missing file.
+            for f in buckets.iter().flat_map(|b| &b.files) {
+                let path = self.path_of(f.file_path())?;
+                if let Err(e) = self.store.head(&path).await {
+                    self.unstage(&staged).await;
+                    for b in &buckets {
+                        self.delete_files(&b.files).await;
+                    }
+                    return Err(storage(format!("a data file of this round ({path})"), e));
+                }
+            }
             let next = current.version + 1;
             let path = self.metadata_path(next);
             let bytes = serde_json::to_vec(&staged.metadata)
@@ -647,10 +672,10 @@ impl LakeTable {
                     // Ambiguous: read it back.
                     match self.read_version(next).await {
                         Ok(Some(v)) => v.commit_token() == Some(token.as_str()),
-                        Ok(None) => {
-                            self.unstage(&staged).await;
-                            return Err(storage(format!("committing v{next}"), e));
-                        }
+                        // Not there now, but a timed-out create may still land: the
+                        // staged manifests stay (the orphan sweep takes them if it
+                        // never does), or the version would name deleted objects.
+                        Ok(None) => return Err(storage(format!("committing v{next}"), e)),
                         Err(read) => {
                             return Err(storage(
                                 format!("committing v{next} (and reading it back: {read})"),
@@ -717,6 +742,15 @@ impl LakeTable {
             .await?
             .ok_or_else(|| MinkError::StorageFailure(format!("lake: {location} is missing")))?;
         ManifestList::parse_with_version(&bytes, FormatVersion::V2)
+            .map_err(|e| iceberg_err("reading a manifest list", e))
+    }
+
+    async fn manifest_list_if_any(&self, location: &str) -> Result<Option<ManifestList>> {
+        let Some(bytes) = self.get(&self.path_of(location)?).await? else {
+            return Ok(None);
+        };
+        ManifestList::parse_with_version(&bytes, FormatVersion::V2)
+            .map(Some)
             .map_err(|e| iceberg_err("reading a manifest list", e))
     }
 
@@ -1101,9 +1135,8 @@ pub fn partition_value(
             continue;
         }
         let v = match a.data_type() {
-            ArrowType::Int32 | ArrowType::Date32 => {
-                PrimitiveLiteral::Int(a.as_primitive::<Int32Type>().value(0))
-            }
+            ArrowType::Int32 => PrimitiveLiteral::Int(a.as_primitive::<Int32Type>().value(0)),
+            ArrowType::Date32 => PrimitiveLiteral::Int(a.as_primitive::<Date32Type>().value(0)),
             ArrowType::Int64 => PrimitiveLiteral::Long(a.as_primitive::<Int64Type>().value(0)),
             ArrowType::Boolean => PrimitiveLiteral::Boolean(a.as_boolean().value(0)),
             ArrowType::Utf8 => PrimitiveLiteral::String(a.as_string::<i32>().value(0).to_string()),

@@ -359,25 +359,49 @@ impl Tablets {
             let meta = self.meta.clone();
             let table_id = table.id;
             let rx = stopped.clone();
+            let grace = Duration::from_millis(self.config.lake.trim_grace_ms);
             tokio::spawn(async move {
                 let stream = log.bucket().stream_name();
-                // The TTL, and for a lake-tiered table the offset the lake holds rows
-                // below (as the metadata log last recorded it, which never runs ahead
-                // of the lake): nothing the lake lacks is trimmed.
+                // Offsets the metadata log recorded for this bucket's lake, and when
+                // this tablet first saw each.
+                let seen = std::sync::Mutex::new(std::collections::VecDeque::<(
+                    std::time::Instant,
+                    i64,
+                )>::new());
+                // The TTL, and for a lake-tiered table an offset the trim must not
+                // pass: the newest the metadata log has recorded for the bucket's lake
+                // (which never runs ahead of the lake) for at least `lake.trim_grace_ms`
+                // (a `Union` read that began on the snapshot before still finds the
+                // log rows it needs). Nothing the lake lacks is trimmed.
                 let policy = move || {
-                    meta.read(|s| {
+                    let (ttl, pointer) = meta.read(|s| {
                         let Some(t) = s.tables.get(&table_id) else {
                             return (None, None);
                         };
                         let props = &t.descriptor.properties;
-                        let keep_from = props.lake.enabled.then(|| {
+                        let pointer = props.lake.enabled.then(|| {
                             s.lake_snapshots
                                 .get(&table_id)
                                 .and_then(|p| p.log_offsets.get(&stream).copied())
                                 .unwrap_or(0)
                         });
-                        (props.log_ttl.0, keep_from)
-                    })
+                        (props.log_ttl.0, pointer)
+                    });
+                    let keep_from = pointer.map(|offset| {
+                        let now = std::time::Instant::now();
+                        let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+                        if seen.back().is_none_or(|(_, o)| *o != offset) {
+                            seen.push_back((now, offset));
+                        }
+                        while seen.len() >= 2 && now.duration_since(seen[1].0) >= grace {
+                            seen.pop_front();
+                        }
+                        match seen.front() {
+                            Some((at, o)) if now.duration_since(*at) >= grace => *o,
+                            _ => 0,
+                        }
+                    });
+                    (ttl, keep_from)
                 };
                 log.run_ttl(policy, stop(rx)).await;
             });

@@ -626,6 +626,23 @@ impl TableDescriptor {
         if !lake.enabled {
             return Ok(());
         }
+        for name in &self.primary_key {
+            if let Some(
+                DataType::Time { precision }
+                | DataType::Timestamp { precision }
+                | DataType::TimestampLtz { precision },
+            ) = self.schema.column(name).map(|c| c.data_type)
+                && precision > 6
+            {
+                return Err(MinkError::invalid(
+                    "properties.lake.enabled",
+                    format!(
+                        "primary-key column {name:?} has precision {precision}; the lake keeps \
+                         microseconds, so its keys would not match (use a precision of 6 or less)"
+                    ),
+                ));
+            }
+        }
         for name in LAKE_SYSTEM_COLUMNS {
             if self.schema.column(name).is_some() {
                 return Err(MinkError::invalid(
@@ -926,5 +943,52 @@ mod tests {
         assert_eq!(minimal.schema.schema_id, 1);
         assert_eq!(minimal.properties, TableProperties::default());
         minimal.validate().unwrap();
+    }
+
+    #[test]
+    fn lake_properties_are_validated() {
+        let schema = Schema::new(
+            1,
+            vec![
+                Column::new("at", DataType::Timestamp { precision: 9 }, false),
+                Column::new("v", DataType::String, true),
+            ],
+        );
+        let mut t = TableDescriptor::log_table(schema);
+        t.properties.set("lake.enabled", "true").unwrap();
+        t.properties.set("lake.freshness", "30s").unwrap();
+        assert_eq!(t.properties.lake.freshness, Duration::from_secs(30));
+        t.validate().unwrap();
+        // JSON round trip, and the default is left out.
+        let json = serde_json::to_string(&t.properties).unwrap();
+        assert!(
+            json.contains(r#""lake":{"enabled":true,"freshness":"30s"}"#),
+            "{json}"
+        );
+        assert!(
+            !serde_json::to_string(&TableProperties::default())
+                .unwrap()
+                .contains("lake")
+        );
+        // A nanosecond key would not match itself in the lake (microseconds).
+        t.primary_key = vec!["at".into()];
+        let e = t.validate().unwrap_err().to_string();
+        assert!(e.contains("precision 9"), "{e}");
+        // Bad values name the property.
+        assert!(
+            t.properties
+                .set("lake.enabled", "yes")
+                .unwrap_err()
+                .to_string()
+                .contains("lake.enabled")
+        );
+        t.primary_key.clear();
+        t.properties.set("lake.freshness", "10ms").unwrap();
+        assert!(
+            t.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("lake.freshness")
+        );
     }
 }

@@ -125,8 +125,10 @@ def test_bad_input_gets_precise_errors_and_changes_nothing(node):
         append_table(client, "db.nope", good)
     with pytest.raises(pa.ArrowException, match="already exists"):
         action(client, "create_database", {"name": "db"})
-    with pytest.raises(NotImplementedError, match="Union and Lake"):
-        list(client.do_get(flight.Ticket(json.dumps({"Lake": {"path": "db.events"}}).encode())))
+    with pytest.raises(pa.ArrowKeyError, match="lake snapshot 7"):
+        list(client.do_get(flight.Ticket(json.dumps({"Lake": {"path": "db.events", "snapshot_id": 7}}).encode())))
+    with pytest.raises(pa.ArrowInvalid, match="ticket"):
+        list(client.do_get(flight.Ticket(json.dumps({"Lake": {"path": "db.events", "snapshot": 7}}).encode())))
     assert len(scan_all(client, "db.events")) == 1, "nothing was written by the bad requests"
 
 
@@ -451,7 +453,7 @@ def test_alter_snapshots_limit_scan_and_stats(node):
     state = client.do_get(flight.Ticket(json.dumps({"Snapshot": {"bucket": ubucket}}).encode())).read_all()
     assert sorted(state.column("name").to_pylist()) == ["ann", "bob", "cy"]
 
-    with pytest.raises(pa.ArrowKeyError, match="lake tiering does not exist yet"):
+    with pytest.raises(pa.ArrowKeyError, match="lake.enabled is off"):
         action(client, "lake_snapshot", {"path": "db.events"})
     stats = action(client, "node_stats")
     assert stats["tablets_open"] == 2 and stats["wal_failure"] is None

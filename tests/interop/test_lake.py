@@ -358,3 +358,30 @@ def test_a_primary_key_table_reads_as_its_latest_state(lake_node):
     con = duckdb_connection(s3)
     rows = con.execute(f"SELECT id, name FROM iceberg_scan('{location}') ORDER BY id").fetchall()
     assert [tuple(r) for r in rows] == want
+
+
+def test_a_kafka_topic_tiers_to_the_lake(lake_node):
+    """Records produced by librdkafka reach the lake; pyiceberg reads their keys,
+    values and timestamps."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    proc, client, s3, root = lake_node
+    admin = AdminClient({"bootstrap.servers": proc.bootstrap})
+    admin.create_topics([NewTopic("clicks", num_partitions=2, replication_factor=1)])["clicks"].result(30)
+    action(
+        client,
+        "alter_table",
+        {"path": "kafka.clicks", "set_properties": {"lake.enabled": "true", "lake.freshness": "1s"}},
+    )
+    p = Producer({"bootstrap.servers": proc.bootstrap, "linger.ms": 5, "enable.idempotence": True})
+    for i in range(100):
+        p.produce("clicks", key=f"k{i}".encode(), value=f"v{i}".encode(), timestamp=1_700_000_000_000 + i)
+    assert p.flush(30) == 0
+    snap = tiered(client, "kafka.clicks", 100)
+    table = StaticTable.from_metadata(snap["metadata_location"], properties=pyiceberg_properties(s3))
+    rows = table.scan().to_arrow().sort_by("timestamp")
+    assert rows.column("key").to_pylist() == [f"k{i}".encode() for i in range(100)]
+    assert rows.column("value").to_pylist() == [f"v{i}".encode() for i in range(100)]
+    first = rows.column("timestamp")[0].as_py()
+    assert first == datetime.datetime.fromtimestamp(1_700_000_000, tz=datetime.timezone.utc)

@@ -30,6 +30,9 @@ use super::*;
 pub(crate) struct LakeState {
     due: HashMap<TableId, Instant>,
     sweep_due: HashMap<TableId, Instant>,
+    /// Tables whose last round stopped short of the high watermark
+    /// (`lake.round_bytes_max`): their next round runs at once.
+    backlog: std::collections::HashSet<TableId>,
     offsets: HashMap<TableId, BTreeMap<String, i64>>,
 }
 
@@ -134,12 +137,14 @@ impl NodeService {
     }
 
     /// The newest lake version of a table that belongs to it. A lake table left by a
-    /// dropped table of the same name is purged (its `drop_table` purge failed or has
-    /// not run yet), and this answers `Unavailable` until that is done.
-    async fn lake_version(&self, table: &TableInfo) -> Result<Option<LakeVersion>> {
+    /// dropped table of the same name (its `drop_table` purge failed or has not run
+    /// yet) is no lake of this table: reads see none, and a tiering round (`purge`)
+    /// purges it and answers `Unavailable` until that is done.
+    async fn lake_version(&self, table: &TableInfo, purge: bool) -> Result<Option<LakeVersion>> {
         let lake = self.lake_table(&table.path);
         let version = lake.load(self.lake_hint(table.id)).await?;
         match version {
+            Some(v) if v.table_id() != Some(table.id) && !purge => Ok(None),
             Some(v) if v.table_id() != Some(table.id) => {
                 let stale = v.table_id().unwrap_or(-1);
                 tracing::info!(
@@ -195,14 +200,24 @@ impl NodeService {
                 }
                 let now = Instant::now();
                 self.maybe_sweep(&table, &mut state, now).await;
-                if state.due.get(&table.id).is_some_and(|t| now < *t) {
+                if !state.backlog.remove(&table.id)
+                    && state.due.get(&table.id).is_some_and(|t| now < *t)
+                {
                     continue;
                 }
                 state
                     .due
                     .insert(table.id, now + table.descriptor.properties.lake.freshness);
                 let started = Instant::now();
-                match self.tier_table(&table, &mut state).await {
+                let round = std::panic::AssertUnwindSafe(self.tier_table(&table, &mut state));
+                let round = futures::FutureExt::catch_unwind(round)
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(MinkError::Internal(
+                            "the round panicked (a bug: please report it)".into(),
+                        ))
+                    });
+                match round {
                     Ok(Some(c)) => {
                         metrics::counter!("mink_lake_rounds_total", "outcome" => "committed")
                             .increment(1);
@@ -303,7 +318,7 @@ impl NodeService {
             return Ok(None);
         }
         let lake = self.lake_table(&table.path);
-        let current = self.lake_version(table).await?;
+        let current = self.lake_version(table, true).await?;
         let offsets = match &current {
             Some(v) => v.offsets(None)?,
             None => BTreeMap::new(),
@@ -328,8 +343,12 @@ impl NodeService {
                 self.tier_log_bucket(&lake, table, bucket, &log, from).await
             };
             match round {
-                Ok(Some(t)) => tiered.push(t),
-                Ok(None) => {}
+                Ok((round, short)) => {
+                    if short {
+                        state.backlog.insert(table.id);
+                    }
+                    tiered.extend(round);
+                }
                 Err(e) => {
                     for t in &tiered {
                         lake.delete_files(&t.files).await;
@@ -360,38 +379,30 @@ impl NodeService {
         Ok(Some(c))
     }
 
-    /// Reads a bucket's log from its lake offset (`from`; the log start with `None`)
-    /// to its high watermark, each batch as the table's current schema sees it and as
+    /// Reads a bucket's log from `pos` towards `end`, whole batches, until about
+    /// `max_bytes` of lake rows: each batch as the table's current schema sees it and as
     /// lake rows, with its change types; and the offset after the last row read.
     async fn read_for_lake(
         &self,
         table: &TableInfo,
         bucket: TableBucket,
         log: &LogTablet,
-        from: Option<i64>,
-    ) -> Result<(Vec<(RecordBatch, RecordBatch, Vec<ChangeType>)>, i64, i64)> {
+        mut pos: i64,
+        end: i64,
+        max_bytes: usize,
+    ) -> Result<(Vec<(RecordBatch, RecordBatch, Vec<ChangeType>)>, i64)> {
         let schema = &table.descriptor.schema;
         let arrow_schema = schema.to_arrow();
         let lake_schema = lake_arrow_schema(schema);
-        let start = log.log_start();
-        let mut pos = from.unwrap_or(start);
-        if pos < start {
-            tracing::warn!(
-                %bucket,
-                "rows {pos}..{start} were trimmed from the log before they reached the lake"
-            );
-            pos = start;
-        }
-        let first = pos;
-        let end = log.high_watermark();
         let scan_max = self.config.log.scan_bytes_max as usize;
         let mut out = Vec::new();
-        while pos < end {
+        let mut bytes = 0usize;
+        while pos < end && bytes < max_bytes {
             let scan = log.scan(pos, scan_max).await?;
-            let next = scan.next_offset(pos).min(end);
+            let mut next = pos;
             for b in scan.batches {
                 let base = b.header.base_offset;
-                if base >= end {
+                if base >= end || bytes >= max_bytes {
                     break;
                 }
                 let take = ((end - base) as usize).min(b.batch.num_rows());
@@ -404,69 +415,61 @@ impl NodeService {
                     base,
                     b.header.commit_timestamp,
                 )?;
+                bytes += rows.get_array_memory_size();
                 let mut changes = b.header.change_types.clone();
                 changes.truncate(take);
                 out.push((batch, rows, changes));
+                next = base + take as i64;
             }
             if next <= pos {
                 break;
             }
             pos = next;
         }
-        Ok((out, first, pos))
+        Ok((out, pos))
     }
 
-    /// Writes `batches` (lake rows of one bucket) as data files of about
-    /// `lake.file_bytes_target` each.
-    async fn write_lake_files(
+    /// Where a round of a bucket starts: its lake offset, or the log start when the lake
+    /// has none of it (or the log was trimmed past it while the lake was off).
+    fn round_start(bucket: TableBucket, log: &LogTablet, from: Option<i64>) -> i64 {
+        let start = log.log_start();
+        let pos = from.unwrap_or(start);
+        if pos < start {
+            tracing::warn!(
+                %bucket,
+                "rows {pos}..{start} were trimmed from the log before they reached the lake \
+                 (lake.enabled was off meanwhile); the lake goes on from {start}"
+            );
+            return start;
+        }
+        pos
+    }
+
+    /// A data file of `batches` (lake rows of one bucket).
+    async fn write_lake_file(
         &self,
         lake: &LakeTable,
         table: &TableInfo,
         stream: &str,
-        batches: Vec<RecordBatch>,
-    ) -> Result<Vec<mink_lake::DataFile>> {
-        let target = self.config.lake.file_bytes_target as usize;
-        let schema = &table.descriptor.schema;
-        let mut files = Vec::new();
-        let mut pending: Vec<RecordBatch> = Vec::new();
-        let mut bytes = 0usize;
-        let flush = |pending: Vec<RecordBatch>| async move {
-            let first = pending[0]
-                .column(pending[0].num_columns() - 2)
-                .as_any()
-                .downcast_ref::<arrow::array::Int64Array>()
-                .map_or(0, |o| o.value(0));
-            let partition = partition_value(schema, &table.descriptor.partition_keys, &pending[0])?;
-            lake.write_data_file(stream, first, &pending, partition)
-                .await
-        };
-        for b in batches.into_iter().filter(|b| b.num_rows() > 0) {
-            bytes += b.get_array_memory_size();
-            pending.push(b);
-            if bytes >= target {
-                match flush(std::mem::take(&mut pending)).await {
-                    Ok(f) => files.push(f),
-                    Err(e) => {
-                        lake.delete_files(&files).await;
-                        return Err(e);
-                    }
-                }
-                bytes = 0;
-            }
-        }
-        if !pending.is_empty() {
-            match flush(pending).await {
-                Ok(f) => files.push(f),
-                Err(e) => {
-                    lake.delete_files(&files).await;
-                    return Err(e);
-                }
-            }
-        }
-        Ok(files)
+        batches: &[RecordBatch],
+    ) -> Result<mink_lake::DataFile> {
+        let first = batches[0]
+            .column(batches[0].num_columns() - 2)
+            .as_any()
+            .downcast_ref::<arrow::array::Int64Array>()
+            .map_or(0, |o| o.value(0));
+        let partition = partition_value(
+            &table.descriptor.schema,
+            &table.descriptor.partition_keys,
+            &batches[0],
+        )?;
+        lake.write_data_file(stream, first, batches, partition)
+            .await
     }
 
-    /// A log table's bucket: its new rows appended as new files.
+    /// A log table's bucket: its new rows appended as new files, one file's rows in
+    /// memory at a time, at most `lake.round_bytes_max` per round (the rest is the next
+    /// round's, which then runs at once). Also says whether it stopped short.
     async fn tier_log_bucket(
         &self,
         lake: &LakeTable,
@@ -474,27 +477,65 @@ impl NodeService {
         bucket: TableBucket,
         log: &LogTablet,
         from: Option<i64>,
-    ) -> Result<Option<TieredBucket>> {
-        let (read, first, to) = self.read_for_lake(table, bucket, log, from).await?;
-        if to <= first {
-            return Ok(None);
+    ) -> Result<(Option<TieredBucket>, bool)> {
+        let first = Self::round_start(bucket, log, from);
+        let end = log.high_watermark();
+        if first >= end {
+            return Ok((None, false));
         }
         let stream = bucket.stream_name();
-        let rows = read.into_iter().map(|(_, l, _)| l).collect();
-        let files = self.write_lake_files(lake, table, &stream, rows).await?;
-        metrics::counter!("mink_lake_tiered_rows_total").increment((to - first) as u64);
-        Ok(Some(TieredBucket {
-            stream,
-            from,
-            to,
-            files,
-            replaces: Vec::new(),
-        }))
+        let target = self.config.lake.file_bytes_target as usize;
+        let round_max = self.config.lake.round_bytes_max as usize;
+        let (mut pos, mut total, mut files) = (first, 0usize, Vec::new());
+        while pos < end && total < round_max {
+            let read = self
+                .read_for_lake(table, bucket, log, pos, end, target)
+                .await;
+            let written = match read {
+                Ok((rows, next)) if next > pos => {
+                    let rows: Vec<RecordBatch> = rows.into_iter().map(|(_, l, _)| l).collect();
+                    total += rows
+                        .iter()
+                        .map(|r| r.get_array_memory_size())
+                        .sum::<usize>();
+                    self.write_lake_file(lake, table, &stream, &rows)
+                        .await
+                        .map(|f| (f, next))
+                }
+                Ok(_) => break,
+                Err(e) => Err(e),
+            };
+            match written {
+                Ok((f, next)) => {
+                    files.push(f);
+                    pos = next;
+                }
+                Err(e) => {
+                    lake.delete_files(&files).await;
+                    return Err(e);
+                }
+            }
+        }
+        if files.is_empty() {
+            return Ok((None, false));
+        }
+        metrics::counter!("mink_lake_tiered_rows_total").increment((pos - first) as u64);
+        Ok((
+            Some(TieredBucket {
+                stream,
+                from,
+                to: pos,
+                files,
+                replaces: Vec::new(),
+            }),
+            pos < end,
+        ))
     }
 
     /// A primary-key table's bucket, copy-on-write: its changelog since the lake offset
-    /// collapsed to the last change of each key, applied to the rows of its current
-    /// files, written as new files that replace them all.
+    /// (at most `lake.round_bytes_max` of it per round, held in memory) collapsed to
+    /// the last change of each key, applied to the rows of its current files (read one
+    /// file at a time), written as new files that replace them all.
     async fn tier_pk_bucket(
         &self,
         lake: &LakeTable,
@@ -503,10 +544,18 @@ impl NodeService {
         log: &LogTablet,
         from: Option<i64>,
         current: Vec<LakeFile>,
-    ) -> Result<Option<TieredBucket>> {
-        let (read, first, to) = self.read_for_lake(table, bucket, log, from).await?;
+    ) -> Result<(Option<TieredBucket>, bool)> {
+        let first = Self::round_start(bucket, log, from);
+        let end = log.high_watermark();
+        if first >= end {
+            return Ok((None, false));
+        }
+        let round_max = self.config.lake.round_bytes_max as usize;
+        let (read, to) = self
+            .read_for_lake(table, bucket, log, first, end, round_max)
+            .await?;
         if to <= first {
-            return Ok(None);
+            return Ok((None, false));
         }
         let keys = KeyColumns::new(table)?;
         let changes: Vec<(RecordBatch, Vec<ChangeType>)> = read
@@ -514,33 +563,60 @@ impl NodeService {
             .map(|(m, _, c)| (m.clone(), c.clone()))
             .collect();
         let last = keys.collapse(&changes)?;
+        drop(changes);
         let lake_schema = lake_arrow_schema(&table.descriptor.schema);
-        let mut out = Vec::new();
-        for file in &current {
-            for b in lake.read_file(file).await? {
-                let b = to_current_lake(&lake_schema, &b)?;
-                let view = from_lake_batch(&table.descriptor.schema, &b)?.batch;
-                let keep = keys.unchanged(&view, &last)?;
-                out.push(arrow::compute::filter_record_batch(&b, &keep)?);
-            }
-        }
-        let lake_rows: Vec<&RecordBatch> = read.iter().map(|(_, l, _)| l).collect();
-        let standing: Vec<(usize, usize)> = last.values().filter_map(|v| *v).collect();
-        if !standing.is_empty() {
-            out.push(arrow::compute::interleave_record_batch(
-                &lake_rows, &standing,
-            )?);
-        }
         let stream = bucket.stream_name();
-        let files = self.write_lake_files(lake, table, &stream, out).await?;
+        let target = self.config.lake.file_bytes_target as usize;
+        let mut files = Vec::new();
+        let mut pending: Vec<RecordBatch> = Vec::new();
+        let mut pending_bytes = 0usize;
+        let result: Result<()> = async {
+            for file in &current {
+                for b in lake.read_file(file).await? {
+                    let b = to_current_lake(&lake_schema, &b)?;
+                    let view = from_lake_batch(&table.descriptor.schema, &b)?.batch;
+                    let keep = keys.unchanged(&view, &last)?;
+                    let kept = arrow::compute::filter_record_batch(&b, &keep)?;
+                    if kept.num_rows() == 0 {
+                        continue;
+                    }
+                    pending_bytes += kept.get_array_memory_size();
+                    pending.push(kept);
+                    if pending_bytes >= target {
+                        files.push(self.write_lake_file(lake, table, &stream, &pending).await?);
+                        pending.clear();
+                        pending_bytes = 0;
+                    }
+                }
+            }
+            let lake_rows: Vec<&RecordBatch> = read.iter().map(|(_, l, _)| l).collect();
+            let standing: Vec<(usize, usize)> = last.values().filter_map(|v| *v).collect();
+            if !standing.is_empty() {
+                pending.push(arrow::compute::interleave_record_batch(
+                    &lake_rows, &standing,
+                )?);
+            }
+            if !pending.is_empty() {
+                files.push(self.write_lake_file(lake, table, &stream, &pending).await?);
+            }
+            Ok(())
+        }
+        .await;
+        if let Err(e) = result {
+            lake.delete_files(&files).await;
+            return Err(e);
+        }
         metrics::counter!("mink_lake_tiered_rows_total").increment((to - first) as u64);
-        Ok(Some(TieredBucket {
-            stream,
-            from,
-            to,
-            files,
-            replaces: current.into_iter().map(|f| f.location).collect(),
-        }))
+        Ok((
+            Some(TieredBucket {
+                stream,
+                from,
+                to,
+                files,
+                replaces: current.into_iter().map(|f| f.location).collect(),
+            }),
+            to < end,
+        ))
     }
 
     /// Records a committed snapshot in the metadata log (best effort: the next round,
@@ -574,7 +650,7 @@ impl NodeService {
     /// (the metadata log's pointer may lag a round).
     pub(crate) async fn lake_snapshot_json(&self, path: &TablePath) -> Result<serde_json::Value> {
         let table = self.table(path).await?;
-        let version = self.lake_version(&table).await?;
+        let version = self.lake_version(&table, false).await?;
         let Some(v) = version.filter(|v| v.snapshot_id().is_some()) else {
             return Err(MinkError::NotFound(format!(
                 "a lake snapshot of {path}{}",
@@ -675,7 +751,7 @@ impl NodeService {
     ) -> Result<(SchemaRef, ReadBatches)> {
         let table = self.table(path).await?;
         let schema = table.descriptor.schema.to_arrow();
-        let Some(version) = self.lake_version(&table).await? else {
+        let Some(version) = self.lake_version(&table, false).await? else {
             if let Some(id) = snapshot_id {
                 return Err(MinkError::NotFound(format!("lake snapshot {id} of {path}")));
             }
@@ -740,36 +816,54 @@ impl NodeService {
     pub(crate) async fn read_union(&self, path: &TablePath) -> Result<(SchemaRef, ReadBatches)> {
         let table = self.table(path).await?;
         let schema = table.descriptor.schema.to_arrow();
-        let version = self.lake_version(&table).await?;
-        let (offsets, files) = match &version {
-            Some(v) => (
-                v.offsets(None)?,
-                self.snapshot_files(&table, v, None).await?,
-            ),
-            None => (BTreeMap::new(), Vec::new()),
+        // The snapshot, then each bucket's log from its offset in it. Should the log
+        // already start above that offset (a newer round committed and the TTL trimmed
+        // meanwhile), the newer snapshot holds those rows: read again.
+        let mut attempt = 0;
+        let (offsets, files, ends) = loop {
+            let version = self.lake_version(&table, false).await?;
+            let offsets = match &version {
+                Some(v) => v.offsets(None)?,
+                None => BTreeMap::new(),
+            };
+            let ends = self.bucket_ends(&table).await?;
+            let gap = ends.iter().find(|(b, (start, _))| {
+                offsets.get(&b.stream_name()).copied().unwrap_or(*start) < *start
+            });
+            if let Some((bucket, (start, _))) = gap {
+                attempt += 1;
+                if attempt < 3 {
+                    continue;
+                }
+                return Err(MinkError::Unavailable(format!(
+                    "{bucket}: the log starts at {start}, above the lake's offset {}: the rows \
+                     between are in neither (the TTL trimmed them while lake.enabled was off)",
+                    offsets[&bucket.stream_name()]
+                )));
+            }
+            let files = match &version {
+                Some(v) => self.snapshot_files(&table, v, None).await?,
+                None => Vec::new(),
+            };
+            break (offsets, files, ends);
         };
-        // Every bucket of every partition, from its lake offset (the log start when
-        // the lake has none of it).
-        let buckets: Vec<TableBucket> = self.meta.read(|s| {
-            s.buckets
-                .values()
-                .filter(|b| b.bucket.table_id == table.id)
-                .map(|b| b.bucket)
-                .collect()
-        });
+        let buckets: Vec<(TableBucket, i64, i64)> = ends
+            .into_iter()
+            .map(|(b, (start, end))| {
+                let from = offsets.get(&b.stream_name()).copied().unwrap_or(start);
+                (b, from, end)
+            })
+            .collect();
         if table.descriptor.has_primary_key() {
             let mut parts = Vec::new();
-            for bucket in buckets {
+            for (bucket, from, end) in buckets {
                 let stream = bucket.stream_name();
                 let mine: Vec<LakeFile> = files
                     .iter()
                     .filter(|f| f.stream() == Some(stream.as_str()))
                     .cloned()
                     .collect();
-                parts.push(
-                    self.merged_bucket(&table, bucket, offsets.get(&stream).copied(), mine)
-                        .await?,
-                );
+                parts.push(self.merged_bucket(&table, bucket, from, end, mine).await?);
             }
             let stream = futures::stream::iter(parts).flatten();
             return Ok((schema, ReadBatches::SnapshotStream(stream.boxed())));
@@ -793,9 +887,8 @@ impl NodeService {
             }
         });
         let mut log_parts = Vec::new();
-        for bucket in buckets {
-            let from = offsets.get(&bucket.stream_name()).copied();
-            log_parts.push(self.bucket_log_from(bucket, from).await?);
+        for (bucket, from, end) in buckets {
+            log_parts.push(self.bucket_log_from(bucket, from, end).await?);
         }
         let stream = lake_part.chain(futures::stream::iter(log_parts).flatten());
         Ok((schema, ReadBatches::Stream(stream.boxed())))
@@ -808,20 +901,15 @@ impl NodeService {
         &self,
         table: &TableInfo,
         bucket: TableBucket,
-        from: Option<i64>,
+        from: i64,
+        end: i64,
         files: Vec<LakeFile>,
     ) -> Result<futures::stream::BoxStream<'static, Result<(RecordBatch, SnapshotBatch)>>> {
         let log: Vec<ReadBatch> = self
-            .bucket_log_from(bucket, from)
+            .bucket_log_from(bucket, from, end)
             .await?
             .try_collect()
             .await?;
-        let end = log
-            .iter()
-            .map(|(b, m)| m.base_offset + b.num_rows() as i64)
-            .max()
-            .or(from)
-            .unwrap_or(0);
         let keys = Arc::new(KeyColumns::new(table)?);
         let changes: Vec<(RecordBatch, Vec<ChangeType>)> = log
             .into_iter()
@@ -858,51 +946,50 @@ impl NodeService {
         Ok(lake_part.chain(tail_part).boxed())
     }
 
-    /// A bucket's log from `from` (its log start with `None`) to its high watermark
-    /// now, at its leader: here, or forwarded.
-    async fn bucket_log_from(
-        &self,
-        bucket: TableBucket,
-        from: Option<i64>,
-    ) -> Result<futures::stream::BoxStream<'static, Result<ReadBatch>>> {
+    /// Every bucket's log start and high watermark now (`list_offsets` once per
+    /// partition and end: the leaders of the buckets this node does not lead are asked).
+    async fn bucket_ends(&self, table: &TableInfo) -> Result<BTreeMap<TableBucket, (i64, i64)>> {
         #[derive(Deserialize)]
         struct BucketOffset {
             bucket: TableBucket,
             offset: Option<i64>,
         }
-        let table = self.table_by_id(bucket.table_id).await?;
-        let partition = match bucket.partition_id {
-            Some(id) => table
-                .partitions
-                .values()
-                .find(|p| p.id == id)
-                .map(|p| p.name.clone()),
-            None => None,
+        let partitions: Vec<Option<String>> = if table.descriptor.is_partitioned() {
+            table.partitions.keys().cloned().map(Some).collect()
+        } else {
+            vec![None]
         };
-        let mut ends = Vec::with_capacity(2);
-        for spec in ["earliest", "latest"] {
-            let body =
-                serde_json::json!({"path": table.path, "spec": spec, "partition": partition});
-            let answer = self.action("list_offsets", &json(&body)?).await?;
-            let offsets: Vec<BucketOffset> = parse_json("list_offsets answer", &answer)?;
-            ends.push(
-                offsets
-                    .into_iter()
-                    .find(|o| o.bucket == bucket)
-                    .and_then(|o| o.offset),
-            );
+        let mut out = BTreeMap::new();
+        for partition in partitions {
+            let mut ends = Vec::with_capacity(2);
+            for spec in ["earliest", "latest"] {
+                let body =
+                    serde_json::json!({"path": table.path, "spec": spec, "partition": partition});
+                let answer = self.action("list_offsets", &json(&body)?).await?;
+                let offsets: Vec<BucketOffset> = parse_json("list_offsets answer", &answer)?;
+                ends.push(offsets);
+            }
+            let latest = ends.pop().unwrap_or_default();
+            let earliest = ends.pop().unwrap_or_default();
+            for (e, l) in earliest.into_iter().zip(latest) {
+                let start = e.offset.unwrap_or(0);
+                out.insert(e.bucket, (start, l.offset.unwrap_or(start).max(start)));
+            }
         }
-        let (start, end) = (ends[0].unwrap_or(0), ends[1].unwrap_or(0));
-        let from = from.unwrap_or(start);
-        if from < start {
-            return Err(MinkError::Internal(format!(
-                "{bucket}: the log starts at {start}, above the lake's offset {from}: rows \
-                 {from}..{start} are in neither (they were trimmed before tiering)"
-            )));
-        }
+        Ok(out)
+    }
+
+    /// A bucket's log `[from, end)` at its leader: here, or forwarded.
+    async fn bucket_log_from(
+        &self,
+        bucket: TableBucket,
+        from: i64,
+        end: i64,
+    ) -> Result<futures::stream::BoxStream<'static, Result<ReadBatch>>> {
         if from >= end {
             return Ok(futures::stream::empty().boxed());
         }
+        let table = self.table_by_id(bucket.table_id).await?;
         let leader = self.meta.read(|s| {
             s.buckets
                 .get(&bucket.stream_name())
@@ -929,6 +1016,9 @@ impl NodeService {
                         for (b, m) in batches.iter_mut() {
                             let take = ((end - m.base_offset) as usize).min(b.num_rows());
                             *b = b.slice(0, take);
+                            if let Some(c) = m.change_types.as_mut() {
+                                c.truncate(take);
+                            }
                         }
                         Ok::<_, MinkError>((batches, (next > pos).then_some(next)))
                     }
