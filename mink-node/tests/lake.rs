@@ -587,3 +587,66 @@ fn coverage_per_partition(batches: &[(arrow::array::RecordBatch, ScanBatch)]) {
         *end += b.num_rows() as i64;
     }
 }
+
+/// Two nodes lead a table's buckets: both tier theirs into the one lake table (their
+/// commits race on the version), and either answers `Union`, reading the other's
+/// buckets' logs at their leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_tier_one_table_and_either_answers_union() {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = dir.path().join("objects");
+    let mut nodes = Vec::new();
+    for id in ["n0", "n1"] {
+        let mut c = config(dir.path(), &shared, id);
+        c.lake.check_interval_ms = 50;
+        nodes.push(Node::start(c).await.unwrap());
+    }
+    let client = MinkClient::connect(&nodes[0].flight_addr.to_string())
+        .await
+        .unwrap();
+    client.create_database("db").await.unwrap();
+    let path = TablePath::parse("db.events").unwrap();
+    client.create_table(&path, &lake_events(4)).await.unwrap();
+    client.append(&path, &rows(0..100)).await.unwrap();
+    // Until both nodes lead buckets of it (the lease holder spreads them on rebalance).
+    let mut spread = false;
+    for _ in 0..100 {
+        let meta: serde_json::Value = client
+            .action("metadata", serde_json::json!({"path": path}))
+            .await
+            .unwrap();
+        let leaders: HashSet<String> = meta["buckets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|b| b["leader"].as_str().map(str::to_string))
+            .collect();
+        if leaders.len() == 2 {
+            spread = true;
+            break;
+        }
+        let _ = client
+            .action::<serde_json::Value>("rebalance", serde_json::json!({}))
+            .await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(spread, "the buckets never spread over both nodes");
+    client.append(&path, &rows(100..200)).await.unwrap();
+    until_tiered(&client, &path, 200).await;
+    client.append(&path, &rows(200..250)).await.unwrap();
+    for node in &nodes {
+        let c = MinkClient::connect(&node.flight_addr.to_string())
+            .await
+            .unwrap();
+        let union = c
+            .read_any(&ReadTicket::Union { path: path.clone() })
+            .await
+            .unwrap();
+        coverage(&union);
+        let batches: Vec<_> = union.iter().map(|(b, _)| b.clone()).collect();
+        assert_eq!(ids(&batches), (0..250).collect::<Vec<_>>());
+    }
+    for node in nodes {
+        node.stop().await;
+    }
+}

@@ -301,6 +301,7 @@ impl NodeService {
         // Which buckets have rows the lake lacks, as far as this node knows.
         let known = state.offsets.get(&table.id);
         let mut tablets = Vec::new();
+        let mut lag = 0i64;
         for bucket in buckets {
             let log = match self.tablet(bucket).await {
                 Ok(t) => t.log().clone(),
@@ -310,10 +311,14 @@ impl NodeService {
                 }
             };
             let lake_end = known.and_then(|k| k.get(&bucket.stream_name()).copied());
+            lag += (log.high_watermark() - lake_end.unwrap_or(log.log_start())).max(0);
             if known.is_none() || lake_end.unwrap_or(log.log_start()) < log.high_watermark() {
                 tablets.push((bucket, log));
             }
         }
+        // Rows of this node's buckets the lake lacked when the round began (as far as
+        // the node knew: after a restart, until its first round, all of the log).
+        metrics::gauge!("mink_lake_lag_rows", "table" => table.path.to_string()).set(lag as f64);
         if tablets.is_empty() {
             return Ok(None);
         }
