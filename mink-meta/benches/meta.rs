@@ -70,6 +70,56 @@ async fn proposals_per_sec(latency_ms: u64, proposers: usize, secs: f64) -> f64 
     rate
 }
 
+/// Offset commits per second of `committers` concurrent committers on one node (as a
+/// lease holder hosting many consumer groups sees them): group commit puts the
+/// proposals queued behind one PUT into the next entry.
+async fn offset_commits_per_sec(latency_ms: u64, committers: usize, secs: f64) -> (f64, f64) {
+    let store: Arc<dyn ObjectStore> = Arc::new(FaultyStore::new(
+        Arc::new(InMemory::new()),
+        FaultConfig {
+            put_latency: Duration::from_millis(latency_ms),
+            ..Default::default()
+        },
+    ));
+    let node = MetaNode::open(store, "n0", "x:1", "x:2", quiet())
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    let start = Instant::now();
+    let before = node.applied_index();
+    let tasks: Vec<_> = (0..committers)
+        .map(|i| {
+            let node = node.clone();
+            tokio::spawn(async move {
+                let mut n = 0u64;
+                while Instant::now() < deadline {
+                    node.propose(mink_meta::MetaCommand::CommitGroupOffsets {
+                        group: format!("g{i}"),
+                        offsets: std::collections::BTreeMap::from([(
+                            "t/0".to_string(),
+                            (n as i64, String::new()),
+                        )]),
+                        at_ms: 0,
+                        retention_ms: 86_400_000,
+                    })
+                    .await
+                    .unwrap();
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.unwrap();
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let entries = (node.applied_index() - before) as f64;
+    node.shutdown(false).await;
+    (total as f64 / elapsed, total as f64 / entries.max(1.0))
+}
+
 async fn failover_ms() -> f64 {
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     let config = MetaConfig {
@@ -182,6 +232,26 @@ async fn main() {
         let one = proposals_per_sec(latency, 1, secs).await;
         let three = proposals_per_sec(latency, 3, secs).await;
         out.push_str(&format!("| {latency} ms | {one:.0}/s | {three:.0}/s |\n"));
+    }
+    out.push_str("\n### Offset commits per second (one node, group commit: concurrent proposals share an entry)\n\n| PUT latency | committers | commits/s | commits per entry |\n|---|---|---|---|\n");
+    for (latency, committers) in [(20u64, 1usize), (20, 64), (20, 256)] {
+        let mut rates = Vec::new();
+        let mut per = Vec::new();
+        for _ in 0..3 {
+            let (rate, per_entry) = offset_commits_per_sec(latency, committers, secs).await;
+            rates.push(rate);
+            per.push(per_entry);
+        }
+        let span = |v: &[f64]| {
+            let min = v.iter().copied().fold(f64::INFINITY, f64::min);
+            let max = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            format!("{min:.0}..{max:.0}")
+        };
+        out.push_str(&format!(
+            "| {latency} ms | {committers} | {} | {} |\n",
+            span(&rates),
+            span(&per)
+        ));
     }
     let failover = failover_ms().await;
     out.push_str(&format!(

@@ -93,7 +93,13 @@ struct Inner {
     last_snapshot: AtomicU64,
     /// Whether the last heartbeat write succeeded (the object store answers).
     heartbeat_ok: std::sync::atomic::AtomicBool,
+    /// Proposals waiting for the committer (group commit), each with its answer.
+    queue: Mutex<Vec<Proposal>>,
+    /// Whether a committer task is draining `queue`.
+    committing: std::sync::atomic::AtomicBool,
 }
+
+type Proposal = (MetaCommand, tokio::sync::oneshot::Sender<Result<u64>>);
 
 /// One node's metadata service. Cheap to clone.
 #[derive(Clone)]
@@ -157,6 +163,8 @@ impl MetaNode {
                 tasks: Mutex::new(Vec::new()),
                 last_snapshot: AtomicU64::new(0),
                 heartbeat_ok: std::sync::atomic::AtomicBool::new(true),
+                queue: Mutex::new(Vec::new()),
+                committing: std::sync::atomic::AtomicBool::new(false),
             }),
         };
         meta.beat().await;
@@ -254,15 +262,135 @@ impl MetaNode {
         Ok(reached)
     }
 
-    /// Validates and appends a command. Returns its index.
+    /// Validates and appends a command. Returns its index (and the command is applied
+    /// to this node's view when it returns).
+    ///
+    /// Group commit: while one append is in flight, the node's other proposals queue,
+    /// and the next append carries all of them as one `Batch` entry (each validated
+    /// after the ones before it; one that is invalid is answered with its rejection and
+    /// left out). So a node makes one PUT per round trip, not per proposal. The commit
+    /// runs on a task of its own: a caller that goes away cancels nothing.
     pub async fn propose(&self, command: MetaCommand) -> Result<u64> {
-        let result = self.inner.log.append(&command).await.map_err(storage)?;
-        match result {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.inner
+            .queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((command, tx));
+        self.kick_committer();
+        rx.await
+            .map_err(|_| MinkError::Internal("the metadata committer went away".into()))?
+    }
+
+    fn kick_committer(&self) {
+        if self.inner.committing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let node = self.clone();
+        tokio::spawn(async move {
+            loop {
+                let batch: Vec<Proposal> = {
+                    let mut queue = node.inner.queue.lock().unwrap_or_else(|e| e.into_inner());
+                    let n = queue.len().min(crate::state::BATCH_COMMANDS_MAX);
+                    queue.drain(..n).collect()
+                };
+                if batch.is_empty() {
+                    node.inner.committing.store(false, Ordering::Release);
+                    // A proposal queued between the drain and the store found the flag
+                    // set and left it to us: take it, unless another committer has.
+                    let queued = !node
+                        .inner
+                        .queue
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .is_empty();
+                    if queued && !node.inner.committing.swap(true, Ordering::AcqRel) {
+                        continue;
+                    }
+                    return;
+                }
+                node.commit(batch).await;
+            }
+        });
+    }
+
+    async fn append_one(&self, command: &MetaCommand) -> Result<u64> {
+        match self.inner.log.append(command).await.map_err(storage)? {
             Appended::At(index) => {
                 metrics::counter!("mink_meta_proposals_total").increment(1);
                 Ok(index)
             }
             Appended::Rejected(e) => Err(e),
+        }
+    }
+
+    /// Appends queued proposals: one alone as itself, several as one `Batch` entry.
+    async fn commit(&self, mut batch: Vec<Proposal>) {
+        use mink_wal::LogState;
+        for _ in 0..3 {
+            // Leave out what the view rejects, answering it now; but a view may lag
+            // the log (another node's entry this node has not read yet), so a
+            // rejection counts only after catching up.
+            let mut caught_up = false;
+            let (valid, rejected) = loop {
+                let mut scratch = self.read(|s| s.clone());
+                let mut valid = Vec::with_capacity(batch.len());
+                let mut rejected = Vec::new();
+                for (command, tx) in batch.drain(..) {
+                    match scratch.validate(&command) {
+                        Ok(()) => {
+                            scratch.apply(0, &command);
+                            valid.push((command, tx));
+                        }
+                        Err(e) => rejected.push((command, tx, e)),
+                    }
+                }
+                if rejected.is_empty() || caught_up {
+                    break (valid, rejected);
+                }
+                caught_up = true;
+                if let Err(e) = self.inner.log.catch_up().await {
+                    tracing::debug!("catch-up before validating proposals: {e}");
+                }
+                batch = valid
+                    .into_iter()
+                    .chain(rejected.into_iter().map(|(c, tx, _)| (c, tx)))
+                    .collect();
+            };
+            for (_, tx, e) in rejected {
+                let _ = tx.send(Err(e));
+            }
+            if valid.len() <= 1 {
+                for (command, tx) in valid {
+                    let _ = tx.send(self.append_one(&command).await);
+                }
+                return;
+            }
+            let entry = MetaCommand::Batch {
+                commands: valid.iter().map(|(c, _)| c.clone()).collect(),
+            };
+            match self.inner.log.append(&entry).await {
+                Ok(Appended::At(index)) => {
+                    metrics::counter!("mink_meta_proposals_total").increment(valid.len() as u64);
+                    metrics::counter!("mink_meta_batches_total").increment(1);
+                    for (_, tx) in valid {
+                        let _ = tx.send(Ok(index));
+                    }
+                    return;
+                }
+                // Another node's entry came first and the view moved: validate again.
+                Ok(Appended::Rejected(_)) => batch = valid,
+                Err(e) => {
+                    let e = storage(e);
+                    for (_, tx) in valid {
+                        let _ = tx.send(Err(e.clone()));
+                    }
+                    return;
+                }
+            }
+        }
+        for (command, tx) in batch {
+            let _ = tx.send(self.append_one(&command).await);
         }
     }
 

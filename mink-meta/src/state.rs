@@ -211,7 +211,15 @@ pub enum MetaCommand {
         table_id: TableId,
         pointer: LakeSnapshotPointer,
     },
+    /// Several commands of one node in one entry (group commit): valid only if each is
+    /// valid after the ones before it; applied in order, all at the entry's index.
+    Batch {
+        commands: Vec<MetaCommand>,
+    },
 }
+
+/// The most commands one `Batch` entry carries.
+pub const BATCH_COMMANDS_MAX: usize = 512;
 
 /// The whole cluster metadata.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -314,6 +322,29 @@ impl LogState for MetaState {
 
     fn validate(&self, command: &MetaCommand) -> Result<()> {
         match command {
+            MetaCommand::Batch { commands } => {
+                if commands.is_empty() || commands.len() > BATCH_COMMANDS_MAX {
+                    return Err(MinkError::invalid(
+                        "batch",
+                        format!(
+                            "{} commands; 1..={BATCH_COMMANDS_MAX} go in one",
+                            commands.len()
+                        ),
+                    ));
+                }
+                let mut scratch = self.clone();
+                for (i, c) in commands.iter().enumerate() {
+                    if matches!(c, MetaCommand::Batch { .. }) {
+                        return Err(MinkError::invalid(
+                            format!("batch[{i}]"),
+                            "a batch in a batch",
+                        ));
+                    }
+                    scratch.validate(c)?;
+                    scratch.apply(0, c);
+                }
+                Ok(())
+            }
             MetaCommand::RegisterNode {
                 node,
                 flight_addr,
@@ -760,6 +791,11 @@ impl LogState for MetaState {
             }
             MetaCommand::SetLakeSnapshot { table_id, pointer } => {
                 self.lake_snapshots.insert(*table_id, pointer.clone());
+            }
+            MetaCommand::Batch { commands } => {
+                for c in commands {
+                    self.apply(index, c);
+                }
             }
         }
     }

@@ -439,3 +439,64 @@ async fn concurrent_assignments_assign_each_bucket_once() {
         );
     }
 }
+
+/// Concurrent proposals of one node share entries (group commit): far fewer PUTs than
+/// proposals, every valid one applied once, an invalid one answered with its own
+/// rejection without failing the others, and the other nodes apply them all.
+#[tokio::test]
+async fn concurrent_proposals_of_a_node_are_committed_in_batches() {
+    let inner: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let faulty = mink_wal::fault::FaultyStore::new(
+        inner,
+        mink_wal::fault::FaultConfig {
+            put_latency: Duration::from_millis(20),
+            ..Default::default()
+        },
+    );
+    let store: Arc<dyn ObjectStore> = Arc::new(faulty.clone());
+    let a = node(&store, "a").await;
+    let b = node(&store, "b").await;
+    a.create_database("dup").await.unwrap();
+    let before = faulty
+        .counters()
+        .puts
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let mut tasks = Vec::new();
+    for i in 0..100 {
+        let a = a.clone();
+        tasks.push(tokio::spawn(async move {
+            let name = if i == 50 {
+                "dup".to_string()
+            } else {
+                format!("d{i}")
+            };
+            a.create_database(&name).await
+        }));
+    }
+    let mut ok = 0;
+    for (i, t) in tasks.into_iter().enumerate() {
+        match t.await.unwrap() {
+            Ok(_) => ok += 1,
+            Err(e) => {
+                assert_eq!(i, 50, "{e}");
+                assert!(matches!(e, MinkError::AlreadyExists(_)), "{e:?}");
+            }
+        }
+    }
+    assert_eq!(ok, 99);
+    let puts = faulty
+        .counters()
+        .puts
+        .load(std::sync::atomic::Ordering::Relaxed)
+        - before;
+    // Heartbeats put too; the 99 databases took far fewer than 99.
+    assert!(puts < 40, "{puts} PUTs for 99 proposals");
+    b.inner_catch_up().await;
+    let dbs = b.read(|s| s.databases.len());
+    assert_eq!(dbs, 100, "the other node applies every batched command");
+    // A batch inside a batch, or an empty one, is never valid.
+    let nested = MetaCommand::Batch {
+        commands: vec![MetaCommand::Batch { commands: vec![] }],
+    };
+    assert!(a.propose(nested).await.is_err());
+}
