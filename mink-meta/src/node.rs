@@ -309,7 +309,20 @@ impl MetaNode {
                     }
                     return;
                 }
-                node.commit(batch).await;
+                // A panic (a bug) fails this batch's callers, who see their answer
+                // dropped, and never the node's later proposals.
+                let committed = std::panic::AssertUnwindSafe(node.commit(batch));
+                match futures::FutureExt::catch_unwind(committed).await {
+                    Ok(deferred) if !deferred.is_empty() => {
+                        let mut queue = node.inner.queue.lock().unwrap_or_else(|e| e.into_inner());
+                        let later = std::mem::take(&mut *queue);
+                        *queue = deferred.into_iter().chain(later).collect();
+                    }
+                    Ok(_) => {}
+                    Err(_) => {
+                        tracing::error!("the metadata committer panicked (a bug); its batch failed")
+                    }
+                }
             }
         });
     }
@@ -325,35 +338,56 @@ impl MetaNode {
     }
 
     /// Appends queued proposals: one alone as itself, several as one `Batch` entry.
-    async fn commit(&self, mut batch: Vec<Proposal>) {
+    /// Returns proposals deferred to the next entry: valid against the log, but not
+    /// after the batch members before them (`CreateDatabase x` twice): answering them
+    /// now would report an outcome that depends on an entry not yet written.
+    async fn commit(&self, mut batch: Vec<Proposal>) -> Vec<Proposal> {
         use mink_wal::LogState;
+        if batch.len() == 1 {
+            let (command, tx) = batch.pop().expect("one proposal");
+            let _ = tx.send(self.append_one(&command).await);
+            return Vec::new();
+        }
         for _ in 0..3 {
             // Leave out what the view rejects, answering it now; but a view may lag
             // the log (another node's entry this node has not read yet), so a
             // rejection counts only after catching up.
             let mut caught_up = false;
-            let (valid, rejected) = loop {
-                let mut scratch = self.read(|s| s.clone());
+            let (valid, rejected, deferred) = loop {
+                let base = self.read(|s| s.clone());
+                let mut scratch = base.clone();
                 let mut valid = Vec::with_capacity(batch.len());
                 let mut rejected = Vec::new();
+                let mut deferred = Vec::new();
                 for (command, tx) in batch.drain(..) {
                     match scratch.validate(&command) {
                         Ok(()) => {
                             scratch.apply(0, &command);
                             valid.push((command, tx));
                         }
+                        Err(_) if base.validate(&command).is_ok() => {
+                            deferred.push((command, tx));
+                        }
                         Err(e) => rejected.push((command, tx, e)),
                     }
                 }
                 if rejected.is_empty() || caught_up {
-                    break (valid, rejected);
+                    break (valid, rejected, deferred);
                 }
                 caught_up = true;
                 if let Err(e) = self.inner.log.catch_up().await {
-                    tracing::debug!("catch-up before validating proposals: {e}");
+                    // The rejections stand on a view that may be stale: say so.
+                    let e = storage(e);
+                    for (_, tx, _) in rejected {
+                        let _ = tx.send(Err(MinkError::StorageFailure(format!(
+                            "the metadata log could not be read to validate the proposal: {e}"
+                        ))));
+                    }
+                    break (valid, Vec::new(), deferred);
                 }
                 batch = valid
                     .into_iter()
+                    .chain(deferred)
                     .chain(rejected.into_iter().map(|(c, tx, _)| (c, tx)))
                     .collect();
             };
@@ -364,7 +398,7 @@ impl MetaNode {
                 for (command, tx) in valid {
                     let _ = tx.send(self.append_one(&command).await);
                 }
-                return;
+                return deferred;
             }
             let entry = MetaCommand::Batch {
                 commands: valid.iter().map(|(c, _)| c.clone()).collect(),
@@ -376,22 +410,23 @@ impl MetaNode {
                     for (_, tx) in valid {
                         let _ = tx.send(Ok(index));
                     }
-                    return;
+                    return deferred;
                 }
                 // Another node's entry came first and the view moved: validate again.
-                Ok(Appended::Rejected(_)) => batch = valid,
+                Ok(Appended::Rejected(_)) => batch = valid.into_iter().chain(deferred).collect(),
                 Err(e) => {
                     let e = storage(e);
                     for (_, tx) in valid {
                         let _ = tx.send(Err(e.clone()));
                     }
-                    return;
+                    return deferred;
                 }
             }
         }
         for (command, tx) in batch {
             let _ = tx.send(self.append_one(&command).await);
         }
+        Vec::new()
     }
 
     /// Applies every entry appended so far (a forced catch-up).

@@ -494,6 +494,12 @@ async fn concurrent_proposals_of_a_node_are_committed_in_batches() {
     b.inner_catch_up().await;
     let dbs = b.read(|s| s.databases.len());
     assert_eq!(dbs, 100, "the other node applies every batched command");
+    // Two proposals that conflict only with each other: the second waits for the
+    // first's entry, then is answered against it (exactly one database).
+    let (x, y) = tokio::join!(a.create_database("same"), a.create_database("same"));
+    assert!(x.is_ok() != y.is_ok(), "{x:?} {y:?}");
+    let e = x.err().or(y.err()).unwrap();
+    assert!(matches!(e, MinkError::AlreadyExists(_)), "{e:?}");
     // A batch inside a batch, or an empty one, is never valid.
     let nested = MetaCommand::Batch {
         commands: vec![MetaCommand::Batch { commands: vec![] }],

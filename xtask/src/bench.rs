@@ -45,6 +45,12 @@ pub const BENCHES: &[(&str, &str, &str, &str)] = &[
         "lake tiering MB/s against raw Parquet writing, lag under steady load, Union read MB/s",
     ),
     (
+        "kafka",
+        "mink-node",
+        "kafka",
+        "librdkafka produce/consume MB/s and produce-to-consume latency against the Flight ingest path",
+    ),
+    (
         "meta",
         "mink-meta",
         "meta",
@@ -63,6 +69,10 @@ pub fn run(root: &Path, name: &str, quick: bool) -> Result<()> {
         .args(["bench", "--quiet", "-p", package, "--bench", target, "--"]);
     if quick {
         cmd.arg("--quick");
+    }
+    if name == "kafka" {
+        // The load generator is librdkafka, from the test venv.
+        cmd.env("MINKBENCH_PYTHON", crate::python::ensure_venv(root)?);
     }
     let output = cmd
         .stderr(std::process::Stdio::inherit())
