@@ -197,17 +197,22 @@ pub fn to_lake_batch(
     RecordBatch::try_new(lake_schema.clone(), columns).map_err(|e| cast_error("a batch", e))
 }
 
-/// A batch read from a lake file (any schema version) in the current lake schema,
-/// matched by field id: columns the file predates are null, system columns kept. Used
-/// to rewrite files (copy-on-write of primary-key tables).
-pub fn to_current_lake(lake_schema: &SchemaRef, batch: &RecordBatch) -> Result<RecordBatch> {
-    let file_schema = batch.schema();
-    let by_id: HashMap<i32, usize> = file_schema
+/// The column index of each field id of a batch read from a lake file.
+fn columns_by_id(batch: &RecordBatch) -> HashMap<i32, usize> {
+    batch
+        .schema()
         .fields()
         .iter()
         .enumerate()
         .filter_map(|(i, f)| id_of(f).map(|id| (id, i)))
-        .collect();
+        .collect()
+}
+
+/// A batch read from a lake file (any schema version) in the current lake schema,
+/// matched by field id: columns the file predates are null, system columns kept. Used
+/// to rewrite files (copy-on-write of primary-key tables).
+pub fn to_current_lake(lake_schema: &SchemaRef, batch: &RecordBatch) -> Result<RecordBatch> {
+    let by_id = columns_by_id(batch);
     let mut columns = Vec::with_capacity(lake_schema.fields().len());
     for field in lake_schema.fields() {
         let column = id_of(field)
@@ -244,13 +249,7 @@ fn id_of(field: &Field) -> Option<i32> {
 
 /// Converts a batch read from a lake file (any schema version) to `schema` by field id.
 pub fn from_lake_batch(schema: &Schema, batch: &RecordBatch) -> Result<LakeRows> {
-    let file_schema = batch.schema();
-    let by_id: HashMap<i32, usize> = file_schema
-        .fields()
-        .iter()
-        .enumerate()
-        .filter_map(|(i, f)| id_of(f).map(|id| (id, i)))
-        .collect();
+    let by_id = columns_by_id(batch);
     let column = |id: i32| by_id.get(&id).map(|i| batch.column(*i).clone());
     let target = schema.to_arrow();
     let mut columns = Vec::with_capacity(schema.columns.len());

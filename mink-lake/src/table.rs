@@ -252,13 +252,18 @@ impl LakeTable {
         Ok(objects
             .iter()
             .filter_map(|o| o.location.filename())
-            .filter_map(|name| {
-                name.strip_prefix('v')?
-                    .strip_suffix(".metadata.json")?
-                    .parse::<u64>()
-                    .ok()
-            })
+            .filter_map(version_number)
             .max())
+    }
+
+    /// Every object of the lake table.
+    async fn list_all(&self) -> Result<Vec<object_store::ObjectMeta>> {
+        let prefix = Path::from(self.prefix.clone());
+        self.store
+            .list(Some(&prefix))
+            .try_collect()
+            .await
+            .map_err(|e| storage(&prefix, e))
     }
 
     /// The newest metadata version, `None` before the table's first round. `hint` (a
@@ -425,20 +430,8 @@ impl LakeTable {
     /// Objects created after the listing are never deleted. Metadata versions go first,
     /// newest first, so a reader never finds a version whose files are gone.
     pub async fn purge(&self, table_id: i64) -> Result<u64> {
-        let prefix = Path::from(self.prefix.clone());
-        let objects: Vec<_> = self
-            .store
-            .list(Some(&prefix))
-            .try_collect()
-            .await
-            .map_err(|e| storage(&prefix, e))?;
-        let version_of = |p: &Path| {
-            p.filename()?
-                .strip_prefix('v')?
-                .strip_suffix(".metadata.json")?
-                .parse::<u64>()
-                .ok()
-        };
+        let objects = self.list_all().await?;
+        let version_of = |p: &Path| p.filename().and_then(version_number);
         let mut versions: Vec<u64> = objects
             .iter()
             .filter_map(|o| version_of(&o.location))
@@ -502,15 +495,7 @@ impl LakeTable {
         let oldest_logged = metadata
             .metadata_log()
             .iter()
-            .filter_map(|m| {
-                m.metadata_file
-                    .rsplit('/')
-                    .next()?
-                    .strip_prefix('v')?
-                    .strip_suffix(".metadata.json")?
-                    .parse::<u64>()
-                    .ok()
-            })
+            .filter_map(|m| m.metadata_file.rsplit('/').next().and_then(version_number))
             .min()
             .unwrap_or(version.version);
         let mut manifests_seen = std::collections::HashSet::new();
@@ -536,23 +521,12 @@ impl LakeTable {
                 }
             }
         }
-        let prefix = Path::from(self.prefix.clone());
-        let objects: Vec<_> = self
-            .store
-            .list(Some(&prefix))
-            .try_collect()
-            .await
-            .map_err(|e| storage(&prefix, e))?;
+        let objects = self.list_all().await?;
         let now = chrono_now();
         let mut stats = SweepStats::default();
         for o in objects {
             let name = o.location.to_string();
-            let version_no = o.location.filename().and_then(|f| {
-                f.strip_prefix('v')?
-                    .strip_suffix(".metadata.json")?
-                    .parse::<u64>()
-                    .ok()
-            });
+            let version_no = o.location.filename().and_then(version_number);
             let needed = match version_no {
                 // Newer versions than the one loaded may have been committed since.
                 Some(n) => n >= oldest_logged,
@@ -1091,6 +1065,15 @@ impl LakeTable {
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(|e| storage(&path, e))
     }
+}
+
+/// `N` of a metadata version's file name `v{N}.metadata.json`.
+fn version_number(file_name: &str) -> Option<u64> {
+    file_name
+        .strip_prefix('v')?
+        .strip_suffix(".metadata.json")?
+        .parse()
+        .ok()
 }
 
 /// What an orphan sweep did.
