@@ -149,6 +149,9 @@ struct State {
     ambiguous_next_puts: u64,
     conflict_next_puts: u64,
     hang_next_puts: u64,
+    fail_next_gets: u64,
+    /// Where the `fail_next_gets` failures hit (any path with `None`).
+    fail_gets_under: Option<String>,
     down: bool,
     put_delay: Option<PutDelayFn>,
 }
@@ -199,6 +202,8 @@ impl FaultyStore {
                 ambiguous_next_puts: 0,
                 conflict_next_puts: 0,
                 hang_next_puts: 0,
+                fail_next_gets: 0,
+                fail_gets_under: None,
                 down: false,
                 put_delay: None,
             })),
@@ -260,6 +265,14 @@ impl FaultyStore {
     /// up (a timeout, a cancelled request) without knowing the outcome.
     pub fn hang_after_apply_next_puts(&self, n: u64) {
         self.with(|s| s.hang_next_puts = n);
+    }
+
+    /// The next `n` GETs of paths under `prefix` fail (whatever the fault prefix).
+    pub fn fail_next_gets_under(&self, prefix: &str, n: u64) {
+        self.with(|s| {
+            s.fail_next_gets = n;
+            s.fail_gets_under = Some(prefix.to_string());
+        });
     }
 
     /// While down, every request fails at once and nothing is applied.
@@ -340,6 +353,14 @@ impl FaultyStore {
     fn get_fails(&self, path: &Path) -> bool {
         self.with(|s| {
             if s.down {
+                return true;
+            }
+            if s.fail_next_gets > 0
+                && s.fail_gets_under
+                    .as_deref()
+                    .is_none_or(|p| path.as_ref().starts_with(p))
+            {
+                s.fail_next_gets -= 1;
                 return true;
             }
             let rate = s.config.get_failure_rate;

@@ -296,6 +296,19 @@ impl<S: LogState> ObjectLog<S> {
     /// a snapshot.
     async fn probe_locked(&self, token: Option<&[u8; 16]>) -> WalResult<Option<u64>> {
         let mut found = None;
+        // A read that fails after our own entry was found and applied must not lose
+        // it: the caller would append the entry again.
+        match self.probe_into(token, &mut found).await {
+            Err(_) if found.is_some() => Ok(found),
+            other => other,
+        }
+    }
+
+    async fn probe_into(
+        &self,
+        token: Option<&[u8; 16]>,
+        found: &mut Option<u64>,
+    ) -> WalResult<Option<u64>> {
         let mut index = self.applied_index();
         loop {
             let path = self.entry_path(index + 1);
@@ -308,10 +321,10 @@ impl<S: LogState> ObjectLog<S> {
             self.apply_entry(index + 1, &entry);
             index += 1;
             if token == Some(&entry_token) {
-                found = Some(index);
+                *found = Some(index);
             }
         }
-        Ok(found)
+        Ok(*found)
     }
 
     /// Applies every entry after the applied index, found by listing the prefix with
@@ -326,6 +339,18 @@ impl<S: LogState> ObjectLog<S> {
 
     async fn list_and_apply(&self, token: Option<&[u8; 16]>) -> WalResult<Option<u64>> {
         let mut found = None;
+        // As in `probe_locked`: a failure after our entry was found keeps it found.
+        match self.list_and_apply_into(token, &mut found).await {
+            Err(_) if found.is_some() => Ok(found),
+            other => other,
+        }
+    }
+
+    async fn list_and_apply_into(
+        &self,
+        token: Option<&[u8; 16]>,
+        found: &mut Option<u64>,
+    ) -> WalResult<Option<u64>> {
         loop {
             let applied = self.applied_index();
             let at = tokio::time::Instant::now();
@@ -365,13 +390,13 @@ impl<S: LogState> ObjectLog<S> {
                     continue;
                 }
                 if indices.is_empty() {
-                    return Ok(found);
+                    return Ok(*found);
                 }
                 // A listing taken while entries are created may miss one it should
                 // hold (directory walks are not snapshots). Read it directly.
                 let before = self.applied_index();
                 if let Some(i) = self.probe_locked(token).await? {
-                    found = Some(i);
+                    *found = Some(i);
                 }
                 if self.applied_index() > before {
                     continue;
@@ -414,11 +439,11 @@ impl<S: LogState> ObjectLog<S> {
                 self.apply_entry(i, &entry);
                 index = i;
                 if token == Some(&entry_token) {
-                    found = Some(i);
+                    *found = Some(i);
                 }
             }
             if index == applied {
-                return Ok(found);
+                return Ok(*found);
             }
         }
     }

@@ -142,6 +142,23 @@ async fn an_ambiguous_timeout_appends_once(store: TestStore) {
     assert_eq!(reader.read(|s, _| s.order.clone()), vec!["a", "b", "c"]);
 }
 
+/// The writer's own entry lands, its answer is lost, and the read after finding it
+/// fails once: the entry stays found (the writer neither appends it again nor reports
+/// it rejected as a duplicate of itself).
+async fn a_found_entry_survives_a_failed_read_after_it(store: TestStore) {
+    let faulty = FaultyStore::new(store.store.clone(), FaultConfig::default());
+    let log = ObjectLog::open(Arc::new(faulty.clone()), "meta", Registry::default())
+        .await
+        .unwrap();
+    log.append(&"a".to_string()).await.unwrap();
+    faulty.time_out_next_puts(1);
+    faulty.fail_next_gets_under("meta/log/00000000000000000003", 1);
+    let outcome = log.append(&"b".to_string()).await.unwrap();
+    assert!(matches!(outcome, Appended::At(2)), "{outcome:?}");
+    let reader = open(&store).await;
+    assert_eq!(reader.read(|s, _| s.order.clone()), vec!["a", "b"]);
+}
+
 async fn snapshots_let_entries_go_and_lagging_writers_catch_up(store: TestStore) {
     let options = ObjectLogOptions {
         delete_grace: Duration::ZERO,
@@ -195,6 +212,7 @@ backend_tests! {
     concurrent_appenders_agree_on_one_total_order => super::concurrent_appenders_agree_on_one_total_order;
     a_duplicate_is_rejected_and_not_appended => super::a_duplicate_is_rejected_and_not_appended;
     an_ambiguous_timeout_appends_once => super::an_ambiguous_timeout_appends_once;
+    a_found_entry_survives_a_failed_read_after_it => super::a_found_entry_survives_a_failed_read_after_it;
     snapshots_let_entries_go_and_lagging_writers_catch_up => super::snapshots_let_entries_go_and_lagging_writers_catch_up;
     waiting_for_an_index_sees_other_writers => super::waiting_for_an_index_sees_other_writers;
 }
