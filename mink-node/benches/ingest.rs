@@ -252,6 +252,95 @@ async fn visibility(kind: &Kind, samples: usize) -> (f64, f64) {
     )
 }
 
+/// One table-addressed write (`AppendTable`, as pyarrow and `mink write` send it) over
+/// 8 buckets at one node, at 20 ms PUT latency: the node writes every bucket's part at
+/// once, so a write should cost about one PUT. Returns (write p50, p99, PUT p50) in ms,
+/// the PUT measured on the same kind of store in the same run.
+async fn table_write_latency(samples: usize) -> (f64, f64, f64) {
+    use futures::StreamExt;
+    use mink_flight::protocol::{WriteBatch, WriteDescriptor};
+    use object_store::{ObjectStoreExt, PutPayload};
+    let kind = Kind::Latency(20);
+    let (store, dir) = store(&kind);
+    let mut puts = Vec::new();
+    for i in 0..samples.min(30) {
+        let t = Instant::now();
+        store
+            .put(
+                &format!("probe/{i}").into(),
+                PutPayload::from(vec![1u8; 1024]),
+            )
+            .await
+            .unwrap();
+        puts.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    puts.sort_by(f64::total_cmp);
+    let node = Node::start_with_store(config(dir.path()), store)
+        .await
+        .unwrap();
+    let addr = node.flight_addr.to_string();
+    let client = MinkClient::connect(&addr).await.unwrap();
+    client.create_database("b").await.unwrap();
+    let path = TablePath::parse("b.wide").unwrap();
+    let mut d = descriptor();
+    d.bucket_count = 8;
+    d.bucket_keys = Some(vec!["id".into()]);
+    client.create_table(&path, &d).await.unwrap();
+    let rows = RecordBatch::try_new(
+        d.schema.to_arrow(),
+        vec![
+            Arc::new(Int64Array::from_iter_values(0..800)),
+            Arc::new(StringArray::from_iter_values(
+                (0..800).map(|_| "x".repeat(100)),
+            )),
+        ],
+    )
+    .unwrap();
+    let descriptor = WriteDescriptor::AppendTable {
+        path: path.clone(),
+        schema_id: 1,
+    };
+    let mut flight = mink_flight::client::connect(&addr).await.unwrap();
+    let mut write = async || {
+        let data =
+            mink_flight::client::encode_write(&rows, Some(&descriptor), &WriteBatch::default())
+                .unwrap();
+        let t = Instant::now();
+        let mut answers = flight
+            .do_put(futures::stream::iter(data))
+            .await
+            .map(|r| r.into_inner());
+        let ok = match answers.as_mut() {
+            Ok(s) => matches!(s.next().await, Some(Ok(_))),
+            Err(_) => false,
+        };
+        (ok, t.elapsed().as_secs_f64() * 1e3)
+    };
+    // Until every bucket has its leader and tablet open.
+    for _ in 0..200 {
+        if write().await.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for _ in 0..5 {
+        write().await;
+    }
+    let mut lat = Vec::new();
+    for _ in 0..samples {
+        let (ok, ms) = write().await;
+        assert!(ok, "a table write failed");
+        lat.push(ms);
+    }
+    node.stop().await;
+    lat.sort_by(f64::total_cmp);
+    (
+        lat[lat.len() / 2],
+        lat[lat.len() * 99 / 100],
+        puts[puts.len() / 2],
+    )
+}
+
 #[tokio::main]
 async fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
@@ -270,6 +359,23 @@ async fn main() {
         out.push_str(&format!(
             "| {label} | {rows:.0} | {mbps:.1} | {raw_mbps:.1} | {:.2} | {p50:.1} ms | {p99:.1} ms |\n",
             mbps / raw_mbps
+        ));
+    }
+    let samples = if quick { 20 } else { 200 };
+    let mut rows = Vec::new();
+    for _ in 0..if quick { 1 } else { 3 } {
+        rows.push(table_write_latency(samples).await);
+    }
+    out.push_str(
+        "\nOne `AppendTable` (table-addressed, 800 rows over 8 buckets, sent to one node) at 20 ms PUT latency: \
+         the node writes every bucket's part at once (issue #15, item 1; goal p50 ≤ PUT + 5 ms).\n\n\
+         | run | PUT p50 (same store) | table write p50 | p99 | p50 − PUT |\n|---|---|---|---|---|\n",
+    );
+    for (i, (p50, p99, put)) in rows.iter().enumerate() {
+        out.push_str(&format!(
+            "| {} | {put:.1} ms | {p50:.1} ms | {p99:.1} ms | {:.1} ms |\n",
+            i + 1,
+            p50 - put
         ));
     }
     print!("{out}");
