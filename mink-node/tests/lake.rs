@@ -77,6 +77,12 @@ async fn read(
     client.read_any(&ticket).await.unwrap()
 }
 
+/// The ids of a scan-metadata read, sorted.
+fn read_ids(batches: &[(arrow::array::RecordBatch, ScanBatch)]) -> Vec<i64> {
+    let batches: Vec<_> = batches.iter().map(|(b, _)| b.clone()).collect();
+    ids(&batches)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rounds_tier_and_union_reads_every_row_once_while_they_commit() {
     let dir = tempfile::tempdir().unwrap();
@@ -101,8 +107,7 @@ async fn rounds_tier_and_union_reads_every_row_once_while_they_commit() {
         },
     )
     .await;
-    let batches: Vec<_> = lake.iter().map(|(b, _)| b.clone()).collect();
-    assert_eq!(ids(&batches), (0..200).collect::<Vec<_>>());
+    assert_eq!(read_ids(&lake), (0..200).collect::<Vec<_>>());
     assert_eq!(coverage(&lake).values().sum::<i64>(), 200);
     let snap: serde_json::Value = client
         .action("lake_snapshot", serde_json::json!({"path": path}))
@@ -114,8 +119,7 @@ async fn rounds_tier_and_union_reads_every_row_once_while_they_commit() {
     // Rows not yet tiered come from the log.
     client.append(&path, &rows(200..300)).await.unwrap();
     let union = read(&client, ReadTicket::Union { path: path.clone() }).await;
-    let batches: Vec<_> = union.iter().map(|(b, _)| b.clone()).collect();
-    assert_eq!(ids(&batches), (0..300).collect::<Vec<_>>());
+    assert_eq!(read_ids(&union), (0..300).collect::<Vec<_>>());
     coverage(&union);
 
     // Writers and Union readers race the rounds: every read holds each row once, and
@@ -140,8 +144,7 @@ async fn rounds_tier_and_union_reads_every_row_once_while_they_commit() {
         let before = acked.load(Ordering::SeqCst);
         let union = read(&client, ReadTicket::Union { path: path.clone() }).await;
         coverage(&union);
-        let batches: Vec<_> = union.iter().map(|(b, _)| b.clone()).collect();
-        let got = ids(&batches);
+        let got = read_ids(&union);
         let unique: HashSet<i64> = got.iter().copied().collect();
         assert_eq!(unique.len(), got.len(), "a Union read returned a row twice");
         assert!(
@@ -167,8 +170,7 @@ async fn rounds_tier_and_union_reads_every_row_once_while_they_commit() {
         },
     )
     .await;
-    let batches: Vec<_> = lake.iter().map(|(b, _)| b.clone()).collect();
-    assert_eq!(ids(&batches), (0..1500).collect::<Vec<_>>());
+    assert_eq!(read_ids(&lake), (0..1500).collect::<Vec<_>>());
     // An older snapshot still reads as it was.
     let old = read(
         &client,
@@ -178,8 +180,7 @@ async fn rounds_tier_and_union_reads_every_row_once_while_they_commit() {
         },
     )
     .await;
-    let batches: Vec<_> = old.iter().map(|(b, _)| b.clone()).collect();
-    assert_eq!(ids(&batches), (0..200).collect::<Vec<_>>());
+    assert_eq!(read_ids(&old), (0..200).collect::<Vec<_>>());
     let missing = client
         .read_any(&ReadTicket::Lake {
             path: path.clone(),
@@ -253,8 +254,7 @@ async fn the_ttl_never_trims_what_the_lake_lacks() {
         "the TTL trimmed the log to {start}; the lake holds rows below {in_lake} only"
     );
     let union = read(&client, ReadTicket::Union { path: t.clone() }).await;
-    let batches: Vec<_> = union.iter().map(|(b, _)| b.clone()).collect();
-    assert_eq!(ids(&batches), (0..20).collect::<Vec<_>>());
+    assert_eq!(read_ids(&union), (0..20).collect::<Vec<_>>());
     node.stop().await;
 }
 
@@ -316,8 +316,7 @@ async fn lake_properties_are_checked_and_a_dropped_tables_lake_goes_with_it() {
         },
     )
     .await;
-    let batches: Vec<_> = lake.iter().map(|(b, _)| b.clone()).collect();
-    assert_eq!(ids(&batches), (100..105).collect::<Vec<_>>());
+    assert_eq!(read_ids(&lake), (100..105).collect::<Vec<_>>());
     node.stop().await;
 }
 
@@ -568,8 +567,7 @@ async fn a_backlog_tiers_in_bounded_rounds_and_date_partitions_work() {
         },
     )
     .await;
-    let batches: Vec<_> = lake.iter().map(|(b, _)| b.clone()).collect();
-    assert_eq!(ids(&batches), (0..3000).collect::<Vec<_>>());
+    assert_eq!(read_ids(&lake), (0..3000).collect::<Vec<_>>());
     coverage_per_partition(&lake);
     node.stop().await;
 }
@@ -643,8 +641,7 @@ async fn two_nodes_tier_one_table_and_either_answers_union() {
             .await
             .unwrap();
         coverage(&union);
-        let batches: Vec<_> = union.iter().map(|(b, _)| b.clone()).collect();
-        assert_eq!(ids(&batches), (0..250).collect::<Vec<_>>());
+        assert_eq!(read_ids(&union), (0..250).collect::<Vec<_>>());
     }
     for node in nodes {
         node.stop().await;
