@@ -328,6 +328,18 @@ impl KvTablet {
 
     /// Applies a Put (see the module docs). Returns where its changelog landed.
     pub async fn put(&self, req: PutRequest) -> Result<Appended> {
+        self.put_corked(req, None).await
+    }
+
+    /// [`KvTablet::put`] as one part of a write over several buckets: `cork` (see
+    /// [`mink_wal::Cork`]) is released as soon as the changelog is on its way (or
+    /// will not be), so that the parts share one WAL upload.
+    pub async fn put_corked(
+        &self,
+        req: PutRequest,
+        cork: Option<mink_wal::Cork>,
+    ) -> Result<Appended> {
+        let mut cork = cork;
         if let Some(e) = self.failure() {
             return Err(e);
         }
@@ -339,6 +351,7 @@ impl KvTablet {
                 .check_sequence(req.writer_id, req.batch_sequence, req.batch_sequence)?
         {
             drop(guard);
+            drop(cork.take());
             return duplicate.wait().await;
         }
         let (schema, merger) = {
@@ -390,6 +403,7 @@ impl KvTablet {
                 req.batch_sequence,
             )?;
             drop(guard);
+            drop(cork.take());
             return match empty.wait().await {
                 Ok(appended) => Ok(appended),
                 Err(e) => Err(self.fail(e)),
@@ -414,7 +428,9 @@ impl KvTablet {
                 change_types: Some(changes.iter().map(|(c, _)| *c).collect()),
                 batch,
             })
-            .await?;
+            .await;
+        drop(cork.take());
+        let submitted = submitted?;
         if submitted.is_duplicate() {
             // Cannot happen under the put lock; answer as the duplicate it is.
             drop(guard);

@@ -307,6 +307,19 @@ impl LogTablet {
         self.submit(req).await?.wait().await
     }
 
+    /// [`LogTablet::append`] as one part of a write over several buckets: `cork` (see
+    /// [`mink_wal::Cork`]) is released as soon as the batch is on its way, so that the
+    /// parts share one WAL upload.
+    pub async fn append_corked(
+        &self,
+        req: AppendRequest,
+        cork: mink_wal::Cork,
+    ) -> Result<Appended> {
+        let submitted = self.submit(req).await;
+        drop(cork);
+        submitted?.wait().await
+    }
+
     /// The first half of [`LogTablet::append`]: returns once the batch has its offsets
     /// and is on its way (or is known to be a duplicate). Submissions are ordered: a
     /// caller that submits A then B gets A's offsets below B's.

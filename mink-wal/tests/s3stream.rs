@@ -793,3 +793,79 @@ backend_tests! {
     compaction_keeps_bytes_and_collects_the_wal => super::compaction_keeps_bytes_and_collects_the_wal;
     epochs_are_checked => super::epochs_are_checked;
 }
+
+/// Appends to eight streams enqueued one after another, with the writer running
+/// between them (a current-thread runtime that yields after each append), as the parts
+/// of one table write are. Without a cork the first append is sealed alone and the
+/// rest queue behind the uploads in flight; under a cork all eight share one upload.
+/// A cork that is never released delays a group by at most `CORK_MAX`: the appends
+/// made under it still become durable.
+#[tokio::test(flavor = "current_thread")]
+async fn a_cork_puts_the_parts_of_one_write_into_one_upload() {
+    let t = common::memory();
+    let node = StreamStore::open(t.store.clone(), "n1", config())
+        .await
+        .unwrap();
+    let mut streams = Vec::new();
+    for i in 0..8 {
+        streams.push(node.open_stream(&format!("s{i}"), 1).await.unwrap());
+    }
+    async fn write(streams: &[Stream], cork: Option<mink_wal::Cork>, round: u64) {
+        let mut pending = Vec::new();
+        for s in streams {
+            let r = s.reserve(64).await.unwrap();
+            let appended = s.append(r, 1, 1, 0, payload(s.name(), round)).unwrap();
+            pending.push(appended);
+            for _ in 0..8 {
+                tokio::task::yield_now().await;
+            }
+        }
+        drop(cork);
+        for p in pending {
+            p.durable().await.unwrap();
+        }
+    }
+    let before = wal_objects(&t.store).await;
+    write(&streams, None, 0).await;
+    let uncorked = wal_objects(&t.store).await - before;
+    assert!(
+        uncorked > 1,
+        "without a cork the writer seals as the appends come: {uncorked} uploads"
+    );
+
+    let before = wal_objects(&t.store).await;
+    write(&streams, Some(node.cork()), 1).await;
+    assert_eq!(
+        wal_objects(&t.store).await - before,
+        1,
+        "one upload under a cork"
+    );
+
+    // Clones are holds of their own: the group waits for the last one.
+    let cork = node.cork();
+    let clones: Vec<_> = streams.iter().map(|_| cork.clone()).collect();
+    drop(cork);
+    let before = wal_objects(&t.store).await;
+    let mut pending = Vec::new();
+    for (s, c) in streams.iter().zip(clones) {
+        pending.push(
+            s.append(s.reserve(64).await.unwrap(), 1, 1, 0, payload(s.name(), 2))
+                .unwrap(),
+        );
+        for _ in 0..8 {
+            tokio::task::yield_now().await;
+        }
+        drop(c);
+    }
+    for p in pending {
+        p.durable().await.unwrap();
+    }
+    assert_eq!(wal_objects(&t.store).await - before, 1);
+
+    // A cork held forever delays, never blocks.
+    let _stuck = node.cork();
+    write(&streams, None, 3).await;
+    for s in &streams {
+        assert_eq!(read_all(s).await.len(), 4);
+    }
+}

@@ -3,6 +3,7 @@
 //! not lead forwarded to their leaders.
 
 use super::*;
+use mink_wal::Cork;
 
 /// A bucket's open tablet: a log, or a log under a KV tablet.
 /// How long a forwarded bucket write may take, redirects and retries included.
@@ -29,7 +30,7 @@ impl NodeService {
                     ));
                 }
                 let w = self
-                    .append(*bucket, *schema_id, *writer_id, batch, &meta)
+                    .append(*bucket, *schema_id, *writer_id, batch, &meta, None)
                     .await?;
                 Ok(WriteResult::Written {
                     first_offset: w.first_offset,
@@ -56,6 +57,7 @@ impl NodeService {
                         batch,
                         changes,
                         &meta,
+                        None,
                     )
                     .await?;
                 Ok(WriteResult::Written {
@@ -164,6 +166,7 @@ impl NodeService {
         batch: RecordBatch,
         changes: Option<Vec<ChangeType>>,
         meta: &WriteBatch,
+        cork: Option<Cork>,
     ) -> Result<BucketWritten> {
         let (writer_id, batch_sequence) = Self::sequence(writer, meta)?;
         self.check_rows_belong(bucket, &batch).await?;
@@ -187,17 +190,15 @@ impl NodeService {
             Ok(t) => t,
             Err(e) => return Err(self.redirect_stale(bucket, e).await),
         };
-        let appended = match tablet
-            .put(PutRequest {
-                writer_id,
-                batch_sequence,
-                schema_id,
-                target_columns,
-                changes,
-                batch,
-            })
-            .await
-        {
+        let request = PutRequest {
+            writer_id,
+            batch_sequence,
+            schema_id,
+            target_columns,
+            changes,
+            batch,
+        };
+        let appended = match tablet.put_corked(request, cork).await {
             Ok(a) => a,
             Err(e) => return Err(self.after_write_error(bucket, writer, e).await),
         };
@@ -238,6 +239,7 @@ impl NodeService {
         writer: Option<i64>,
         batch: RecordBatch,
         meta: &WriteBatch,
+        cork: Option<Cork>,
     ) -> Result<BucketWritten> {
         let tablet = match self.log_tablet(bucket).await {
             Ok(t) => t,
@@ -245,17 +247,19 @@ impl NodeService {
         };
         let (writer_id, sequence) = Self::sequence(writer, meta)?;
         self.check_rows_belong(bucket, &batch).await?;
-        let appended = match tablet
-            .append(AppendRequest {
-                writer_id,
-                first_sequence: sequence,
-                last_sequence: sequence,
-                schema_id,
-                change_types: None,
-                batch,
-            })
-            .await
-        {
+        let request = AppendRequest {
+            writer_id,
+            first_sequence: sequence,
+            last_sequence: sequence,
+            schema_id,
+            change_types: None,
+            batch,
+        };
+        let appended = match cork {
+            Some(cork) => tablet.append_corked(request, cork).await,
+            None => tablet.append(request).await,
+        };
+        let appended = match appended {
             Ok(a) => a,
             Err(e) => return Err(self.after_write_error(bucket, writer, e).await),
         };
@@ -429,12 +433,16 @@ impl NodeService {
         schema_version(&table, schema_id)?.check_batch(&batch)?;
         // Every bucket's part at once (local appends and forwards alike): a write
         // spanning N buckets costs one PUT of latency, not N. The answer waits for all.
+        // The cork keeps the WAL from sealing a group until every local part is on its
+        // way, so that they share one upload.
         let mut parts = Vec::new();
+        let cork = self.streams().cork();
         for (bucket, rows) in self.route(&table, &batch, true).await? {
             let part = take_record_batch(&batch, &arrow::array::UInt32Array::from(rows))?;
+            let cork = cork.clone();
             parts.push(async move {
                 match self
-                    .append(bucket, schema_id, None, part.clone(), meta)
+                    .append(bucket, schema_id, None, part.clone(), meta, Some(cork))
                     .await
                 {
                     Err(MinkError::NotLeader {
@@ -452,6 +460,7 @@ impl NodeService {
                 }
             });
         }
+        drop(cork);
         let results = futures::future::join_all(parts)
             .await
             .into_iter()
@@ -483,8 +492,9 @@ impl NodeService {
                 format!("{} change types for {} rows", c.len(), batch.num_rows()),
             ));
         }
-        // Every bucket's part at once, as for AppendTable.
+        // Every bucket's part at once, corked, as for AppendTable.
         let mut parts = Vec::new();
+        let cork = self.streams().cork();
         for (bucket, rows) in self.route(&table, &batch, true).await? {
             let changes: Option<Vec<_>> = meta
                 .changes
@@ -492,6 +502,7 @@ impl NodeService {
                 .map(|c| rows.iter().map(|i| c[*i as usize]).collect());
             let part = take_record_batch(&batch, &arrow::array::UInt32Array::from(rows))?;
             let target_columns = target_columns.clone();
+            let cork = cork.clone();
             parts.push(async move {
                 let result = self
                     .put(
@@ -502,6 +513,7 @@ impl NodeService {
                         part.clone(),
                         changes.clone(),
                         meta,
+                        Some(cork),
                     )
                     .await;
                 match result {
@@ -525,6 +537,7 @@ impl NodeService {
                 }
             });
         }
+        drop(cork);
         let results = futures::future::join_all(parts)
             .await
             .into_iter()

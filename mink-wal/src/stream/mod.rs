@@ -42,6 +42,7 @@ use crate::config::WalConfig;
 use crate::error::{WalError, WalResult};
 use crate::format::Record;
 use crate::objectlog::{Appended, ObjectLog};
+pub use writer::{CORK_MAX, Cork};
 use writer::{Job, WriterShared};
 
 /// Collection of dead WAL generations and orphan segments runs every this many
@@ -338,11 +339,7 @@ impl StreamStore {
         )
         .await?;
         let (tx, rx) = mpsc::unbounded_channel();
-        let writer = Arc::new(WriterShared {
-            next_seq: AtomicU64::new(1),
-            oldest_unacked: AtomicU64::new(1),
-            failed: watch::channel(None).0,
-        });
+        let writer = Arc::new(WriterShared::new(watch::channel(None).0));
         let inner = Arc::new(StoreInner {
             store: store.clone(),
             segment_store: stores.get(Purpose::Segment),
@@ -370,6 +367,12 @@ impl StreamStore {
         tokio::spawn(writer::run_writer(store, wal, config, writer, rx));
         tracing::info!(wal = %inner.wal, "s3stream WAL writer started");
         Ok(Self { inner })
+    }
+
+    /// A hold on the sealing of the WAL group (see [`Cork`]): take it before enqueueing
+    /// the parts of one write over several streams, so that they share one upload.
+    pub fn cork(&self) -> Cork {
+        Cork::new(self.inner.writer.clone())
     }
 
     /// This incarnation's WAL writer.

@@ -10,6 +10,11 @@
 //! sequence order (`FuturesOrdered`), so an append is acknowledged only once its upload
 //! and every earlier one completed.
 //!
+//! A caller about to enqueue several appends that belong together (a table write
+//! spanning buckets) holds a [`Cork`] while it does: a group is not sealed while a
+//! cork is held, for at most [`CORK_MAX`] after the group's first append, so the
+//! parts ride one upload instead of queueing behind each other's.
+//!
 //! An upload that fails or times out is retried, with backoff, for up to
 //! `upload_retry_budget_ms`; later groups wait behind it. A conditional create that
 //! answers `AlreadyExists` is resolved by reading the object back (the ambiguity rule
@@ -21,14 +26,14 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use futures::stream::FuturesOrdered;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
-use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot, watch};
+use tokio::sync::{Notify, OwnedSemaphorePermit, mpsc, oneshot, watch};
 
 use super::StreamInner;
 use super::meta::WalId;
@@ -39,6 +44,12 @@ use crate::format::{Record, WalObjectBuilder};
 /// Scheduler yields after an acknowledgement during which new appends are gathered
 /// into the open group (see `run_writer`). A few microseconds, no timer.
 const ACK_GATHER_YIELDS: usize = 4;
+
+/// The longest a [`Cork`] holds back the sealing of a group, from its first append.
+/// A table write's parts are encoded and enqueued in well under this; the bound keeps
+/// a cork whose holder stalls (a bucket opening, memory back-pressure) from delaying
+/// anyone for longer.
+pub const CORK_MAX: Duration = Duration::from_millis(2);
 
 /// The object key of WAL sequence `seq` of `wal`.
 pub fn wal_path(wal: &WalId, seq: u64) -> Path {
@@ -70,11 +81,65 @@ pub(crate) struct WriterShared {
     pub oldest_unacked: AtomicU64,
     /// Set once, when the writer fails or is fenced.
     pub failed: watch::Sender<Option<WalError>>,
+    /// Corks held (see [`Cork`]).
+    pub corks: AtomicUsize,
+    /// Signalled when the last cork is released.
+    pub uncorked: Notify,
 }
 
 impl WriterShared {
+    pub fn new(failed: watch::Sender<Option<WalError>>) -> Self {
+        Self {
+            next_seq: AtomicU64::new(1),
+            oldest_unacked: AtomicU64::new(1),
+            failed,
+            corks: AtomicUsize::new(0),
+            uncorked: Notify::new(),
+        }
+    }
+
     pub fn failure(&self) -> Option<WalError> {
         self.failed.borrow().clone()
+    }
+
+    fn corked(&self) -> bool {
+        self.corks.load(Ordering::SeqCst) > 0
+    }
+}
+
+/// Holds back the sealing of the open WAL group while held (at most [`CORK_MAX`]),
+/// so that appends enqueued meanwhile share one upload. Each clone is a hold of its
+/// own; the group may be sealed once every clone is dropped. Take one before
+/// enqueueing the parts of one write and drop each part's clone as soon as that part
+/// is enqueued (or will not be), never while waiting for durability.
+pub struct Cork {
+    shared: Arc<WriterShared>,
+}
+
+impl Cork {
+    pub(crate) fn new(shared: Arc<WriterShared>) -> Self {
+        shared.corks.fetch_add(1, Ordering::SeqCst);
+        Self { shared }
+    }
+}
+
+impl Clone for Cork {
+    fn clone(&self) -> Self {
+        Self::new(self.shared.clone())
+    }
+}
+
+impl Drop for Cork {
+    fn drop(&mut self) {
+        if self.shared.corks.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.shared.uncorked.notify_one();
+        }
+    }
+}
+
+impl std::fmt::Debug for Cork {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Cork")
     }
 }
 
@@ -199,9 +264,11 @@ pub(crate) async fn run_writer(
     let mut open = true;
     loop {
         // Seal and upload while the rules allow.
-        let lingered = group.opened.elapsed() >= linger;
+        let age = group.opened.elapsed();
+        let corked = shared.corked() && age < CORK_MAX;
+        let due = age >= linger && !corked;
         let full = group.builder.len() as u64 >= config.group_bytes_max;
-        if !group.jobs.is_empty() && inflight.len() < inflight_max && (full || lingered || !open) {
+        if !group.jobs.is_empty() && inflight.len() < inflight_max && (full || due || !open) {
             let sealed = std::mem::replace(&mut group, Group::new());
             let seq = shared.next_seq.fetch_add(1, Ordering::SeqCst);
             if inflight_seqs.is_empty() {
@@ -227,6 +294,8 @@ pub(crate) async fn run_writer(
             return;
         }
         let linger_deadline = tokio::time::Instant::from_std(group.opened + linger);
+        let cork_deadline = tokio::time::Instant::from_std(group.opened + CORK_MAX);
+        let waiting_on_cork = corked && !group.jobs.is_empty() && inflight.len() < inflight_max;
         // Biased, completions first: acknowledgements are never starved by a steady
         // stream of appends, and a seeded test replays the same interleaving.
         tokio::select! {
@@ -296,6 +365,8 @@ pub(crate) async fn run_writer(
                 None => open = false,
             },
             _ = tokio::time::sleep_until(linger_deadline), if !group.jobs.is_empty() && !linger.is_zero() => {}
+            _ = shared.uncorked.notified(), if waiting_on_cork => {}
+            _ = tokio::time::sleep_until(cork_deadline), if waiting_on_cork => {}
         }
     }
 }
