@@ -1,6 +1,7 @@
 //! The Rust client: connects to any node, routes rows on the client (partition, then
 //! bucket) from the table's metadata, keeps one idempotent sequence per bucket under a
-//! writer id from `init_writer`, retries with the same sequence after a failure or a
+//! writer id from `init_writer` with up to five appends of a bucket in flight (a
+//! pipeline, see `PipeState`), retries with the same sequence after a failure or a
 //! `NotLeader` (refreshing its routing), retires the writer id when a write's outcome
 //! is unknown, its caller's cancellation included (a sequence is never reused for
 //! another batch while the leader may hold it), and reads, tails, looks up and
@@ -77,6 +78,16 @@ enum WriteFailure {
     Unknown,
 }
 
+/// Whether the leader refused a batch as out of order (its sequence does not follow
+/// the writer's last one; nothing was recorded), as the client sees it.
+fn is_out_of_order(e: &MinkError) -> bool {
+    match e {
+        MinkError::OutOfOrderSequence { .. } => true,
+        MinkError::InvalidArgument { field, .. } => field == "batch_sequence",
+        _ => false,
+    }
+}
+
 /// Classifies an error of one bucket write attempt, as the client sees it (after
 /// [`status_to_error`], so transport failures are here too).
 ///
@@ -116,16 +127,148 @@ fn classify_write_error(e: &MinkError) -> WriteFailure {
     }
 }
 
-/// A bucket's next batch sequence for one writer id.
+/// Batches of one bucket an append keeps in flight at most: the leader's writer
+/// window (`mink_log::window::WINDOW_BATCHES`), so that a retry of the oldest is still
+/// recognised as a duplicate however many later ones landed.
+const APPEND_PIPELINE_DEPTH: usize = 5;
+
+/// Batches of one bucket a Put keeps in flight: one. A primary-key tablet rebuilt from
+/// its log lets a writer's next batch skip forward (a Put that changed nothing left no
+/// record), so a later batch overtaking an earlier one there would be taken as that
+/// skip, and the earlier one refused.
+const PUT_PIPELINE_DEPTH: usize = 1;
+
+/// One bucket's sequences of the current writer id: a pipeline of up to `depth`
+/// batches in flight, in sequence order.
+///
+/// - A writer's first batch in a bucket goes alone (a leader takes a writer's first
+///   batch at any sequence, so a later one must not overtake it); once one is
+///   acknowledged, up to `depth`. The same holds at a leader that has not acknowledged
+///   a batch of this writer yet (the bucket moved): the earliest batch goes first.
+/// - A batch that overtook an earlier one in flight (`OutOfOrderSequence`) waits for
+///   the earlier ones and is sent again; a retry after a failed attempt also waits for
+///   every earlier batch first, and no batch is sent to another leader than the one
+///   earlier batches in flight went to, so a new leader sees a writer's batches in
+///   order.
+/// - A new writer id (after a retirement) starts once the old one has nothing in flight.
 #[derive(Debug, Default)]
-struct BucketSequence {
+struct PipeState {
     writer_id: Option<i64>,
     next: i64,
-    /// Set while a write of `next` is under way, cleared once its outcome is handled.
-    /// Still set when the next write starts, it says that the caller of the previous
-    /// one went away mid-write (a dropped future: a timeout around `append`): the
-    /// leader may hold `next` for that batch, so the writer is retired.
-    in_flight: bool,
+    /// Sequences handed out and not resolved yet, with the leader each was last sent to.
+    unresolved: std::collections::BTreeMap<i64, Option<String>>,
+    /// The leader that acknowledged a batch of `writer_id` in this bucket, last.
+    acked_by: Option<String>,
+    /// A write of this writer whose caller went away mid-write (a dropped future: a
+    /// timeout around `append`): the leader may hold its sequence, so the writer is
+    /// retired before the next batch is admitted.
+    abandoned: Option<i64>,
+}
+
+#[derive(Debug, Default)]
+struct Pipeline {
+    state: std::sync::Mutex<PipeState>,
+    changed: tokio::sync::Notify,
+}
+
+impl Pipeline {
+    fn lock(&self) -> std::sync::MutexGuard<'_, PipeState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Waits until `ready` holds of the state (checked on every change).
+    async fn wait_until(&self, mut ready: impl FnMut(&PipeState) -> bool) {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if ready(&self.lock()) {
+                return;
+            }
+            changed.await;
+        }
+    }
+}
+
+/// One admitted batch of a pipeline. Dropped unresolved (its caller went away), it
+/// marks its writer abandoned.
+struct Admitted {
+    pipe: Arc<Pipeline>,
+    writer_id: i64,
+    sequence: i64,
+    resolved: bool,
+}
+
+impl Admitted {
+    /// Waits until no earlier sequence of this writer is in flight.
+    async fn wait_for_earlier(&self) {
+        let sequence = self.sequence;
+        self.pipe
+            .wait_until(|st| st.unresolved.range(..sequence).next().is_none())
+            .await;
+    }
+
+    fn earlier_in_flight(&self) -> bool {
+        self.pipe
+            .lock()
+            .unresolved
+            .range(..self.sequence)
+            .next()
+            .is_some()
+    }
+
+    /// Whether this batch must wait for the earlier ones before it goes to `leader`:
+    /// an earlier batch in flight went to another leader, or `leader` has not
+    /// acknowledged a batch of this writer yet.
+    fn must_follow_earlier(&self, leader: &str) -> bool {
+        let st = self.pipe.lock();
+        st.acked_by.as_deref() != Some(leader)
+            || st
+                .unresolved
+                .range(..self.sequence)
+                .any(|(_, to)| to.as_deref().is_some_and(|to| to != leader))
+    }
+
+    fn sending_to(&self, leader: &str) {
+        if let Some(to) = self.pipe.lock().unresolved.get_mut(&self.sequence) {
+            *to = Some(leader.to_string());
+        }
+    }
+
+    /// Resolves the batch: `acked_by` the leader that acknowledged it; `free` when it
+    /// was certainly not recorded and its sequence may be handed out again (only when
+    /// no later one was).
+    fn resolve(mut self, acked_by: Option<&str>, free: bool) -> bool {
+        self.resolved = true;
+        let mut st = self.pipe.lock();
+        st.unresolved.remove(&self.sequence);
+        let mut freed = false;
+        if st.writer_id == Some(self.writer_id) {
+            if let Some(leader) = acked_by {
+                st.acked_by = Some(leader.to_string());
+            }
+            if free && st.next == self.sequence + 1 {
+                st.next = self.sequence;
+                freed = true;
+            }
+        }
+        drop(st);
+        self.pipe.changed.notify_waiters();
+        freed
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        if self.resolved {
+            return;
+        }
+        let mut st = self.pipe.lock();
+        st.unresolved.remove(&self.sequence);
+        st.abandoned = Some(self.writer_id);
+        drop(st);
+        self.pipe.changed.notify_waiters();
+    }
 }
 
 /// A client of a Mink cluster.
@@ -135,10 +278,11 @@ pub struct MinkClient {
     routing: tokio::sync::Mutex<HashMap<TablePath, Metadata>>,
     /// The writer id in use; replaced after a write whose outcome is unknown.
     writer_id: tokio::sync::Mutex<Option<i64>>,
-    /// Per bucket, the next sequence of the current writer. Held across a write, so a
-    /// bucket has one batch in flight and sequences reach the leader in order however
-    /// many tasks share the client.
-    sequences: std::sync::Mutex<HashMap<TableBucket, Arc<tokio::sync::Mutex<BucketSequence>>>>,
+    /// Per bucket, the sequences of the current writer and the batches in flight
+    /// (see [`PipeState`]).
+    sequences: std::sync::Mutex<HashMap<TableBucket, Arc<Pipeline>>>,
+    /// Append batches of one bucket in flight at most (1..=[`APPEND_PIPELINE_DEPTH`]).
+    append_depth: usize,
     round_robin: std::sync::Mutex<HashMap<i64, u32>>,
     /// The highest `mink-applied-index` any node answered with: sent back as
     /// `mink-min-applied-index`, so every node serves at least what this client saw.
@@ -258,6 +402,15 @@ impl MinkClient {
         }
     }
 
+    /// Sets how many append batches of one bucket may be in flight at once (like a
+    /// Kafka producer's `max.in.flight.requests.per.connection`), from 1 to the
+    /// leader's writer window (5, the default). Batches of one bucket are appended in
+    /// the order their calls took sequences either way.
+    pub fn with_append_pipeline_depth(mut self, depth: usize) -> Self {
+        self.append_depth = depth.clamp(1, APPEND_PIPELINE_DEPTH);
+        self
+    }
+
     /// Connects to any node of the cluster (`host:port`).
     pub async fn connect(addr: &str) -> Result<Self> {
         let client = Self {
@@ -266,6 +419,7 @@ impl MinkClient {
             routing: tokio::sync::Mutex::new(HashMap::new()),
             writer_id: tokio::sync::Mutex::new(None),
             sequences: std::sync::Mutex::new(HashMap::new()),
+            append_depth: APPEND_PIPELINE_DEPTH,
             round_robin: std::sync::Mutex::new(HashMap::new()),
             applied_index: std::sync::atomic::AtomicU64::new(0),
         };
@@ -477,12 +631,12 @@ impl MinkClient {
         result
     }
 
-    /// Writes one bucket's rows at its leader with the bucket's next sequence; retries
-    /// with the same sequence after `NotLeader` (refreshing the routing) or an
-    /// unavailable leader. A failure that leaves the sequence's fate unknown retires
-    /// the writer (see [`classify_write_error`]), so the next batch never reuses a
-    /// sequence the leader may hold; so does a write whose caller went away mid-write
-    /// (the next write of the bucket finds it still in flight).
+    /// Writes one bucket's rows at its leader with the bucket's next sequence, with up
+    /// to `depth` batches of the bucket in flight (see [`PipeState`]); retries with the
+    /// same sequence after `NotLeader` (refreshing the routing) or an unavailable
+    /// leader. A failure that leaves the sequence's fate unknown retires the writer
+    /// (see [`classify_write_error`]), so the next batch never reuses a sequence the
+    /// leader may hold; so does a write whose caller went away mid-write.
     async fn write_bucket(
         &self,
         path: &TablePath,
@@ -490,30 +644,17 @@ impl MinkClient {
         make: impl Fn(i64) -> WriteDescriptor,
         batch: &RecordBatch,
         changes: Option<Vec<ChangeType>>,
+        depth: usize,
     ) -> Result<BucketWritten> {
-        let slot = self
+        let pipe = self
             .sequences
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .entry(bucket)
             .or_default()
             .clone();
-        let mut seq = slot.lock().await;
-        if seq.in_flight {
-            seq.in_flight = false;
-            if let Some(abandoned) = seq.writer_id {
-                self.retire_writer(abandoned).await;
-            }
-        }
-        let writer_id = self.writer_id().await?;
-        if seq.writer_id != Some(writer_id) {
-            *seq = BucketSequence {
-                writer_id: Some(writer_id),
-                next: 0,
-                in_flight: false,
-            };
-        }
-        let sequence = seq.next;
+        let admitted = self.admit(&pipe, depth).await?;
+        let (writer_id, sequence) = (admitted.writer_id, admitted.sequence);
         let meta = WriteBatch {
             batch_sequence: Some(sequence),
             changes,
@@ -524,28 +665,32 @@ impl MinkClient {
         // Whether an earlier attempt may have been recorded: a refusal of a later one
         // then does not free the sequence.
         let mut maybe_recorded = false;
-        // Cleared on every way out below; left set only when this future is dropped.
-        seq.in_flight = true;
+        let mut pause = false;
         for attempt in 0..WRITE_ATTEMPTS_MAX {
-            if attempt > 0 {
+            if pause {
                 tokio::time::sleep(Duration::from_millis(50 << attempt.min(5))).await;
             }
             let leader = match self.leader_of(path, bucket, refresh).await {
                 Ok(l) => l,
                 Err(e) => {
                     refresh = true;
+                    pause = true;
                     last = Some(e);
                     continue;
                 }
             };
+            // A new leader sees this writer's batches in order.
+            if refresh || admitted.must_follow_earlier(&leader) {
+                admitted.wait_for_earlier().await;
+            }
+            admitted.sending_to(&leader);
             let e = match self.put_at(&leader, &descriptor, batch, &meta).await {
                 Ok(WriteResult::Written {
                     first_offset,
                     last_offset,
                     duplicated,
                 }) => {
-                    seq.next += 1;
-                    seq.in_flight = false;
+                    admitted.resolve(Some(&leader), false);
                     return Ok(BucketWritten {
                         bucket,
                         first_offset,
@@ -558,29 +703,87 @@ impl MinkClient {
                 )),
                 Err(e) => e,
             };
+            if is_out_of_order(&e) && admitted.earlier_in_flight() {
+                // It overtook an earlier batch in flight: not recorded; send it again
+                // once the earlier ones are resolved.
+                admitted.wait_for_earlier().await;
+                pause = false;
+                last = Some(e);
+                continue;
+            }
             match classify_write_error(&e) {
                 WriteFailure::Retry {
                     maybe_recorded: recorded,
                 } => {
                     maybe_recorded |= recorded;
                     refresh = true;
+                    pause = true;
                     last = Some(e);
                 }
                 WriteFailure::Refused if !maybe_recorded => {
-                    seq.in_flight = false;
+                    // Not recorded: the sequence is free again, unless a later batch
+                    // took the next one; then the leader will refuse that one as out of
+                    // order, and this writer is done.
+                    if !admitted.resolve(None, true) {
+                        self.retire_writer(writer_id).await;
+                    }
                     return Err(e);
                 }
                 WriteFailure::Refused | WriteFailure::Unknown => {
                     self.retire_writer(writer_id).await;
-                    seq.in_flight = false;
+                    admitted.resolve(None, false);
                     return Err(e);
                 }
             }
         }
         // Perhaps written, perhaps not: this writer's sequences are unknown from here.
         self.retire_writer(writer_id).await;
-        seq.in_flight = false;
+        admitted.resolve(None, false);
         Err(last.unwrap_or_else(|| MinkError::Unavailable(format!("{bucket}: no attempt made"))))
+    }
+
+    /// Takes the next sequence of `pipe` for a batch, once the pipeline has room (see
+    /// [`PipeState`]).
+    async fn admit(&self, pipe: &Arc<Pipeline>, depth: usize) -> Result<Admitted> {
+        loop {
+            let abandoned = pipe.lock().abandoned.take();
+            if let Some(writer_id) = abandoned {
+                self.retire_writer(writer_id).await;
+            }
+            let writer_id = self.writer_id().await?;
+            let changed = pipe.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            {
+                let mut st = pipe.lock();
+                if st.abandoned.is_some() {
+                    continue;
+                }
+                if st.writer_id != Some(writer_id) && st.unresolved.is_empty() {
+                    *st = PipeState {
+                        writer_id: Some(writer_id),
+                        ..PipeState::default()
+                    };
+                }
+                let room = if st.acked_by.is_some() {
+                    depth.max(1)
+                } else {
+                    1
+                };
+                if st.writer_id == Some(writer_id) && st.unresolved.len() < room {
+                    let sequence = st.next;
+                    st.next += 1;
+                    st.unresolved.insert(sequence, None);
+                    return Ok(Admitted {
+                        pipe: pipe.clone(),
+                        writer_id,
+                        sequence,
+                        resolved: false,
+                    });
+                }
+            }
+            changed.await;
+        }
     }
 
     async fn put_at(
@@ -669,7 +872,8 @@ impl MinkClient {
                 schema_id,
                 writer_id: Some(writer_id),
             };
-            self.write_bucket(path, bucket, make, &rows, None).await
+            self.write_bucket(path, bucket, make, &rows, None, self.append_depth)
+                .await
         }))
         .await
     }
@@ -762,7 +966,7 @@ impl MinkClient {
                 target_columns: targets.clone(),
             };
             writes.push(async move {
-                self.write_bucket(path, bucket, make, &rows, part_changes)
+                self.write_bucket(path, bucket, make, &rows, part_changes, PUT_PIPELINE_DEPTH)
                     .await
             });
         }

@@ -64,6 +64,16 @@ struct State {
     faults: VecDeque<Fault>,
     /// How long the answer to the next write that records its batch is held.
     stall_next: Option<std::time::Duration>,
+    /// When set, every write waits `base + (sequence × 7 mod 5) ms` before the leader
+    /// looks at it, so that a later batch can overtake an earlier one.
+    delay: Option<std::time::Duration>,
+    /// Writes being handled now, and the most at once.
+    in_flight: usize,
+    max_in_flight: usize,
+    /// The most writes at once before the first one was recorded.
+    max_in_flight_before_first: usize,
+    /// Writes refused as out of order.
+    out_of_order: usize,
 }
 
 /// A one-bucket leader with writer windows (duplicate: original offsets; a gap:
@@ -134,8 +144,24 @@ impl MinkService for Leader {
         let sequence = meta
             .batch_sequence
             .ok_or_else(|| MinkError::invalid("batch_sequence", "missing"))?;
+        let delay = self.with(|s| {
+            s.in_flight += 1;
+            s.max_in_flight = s.max_in_flight.max(s.in_flight);
+            if s.log.is_empty() {
+                s.max_in_flight_before_first = s.max_in_flight_before_first.max(s.in_flight);
+            }
+            s.delay
+        });
+        if let Some(base) = delay {
+            let jitter = std::time::Duration::from_millis((sequence as u64 * 7) % 5);
+            tokio::time::sleep(base + jitter).await;
+        }
         let (answer, stall) = self.with(|s| {
+            s.in_flight -= 1;
             let answer = Self::answer(s, *writer_id, sequence, &batch);
+            if matches!(answer, Err(MinkError::OutOfOrderSequence { .. })) {
+                s.out_of_order += 1;
+            }
             let stall = if answer.as_ref().is_ok_and(|w| {
                 matches!(
                     w,
@@ -604,6 +630,7 @@ mod seeded {
                 if let Some(&(latest, _, _, _)) = window.back()
                     && sequence != latest + 1
                 {
+                    *s.events.entry("refused out of order").or_default() += 1;
                     return Err(MinkError::OutOfOrderSequence {
                         bucket: TableBucket::new(TABLE_ID, None, bucket),
                         writer_id,
@@ -1042,4 +1069,61 @@ mod seeded {
             "the tasks made progress: {totals:?}"
         );
     }
+}
+
+/// Many tasks appending through one client to one bucket: the client keeps up to five
+/// batches in flight (the leader's window), the writer's first batch alone; batches
+/// that overtake earlier ones are refused out of order and sent again. The log holds
+/// every batch once, at the offsets each call reported, with the writer's sequences
+/// contiguous in log order.
+#[tokio::test]
+async fn appends_of_one_bucket_are_pipelined_in_sequence_order() {
+    let (leader, client) = start().await;
+    leader.with(|s| s.delay = Some(std::time::Duration::from_millis(10)));
+    let client = Arc::new(client);
+    let tasks: Vec<_> = (0..10i64)
+        .map(|t| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                let mut written = Vec::new();
+                for k in 0..6i64 {
+                    let ids = [t * 100 + k * 2, t * 100 + k * 2 + 1];
+                    let w = client.append(&path(), &rows(&ids)).await.unwrap();
+                    written.push((ids, w[0].first_offset, w[0].last_offset));
+                }
+                written
+            })
+        })
+        .collect();
+    let mut calls = Vec::new();
+    for t in tasks {
+        calls.extend(t.await.unwrap());
+    }
+    let log = leader.log();
+    assert_eq!(log.len(), 60, "every batch once");
+    let writer = log[0].writer_id;
+    for (i, held) in log.iter().enumerate() {
+        assert_eq!(
+            (held.writer_id, held.sequence),
+            (writer, i as i64),
+            "in sequence order"
+        );
+    }
+    let ids = leader.ids();
+    for (batch, first, last) in calls {
+        assert_eq!(&ids[first as usize..=last as usize], &batch[..]);
+    }
+    let (max, before_first, out_of_order) = leader.with(|s| {
+        (
+            s.max_in_flight,
+            s.max_in_flight_before_first,
+            s.out_of_order,
+        )
+    });
+    assert_eq!(before_first, 1, "a writer's first batch goes alone");
+    assert!(
+        (2..=5).contains(&max),
+        "up to five batches of the bucket in flight, not {max}"
+    );
+    eprintln!("at most {max} in flight; {out_of_order} refused out of order and sent again");
 }

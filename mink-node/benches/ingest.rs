@@ -341,6 +341,67 @@ async fn table_write_latency(samples: usize) -> (f64, f64, f64) {
     )
 }
 
+/// Batches/s of one client with `TASKS` tasks appending to a one-bucket table at 20 ms
+/// PUT latency, the client keeping up to `depth` batches of the bucket in flight
+/// (issue #15, item 3: depth 1 is the client before pipelining).
+async fn single_bucket(depth: usize, secs: f64) -> f64 {
+    const TASKS: usize = 8;
+    let (store, dir) = store(&Kind::Latency(20));
+    let node = Node::start_with_store(config(dir.path()), store)
+        .await
+        .unwrap();
+    let addr = node.flight_addr.to_string();
+    let client = Arc::new(
+        MinkClient::connect(&addr)
+            .await
+            .unwrap()
+            .with_append_pipeline_depth(depth),
+    );
+    client.create_database("b").await.unwrap();
+    let path = TablePath::parse("b.one").unwrap();
+    let mut d = descriptor();
+    d.bucket_count = 1;
+    client.create_table(&path, &d).await.unwrap();
+    let rows = RecordBatch::try_new(
+        d.schema.to_arrow(),
+        vec![
+            Arc::new(Int64Array::from_iter_values(0..100)),
+            Arc::new(StringArray::from_iter_values(
+                (0..100).map(|_| "x".repeat(100)),
+            )),
+        ],
+    )
+    .unwrap();
+    for _ in 0..100 {
+        if client.append(&path, &rows).await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|_| {
+            let (client, path, rows) = (client.clone(), path.clone(), rows.clone());
+            tokio::spawn(async move {
+                let mut n = 0usize;
+                while Instant::now() < deadline {
+                    client.append(&path, &rows).await.unwrap();
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    let mut batches = 0;
+    for t in tasks {
+        batches += t.await.unwrap();
+    }
+    let rate = batches as f64 / start.elapsed().as_secs_f64();
+    node.stop().await;
+    rate
+}
+
 #[tokio::main]
 async fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
@@ -376,6 +437,20 @@ async fn main() {
             "| {} | {put:.1} ms | {p50:.1} ms | {p99:.1} ms | {:.1} ms |\n",
             i + 1,
             p50 - put
+        ));
+    }
+    out.push_str(
+        "\nOne client, 8 tasks appending 100-row batches to a one-bucket table at 20 ms PUT latency \
+         (issue #15, item 3; goal: pipelined ≥ 4 × one batch in flight). Runs alternate.\n\n\
+         | run | one in flight (batches/s) | pipelined, 5 in flight (batches/s) | ratio |\n|---|---|---|---|\n",
+    );
+    for i in 0..if quick { 1 } else { 3 } {
+        let one = single_bucket(1, secs).await;
+        let five = single_bucket(5, secs).await;
+        out.push_str(&format!(
+            "| {} | {one:.0} | {five:.0} | {:.2} |\n",
+            i + 1,
+            five / one
         ));
     }
     print!("{out}");
