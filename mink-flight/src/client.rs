@@ -34,6 +34,11 @@ use crate::protocol::{
 /// returned: with the backoff, about 30 s (like a producer's delivery timeout).
 const WRITE_ATTEMPTS_MAX: u32 = 24;
 
+/// The longest one bucket write of a call takes, waits for earlier batches of its
+/// pipeline included; then it fails (`Unavailable`), and its writer is retired if the
+/// batch may have been sent.
+const WRITE_DEADLINE: Duration = Duration::from_secs(45);
+
 #[derive(Debug, Clone, Deserialize)]
 struct PartitionMeta {
     id: i64,
@@ -235,26 +240,34 @@ impl Admitted {
         }
     }
 
-    /// Resolves the batch: `acked_by` the leader that acknowledged it; `free` when it
-    /// was certainly not recorded and its sequence may be handed out again (only when
-    /// no later one was).
-    fn resolve(mut self, acked_by: Option<&str>, free: bool) -> bool {
+    /// Resolves the batch; `acked_by` the leader that acknowledged it, if one did.
+    fn resolve(mut self, acked_by: Option<&str>) {
         self.resolved = true;
         let mut st = self.pipe.lock();
         st.unresolved.remove(&self.sequence);
-        let mut freed = false;
-        if st.writer_id == Some(self.writer_id) {
-            if let Some(leader) = acked_by {
-                st.acked_by = Some(leader.to_string());
-            }
-            if free && st.next == self.sequence + 1 {
-                st.next = self.sequence;
-                freed = true;
-            }
+        if st.writer_id == Some(self.writer_id)
+            && let Some(leader) = acked_by
+        {
+            st.acked_by = Some(leader.to_string());
         }
         drop(st);
         self.pipe.changed.notify_waiters();
-        freed
+    }
+
+    /// Resolves a batch that was certainly not recorded and hands its sequence out
+    /// again, if no later one was handed out; otherwise leaves it unresolved and
+    /// answers false.
+    fn try_free(&mut self) -> bool {
+        let mut st = self.pipe.lock();
+        if st.writer_id != Some(self.writer_id) || st.next != self.sequence + 1 {
+            return false;
+        }
+        st.unresolved.remove(&self.sequence);
+        st.next = self.sequence;
+        self.resolved = true;
+        drop(st);
+        self.pipe.changed.notify_waiters();
+        true
     }
 }
 
@@ -283,6 +296,9 @@ pub struct MinkClient {
     sequences: std::sync::Mutex<HashMap<TableBucket, Arc<Pipeline>>>,
     /// Append batches of one bucket in flight at most (1..=[`APPEND_PIPELINE_DEPTH`]).
     append_depth: usize,
+    /// Writer ids given up (see `retire_writer`): a pipeline never starts again under
+    /// one, even for a caller that read it before it was retired.
+    retired: std::sync::Mutex<std::collections::HashSet<i64>>,
     round_robin: std::sync::Mutex<HashMap<i64, u32>>,
     /// The highest `mink-applied-index` any node answered with: sent back as
     /// `mink-min-applied-index`, so every node serves at least what this client saw.
@@ -420,6 +436,7 @@ impl MinkClient {
             writer_id: tokio::sync::Mutex::new(None),
             sequences: std::sync::Mutex::new(HashMap::new()),
             append_depth: APPEND_PIPELINE_DEPTH,
+            retired: std::sync::Mutex::new(std::collections::HashSet::new()),
             round_robin: std::sync::Mutex::new(HashMap::new()),
             applied_index: std::sync::atomic::AtomicU64::new(0),
         };
@@ -525,6 +542,10 @@ impl MinkClient {
     /// bucket (a writer's first batch is accepted at any sequence), as Kafka bumps a
     /// producer's epoch.
     async fn retire_writer(&self, writer_id: i64) {
+        self.retired
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(writer_id);
         let mut current = self.writer_id.lock().await;
         if *current == Some(writer_id) {
             *current = None;
@@ -653,7 +674,13 @@ impl MinkClient {
             .entry(bucket)
             .or_default()
             .clone();
-        let admitted = self.admit(&pipe, depth).await?;
+        let deadline = tokio::time::Instant::now() + WRITE_DEADLINE;
+        let late =
+            || MinkError::Unavailable(format!("{bucket}: not written within {WRITE_DEADLINE:?}"));
+        let mut admitted = match tokio::time::timeout_at(deadline, self.admit(&pipe, depth)).await {
+            Ok(admitted) => admitted?,
+            Err(_) => return Err(late()),
+        };
         let (writer_id, sequence) = (admitted.writer_id, admitted.sequence);
         let meta = WriteBatch {
             batch_sequence: Some(sequence),
@@ -680,17 +707,33 @@ impl MinkClient {
                 }
             };
             // A new leader sees this writer's batches in order.
-            if refresh || admitted.must_follow_earlier(&leader) {
-                admitted.wait_for_earlier().await;
+            if (refresh || admitted.must_follow_earlier(&leader))
+                && tokio::time::timeout_at(deadline, admitted.wait_for_earlier())
+                    .await
+                    .is_err()
+            {
+                last = Some(late());
+                break;
             }
             admitted.sending_to(&leader);
-            let e = match self.put_at(&leader, &descriptor, batch, &meta).await {
+            // An out-of-order answer means "overtaken" if an earlier batch was in flight
+            // when this one was sent, even if it was resolved by the time the answer came.
+            let had_earlier = admitted.earlier_in_flight();
+            let answer =
+                tokio::time::timeout_at(deadline, self.put_at(&leader, &descriptor, batch, &meta))
+                    .await;
+            let Ok(answer) = answer else {
+                // Perhaps recorded: unknown.
+                last = Some(late());
+                break;
+            };
+            let e = match answer {
                 Ok(WriteResult::Written {
                     first_offset,
                     last_offset,
                     duplicated,
                 }) => {
-                    admitted.resolve(Some(&leader), false);
+                    admitted.resolve(Some(&leader));
                     return Ok(BucketWritten {
                         bucket,
                         first_offset,
@@ -703,10 +746,16 @@ impl MinkClient {
                 )),
                 Err(e) => e,
             };
-            if is_out_of_order(&e) && admitted.earlier_in_flight() {
+            if is_out_of_order(&e) && (had_earlier || admitted.earlier_in_flight()) {
                 // It overtook an earlier batch in flight: not recorded; send it again
                 // once the earlier ones are resolved.
-                admitted.wait_for_earlier().await;
+                if tokio::time::timeout_at(deadline, admitted.wait_for_earlier())
+                    .await
+                    .is_err()
+                {
+                    last = Some(late());
+                    break;
+                }
                 pause = false;
                 last = Some(e);
                 continue;
@@ -724,21 +773,22 @@ impl MinkClient {
                     // Not recorded: the sequence is free again, unless a later batch
                     // took the next one; then the leader will refuse that one as out of
                     // order, and this writer is done.
-                    if !admitted.resolve(None, true) {
+                    if !admitted.try_free() {
                         self.retire_writer(writer_id).await;
+                        admitted.resolve(None);
                     }
                     return Err(e);
                 }
                 WriteFailure::Refused | WriteFailure::Unknown => {
                     self.retire_writer(writer_id).await;
-                    admitted.resolve(None, false);
+                    admitted.resolve(None);
                     return Err(e);
                 }
             }
         }
         // Perhaps written, perhaps not: this writer's sequences are unknown from here.
         self.retire_writer(writer_id).await;
-        admitted.resolve(None, false);
+        admitted.resolve(None);
         Err(last.unwrap_or_else(|| MinkError::Unavailable(format!("{bucket}: no attempt made"))))
     }
 
@@ -746,34 +796,61 @@ impl MinkClient {
     /// [`PipeState`]).
     async fn admit(&self, pipe: &Arc<Pipeline>, depth: usize) -> Result<Admitted> {
         loop {
-            let abandoned = pipe.lock().abandoned.take();
+            // Retired before the mark is cleared: a caller that goes away meanwhile
+            // leaves the mark for the next one.
+            let abandoned = pipe.lock().abandoned;
             if let Some(writer_id) = abandoned {
                 self.retire_writer(writer_id).await;
+                let mut st = pipe.lock();
+                if st.abandoned == Some(writer_id) {
+                    st.abandoned = None;
+                }
             }
             let writer_id = self.writer_id().await?;
             let changed = pipe.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            {
+            // Ok(sequence), or Err(whether to look again at once rather than wait).
+            let admission: std::result::Result<i64, bool> = {
                 let mut st = pipe.lock();
-                if st.abandoned.is_some() {
-                    continue;
-                }
-                if st.writer_id != Some(writer_id) && st.unresolved.is_empty() {
-                    *st = PipeState {
-                        writer_id: Some(writer_id),
-                        ..PipeState::default()
-                    };
-                }
-                let room = if st.acked_by.is_some() {
-                    depth.max(1)
+                // A writer id read before another task retired it is never used again:
+                // a pipe reset to it would start at sequence 0, which its leader may
+                // hold for another batch.
+                let retired = self
+                    .retired
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .contains(&writer_id);
+                if st.abandoned.is_some() || retired {
+                    Err(true)
                 } else {
-                    1
-                };
-                if st.writer_id == Some(writer_id) && st.unresolved.len() < room {
-                    let sequence = st.next;
-                    st.next += 1;
-                    st.unresolved.insert(sequence, None);
+                    if st.writer_id != Some(writer_id) && st.unresolved.is_empty() {
+                        *st = PipeState {
+                            writer_id: Some(writer_id),
+                            ..PipeState::default()
+                        };
+                    }
+                    // The sequences in flight span at most `depth` (the leader's
+                    // window), so a retry of the oldest is still known as a duplicate
+                    // however many later ones landed.
+                    let oldest = st.unresolved.keys().next().copied().unwrap_or(st.next);
+                    let room = if st.acked_by.is_some() {
+                        depth.max(1)
+                    } else {
+                        1
+                    };
+                    if st.writer_id == Some(writer_id) && st.next < oldest + room as i64 {
+                        let sequence = st.next;
+                        st.next += 1;
+                        st.unresolved.insert(sequence, None);
+                        Ok(sequence)
+                    } else {
+                        Err(false)
+                    }
+                }
+            };
+            match admission {
+                Ok(sequence) => {
                     return Ok(Admitted {
                         pipe: pipe.clone(),
                         writer_id,
@@ -781,8 +858,11 @@ impl MinkClient {
                         resolved: false,
                     });
                 }
+                // The abandoned mark is handled at the top; a retirement under way
+                // finishes meanwhile.
+                Err(true) => tokio::task::yield_now().await,
+                Err(false) => changed.await,
             }
-            changed.await;
         }
     }
 

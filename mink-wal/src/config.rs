@@ -85,7 +85,8 @@ impl Default for ObjectStoreConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct WalConfig {
-    /// A group (one WAL object) closes when it reaches this many bytes. Default 8 MiB.
+    /// A group (one WAL object, one PUT) closes when it reaches this many bytes; no
+    /// WAL object is larger than this plus one append. At most 4 GiB. Default 8 MiB.
     pub group_bytes_max: u64,
     /// How long an open group waits for more appends before it is uploaded, in
     /// milliseconds. Default 0: an idle writer uploads at once.
@@ -141,6 +142,13 @@ impl WalConfig {
         if self.group_bytes_max == 0 {
             return Err("wal.group_bytes_max must be at least 1".into());
         }
+        // A group is one PUT, and S3 takes at most 5 GiB in one. The appends of a
+        // group also hold `pending_bytes_max` permits, which stop at 4 GiB.
+        if self.group_bytes_max > 4 << 30 {
+            return Err(
+                "wal.group_bytes_max must be at most 4 GiB (a WAL object is one PUT)".into(),
+            );
+        }
         if self.inflight_uploads_max == 0 {
             return Err("wal.inflight_uploads_max must be at least 1".into());
         }
@@ -154,5 +162,63 @@ impl WalConfig {
             return Err("wal.segment_merge_fanin must be 0 (off) or at least 2".into());
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_limit_names_its_key() {
+        let cases = [
+            (
+                WalConfig {
+                    group_bytes_max: 0,
+                    ..Default::default()
+                },
+                "wal.group_bytes_max",
+            ),
+            (
+                WalConfig {
+                    group_bytes_max: (4 << 30) + 1,
+                    pending_bytes_max: 8 << 30,
+                    ..Default::default()
+                },
+                "wal.group_bytes_max must be at most 4 GiB",
+            ),
+            (
+                WalConfig {
+                    inflight_uploads_max: 0,
+                    ..Default::default()
+                },
+                "wal.inflight_uploads_max",
+            ),
+            (
+                WalConfig {
+                    pending_bytes_max: 1 << 20,
+                    ..Default::default()
+                },
+                "wal.pending_bytes_max",
+            ),
+            (
+                WalConfig {
+                    segment_merge_fanin: 1,
+                    ..Default::default()
+                },
+                "wal.segment_merge_fanin",
+            ),
+        ];
+        for (config, key) in cases {
+            let err = config.validate().unwrap_err();
+            assert!(err.contains(key), "{err:?} should name {key}");
+        }
+        let largest = WalConfig {
+            group_bytes_max: 4 << 30,
+            pending_bytes_max: 4 << 30,
+            ..Default::default()
+        };
+        assert_eq!(largest.validate(), Ok(()));
+        assert_eq!(WalConfig::default().validate(), Ok(()));
     }
 }

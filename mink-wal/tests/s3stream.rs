@@ -869,3 +869,53 @@ async fn a_cork_puts_the_parts_of_one_write_into_one_upload() {
         assert_eq!(read_all(s).await.len(), 4);
     }
 }
+
+/// While every upload slot is busy the open group grows only up to `group_bytes_max`:
+/// later appends wait in the queue for the next group, so no WAL object is larger
+/// than `group_bytes_max` plus one append (and its framing).
+#[tokio::test]
+async fn a_group_never_outgrows_group_bytes_max() {
+    let t = common::memory();
+    let faulty = FaultyStore::new(
+        t.store.clone(),
+        FaultConfig {
+            put_latency: Duration::from_millis(20),
+            ..FaultConfig::default()
+        },
+    );
+    let store: Arc<dyn ObjectStore> = Arc::new(faulty);
+    let config = WalConfig {
+        group_bytes_max: 16 << 10,
+        inflight_uploads_max: 1,
+        linger_ms: 5,
+        ..config()
+    };
+    let node = StreamStore::open(store.clone(), "n1", config)
+        .await
+        .unwrap();
+    let s = node.open_stream("s", 1).await.unwrap();
+    let mut pending = Vec::new();
+    for i in 0..200u64 {
+        let r = s.reserve(1024).await.unwrap();
+        pending.push(
+            s.append(r, 1, 1, 0, Bytes::from(vec![i as u8; 1024]))
+                .unwrap(),
+        );
+    }
+    for p in pending {
+        p.durable().await.unwrap();
+    }
+    let objects: Vec<_> = t
+        .store
+        .list(Some(&Path::from("wal")))
+        .try_collect()
+        .await
+        .unwrap();
+    assert!(objects.len() > 1);
+    let largest = objects.iter().map(|o| o.size).max().unwrap();
+    assert!(
+        largest <= (16 << 10) + 1024 + 256,
+        "a WAL object of {largest} bytes with group_bytes_max 16 KiB"
+    );
+    assert_eq!(read_all(&s).await.len(), 200);
+}

@@ -5,8 +5,10 @@
 //! next sequence number. A group is sealed once it is `linger_ms` old (at once with
 //! the default 0) or reaches `group_bytes_max`, whenever fewer than
 //! `inflight_uploads_max` uploads run; while all upload slots are busy it keeps
-//! growing, so the group that follows a finished upload carries everything that
-//! arrived meanwhile. Completions are taken strictly in
+//! growing up to `group_bytes_max` (appends then wait in the queue, and appenders are
+//! pushed back by `pending_bytes_max`), so the group that follows a finished upload
+//! carries what arrived meanwhile, and no WAL object is larger than `group_bytes_max`
+//! plus one append. Completions are taken strictly in
 //! sequence order (`FuturesOrdered`), so an append is acknowledged only once its upload
 //! and every earlier one completed.
 //!
@@ -321,7 +323,9 @@ pub(crate) async fn run_writer(
                         // ride the next upload instead of waiting for the one after.
                         for _ in 0..ACK_GATHER_YIELDS {
                             tokio::task::yield_now().await;
-                            while let Ok(job) = rx.try_recv() {
+                            while (group.builder.len() as u64) < config.group_bytes_max
+                                && let Ok(job) = rx.try_recv()
+                            {
                                 group.add(job);
                             }
                         }
@@ -360,11 +364,13 @@ pub(crate) async fn run_writer(
                     }
                 }
             },
-            job = rx.recv(), if open => match job {
+            job = rx.recv(), if open && !full => match job {
                 Some(job) => group.add(job),
                 None => open = false,
             },
-            _ = tokio::time::sleep_until(linger_deadline), if !group.jobs.is_empty() && !linger.is_zero() => {}
+            // Only while an upload slot is free: a lingered group that waits for a slot
+            // would otherwise wake this loop without end.
+            _ = tokio::time::sleep_until(linger_deadline), if !group.jobs.is_empty() && !linger.is_zero() && inflight.len() < inflight_max => {}
             _ = shared.uncorked.notified(), if waiting_on_cork => {}
             _ = tokio::time::sleep_until(cork_deadline), if waiting_on_cork => {}
         }
