@@ -1,5 +1,6 @@
 //! The chaos harness: a cluster of `mink-node` processes on one object store, written
-//! to by idempotent Rust clients (a log table and a primary-key table) and a pyarrow
+//! to by idempotent Rust clients (a log table and a primary-key table; one client
+//! shared by several tasks, so that its appends to a bucket are pipelined) and a pyarrow
 //! AppendTable writer (`chaos_pyarrow_writer.py`, when `MINKTEST_CHAOS_PYTHON` is set),
 //! while a seeded controller injects faults: SIGKILL and restart, SIGSTOP long enough
 //! to lose the lease and the buckets then SIGCONT, object-store PUT failures /
@@ -41,6 +42,11 @@ mod common;
 const LOG_BUCKETS: u32 = 6;
 const KV_BUCKETS: u32 = 4;
 const LOG_WRITERS: i64 = 3;
+/// Tasks appending through one shared client (pipelined per bucket).
+const PIPELINED_WRITERS: i64 = 4;
+/// The writer number of the first pipelined task (row ids `w × 10⁹ + …`, clear of the
+/// other writers and of the probes at 9 × 10⁹).
+const PIPELINED_FIRST_WRITER: i64 = 10;
 const KV_WRITERS: i64 = 2;
 const KEYS_PER_KV_WRITER: i64 = 12;
 /// The pyarrow writer's ids are `PYARROW_WRITER * 10^9 + n`.
@@ -328,6 +334,62 @@ async fn log_writer(
             }
         }
     }
+}
+
+/// `PIPELINED_WRITERS` tasks appending through one client, which keeps up to five
+/// batches of a bucket in flight. After a failed call the client is replaced by a
+/// fresh one (its node may be gone for good), once for all tasks.
+fn pipelined_writers(
+    cluster: Arc<Mutex<Cluster>>,
+    l: Shared,
+    first_writer: i64,
+    stop: Arc<AtomicBool>,
+    path: TablePath,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let shared: Arc<tokio::sync::RwLock<Option<Arc<MinkClient>>>> = Arc::default();
+    (0..PIPELINED_WRITERS)
+        .map(|k| {
+            let (cluster, l, stop, path, shared) = (
+                cluster.clone(),
+                l.clone(),
+                stop.clone(),
+                path.clone(),
+                shared.clone(),
+            );
+            let w = first_writer + k;
+            tokio::spawn(async move {
+                let mut n = 0i64;
+                while !stop.load(Ordering::SeqCst) {
+                    let client = {
+                        let mut current = shared.write().await;
+                        match current.as_ref() {
+                            Some(c) => c.clone(),
+                            None => {
+                                let c = Arc::new(connect(&cluster).await);
+                                *current = Some(c.clone());
+                                c
+                            }
+                        }
+                    };
+                    let ids: Vec<i64> = (0..12).map(|i| w * 1_000_000_000 + n * 12 + i).collect();
+                    n += 1;
+                    match client
+                        .append(&path, &batch(&ids, |i| format!("p{i}")))
+                        .await
+                    {
+                        Ok(written) => record_log_ack(&l, &ids, &written),
+                        Err(_) => {
+                            ledger(&l).log_calls_failed += 1;
+                            let mut current = shared.write().await;
+                            if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, &client)) {
+                                *current = None;
+                            }
+                        }
+                    }
+                }
+            })
+        })
+        .collect()
 }
 
 async fn kv_writer(
@@ -690,6 +752,13 @@ async fn chaos_loses_no_acknowledged_write() {
             events.clone(),
         )));
     }
+    writers.extend(pipelined_writers(
+        cluster.clone(),
+        l.clone(),
+        PIPELINED_FIRST_WRITER,
+        stop.clone(),
+        events.clone(),
+    ));
     for w in 0..KV_WRITERS {
         writers.push(tokio::spawn(kv_writer(
             cluster.clone(),
