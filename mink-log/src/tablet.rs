@@ -85,7 +85,17 @@ struct Inner {
     schemas: RwLock<HashMap<SchemaId, (Schema, SchemaRef)>>,
     state: Mutex<State>,
     inflight: Arc<Semaphore>,
+    /// Signalled whenever a writer's window takes a new batch (see [`REORDER_WAIT`]).
+    advanced: tokio::sync::Notify,
 }
+
+/// How long a batch that arrives ahead of its writer's next sequence waits for the
+/// batches before it. A client keeps several batches of a bucket in flight, each its
+/// own request; requests may reach the tablet in another order than they were sent,
+/// and the batch that overtook its predecessors waits here for them rather than
+/// being refused (and sent again one round trip later). A real gap is refused once
+/// this has passed.
+pub const REORDER_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// A bucket's log. Cheap to clone.
 #[derive(Clone)]
@@ -142,6 +152,7 @@ impl LogTablet {
                 epoch,
                 primary_key,
                 inflight: Arc::new(Semaphore::new(config.inflight_appends_max as usize)),
+                advanced: tokio::sync::Notify::new(),
                 config,
                 schemas: RwLock::new(HashMap::new()),
                 state: Mutex::new(State {
@@ -344,7 +355,7 @@ impl LogTablet {
             change_types: req.change_types.clone().unwrap_or_default(),
         };
         // Encoded once, outside the lock; stamped with offset and time under it.
-        let mut encoded = batch::encode(&header, &req.batch)?;
+        let encoded = batch::encode(&header, &req.batch)?;
         if encoded.len() as u64 > self.inner.config.batch_bytes_max {
             return Err(MinkError::LimitExceeded {
                 what: format!("{bucket}: encoded batch bytes"),
@@ -366,71 +377,94 @@ impl LogTablet {
             .await
             .map_err(|e| wal_error(bucket, e))?;
 
-        let (step, pending) = {
-            let mut state = self.lock();
-            if let Some(e) = &state.failed {
-                return Err(e.clone());
-            }
-            let mut duplicate = None;
-            if req.writer_id != NO_WRITER {
-                match state
-                    .windows
-                    .check(req.writer_id, req.first_sequence, req.last_sequence)
-                {
-                    Check::New => {}
-                    Check::Duplicate(entry) => duplicate = Some(entry),
-                    Check::OutOfOrder { expected } => {
-                        return Err(MinkError::OutOfOrderSequence {
-                            bucket,
-                            writer_id: req.writer_id,
-                            first_sequence: req.first_sequence,
-                            expected,
-                        });
+        let reorder_deadline = tokio::time::Instant::now() + REORDER_WAIT;
+        let mut reservation = Some(reservation);
+        let mut encoded = Some(encoded);
+        let (step, pending) = loop {
+            let advanced = self.inner.advanced.notified();
+            tokio::pin!(advanced);
+            advanced.as_mut().enable();
+            // `None`: wait for the batches before this one, then look again.
+            let decided = 'decide: {
+                let mut state = self.lock();
+                if let Some(e) = &state.failed {
+                    return Err(e.clone());
+                }
+                let mut duplicate = None;
+                if req.writer_id != NO_WRITER {
+                    match state
+                        .windows
+                        .check(req.writer_id, req.first_sequence, req.last_sequence)
+                    {
+                        Check::New => {}
+                        Check::Duplicate(entry) => duplicate = Some(entry),
+                        Check::OutOfOrder { expected } => {
+                            if req.first_sequence > expected
+                                && tokio::time::Instant::now() < reorder_deadline
+                            {
+                                // Ahead of its predecessors: wait for them a while.
+                                break 'decide None;
+                            }
+                            return Err(MinkError::OutOfOrderSequence {
+                                bucket,
+                                writer_id: req.writer_id,
+                                first_sequence: req.first_sequence,
+                                expected,
+                            });
+                        }
                     }
                 }
-            }
-            match duplicate {
-                Some(entry) => (Step::Duplicate(entry), None),
-                None => {
-                    let base = self.inner.stream.next_offset() as i64;
-                    let ts = now_ms().max(state.last_commit_timestamp);
-                    batch::stamp(&mut encoded, base, ts, self.inner.epoch as i64);
-                    let pending = match self.inner.stream.append(
-                        reservation,
-                        self.inner.epoch,
-                        rows as u32,
-                        ts,
-                        encoded.freeze(),
-                    ) {
-                        Ok(p) => p,
-                        Err(e) => {
-                            let err = wal_error(bucket, e);
-                            state.failed = Some(err.clone());
-                            return Err(err);
+                Some(match duplicate {
+                    Some(entry) => (Step::Duplicate(entry), None),
+                    None => {
+                        let base = self.inner.stream.next_offset() as i64;
+                        let ts = now_ms().max(state.last_commit_timestamp);
+                        let mut encoded = encoded.take().expect("a batch is appended once");
+                        batch::stamp(&mut encoded, base, ts, self.inner.epoch as i64);
+                        let pending = match self.inner.stream.append(
+                            reservation.take().expect("a batch is appended once"),
+                            self.inner.epoch,
+                            rows as u32,
+                            ts,
+                            encoded.freeze(),
+                        ) {
+                            Ok(p) => p,
+                            Err(e) => {
+                                let err = wal_error(bucket, e);
+                                state.failed = Some(err.clone());
+                                return Err(err);
+                            }
+                        };
+                        state.last_commit_timestamp = ts;
+                        let outcome = Arc::new(watch::channel(None).0);
+                        if req.writer_id != NO_WRITER {
+                            state.windows.push(
+                                req.writer_id,
+                                Entry {
+                                    first_sequence: req.first_sequence,
+                                    last_sequence: req.last_sequence,
+                                    first_offset: base,
+                                    last_offset: base + rows - 1,
+                                    commit_timestamp: ts,
+                                    pending: Some(outcome.clone()),
+                                },
+                            );
+                            self.inner.advanced.notify_waiters();
                         }
-                    };
-                    state.last_commit_timestamp = ts;
-                    let outcome = Arc::new(watch::channel(None).0);
-                    if req.writer_id != NO_WRITER {
-                        state.windows.push(
-                            req.writer_id,
-                            Entry {
-                                first_sequence: req.first_sequence,
-                                last_sequence: req.last_sequence,
-                                first_offset: base,
-                                last_offset: base + rows - 1,
-                                commit_timestamp: ts,
-                                pending: Some(outcome.clone()),
-                            },
-                        );
+                        let step = Step::New {
+                            first: base,
+                            last: base + rows - 1,
+                            ts,
+                            outcome: outcome.clone(),
+                        };
+                        (step, Some((pending, outcome)))
                     }
-                    let step = Step::New {
-                        first: base,
-                        last: base + rows - 1,
-                        ts,
-                        outcome: outcome.clone(),
-                    };
-                    (step, Some((pending, outcome)))
+                })
+            };
+            match decided {
+                Some(decided) => break decided,
+                None => {
+                    let _ = tokio::time::timeout_at(reorder_deadline, advanced).await;
                 }
             }
         };

@@ -535,3 +535,54 @@ async fn bad_batches_are_rejected_with_a_reason() {
     ));
     assert_eq!(tablet.high_watermark(), 0, "nothing was written");
 }
+
+/// A batch that arrives ahead of its writer's next sequence (pipelined requests that
+/// reached the tablet out of order) waits for its predecessors up to `REORDER_WAIT`
+/// and then takes the offsets after them; a real gap is refused once that has passed.
+#[tokio::test]
+async fn a_batch_ahead_of_its_predecessors_waits_for_them() {
+    let mut env = Env::new().await;
+    let tablet = env.tablet(false).await;
+    tablet.append(req(4, 0, 0..2)).await.unwrap();
+    // Sequence 2 first, then 1 (as two requests sent 1, 2 may arrive).
+    let ahead = {
+        let tablet = tablet.clone();
+        tokio::spawn(async move { tablet.append(req(4, 2, 4..6)).await })
+    };
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert!(!ahead.is_finished(), "sequence 2 waits for sequence 1");
+    let one = tablet.append(req(4, 1, 2..4)).await.unwrap();
+    assert_eq!((one.first_offset, one.last_offset), (2, 3));
+    let two = ahead.await.unwrap().unwrap();
+    assert_eq!((two.first_offset, two.last_offset), (4, 5));
+    assert_eq!(all_ids(&tablet).await, (0..6).collect::<Vec<_>>());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_real_gap_is_refused_after_the_reorder_wait() {
+    let mut env = Env::new().await;
+    let tablet = env.tablet(false).await;
+    tablet.append(req(4, 0, 0..2)).await.unwrap();
+    let started = tokio::time::Instant::now();
+    let err = tablet.append(req(4, 3, 2..4)).await.unwrap_err();
+    assert!(
+        matches!(err, MinkError::OutOfOrderSequence { expected: 1, .. }),
+        "{err:?}"
+    );
+    assert!(started.elapsed() >= mink_log::tablet::REORDER_WAIT);
+    // A rewind is refused at once.
+    let started = tokio::time::Instant::now();
+    tablet.append(req(4, 1, 2..4)).await.unwrap();
+    let err = tablet.append(req(4, 0, 9..10)).await;
+    assert!(err.is_ok_and(|a| a.duplicated), "sequence 0 is a duplicate");
+    let rewind = AppendRequest {
+        last_sequence: 1,
+        ..req(4, 0, 9..10)
+    };
+    let err = tablet.append(rewind).await.unwrap_err();
+    assert!(matches!(err, MinkError::OutOfOrderSequence { .. }));
+    assert_eq!(started.elapsed(), Duration::ZERO, "no wait for a rewind");
+    assert_eq!(tablet.high_watermark(), 4);
+}

@@ -51,6 +51,12 @@ pub const BENCHES: &[(&str, &str, &str, &str)] = &[
         "librdkafka produce/consume MB/s and produce-to-consume latency against the Flight ingest path",
     ),
     (
+        "cost",
+        "mink-node",
+        "cost",
+        "object-store requests, ack latency and the monthly S3 request bill at 1, 10 and 50 MB/s for linger 0-250 ms",
+    ),
+    (
         "meta",
         "mink-meta",
         "meta",

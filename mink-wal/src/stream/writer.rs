@@ -365,7 +365,17 @@ pub(crate) async fn run_writer(
                 }
             },
             job = rx.recv(), if open && !full => match job {
-                Some(job) => group.add(job),
+                Some(job) => {
+                    group.add(job);
+                    // Everything already queued joins the group before it can be
+                    // sealed: appends enqueued together (the parts of a table write,
+                    // whose cork may be gone before this task wakes) share an upload.
+                    while (group.builder.len() as u64) < config.group_bytes_max
+                        && let Ok(job) = rx.try_recv()
+                    {
+                        group.add(job);
+                    }
+                }
                 None => open = false,
             },
             // Only while an upload slot is free: a lingered group that waits for a slot

@@ -1,0 +1,237 @@
+//! `cargo xtask bench cost`: what a node costs on S3 under steady ingest. One node,
+//! in-process, on an in-memory store with S3-like latency (20 ms PUT, 10 ms GET), takes
+//! a steady (open-loop) stream of appends at 1, 10 and 50 MB/s through the Rust client
+//! with `wal.linger_ms` 0, 10, 50 and 250. The node's own request accounting counts
+//! every object-store request of a measured window, by operation; the client measures
+//! each append's acknowledgement latency. The monthly bill uses S3 Standard list
+//! prices: $0.005 per 1,000 PUT/LIST requests, $0.0004 per 1,000 GET/HEAD requests
+//! (DELETE is free).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow::array::{Int64Array, RecordBatch, StringArray};
+use mink_flight::MinkClient;
+use mink_node::MinkConfig;
+use mink_node::node::Node;
+use mink_types::{Column, DataType, Schema, TableDescriptor, TablePath};
+use mink_wal::fault::{FaultConfig, FaultyStore};
+use mink_wal::{AccountingReport, Op, Purpose};
+use object_store::ObjectStore;
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+const BUCKETS: u32 = 4;
+/// Rows per append, of ~1 KiB each: ~256 KiB per append.
+const ROWS: usize = 256;
+/// Tasks sending appends (each with its own client), open loop.
+const SENDERS: usize = 4;
+/// Appends of one sender in flight at most; beyond it the sender falls behind its rate
+/// (reported as the achieved MB/s).
+const SENDER_IN_FLIGHT_MAX: usize = 16;
+const SECONDS_PER_MONTH: f64 = 30.0 * 24.0 * 3600.0;
+const PUT_PRICE: f64 = 0.005 / 1000.0;
+const GET_PRICE: f64 = 0.0004 / 1000.0;
+
+fn descriptor() -> TableDescriptor {
+    TableDescriptor {
+        bucket_count: BUCKETS,
+        ..TableDescriptor::log_table(Schema::new(
+            1,
+            vec![
+                Column::new("id", DataType::BigInt, false),
+                Column::new("body", DataType::String, true),
+            ],
+        ))
+    }
+}
+
+fn batch() -> RecordBatch {
+    let body = "x".repeat(1000);
+    RecordBatch::try_new(
+        descriptor().schema.to_arrow(),
+        vec![
+            Arc::new(Int64Array::from_iter_values(0..ROWS as i64)),
+            Arc::new(StringArray::from_iter_values(
+                (0..ROWS).map(|_| body.as_str()),
+            )),
+        ],
+    )
+    .unwrap()
+}
+
+fn count(report: &AccountingReport, ops: &[Op], purpose: Option<Purpose>) -> u64 {
+    report
+        .by_kind
+        .iter()
+        .filter(|u| ops.contains(&u.op) && purpose.is_none_or(|p| u.purpose == p))
+        .map(|u| u.requests)
+        .sum()
+}
+
+struct Cell {
+    mbps: f64,
+    puts_per_s: f64,
+    wal_puts_per_s: f64,
+    gets_per_s: f64,
+    lists_per_s: f64,
+    mib_per_wal_put: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    dollars_per_month: f64,
+}
+
+async fn cell(target_mbps: f64, linger_ms: u64, warmup: Duration, window: Duration) -> Cell {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn ObjectStore> = Arc::new(FaultyStore::new(
+        Arc::new(object_store::memory::InMemory::new()),
+        FaultConfig {
+            put_latency: Duration::from_millis(20),
+            get_latency: Duration::from_millis(10),
+            ..Default::default()
+        },
+    ));
+    let mut config = MinkConfig {
+        data_dir: dir.path().join("data"),
+        ..MinkConfig::default()
+    };
+    config.listeners.flight = "127.0.0.1:0".parse().unwrap();
+    config.listeners.admin = "127.0.0.1:0".parse().unwrap();
+    config.listeners.kafka = "127.0.0.1:0".parse().unwrap();
+    config.wal.linger_ms = linger_ms;
+    let node = Node::start_with_store(config, store).await.unwrap();
+    let addr = node.flight_addr.to_string();
+    let admin = MinkClient::connect(&addr).await.unwrap();
+    admin.create_database("b").await.unwrap();
+    let path = TablePath::parse("b.cost").unwrap();
+    admin.create_table(&path, &descriptor()).await.unwrap();
+    let rows = batch();
+    let batch_bytes = rows.get_array_memory_size() as f64;
+    for _ in 0..100 {
+        if admin.append(&path, &rows).await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let interval = Duration::from_secs_f64(batch_bytes * SENDERS as f64 / (target_mbps * 1e6));
+    let started = Instant::now();
+    let measure_from = started + warmup;
+    let stop_at = measure_from + window;
+    let senders: Vec<_> = (0..SENDERS)
+        .map(|s| {
+            let (addr, path, rows) = (addr.clone(), path.clone(), rows.clone());
+            tokio::spawn(async move {
+                let client = Arc::new(MinkClient::connect(&addr).await.unwrap());
+                let slots = Arc::new(tokio::sync::Semaphore::new(SENDER_IN_FLIGHT_MAX));
+                let mut tick = tokio::time::interval_at(
+                    tokio::time::Instant::now() + interval.mul_f64(s as f64 / SENDERS as f64),
+                    interval,
+                );
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+                let mut appends = Vec::new();
+                while Instant::now() < stop_at {
+                    tick.tick().await;
+                    let permit = slots.clone().acquire_owned().await.unwrap();
+                    let (client, path, rows) = (client.clone(), path.clone(), rows.clone());
+                    appends.push(tokio::spawn(async move {
+                        let sent = Instant::now();
+                        client.append(&path, &rows).await.unwrap();
+                        drop(permit);
+                        (sent, sent.elapsed())
+                    }));
+                }
+                let mut out = Vec::new();
+                for a in appends {
+                    out.push(a.await.unwrap());
+                }
+                out
+            })
+        })
+        .collect();
+    tokio::time::sleep_until(tokio::time::Instant::from_std(measure_from)).await;
+    let before = node.accounting.report();
+    let window_start = Instant::now();
+    tokio::time::sleep_until(tokio::time::Instant::from_std(stop_at)).await;
+    let after = node.accounting.report();
+    let elapsed = window_start.elapsed().as_secs_f64();
+    let mut latencies = Vec::new();
+    for s in senders {
+        for (sent, took) in s.await.unwrap() {
+            if sent >= measure_from && sent < stop_at {
+                latencies.push(took.as_secs_f64() * 1e3);
+            }
+        }
+    }
+    node.stop().await;
+    latencies.sort_by(f64::total_cmp);
+    let delta = |ops: &[Op], purpose: Option<Purpose>| {
+        (count(&after, ops, purpose) - count(&before, ops, purpose)) as f64 / elapsed
+    };
+    let puts = delta(&[Op::Put], None);
+    let wal_puts = delta(&[Op::Put], Some(Purpose::Wal));
+    let gets = delta(&[Op::Get, Op::GetRange, Op::Head], None);
+    let lists = delta(&[Op::List], None);
+    let mbps = latencies.len() as f64 * batch_bytes / elapsed / 1e6;
+    Cell {
+        mbps,
+        puts_per_s: puts,
+        wal_puts_per_s: wal_puts,
+        gets_per_s: gets,
+        lists_per_s: lists,
+        mib_per_wal_put: if wal_puts > 0.0 {
+            mbps * 1e6 / (1 << 20) as f64 / wal_puts
+        } else {
+            0.0
+        },
+        p50_ms: latencies.get(latencies.len() / 2).copied().unwrap_or(0.0),
+        p99_ms: latencies
+            .get(latencies.len() * 99 / 100)
+            .copied()
+            .unwrap_or(0.0),
+        dollars_per_month: ((puts + lists) * PUT_PRICE + gets * GET_PRICE) * SECONDS_PER_MONTH,
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let (warmup, window) = if quick {
+        (Duration::from_secs(1), Duration::from_secs(3))
+    } else {
+        (Duration::from_secs(3), Duration::from_secs(30))
+    };
+    println!(
+        "One node in-process on an in-memory store with 20 ms PUT and 10 ms GET latency; \
+         {SENDERS} clients send appends of {ROWS} rows (~256 KiB) open-loop at the target \
+         rate over {BUCKETS} buckets; default WAL settings but `linger_ms`. Requests are \
+         the node's own accounting over a {} s window after {} s of warm-up (compaction \
+         every 30 s is included; with a shorter window it may fall outside). PUTs include \
+         heartbeats, metadata and segments; the bill counts PUT and LIST at $0.005 and \
+         GET and HEAD at $0.0004 per 1,000 (S3 Standard list prices), DELETE free.\n",
+        window.as_secs(),
+        warmup.as_secs()
+    );
+    println!(
+        "| target MB/s | linger_ms | achieved MB/s | PUTs/s (WAL) | MiB per WAL PUT | GETs/s | LISTs/s | ack p50 | ack p99 | $/month |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for target in [1.0, 10.0, 50.0] {
+        for linger in [0u64, 10, 50, 250] {
+            eprintln!("cost: {target} MB/s, linger {linger} ms");
+            let c = cell(target, linger, warmup, window).await;
+            println!(
+                "| {target:.0} | {linger} | {:.1} | {:.1} ({:.1}) | {:.2} | {:.1} | {:.2} | {:.1} ms | {:.1} ms | {:.0} |",
+                c.mbps,
+                c.puts_per_s,
+                c.wal_puts_per_s,
+                c.mib_per_wal_put,
+                c.gets_per_s,
+                c.lists_per_s,
+                c.p50_ms,
+                c.p99_ms,
+                c.dollars_per_month
+            );
+        }
+    }
+}
