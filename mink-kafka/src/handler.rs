@@ -87,6 +87,14 @@ pub enum OffsetQuery {
     Timestamp(i64),
 }
 
+/// The answer of ListOffsets for one partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListedOffset {
+    pub offset: Option<i64>,
+    /// The bucket's leader epoch.
+    pub leader_epoch: i32,
+}
+
 /// One committed offset of a group.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommittedOffset {
@@ -143,13 +151,14 @@ pub trait KafkaHandler: Send + Sync + 'static {
         max_wait: Duration,
         max_bytes: usize,
     ) -> Result<Fetched, MinkError>;
-    /// An offset of a partition this node leads; `None` when no row is that recent.
+    /// An offset of a partition this node leads (`None` when no row is that recent),
+    /// with the bucket's leader epoch.
     async fn list_offset(
         &self,
         topic: &str,
         partition: i32,
         query: OffsetQuery,
-    ) -> Result<Option<i64>, MinkError>;
+    ) -> Result<ListedOffset, MinkError>;
     /// A new producer id (a writer id from the shared allocator).
     async fn init_producer_id(&self) -> Result<i64, MinkError>;
     /// Whether this node coordinates consumer groups now (it holds the lease).

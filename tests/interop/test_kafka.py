@@ -134,6 +134,8 @@ def test_list_offsets_earliest_latest_and_by_time(node):
         # Commit timestamps are now: a time in the past finds the first row, the future none.
         past = c.offsets_for_times([TopicPartition("timed", 0, 1_000)], timeout=TIMEOUT)
         assert past[0].offset == 0
+        # The bucket's leader epoch (ListOffsets v4+), never -1.
+        assert past[0].leader_epoch is not None and past[0].leader_epoch >= 1, past[0].leader_epoch
         future = c.offsets_for_times([TopicPartition("timed", 0, int(time.time() * 1000) + 3_600_000)], timeout=TIMEOUT)
         assert future[0].offset == -1
     finally:

@@ -17,7 +17,7 @@ use crate::handler::{OffsetQuery, error_code};
 const LATEST: i64 = -1;
 const EARLIEST: i64 = -2;
 
-pub(crate) async fn list_offsets(ctx: &Ctx, r: ListOffsetsRequest, _v: i16) -> ListOffsetsResponse {
+pub(crate) async fn list_offsets(ctx: &Ctx, r: ListOffsetsRequest, v: i16) -> ListOffsetsResponse {
     let mut topics = Vec::with_capacity(r.topics.len());
     for topic in r.topics {
         let mut partitions = Vec::with_capacity(topic.partitions.len());
@@ -40,14 +40,25 @@ pub(crate) async fn list_offsets(ctx: &Ctx, r: ListOffsetsRequest, _v: i16) -> L
                 .list_offset(&topic.name, p.partition_index, query)
                 .await
             {
-                Ok(Some(offset)) => {
-                    let timestamp = match query {
-                        OffsetQuery::Timestamp(ts) => ts,
-                        _ => -1,
+                Ok(listed) => {
+                    // The field exists from v4 on (and the crate refuses to encode a
+                    // field a version lacks).
+                    let out = if v >= 4 {
+                        out.with_leader_epoch(listed.leader_epoch)
+                    } else {
+                        out
                     };
-                    out.with_offset(offset).with_timestamp(timestamp)
+                    match listed.offset {
+                        Some(offset) => {
+                            let timestamp = match query {
+                                OffsetQuery::Timestamp(ts) => ts,
+                                _ => -1,
+                            };
+                            out.with_offset(offset).with_timestamp(timestamp)
+                        }
+                        None => out,
+                    }
                 }
-                Ok(None) => out,
                 Err(e) => out.with_error_code(error_code(&e).code()),
             };
             partitions.push(out);

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use mink_kafka::KafkaHandler;
 use mink_kafka::handler::{
-    Broker, ClusterView, CommittedOffset, Fetched, OffsetQuery, PartitionView, PendingProduce,
-    Produced, ProducerBatch, TopicView,
+    Broker, ClusterView, CommittedOffset, Fetched, ListedOffset, OffsetQuery, PartitionView,
+    PendingProduce, Produced, ProducerBatch, TopicView,
 };
 use mink_kafka::records::{is_topic, topic_columns};
 use mink_types::{DatabaseName, LogTtl, Schema, TableName};
@@ -309,7 +309,7 @@ impl KafkaHandler for NodeService {
         topic: &str,
         partition: i32,
         query: OffsetQuery,
-    ) -> Result<Option<i64>> {
+    ) -> Result<ListedOffset> {
         let bucket = self.topic_bucket(topic, partition).await?;
         let tablet = self.log_tablet(bucket).await?;
         let spec = match query {
@@ -317,7 +317,10 @@ impl KafkaHandler for NodeService {
             OffsetQuery::Latest => OffsetSpec::Latest,
             OffsetQuery::Timestamp(ts) => OffsetSpec::Timestamp(ts),
         };
-        tablet.list_offsets(spec).await
+        Ok(ListedOffset {
+            offset: tablet.list_offsets(spec).await?,
+            leader_epoch: tablet.epoch().min(i32::MAX as u64) as i32,
+        })
     }
 
     async fn init_producer_id(&self) -> Result<i64> {
