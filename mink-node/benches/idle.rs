@@ -82,6 +82,7 @@ async fn run(n: usize, settle: Duration, window: Duration) -> (f64, String) {
         c.object_store.url = format!("file://{}", dir.path().join("objects").display());
         c.listeners.flight = "127.0.0.1:0".parse().unwrap();
         c.listeners.admin = "127.0.0.1:0".parse().unwrap();
+        c.listeners.kafka = "127.0.0.1:0".parse().unwrap();
         nodes.push(Node::start(c).await.unwrap());
     }
     let client = MinkClient::connect(&nodes[0].flight_addr.to_string())
