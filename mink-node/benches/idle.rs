@@ -139,7 +139,9 @@ async fn main() {
     let (runs, settle, window) = if quick {
         (1, Duration::from_secs(15), Duration::from_secs(15))
     } else {
-        (3, Duration::from_secs(45), Duration::from_secs(60))
+        // The settle outlasts the first writer checkpoint of every bucket (60 s after
+        // its writes) and two compaction rounds: one-off work, not idle cost.
+        (3, Duration::from_secs(75), Duration::from_secs(60))
     };
     // `--runs N` overrides the number of runs (to run several processes side by side).
     let args: Vec<String> = std::env::args().collect();
