@@ -90,8 +90,10 @@ fn config(dir: &std::path::Path) -> MinkConfig {
     c
 }
 
-/// Rows/s and MB/s of `WRITERS` closed-loop Flight writers (client-side routing).
-async fn ingest(kind: &Kind, secs: f64) -> (f64, f64, usize) {
+/// Rows/s and MB/s of `WRITERS` closed-loop Flight writers (client-side routing);
+/// with `pk`, Puts to a primary-key table of the same columns (key `id`: every writer
+/// rewrites its own 1,000 keys, so after its first batch each row is an update).
+async fn ingest(kind: &Kind, secs: f64, pk: bool) -> (f64, f64, usize) {
     let (store, dir) = store(kind);
     let node = Node::start_with_store(config(dir.path()), store)
         .await
@@ -100,11 +102,20 @@ async fn ingest(kind: &Kind, secs: f64) -> (f64, f64, usize) {
     let client = MinkClient::connect(&addr).await.unwrap();
     client.create_database("b").await.unwrap();
     let path = TablePath::parse("b.ingest").unwrap();
-    client.create_table(&path, &descriptor()).await.unwrap();
+    let mut d = descriptor();
+    if pk {
+        d.primary_key = vec!["id".into()];
+    }
+    client.create_table(&path, &d).await.unwrap();
     let probe = batch(0);
     let bytes_per_batch = probe.get_array_memory_size();
     for _ in 0..100 {
-        if client.append(&path, &probe).await.is_ok() {
+        let written = if pk {
+            client.put(&path, &probe, None, None).await
+        } else {
+            client.append(&path, &probe).await
+        };
+        if written.is_ok() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -120,7 +131,11 @@ async fn ingest(kind: &Kind, secs: f64) -> (f64, f64, usize) {
                 let b = batch(w as i64 * 1_000_000);
                 let mut n = 0usize;
                 while Instant::now() < deadline {
-                    client.append(&path, &b).await.unwrap();
+                    if pk {
+                        client.put(&path, &b, None, None).await.unwrap();
+                    } else {
+                        client.append(&path, &b).await.unwrap();
+                    }
                     n += 1;
                 }
                 n
@@ -414,12 +429,27 @@ async fn main() {
         ("file://", Kind::File),
         ("20 ms PUT latency", Kind::Latency(20)),
     ] {
-        let (rows, mbps, batch_bytes) = ingest(&kind, secs).await;
+        let (rows, mbps, batch_bytes) = ingest(&kind, secs, false).await;
         let raw_mbps = raw(&kind, batch_bytes, secs).await;
         let (p50, p99) = visibility(&kind, samples).await;
         out.push_str(&format!(
             "| {label} | {rows:.0} | {mbps:.1} | {raw_mbps:.1} | {:.2} | {p50:.1} ms | {p99:.1} ms |\n",
             mbps / raw_mbps
+        ));
+    }
+    out.push_str(
+        "\nPrimary-key Puts against log appends of the same rows, through the same client path \
+         (8 closed-loop writers, each rewriting its own 1,000 keys: updates after the first \
+         batch), `file://`, alternating (issue #15, item 4; goal: Puts ≥ 0.5 of appends).\n\n\
+         | run | append rows/s | Put rows/s | ratio |\n|---|---|---|---|\n",
+    );
+    for i in 0..if quick { 1 } else { 3 } {
+        let (appends, _, _) = ingest(&Kind::File, secs, false).await;
+        let (puts, _, _) = ingest(&Kind::File, secs, true).await;
+        out.push_str(&format!(
+            "| {} | {appends:.0} | {puts:.0} | {:.2} |\n",
+            i + 1,
+            puts / appends
         ));
     }
     let samples = if quick { 20 } else { 200 };
