@@ -1,7 +1,8 @@
 //! The chaos harness: a cluster of `mink-node` processes on one object store, written
 //! to by idempotent Rust clients (a log table and a primary-key table; one client
-//! shared by several tasks, so that its appends to a bucket are pipelined) and a pyarrow
-//! AppendTable writer (`chaos_pyarrow_writer.py`, when `MINKTEST_CHAOS_PYTHON` is set),
+//! shared by several tasks, so that its appends to a bucket are pipelined), a pyarrow
+//! AppendTable writer (`chaos_pyarrow_writer.py`) and an idempotent librdkafka producer
+//! (`chaos_kafka_producer.py`, both when `MINKTEST_CHAOS_PYTHON` is set),
 //! while a seeded controller injects faults: SIGKILL and restart, SIGSTOP long enough
 //! to lose the lease and the buckets then SIGCONT, object-store PUT failures /
 //! ambiguous timeouts / latency through the nodes' fault injector
@@ -58,6 +59,7 @@ struct Proc {
     child: Option<Child>,
     flight: String,
     admin: String,
+    kafka: String,
     stopped: bool,
 }
 
@@ -103,7 +105,7 @@ impl Cluster {
         let mut child = cmd.spawn().expect("the mink-node binary starts");
         let log = std::fs::File::create(self.dir.join(format!("{id}.log"))).ok();
         let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let (mut flight, mut admin) = (None, None);
+        let (mut flight, mut admin, mut kafka) = (None, None, None);
         let mut log = log;
         while flight.is_none() || admin.is_none() {
             let line = lines
@@ -128,6 +130,9 @@ impl Cluster {
             if let Some(a) = after("admin HTTP listening on ") {
                 admin = Some(a);
             }
+            if let Some(a) = after("Kafka listening on ") {
+                kafka = Some(a);
+            }
         }
         std::thread::spawn(move || {
             for line in lines.map_while(|l| l.ok()) {
@@ -141,6 +146,7 @@ impl Cluster {
             child: Some(child),
             flight: flight.unwrap_or_default(),
             admin: admin.unwrap_or_default(),
+            kafka: kafka.unwrap_or_default(),
             stopped: false,
         }
     }
@@ -166,9 +172,17 @@ impl Cluster {
         self.nodes[i] = self.spawn(&id);
     }
 
-    /// Writes the live Flight addresses to `addrs`, where the pyarrow writer finds them.
+    /// Writes the live Flight addresses to `addrs`, where the pyarrow writer finds
+    /// them, and the Kafka ones to `kafka_addrs`, for the Kafka producer.
     fn publish(&self) {
         let _ = std::fs::write(self.dir.join("addrs"), self.addrs().join("\n"));
+        let kafka: Vec<String> = self
+            .nodes
+            .iter()
+            .filter(|n| n.child.is_some() && !n.stopped && !n.kafka.is_empty())
+            .map(|n| n.kafka.clone())
+            .collect();
+        let _ = std::fs::write(self.dir.join("kafka_addrs"), kafka.join("\n"));
     }
 
     fn addrs(&self) -> Vec<String> {
@@ -256,6 +270,10 @@ struct Ledger {
     kv: HashMap<i64, (Option<String>, Vec<String>)>,
     kv_acked: u64,
     kv_failed: u64,
+    /// Kafka records: id -> (partition, offset) when acknowledged, `None` when failed.
+    kafka: HashMap<i64, Option<(i32, i64)>>,
+    kafka_acked: u64,
+    kafka_failed: u64,
     violations: Vec<String>,
 }
 
@@ -642,6 +660,140 @@ fn pyarrow_writer(
     Some((child, reader))
 }
 
+/// The Kafka topic the producer writes (table `kafka.chaos`).
+const KAFKA_TOPIC: &str = "chaos";
+
+/// Starts the idempotent librdkafka producer (`chaos_kafka_producer.py`) and a thread
+/// that puts its delivery reports into the ledger.
+fn kafka_producer(dir: &Path, l: &Shared) -> Option<(Child, std::thread::JoinHandle<()>)> {
+    let python = std::env::var("MINKTEST_CHAOS_PYTHON").ok()?;
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/chaos_kafka_producer.py");
+    let mut child = Command::new(python)
+        .arg(script)
+        .arg(dir.join("kafka_addrs"))
+        .arg(KAFKA_TOPIC)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the Kafka producer starts");
+    let out = BufReader::new(child.stdout.take().unwrap());
+    let l = l.clone();
+    let reader = std::thread::spawn(move || {
+        for line in out.lines().map_while(|l| l.ok()) {
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
+                ledger(&l)
+                    .violations
+                    .push(format!("the Kafka producer printed {line:?}"));
+                continue;
+            };
+            let mut led = ledger(&l);
+            if let Some(id) = v["failed"].as_i64() {
+                led.kafka_failed += 1;
+                led.kafka.insert(id, None);
+            } else if let (Some(id), Some(p), Some(o)) =
+                (v["id"].as_i64(), v["partition"].as_i64(), v["offset"].as_i64())
+            {
+                led.kafka_acked += 1;
+                if let Some(Some(before)) = led.kafka.insert(id, Some((p as i32, o))) {
+                    led.violations
+                        .push(format!("Kafka record {id} acknowledged twice: {before:?}"));
+                }
+            }
+        }
+    });
+    Some((child, reader))
+}
+
+/// Reads the Kafka topic back: every acknowledged record exactly once at its reported
+/// partition and offset, no record (acknowledged or failed) twice. Returns the records
+/// read.
+async fn check_kafka(client: &MinkClient, l: &Shared) -> u64 {
+    use arrow::array::AsArray;
+    let path = TablePath::parse(&format!("kafka.{KAFKA_TOPIC}")).unwrap();
+    let table = match client
+        .action::<serde_json::Value>("get_table", serde_json::json!({"path": path}))
+        .await
+    {
+        Ok(t) => t,
+        Err(e) => {
+            ledger(l)
+                .violations
+                .push(format!("cannot read the Kafka topic's table: {e}"));
+            return 0;
+        }
+    };
+    let table_id = table["id"]
+        .as_i64()
+        .or_else(|| table["table"]["id"].as_i64())
+        .unwrap_or(-1);
+    let partitions = table["descriptor"]["bucket_count"]
+        .as_u64()
+        .or_else(|| table["table"]["descriptor"]["bucket_count"].as_u64())
+        .unwrap_or(0) as u32;
+    let mut found: HashMap<i64, (i32, i64)> = HashMap::new();
+    let mut violations = Vec::new();
+    let mut records = 0u64;
+    for p in 0..partitions {
+        let bucket = TableBucket::new(table_id, None, p);
+        let mut pos = 0i64;
+        loop {
+            let read = match read_retrying(client, &path, bucket, pos).await {
+                Ok(r) => r,
+                Err(e) => {
+                    violations.push(format!("topic {bucket}: read at {pos} failed: {e}"));
+                    break;
+                }
+            };
+            let mut hw = pos;
+            let mut progressed = false;
+            for (batch, meta) in &read {
+                hw = meta.high_watermark;
+                let Some(values) = batch.column_by_name("value") else {
+                    violations.push("the topic has no value column".into());
+                    break;
+                };
+                let values = values.as_binary::<i32>();
+                for r in 0..values.len() {
+                    let offset = meta.base_offset + r as i64;
+                    let id = std::str::from_utf8(values.value(r))
+                        .ok()
+                        .and_then(|v| v.parse::<i64>().ok());
+                    match id {
+                        Some(id) => {
+                            if let Some(first) = found.insert(id, (p as i32, offset)) {
+                                violations.push(format!(
+                                    "Kafka record {id} is in the topic twice: {first:?} and ({p}, {offset})"
+                                ));
+                            }
+                        }
+                        None => violations.push(format!("a foreign record at ({p}, {offset})")),
+                    }
+                    records += 1;
+                }
+                pos = meta.base_offset + values.len() as i64;
+                progressed = true;
+            }
+            if !progressed || pos >= hw {
+                break;
+            }
+        }
+    }
+    let mut led = ledger(l);
+    for (id, acked) in &led.kafka {
+        if let Some(at) = acked
+            && found.get(id) != Some(at)
+        {
+            violations.push(format!(
+                "Kafka record {id} acknowledged at {at:?} is at {:?}",
+                found.get(id)
+            ));
+        }
+    }
+    led.violations.extend(violations);
+    records
+}
+
 /// Ids of the log table, one per bucket (probes).
 fn probe_ids(base: i64) -> Vec<i64> {
     let mut out: BTreeMap<u32, i64> = BTreeMap::new();
@@ -772,6 +924,7 @@ async fn chaos_loses_no_acknowledged_write() {
     }
 
     let pyarrow = pyarrow_writer(dir.path(), &l, &events);
+    let kafka = kafka_producer(dir.path(), &l);
 
     // The faults: every kind once per cycle, in a seeded order, so that each kind is
     // injected about equally often; from the second cycle on, some faults overlap with
@@ -844,14 +997,19 @@ async fn chaos_loses_no_acknowledged_write() {
     for w in writers {
         w.await.unwrap();
     }
-    if let Some((mut child, reader)) = pyarrow {
-        // Its call in flight is not acknowledged: its rows may or may not land.
+    for (mut child, reader) in [pyarrow, kafka].into_iter().flatten() {
+        // Its calls in flight are not acknowledged: their rows may or may not land.
         let _ = child.kill();
         let _ = child.wait();
         let _ = reader.join();
     }
     let checker = connect(&cluster).await;
     let (rows_checked, keys_checked) = check(&checker, &events, &kv, &l).await;
+    let kafka_checked = if std::env::var_os("MINKTEST_CHAOS_PYTHON").is_some() {
+        check_kafka(&checker, &l).await
+    } else {
+        0
+    };
 
     let l = ledger(&l);
     let recovery_line: Vec<String> = recovery
@@ -868,13 +1026,16 @@ async fn chaos_loses_no_acknowledged_write() {
         .collect();
     eprintln!(
         "chaos seed {seed}, {seconds} s: faults {faults:?}; log rows acknowledged {}, failed calls {}; \
-         pyarrow AppendTable calls acknowledged {}, failed {}; primary-key writes \
-         acknowledged {}, failed {}; rows checked {rows_checked}, keys checked \
+         pyarrow AppendTable calls acknowledged {}, failed {}; Kafka records acknowledged \
+         {}, failed {}; primary-key writes acknowledged {}, failed {}; rows checked \
+         {rows_checked}, Kafka records checked {kafka_checked}, keys checked \
          {keys_checked}; violations {}; recovery until every bucket is writable: {}",
         l.log_rows_acked,
         l.log_calls_failed,
         l.py_acked,
         l.py_failed,
+        l.kafka_acked,
+        l.kafka_failed,
         l.kv_acked,
         l.kv_failed,
         l.violations.len(),
