@@ -68,7 +68,7 @@ enum Task {
     CheckLayers,
     /// Run a benchmark (release build) and record it in docs/benchmarks.md.
     Bench {
-        /// Which benchmark: wal, log, kv, meta, ingest.
+        /// Which benchmark: wal, log, kv, ingest, idle, lake, kafka, cost, meta.
         name: String,
         /// Short phases, for a smoke run; docs are not updated.
         #[arg(long)]
