@@ -691,9 +691,11 @@ fn kafka_producer(dir: &Path, l: &Shared) -> Option<(Child, std::thread::JoinHan
             if let Some(id) = v["failed"].as_i64() {
                 led.kafka_failed += 1;
                 led.kafka.insert(id, None);
-            } else if let (Some(id), Some(p), Some(o)) =
-                (v["id"].as_i64(), v["partition"].as_i64(), v["offset"].as_i64())
-            {
+            } else if let (Some(id), Some(p), Some(o)) = (
+                v["id"].as_i64(),
+                v["partition"].as_i64(),
+                v["offset"].as_i64(),
+            ) {
                 led.kafka_acked += 1;
                 if let Some(Some(before)) = led.kafka.insert(id, Some((p as i32, o))) {
                     led.violations
