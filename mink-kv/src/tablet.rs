@@ -420,7 +420,7 @@ impl KvTablet {
         let submitted = self
             .inner
             .log
-            .submit(AppendRequest {
+            .submit_in_order(AppendRequest {
                 writer_id: req.writer_id,
                 first_sequence: req.batch_sequence,
                 last_sequence: req.batch_sequence,

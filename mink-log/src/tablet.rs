@@ -85,8 +85,11 @@ struct Inner {
     schemas: RwLock<HashMap<SchemaId, (Schema, SchemaRef)>>,
     state: Mutex<State>,
     inflight: Arc<Semaphore>,
-    /// Signalled whenever a writer's window takes a new batch (see [`REORDER_WAIT`]).
+    /// Signalled whenever a writer's window takes a new batch, and when the tablet
+    /// fails or closes (see [`REORDER_WAIT`]).
     advanced: tokio::sync::Notify,
+    /// Set by [`LogTablet::close`]: batches waiting for their predecessors give up.
+    closing: std::sync::atomic::AtomicBool,
 }
 
 /// How long a batch that arrives ahead of its writer's next sequence waits for the
@@ -153,6 +156,7 @@ impl LogTablet {
                 primary_key,
                 inflight: Arc::new(Semaphore::new(config.inflight_appends_max as usize)),
                 advanced: tokio::sync::Notify::new(),
+                closing: std::sync::atomic::AtomicBool::new(false),
                 config,
                 schemas: RwLock::new(HashMap::new()),
                 state: Mutex::new(State {
@@ -181,6 +185,10 @@ impl LogTablet {
     /// Closes the tablet's stream cleanly (a handover): pending appends complete,
     /// everything is compacted, and the next leader opens it without fencing anyone.
     pub async fn close(&self) -> Result<()> {
+        self.inner
+            .closing
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.inner.advanced.notify_waiters();
         self.inner
             .stream
             .clone()
@@ -334,7 +342,67 @@ impl LogTablet {
     /// The first half of [`LogTablet::append`]: returns once the batch has its offsets
     /// and is on its way (or is known to be a duplicate). Submissions are ordered: a
     /// caller that submits A then B gets A's offsets below B's.
+    ///
+    /// A batch that is ahead of its writer's next sequence waits up to
+    /// [`REORDER_WAIT`] for its predecessors (pipelined requests may arrive out of
+    /// order); see [`LogTablet::submit_in_order`] for callers whose requests cannot.
     pub async fn submit(&self, req: AppendRequest) -> Result<Submitted> {
+        self.submit_within(req, REORDER_WAIT).await
+    }
+
+    /// [`LogTablet::submit`] for a caller whose requests reach the tablet in the order
+    /// they were sent (a Kafka connection takes its requests' offsets one at a time):
+    /// a batch ahead of its writer's next sequence is refused at once, since waiting
+    /// could only hold up the request behind it that fills the gap.
+    pub async fn submit_in_order(&self, req: AppendRequest) -> Result<Submitted> {
+        self.submit_within(req, Duration::ZERO).await
+    }
+
+    /// Waits, until `deadline`, while `req` is ahead of its writer's next sequence.
+    /// Returns at once otherwise (the caller checks again under the lock), and with an
+    /// error when the tablet failed or is closing.
+    async fn wait_for_predecessors(
+        &self,
+        req: &AppendRequest,
+        deadline: tokio::time::Instant,
+    ) -> Result<()> {
+        if req.writer_id == NO_WRITER {
+            return Ok(());
+        }
+        loop {
+            let advanced = self.inner.advanced.notified();
+            tokio::pin!(advanced);
+            advanced.as_mut().enable();
+            self.check_waitable()?;
+            let ahead = {
+                let state = self.lock();
+                matches!(
+                    state.windows.check(req.writer_id, req.first_sequence, req.last_sequence),
+                    Check::OutOfOrder { expected } if req.first_sequence > expected
+                )
+            };
+            if !ahead || tokio::time::Instant::now() >= deadline {
+                return Ok(());
+            }
+            let _ = tokio::time::timeout_at(deadline, advanced).await;
+        }
+    }
+
+    /// An error when the tablet failed or is closing: a waiting batch gives up.
+    fn check_waitable(&self) -> Result<()> {
+        if let Some(e) = &self.lock().failed {
+            return Err(e.clone());
+        }
+        if self.inner.closing.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(MinkError::Unavailable(format!(
+                "{}: the tablet is closing",
+                self.inner.bucket
+            )));
+        }
+        Ok(())
+    }
+
+    async fn submit_within(&self, req: AppendRequest, reorder_wait: Duration) -> Result<Submitted> {
         let bucket = self.inner.bucket;
         self.validate(&req)?;
         let rows = req.batch.num_rows() as i64;
@@ -363,6 +431,10 @@ impl LogTablet {
                 actual: encoded.len() as u64,
             });
         }
+        // Wait for predecessors before taking a slot and memory: a batch that waits
+        // must not hold what its predecessor needs to be submitted.
+        let reorder_deadline = tokio::time::Instant::now() + reorder_wait;
+        self.wait_for_predecessors(&req, reorder_deadline).await?;
         let slot = self
             .inner
             .inflight
@@ -377,7 +449,6 @@ impl LogTablet {
             .await
             .map_err(|e| wal_error(bucket, e))?;
 
-        let reorder_deadline = tokio::time::Instant::now() + REORDER_WAIT;
         let mut reservation = Some(reservation);
         let mut encoded = Some(encoded);
         let (step, pending) = loop {
@@ -385,6 +456,7 @@ impl LogTablet {
             tokio::pin!(advanced);
             advanced.as_mut().enable();
             // `None`: wait for the batches before this one, then look again.
+            self.check_waitable()?;
             let decided = 'decide: {
                 let mut state = self.lock();
                 if let Some(e) = &state.failed {
@@ -432,6 +504,7 @@ impl LogTablet {
                             Err(e) => {
                                 let err = wal_error(bucket, e);
                                 state.failed = Some(err.clone());
+                                self.inner.advanced.notify_waiters();
                                 return Err(err);
                             }
                         };
@@ -507,6 +580,7 @@ impl LogTablet {
                 Ok(()) => state.windows.complete(writer_id, outcome),
                 Err(e) => {
                     state.failed.get_or_insert_with(|| e.clone());
+                    self.inner.advanced.notify_waiters();
                 }
             }
         }

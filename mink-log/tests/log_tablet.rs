@@ -586,3 +586,34 @@ async fn a_real_gap_is_refused_after_the_reorder_wait() {
     assert_eq!(started.elapsed(), Duration::ZERO, "no wait for a rewind");
     assert_eq!(tablet.high_watermark(), 4);
 }
+
+/// A caller whose requests arrive in order (a Kafka connection) is refused a forward
+/// gap at once; a batch waiting for its predecessors gives up as soon as the tablet
+/// closes, with `Unavailable` rather than an out-of-order refusal at the deadline.
+#[tokio::test(start_paused = true)]
+async fn in_order_callers_do_not_wait_and_a_close_ends_the_wait() {
+    let mut env = Env::new().await;
+    let tablet = env.tablet(false).await;
+    tablet.append(req(4, 0, 0..2)).await.unwrap();
+    let started = tokio::time::Instant::now();
+    let err = tablet.submit_in_order(req(4, 3, 2..4)).await.err().unwrap();
+    assert!(
+        matches!(err, MinkError::OutOfOrderSequence { expected: 1, .. }),
+        "{err:?}"
+    );
+    assert_eq!(started.elapsed(), Duration::ZERO);
+
+    let waiting = {
+        let tablet = tablet.clone();
+        tokio::spawn(async move { tablet.append(req(4, 2, 2..4)).await })
+    };
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert!(!waiting.is_finished());
+    let started = tokio::time::Instant::now();
+    tablet.close().await.unwrap();
+    let err = waiting.await.unwrap().unwrap_err();
+    assert!(matches!(err, MinkError::Unavailable(_)), "{err:?}");
+    assert!(started.elapsed() < mink_log::tablet::REORDER_WAIT);
+}

@@ -93,6 +93,12 @@ pub struct WalConfig {
     pub linger_ms: u64,
     /// Uploads in flight at once; acks still come in upload order. Default 4.
     pub inflight_uploads_max: u32,
+    /// The longest a cork (the parts of one table write being enqueued) holds back the
+    /// sealing of a group, from its first append, in milliseconds. A table write's
+    /// parts are enqueued in well under this; the bound keeps a holder that stalls (a
+    /// bucket opening, memory back-pressure) from delaying anyone longer. At most
+    /// 1,000. Default 2.
+    pub cork_max_ms: u64,
     /// Bytes of appends waiting for a group before appenders are pushed back. Default 64 MiB.
     pub pending_bytes_max: u64,
     /// Bytes of recent records kept in memory per node for tail reads. Default 64 MiB.
@@ -125,6 +131,7 @@ impl Default for WalConfig {
             group_bytes_max: 8 << 20,
             linger_ms: 0,
             inflight_uploads_max: 4,
+            cork_max_ms: 2,
             pending_bytes_max: 64 << 20,
             tail_cache_bytes_max: 64 << 20,
             compaction_interval_ms: 30_000,
@@ -151,6 +158,9 @@ impl WalConfig {
         }
         if self.inflight_uploads_max == 0 {
             return Err("wal.inflight_uploads_max must be at least 1".into());
+        }
+        if self.cork_max_ms > 1_000 {
+            return Err("wal.cork_max_ms must be at most 1000".into());
         }
         if self.pending_bytes_max < self.group_bytes_max {
             return Err("wal.pending_bytes_max must be at least wal.group_bytes_max".into());
@@ -193,6 +203,13 @@ mod tests {
                     ..Default::default()
                 },
                 "wal.inflight_uploads_max",
+            ),
+            (
+                WalConfig {
+                    cork_max_ms: 1_001,
+                    ..Default::default()
+                },
+                "wal.cork_max_ms",
             ),
             (
                 WalConfig {

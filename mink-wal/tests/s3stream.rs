@@ -798,12 +798,18 @@ backend_tests! {
 /// between them (a current-thread runtime that yields after each append), as the parts
 /// of one table write are. Without a cork the first append is sealed alone and the
 /// rest queue behind the uploads in flight; under a cork all eight share one upload.
-/// A cork that is never released delays a group by at most `CORK_MAX`: the appends
+/// A cork that is never released delays a group by at most `wal.cork_max_ms`: the appends
 /// made under it still become durable.
 #[tokio::test(flavor = "current_thread")]
 async fn a_cork_puts_the_parts_of_one_write_into_one_upload() {
     let t = common::memory();
-    let node = StreamStore::open(t.store.clone(), "n1", config())
+    // A bound far beyond the test's own pace, however loaded the machine: the counts
+    // below do not depend on timing.
+    let config = WalConfig {
+        cork_max_ms: 1_000,
+        ..config()
+    };
+    let node = StreamStore::open(t.store.clone(), "n1", config)
         .await
         .unwrap();
     let mut streams = Vec::new();
@@ -918,4 +924,24 @@ async fn a_group_never_outgrows_group_bytes_max() {
         "a WAL object of {largest} bytes with group_bytes_max 16 KiB"
     );
     assert_eq!(read_all(&s).await.len(), 200);
+}
+
+/// A `group_bytes_max` below a group's own header makes every append a group of its
+/// own; the writer neither stalls nor panics when idle.
+#[tokio::test]
+async fn a_tiny_group_bytes_max_uploads_one_append_per_group() {
+    let t = common::memory();
+    let config = WalConfig {
+        group_bytes_max: 1,
+        ..config()
+    };
+    let node = StreamStore::open(t.store.clone(), "n1", config)
+        .await
+        .unwrap();
+    let s = node.open_stream("s", 1).await.unwrap();
+    for i in 0..3u64 {
+        s.append_durable(1, 1, 0, payload("s", i)).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(read_all(&s).await.len(), 3);
 }

@@ -255,7 +255,7 @@ impl KafkaHandler for NodeService {
             None => (NO_WRITER, 0, 0),
         };
         let submitted = tablet
-            .submit(AppendRequest {
+            .submit_in_order(AppendRequest {
                 writer_id,
                 first_sequence,
                 last_sequence,

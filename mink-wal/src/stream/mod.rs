@@ -42,7 +42,7 @@ use crate::config::WalConfig;
 use crate::error::{WalError, WalResult};
 use crate::format::Record;
 use crate::objectlog::{Appended, ObjectLog};
-pub use writer::{CORK_MAX, Cork};
+pub use writer::Cork;
 use writer::{Job, WriterShared};
 
 /// Collection of dead WAL generations and orphan segments runs every this many

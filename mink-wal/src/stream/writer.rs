@@ -14,7 +14,7 @@
 //!
 //! A caller about to enqueue several appends that belong together (a table write
 //! spanning buckets) holds a [`Cork`] while it does: a group is not sealed while a
-//! cork is held, for at most [`CORK_MAX`] after the group's first append, so the
+//! cork is held, for at most `wal.cork_max_ms` after the group's first append, so the
 //! parts ride one upload instead of queueing behind each other's.
 //!
 //! An upload that fails or times out is retried, with backoff, for up to
@@ -46,12 +46,6 @@ use crate::format::{Record, WalObjectBuilder};
 /// Scheduler yields after an acknowledgement during which new appends are gathered
 /// into the open group (see `run_writer`). A few microseconds, no timer.
 const ACK_GATHER_YIELDS: usize = 4;
-
-/// The longest a [`Cork`] holds back the sealing of a group, from its first append.
-/// A table write's parts are encoded and enqueued in well under this; the bound keeps
-/// a cork whose holder stalls (a bucket opening, memory back-pressure) from delaying
-/// anyone for longer.
-pub const CORK_MAX: Duration = Duration::from_millis(2);
 
 /// The object key of WAL sequence `seq` of `wal`.
 pub fn wal_path(wal: &WalId, seq: u64) -> Path {
@@ -109,7 +103,7 @@ impl WriterShared {
     }
 }
 
-/// Holds back the sealing of the open WAL group while held (at most [`CORK_MAX`]),
+/// Holds back the sealing of the open WAL group while held (at most `wal.cork_max_ms`),
 /// so that appends enqueued meanwhile share one upload. Each clone is a hold of its
 /// own; the group may be sealed once every clone is dropped. Take one before
 /// enqueueing the parts of one write and drop each part's clone as soon as that part
@@ -258,6 +252,7 @@ pub(crate) async fn run_writer(
     mut rx: mpsc::UnboundedReceiver<Job>,
 ) {
     let linger = Duration::from_millis(config.linger_ms);
+    let cork_max = Duration::from_millis(config.cork_max_ms);
     let inflight_max = config.inflight_uploads_max.max(1) as usize;
     let mut group = Group::new();
     let mut inflight = FuturesOrdered::new();
@@ -267,9 +262,10 @@ pub(crate) async fn run_writer(
     loop {
         // Seal and upload while the rules allow.
         let age = group.opened.elapsed();
-        let corked = shared.corked() && age < CORK_MAX;
+        let corked = shared.corked() && age < cork_max;
         let due = age >= linger && !corked;
-        let full = group.builder.len() as u64 >= config.group_bytes_max;
+        // An empty group is never full (its header alone may reach a tiny limit).
+        let full = !group.jobs.is_empty() && group.builder.len() as u64 >= config.group_bytes_max;
         if !group.jobs.is_empty() && inflight.len() < inflight_max && (full || due || !open) {
             let sealed = std::mem::replace(&mut group, Group::new());
             let seq = shared.next_seq.fetch_add(1, Ordering::SeqCst);
@@ -296,7 +292,7 @@ pub(crate) async fn run_writer(
             return;
         }
         let linger_deadline = tokio::time::Instant::from_std(group.opened + linger);
-        let cork_deadline = tokio::time::Instant::from_std(group.opened + CORK_MAX);
+        let cork_deadline = tokio::time::Instant::from_std(group.opened + cork_max);
         let waiting_on_cork = corked && !group.jobs.is_empty() && inflight.len() < inflight_max;
         // Biased, completions first: acknowledgements are never starved by a steady
         // stream of appends, and a seeded test replays the same interleaving.
@@ -380,7 +376,9 @@ pub(crate) async fn run_writer(
             },
             // Only while an upload slot is free: a lingered group that waits for a slot
             // would otherwise wake this loop without end.
-            _ = tokio::time::sleep_until(linger_deadline), if !group.jobs.is_empty() && !linger.is_zero() && inflight.len() < inflight_max => {}
+            // While corked the cork's branches below wake the loop instead (a linger
+            // shorter than the cork would otherwise be ready on every pass).
+            _ = tokio::time::sleep_until(linger_deadline), if !group.jobs.is_empty() && !linger.is_zero() && inflight.len() < inflight_max && !corked => {}
             _ = shared.uncorked.notified(), if waiting_on_cork => {}
             _ = tokio::time::sleep_until(cork_deadline), if waiting_on_cork => {}
         }
