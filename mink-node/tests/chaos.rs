@@ -608,86 +608,101 @@ async fn inject(
     }
 }
 
-/// The pyarrow AppendTable writer (chaos_pyarrow_writer.py), when `MINKTEST_CHAOS_PYTHON`
-/// names a Python with pyarrow (`cargo xtask test` and `cargo xtask chaos` set it):
-/// its acknowledged calls go into the ledger like the Rust writers'.
-fn pyarrow_writer(
-    dir: &Path,
+/// A Python helper of the harness (`tests/NAME`, run by `MINKTEST_CHAOS_PYTHON`, which
+/// `cargo xtask test` and `cargo xtask chaos` set) and a thread that hands each JSON
+/// line it prints to `on_line`; a line that is not JSON is a violation. `None` when no
+/// Python is named. `stderr` is where its log goes.
+fn python_helper(
+    name: &str,
+    args: &[String],
+    stderr: Stdio,
     l: &Shared,
-    path: &TablePath,
+    on_line: impl Fn(&Shared, serde_json::Value) + Send + 'static,
 ) -> Option<(Child, std::thread::JoinHandle<()>)> {
     let Ok(python) = std::env::var("MINKTEST_CHAOS_PYTHON") else {
-        eprintln!("MINKTEST_CHAOS_PYTHON is not set: no pyarrow writer in this run");
+        eprintln!("MINKTEST_CHAOS_PYTHON is not set: no {name} in this run");
         return None;
     };
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/chaos_pyarrow_writer.py");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join(name);
     let mut child = Command::new(python)
         .arg(script)
-        .arg(dir.join("addrs"))
-        .arg(path.to_string())
-        .arg(PYARROW_WRITER.to_string())
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(stderr)
         .spawn()
-        .expect("the pyarrow writer starts");
+        .unwrap_or_else(|e| panic!("{name} does not start: {e}"));
     let out = BufReader::new(child.stdout.take().unwrap());
-    let l = l.clone();
+    let (l, name) = (l.clone(), name.to_string());
     let reader = std::thread::spawn(move || {
         for line in out.lines().map_while(|l| l.ok()) {
-            let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
-                ledger(&l)
+            match serde_json::from_str::<serde_json::Value>(&line) {
+                Ok(v) => on_line(&l, v),
+                Err(_) => ledger(&l)
                     .violations
-                    .push(format!("pyarrow writer printed {line:?}"));
-                continue;
-            };
-            if v.get("failed").is_some() {
-                ledger(&l).py_failed += 1;
-                continue;
-            }
-            let ids: Vec<i64> = serde_json::from_value(v["ids"].clone()).unwrap_or_default();
-            match serde_json::from_value::<WriteResult>(v["answer"].clone()) {
-                Ok(WriteResult::Routed { buckets }) => {
-                    record_log_ack(&l, &ids, &buckets);
-                    ledger(&l).py_acked += 1;
-                }
-                other => ledger(&l)
-                    .violations
-                    .push(format!("AppendTable answered {other:?}")),
+                    .push(format!("{name} printed {line:?}")),
             }
         }
     });
     Some((child, reader))
 }
 
+/// The pyarrow AppendTable writer (chaos_pyarrow_writer.py): its acknowledged calls go
+/// into the ledger like the Rust writers'.
+fn pyarrow_writer(
+    dir: &Path,
+    l: &Shared,
+    path: &TablePath,
+) -> Option<(Child, std::thread::JoinHandle<()>)> {
+    let args = [
+        dir.join("addrs").display().to_string(),
+        path.to_string(),
+        PYARROW_WRITER.to_string(),
+    ];
+    python_helper(
+        "chaos_pyarrow_writer.py",
+        &args,
+        Stdio::inherit(),
+        l,
+        |l, v| {
+            if v.get("failed").is_some() {
+                ledger(l).py_failed += 1;
+                return;
+            }
+            let ids: Vec<i64> = serde_json::from_value(v["ids"].clone()).unwrap_or_default();
+            match serde_json::from_value::<WriteResult>(v["answer"].clone()) {
+                Ok(WriteResult::Routed { buckets }) => {
+                    record_log_ack(l, &ids, &buckets);
+                    ledger(l).py_acked += 1;
+                }
+                other => ledger(l)
+                    .violations
+                    .push(format!("AppendTable answered {other:?}")),
+            }
+        },
+    )
+}
+
 /// The Kafka topic the producer writes (table `kafka.chaos`).
 const KAFKA_TOPIC: &str = "chaos";
 
-/// Starts the idempotent librdkafka producer (`chaos_kafka_producer.py`) and a thread
-/// that puts its delivery reports into the ledger.
+/// The idempotent librdkafka producer (`chaos_kafka_producer.py`): its delivery reports
+/// go into the ledger.
 fn kafka_producer(dir: &Path, l: &Shared) -> Option<(Child, std::thread::JoinHandle<()>)> {
-    let python = std::env::var("MINKTEST_CHAOS_PYTHON").ok()?;
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/chaos_kafka_producer.py");
-    let mut child = Command::new(python)
-        .arg(script)
-        .arg(dir.join("kafka_addrs"))
-        .arg(KAFKA_TOPIC)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("the Kafka producer starts");
-    let out = BufReader::new(child.stdout.take().unwrap());
-    let l = l.clone();
-    let reader = std::thread::spawn(move || {
-        for line in out.lines().map_while(|l| l.ok()) {
-            let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
-                ledger(&l)
-                    .violations
-                    .push(format!("the Kafka producer printed {line:?}"));
-                continue;
-            };
-            let mut led = ledger(&l);
+    let args = [
+        dir.join("kafka_addrs").display().to_string(),
+        KAFKA_TOPIC.to_string(),
+    ];
+    // librdkafka logs every broker that goes away: not worth the test's output.
+    python_helper(
+        "chaos_kafka_producer.py",
+        &args,
+        Stdio::null(),
+        l,
+        |l, v| {
+            let mut led = ledger(l);
             if let Some(id) = v["failed"].as_i64() {
                 led.kafka_failed += 1;
                 led.kafka.insert(id, None);
@@ -702,9 +717,8 @@ fn kafka_producer(dir: &Path, l: &Shared) -> Option<(Child, std::thread::JoinHan
                         .push(format!("Kafka record {id} acknowledged twice: {before:?}"));
                 }
             }
-        }
-    });
-    Some((child, reader))
+        },
+    )
 }
 
 /// Reads the Kafka topic back: every acknowledged record exactly once at its reported
