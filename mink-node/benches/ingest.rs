@@ -53,6 +53,20 @@ fn batch_of(seed: i64, fill: char) -> RecordBatch {
     .unwrap()
 }
 
+/// `n` rows of `d`'s columns with ids from 0 and a 100-byte body.
+fn small_rows(d: &TableDescriptor, n: i64) -> RecordBatch {
+    RecordBatch::try_new(
+        d.schema.to_arrow(),
+        vec![
+            Arc::new(Int64Array::from_iter_values(0..n)),
+            Arc::new(StringArray::from_iter_values(
+                (0..n).map(|_| "x".repeat(100)),
+            )),
+        ],
+    )
+    .unwrap()
+}
+
 fn now_ns() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -312,16 +326,7 @@ async fn table_write_latency(samples: usize) -> (f64, f64, f64) {
     d.bucket_count = 8;
     d.bucket_keys = Some(vec!["id".into()]);
     client.create_table(&path, &d).await.unwrap();
-    let rows = RecordBatch::try_new(
-        d.schema.to_arrow(),
-        vec![
-            Arc::new(Int64Array::from_iter_values(0..800)),
-            Arc::new(StringArray::from_iter_values(
-                (0..800).map(|_| "x".repeat(100)),
-            )),
-        ],
-    )
-    .unwrap();
+    let rows = small_rows(&d, 800);
     let descriptor = WriteDescriptor::AppendTable {
         path: path.clone(),
         schema_id: 1,
@@ -388,16 +393,7 @@ async fn single_bucket(depth: usize, secs: f64) -> f64 {
     let mut d = descriptor();
     d.bucket_count = 1;
     client.create_table(&path, &d).await.unwrap();
-    let rows = RecordBatch::try_new(
-        d.schema.to_arrow(),
-        vec![
-            Arc::new(Int64Array::from_iter_values(0..100)),
-            Arc::new(StringArray::from_iter_values(
-                (0..100).map(|_| "x".repeat(100)),
-            )),
-        ],
-    )
-    .unwrap();
+    let rows = small_rows(&d, 100);
     for _ in 0..100 {
         if client.append(&path, &rows).await.is_ok() {
             break;
