@@ -5,6 +5,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use arrow::array::RecordBatch;
+use arrow::buffer::Buffer;
 use arrow::datatypes::SchemaRef;
 use arrow::ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteContext, IpcWriteOptions};
 use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
@@ -17,7 +18,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::stream;
 use futures::{StreamExt, TryStreamExt};
-use mink_types::{MinkError, TablePath};
+use mink_types::{IpcEncoded, MinkError, TablePath};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::protocol::{
@@ -117,11 +118,13 @@ pub trait MinkService: Send + Sync + 'static {
     async fn wait_applied(&self, index: u64) -> Result<(), MinkError>;
     /// Runs an action with a JSON body; returns a JSON result.
     async fn action(&self, name: &str, body: &[u8]) -> Result<Vec<u8>, MinkError>;
-    /// Writes one batch.
+    /// Writes one batch; `ipc` holds the bytes it was decoded from, which the service
+    /// may store as they are (see [`IpcEncoded`]).
     async fn write(
         &self,
         descriptor: &WriteDescriptor,
         batch: RecordBatch,
+        ipc: Option<IpcEncoded>,
         meta: WriteBatch,
     ) -> Result<WriteResult, MinkError>;
     /// Reads what a ticket names: the schema and the batches.
@@ -595,7 +598,12 @@ impl<S: MinkService> FlightService for FlightServer<S> {
                     metrics::counter!("mink_flight_put_batches_total").increment(1);
                     metrics::counter!("mink_flight_put_rows_total")
                         .increment(batch.num_rows() as u64);
-                    let result = service.write(&descriptor, batch, meta).await;
+                    // The bytes the batch was decoded from, without a copy.
+                    let ipc = IpcEncoded {
+                        message: Buffer::from(decoded.inner.data_header.clone()),
+                        body: Buffer::from(decoded.inner.data_body.clone()),
+                    };
+                    let result = service.write(&descriptor, batch, Some(ipc), meta).await;
                     let message = match result {
                         Ok(r) => serde_json::to_vec(&r)
                             .map(|m| PutResult {

@@ -15,7 +15,8 @@ use mink_flight::MinkClient;
 use mink_flight::protocol::{TailPoll, WriteBatch, WriteDescriptor, WriteResult};
 use mink_flight::server::{FlightServer, MinkService, ReadBatch, ReadBatches, TableEndpoint};
 use mink_types::{
-    Column, DataType, MinkError, Result, Schema, TableBucket, TableDescriptor, TablePath,
+    Column, DataType, IpcEncoded, MinkError, Result, Schema, TableBucket, TableDescriptor,
+    TablePath,
 };
 
 const TABLE_ID: i64 = 1;
@@ -132,6 +133,7 @@ impl MinkService for Leader {
         &self,
         descriptor: &WriteDescriptor,
         batch: RecordBatch,
+        _ipc: Option<IpcEncoded>,
         meta: WriteBatch,
     ) -> Result<WriteResult> {
         let WriteDescriptor::Append {
@@ -708,6 +710,7 @@ mod seeded {
             &self,
             descriptor: &WriteDescriptor,
             batch: RecordBatch,
+            _ipc: Option<mink_types::IpcEncoded>,
             meta: WriteBatch,
         ) -> Result<WriteResult> {
             let WriteDescriptor::Append {

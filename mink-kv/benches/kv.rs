@@ -84,6 +84,7 @@ async fn log_rows_per_sec(batches: &[RecordBatch]) -> f64 {
                         schema_id: 1,
                         change_types: None,
                         batch: b,
+                        ipc: None,
                     })
                     .await
                     .unwrap();

@@ -427,6 +427,7 @@ impl KvTablet {
                 schema_id: schema.schema_id,
                 change_types: Some(changes.iter().map(|(c, _)| *c).collect()),
                 batch,
+                ipc: None,
             })
             .await;
         drop(cork.take());

@@ -151,6 +151,7 @@ async fn log_run(secs: f64, batch: &RecordBatch, encoded_len: usize) -> (f64, f6
                         schema_id: 1,
                         change_types: None,
                         batch: batch.clone(),
+                        ipc: None,
                     })
                     .await
                     .unwrap();
@@ -252,6 +253,7 @@ async fn main() {
                 schema_id: 1,
                 change_types: None,
                 batch: batch.clone(),
+                ipc: None,
             })
             .await
             .unwrap();

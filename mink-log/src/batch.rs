@@ -9,7 +9,7 @@ use arrow::buffer::Buffer;
 use arrow::datatypes::SchemaRef;
 use arrow::ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteContext, IpcWriteOptions};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use mink_types::{ChangeType, MinkError, Result, SchemaId};
+use mink_types::{ChangeType, IpcEncoded, MinkError, Result, SchemaId};
 
 /// `MKB1`.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"MKB1");
@@ -72,38 +72,68 @@ fn corrupt(what: impl std::fmt::Display) -> MinkError {
 
 /// Encodes `batch` with `header` (whose `record_count` and change types must match).
 pub fn encode(header: &BatchHeader, batch: &RecordBatch) -> Result<BytesMut> {
-    if header.record_count as usize != batch.num_rows() {
-        return Err(MinkError::Internal(format!(
-            "header says {} rows, the batch has {}",
-            header.record_count,
-            batch.num_rows()
-        )));
-    }
-    let has_changes = header.attributes & ATTR_CHANGE_TYPES != 0;
-    if has_changes && header.change_types.len() != batch.num_rows() {
-        return Err(MinkError::invalid(
-            "changes",
-            format!(
-                "{} change types for {} rows",
-                header.change_types.len(),
-                batch.num_rows()
-            ),
-        ));
-    }
     let (_, encoded) = IpcDataGenerator::default().encode(
         batch,
         &mut DictionaryTracker::new(false),
         &IpcWriteOptions::default(),
         &mut IpcWriteContext::default(),
     )?;
+    frame(
+        header,
+        batch.num_rows(),
+        &encoded.ipc_message,
+        &encoded.arrow_data,
+    )
+}
+
+/// [`encode`] that stores `ipc`, the batch's IPC encoding as the client sent it,
+/// instead of encoding the rows again: one copy of the bytes, no Arrow work. The
+/// caller has decoded `ipc` into `batch` and checked it against the table schema the
+/// header names, with exactly that schema's Arrow types (so [`decode`] with that
+/// schema gives the same batch). A message that is not an uncompressed record batch
+/// of `batch`'s row count is refused.
+pub fn encode_from_ipc(
+    header: &BatchHeader,
+    batch: &RecordBatch,
+    ipc: &IpcEncoded,
+) -> Result<BytesMut> {
+    let message = arrow::ipc::root_as_message(&ipc.message)
+        .map_err(|e| MinkError::invalid("batch", format!("bad IPC message: {e}")))?;
+    let rows = message
+        .header_as_record_batch()
+        .ok_or_else(|| MinkError::invalid("batch", "the IPC message is not a record batch"))?;
+    if rows.length() != batch.num_rows() as i64 || rows.compression().is_some() {
+        return Err(MinkError::invalid(
+            "batch",
+            "the IPC message does not describe this batch uncompressed",
+        ));
+    }
+    frame(header, batch.num_rows(), &ipc.message, &ipc.body)
+}
+
+/// The log batch around an IPC message and body; the CRC is set, the leader's fields
+/// are left for [`stamp`].
+fn frame(header: &BatchHeader, rows: usize, message: &[u8], body: &[u8]) -> Result<BytesMut> {
+    if header.record_count as usize != rows {
+        return Err(MinkError::Internal(format!(
+            "header says {} rows, the batch has {rows}",
+            header.record_count,
+        )));
+    }
+    let has_changes = header.attributes & ATTR_CHANGE_TYPES != 0;
+    if has_changes && header.change_types.len() != rows {
+        return Err(MinkError::invalid(
+            "changes",
+            format!("{} change types for {rows} rows", header.change_types.len()),
+        ));
+    }
     let changes = if has_changes {
         header.change_types.len()
     } else {
         0
     };
-    let mut buf = BytesMut::with_capacity(
-        FIXED_HEADER_LEN + changes + 4 + encoded.ipc_message.len() + encoded.arrow_data.len(),
-    );
+    let mut buf =
+        BytesMut::with_capacity(FIXED_HEADER_LEN + changes + 4 + message.len() + body.len());
     buf.put_u32_le(MAGIC);
     buf.put_i64_le(header.base_offset);
     buf.put_i64_le(header.commit_timestamp);
@@ -120,12 +150,24 @@ pub fn encode(header: &BatchHeader, batch: &RecordBatch) -> Result<BytesMut> {
             buf.put_u8(c.to_byte());
         }
     }
-    buf.put_u32_le(encoded.ipc_message.len() as u32);
-    buf.put_slice(&encoded.ipc_message);
-    buf.put_slice(&encoded.arrow_data);
+    buf.put_u32_le(message.len() as u32);
+    buf.put_slice(message);
+    buf.put_slice(body);
     let crc = crc32c::crc32c(&buf[CRC_AT + 4..]);
     buf[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
     Ok(buf)
+}
+
+/// The CRC32C of a whole encoded batch, from the CRC in its header (which covers
+/// everything after it) and the few bytes before it: no second pass over the rows.
+pub fn whole_crc(encoded: &[u8]) -> u32 {
+    let stored = u32::from_le_bytes(
+        encoded[CRC_AT..CRC_AT + 4]
+            .try_into()
+            .expect("a batch has a header"),
+    );
+    let head = crc32c::crc32c(&encoded[..CRC_AT + 4]);
+    crc32c::crc32c_combine(head, stored, encoded.len() - (CRC_AT + 4))
 }
 
 /// Sets the fields the leader assigns at append time (outside the CRC).
@@ -310,6 +352,53 @@ mod tests {
             (got.base_offset, got.commit_timestamp, got.leader_epoch),
             (1000, 5, 3)
         );
+    }
+
+    /// A client's IPC encoding, stored as it is, decodes to the same batch; the whole
+    /// CRC from the header agrees with a full pass after stamping.
+    #[test]
+    fn a_clients_ipc_encoding_is_stored_as_it_is() {
+        for changes in [false, true] {
+            let (header, batch) = sample(changes);
+            // Not the node's own options: 8-byte alignment, as pyarrow writes.
+            let (_, encoded) = IpcDataGenerator::default()
+                .encode(
+                    &batch,
+                    &mut DictionaryTracker::new(false),
+                    &IpcWriteOptions::try_new(8, false, arrow::ipc::MetadataVersion::V5).unwrap(),
+                    &mut IpcWriteContext::default(),
+                )
+                .unwrap();
+            let ipc = IpcEncoded {
+                message: Buffer::from_vec(encoded.ipc_message.clone()),
+                body: Buffer::from_vec(encoded.arrow_data.clone()),
+            };
+            let mut buf = encode_from_ipc(&header, &batch, &ipc).unwrap();
+            assert!(buf.ends_with(&encoded.arrow_data));
+            stamp(&mut buf, 77, 5, 3);
+            assert_eq!(whole_crc(&buf), crc32c::crc32c(&buf));
+            let decoded = decode(&buf.freeze(), schemas(&registry())).unwrap();
+            assert_eq!(decoded.batch, batch);
+            assert_eq!(decoded.header.base_offset, 77);
+
+            // A message of another row count is refused.
+            let (other_header, other) = sample(changes);
+            let shorter = other.slice(0, 2);
+            let err = encode_from_ipc(
+                &BatchHeader {
+                    record_count: 2,
+                    change_types: other_header.change_types[..if changes { 2 } else { 0 }].to_vec(),
+                    ..other_header
+                },
+                &shorter,
+                &ipc,
+            )
+            .unwrap_err();
+            assert!(
+                err.to_string().contains("does not describe this batch"),
+                "{err}"
+            );
+        }
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
-use mink_types::{ChangeType, MinkError, Result, Schema, SchemaId, TableBucket};
+use mink_types::{ChangeType, IpcEncoded, MinkError, Result, Schema, SchemaId, TableBucket};
 use mink_wal::{Stream, WalError};
 use tokio::sync::{Semaphore, watch};
 
@@ -26,6 +26,10 @@ pub struct AppendRequest {
     /// One per row for primary-key tables (the changelog); `None` for log tables.
     pub change_types: Option<Vec<ChangeType>>,
     pub batch: RecordBatch,
+    /// `batch` as the client encoded it, when the caller decoded it from these bytes
+    /// and it goes into the log unchanged: stored as it is (see
+    /// [`batch::encode_from_ipc`]) instead of being encoded again.
+    pub ipc: Option<IpcEncoded>,
 }
 
 /// Where a batch landed.
@@ -423,7 +427,10 @@ impl LogTablet {
             change_types: req.change_types.clone().unwrap_or_default(),
         };
         // Encoded once, outside the lock; stamped with offset and time under it.
-        let encoded = batch::encode(&header, &req.batch)?;
+        let encoded = match &req.ipc {
+            Some(ipc) => batch::encode_from_ipc(&header, &req.batch, ipc)?,
+            None => batch::encode(&header, &req.batch)?,
+        };
         if encoded.len() as u64 > self.inner.config.batch_bytes_max {
             return Err(MinkError::LimitExceeded {
                 what: format!("{bucket}: encoded batch bytes"),
@@ -493,12 +500,14 @@ impl LogTablet {
                         let ts = now_ms().max(state.last_commit_timestamp);
                         let mut encoded = encoded.take().expect("a batch is appended once");
                         batch::stamp(&mut encoded, base, ts, self.inner.epoch as i64);
-                        let pending = match self.inner.stream.append(
+                        let crc = batch::whole_crc(&encoded);
+                        let pending = match self.inner.stream.append_with_crc(
                             reservation.take().expect("a batch is appended once"),
                             self.inner.epoch,
                             rows as u32,
                             ts,
                             encoded.freeze(),
+                            crc,
                         ) {
                             Ok(p) => p,
                             Err(e) => {

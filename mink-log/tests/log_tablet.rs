@@ -47,6 +47,7 @@ fn req(writer: i64, seq: i64, ids: std::ops::Range<i64>) -> AppendRequest {
         schema_id: 1,
         change_types: None,
         batch: rows(ids),
+        ipc: None,
     }
 }
 

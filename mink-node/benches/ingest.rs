@@ -181,12 +181,25 @@ async fn ingest(kind: &Kind, secs: f64, pk: bool) -> (f64, f64, usize) {
     )
 }
 
-/// MB/s of raw s3stream appends of `size` bytes by `WRITERS` appenders over `BUCKETS` streams.
-async fn raw(kind: &Kind, size: usize, secs: f64) -> f64 {
+/// MB/s of raw s3stream appends of `size` bytes by `WRITERS` appenders over `BUCKETS`
+/// streams. With `compact`, the store's compactor runs beside them as it does in a
+/// node: it is due every `segment_bytes_max` (64 MiB) of appends, so at hundreds of
+/// MB/s it rewrites every byte into segments within the run, in the node as here.
+async fn raw(kind: &Kind, size: usize, secs: f64, compact: bool) -> f64 {
     let (store, _dir) = store(kind);
     let node = StreamStore::open(store, "raw", WalConfig::default())
         .await
         .unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let compactor = compact.then(|| {
+        let node = node.clone();
+        tokio::spawn(async move {
+            node.run_compactor(async move {
+                let _ = stopped.await;
+            })
+            .await
+        })
+    });
     let mut streams = Vec::new();
     for b in 0..BUCKETS {
         streams.push(node.open_stream(&format!("raw{b}"), 1).await.unwrap());
@@ -214,7 +227,12 @@ async fn raw(kind: &Kind, size: usize, secs: f64) -> f64 {
     for t in tasks {
         total += t.await.unwrap();
     }
-    total as f64 / start.elapsed().as_secs_f64() / 1e6
+    let mbps = total as f64 / start.elapsed().as_secs_f64() / 1e6;
+    let _ = stop.send(());
+    if let Some(c) = compactor {
+        c.await.unwrap();
+    }
+    mbps
 }
 
 /// Write→tail visibility: a tail polls one bucket; a writer writes rows stamped with
@@ -427,23 +445,54 @@ async fn single_bucket(depth: usize, secs: f64) -> f64 {
 #[tokio::main]
 async fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
+    // `MINK_BENCH_PROFILE=SECS`: only the `file://` append ingest, for SECS seconds (to
+    // run under a profiler); prints rows/s, and the raw baseline unless
+    // `MINK_BENCH_PROFILE_NO_RAW` is set.
+    if let Some(secs) = std::env::var("MINK_BENCH_PROFILE")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+    {
+        let (rows, mbps, batch_bytes) = ingest(&Kind::File, secs, false).await;
+        if std::env::var_os("MINK_BENCH_PROFILE_NO_RAW").is_some() {
+            println!("file:// ingest {rows:.0} rows/s, {mbps:.1} MB/s");
+            return;
+        }
+        let raw_mbps = raw(&Kind::File, batch_bytes, secs.min(3.0), false).await;
+        let compacted = raw(&Kind::File, batch_bytes, secs.min(3.0), true).await;
+        println!(
+            "file:// ingest {rows:.0} rows/s, {mbps:.1} MB/s; raw {raw_mbps:.1} MB/s (ratio {:.2}); raw with compaction {compacted:.1} MB/s (ratio {:.2})",
+            mbps / raw_mbps,
+            mbps / compacted
+        );
+        return;
+    }
     let secs = if quick { 0.5 } else { 3.0 };
     let samples = if quick { 20 } else { 200 };
+    let rounds = if quick { 1 } else { 3 };
     let mut out = String::from(&format!(
-        "One node in-process, {WRITERS} closed-loop writers through the Rust client (Flight DoPut, client-side routing, idempotent sequences), {BUCKETS} buckets, batches of {ROWS} rows of ~1 KB.\n\n| store | rows/s | MB/s | raw s3stream MB/s (same bytes) | ratio | write→tail p50 | write→tail p99 |\n|---|---|---|---|---|---|---|\n"
+        "One node in-process, {WRITERS} closed-loop writers through the Rust client (Flight DoPut, client-side routing, idempotent sequences), {BUCKETS} buckets, batches of {ROWS} rows of ~1 KB. Two baselines of the same bytes in the same run: raw s3stream appends alone, and with s3stream's compactor running as it does in the node (due every 64 MiB of appends, so at these rates it rewrites every byte into segments during the run: on `file://` the node writes each byte twice). Rounds alternate.\n\n| store | round | rows/s | MB/s | raw appends MB/s | ratio | raw appends + compaction MB/s | ratio |\n|---|---|---|---|---|---|---|---|\n"
     ));
+    let mut tails = String::from(
+        "\nWrite→tail visibility (one writer, one tail on the bucket).\n\n| store | p50 | p99 |\n|---|---|---|\n",
+    );
     for (label, kind) in [
         ("file://", Kind::File),
         ("20 ms PUT latency", Kind::Latency(20)),
     ] {
-        let (rows, mbps, batch_bytes) = ingest(&kind, secs, false).await;
-        let raw_mbps = raw(&kind, batch_bytes, secs).await;
+        for round in 1..=rounds {
+            let (rows, mbps, batch_bytes) = ingest(&kind, secs, false).await;
+            let raw_mbps = raw(&kind, batch_bytes, secs, false).await;
+            let compacted = raw(&kind, batch_bytes, secs, true).await;
+            out.push_str(&format!(
+                "| {label} | {round} | {rows:.0} | {mbps:.1} | {raw_mbps:.1} | {:.2} | {compacted:.1} | {:.2} |\n",
+                mbps / raw_mbps,
+                mbps / compacted
+            ));
+        }
         let (p50, p99) = visibility(&kind, samples).await;
-        out.push_str(&format!(
-            "| {label} | {rows:.0} | {mbps:.1} | {raw_mbps:.1} | {:.2} | {p50:.1} ms | {p99:.1} ms |\n",
-            mbps / raw_mbps
-        ));
+        tails.push_str(&format!("| {label} | {p50:.1} ms | {p99:.1} ms |\n"));
     }
+    out.push_str(&tails);
     out.push_str(
         "\nPrimary-key Puts against log appends of the same rows, through the same client path \
          (8 closed-loop writers, each rewriting its own 1,000 keys with one of two bodies in \

@@ -2,7 +2,8 @@
 //!
 //! It owns names and their validation ([`names`]), data types and their Arrow mapping
 //! ([`types`]), schemas and schema ids ([`schema`]), table descriptors, properties and
-//! merge-engine configuration ([`table`]), change types ([`change`]), the canonical
+//! merge-engine configuration ([`table`]), change types ([`change`]), a batch's IPC
+//! encoding as a client sent it ([`ipc`]), the canonical
 //! key encoding ([`key`]), the bucketing rules ([`bucketing`]) and the error type
 //! ([`error`]).
 //!
@@ -13,6 +14,7 @@
 pub mod bucketing;
 pub mod change;
 pub mod error;
+pub mod ipc;
 pub mod key;
 pub mod names;
 pub mod partition;
@@ -23,6 +25,7 @@ pub mod types;
 pub use bucketing::{BucketRows, bucket_per_row, hash_bucket, split_by_bucket};
 pub use change::ChangeType;
 pub use error::{MinkError, Result};
+pub use ipc::IpcEncoded;
 pub use key::{KeyEncoder, KeyValue, decode_key, encode_values};
 pub use names::{
     BucketId, DatabaseName, PartitionId, PartitionName, TableBucket, TableId, TableName, TablePath,

@@ -27,9 +27,10 @@ impl MinkService for NodeService {
         &self,
         descriptor: &WriteDescriptor,
         batch: RecordBatch,
+        ipc: Option<IpcEncoded>,
         meta: WriteBatch,
     ) -> Result<WriteResult> {
-        NodeService::write(self, descriptor, batch, meta).await
+        NodeService::write(self, descriptor, batch, ipc, meta).await
     }
 
     async fn read(&self, ticket: ReadTicket) -> Result<(SchemaRef, ReadBatches)> {

@@ -262,6 +262,7 @@ impl KafkaHandler for NodeService {
                 schema_id: table.descriptor.schema.schema_id,
                 change_types: None,
                 batch: rows,
+                ipc: None,
             })
             .await;
         let submitted = match submitted {

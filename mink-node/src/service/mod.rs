@@ -27,7 +27,7 @@ use mink_kv::{KvStore, KvTablet, PutRequest, SnapshotStore};
 use mink_log::{AppendRequest, LogTablet, NO_WRITER, OffsetSpec};
 use mink_meta::{MetaNode, TableInfo};
 use mink_types::{
-    ChangeType, KeyValue, MinkError, Result, TableBucket, TableDescriptor, TablePath,
+    ChangeType, IpcEncoded, KeyValue, MinkError, Result, TableBucket, TableDescriptor, TablePath,
     encode_values, split_by_bucket, split_by_partition,
 };
 use mink_wal::StreamStore;

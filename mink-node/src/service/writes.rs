@@ -14,6 +14,7 @@ impl NodeService {
         &self,
         descriptor: &WriteDescriptor,
         batch: RecordBatch,
+        ipc: Option<IpcEncoded>,
         meta: WriteBatch,
     ) -> Result<WriteResult> {
         match descriptor {
@@ -30,7 +31,7 @@ impl NodeService {
                     ));
                 }
                 let w = self
-                    .append(*bucket, *schema_id, *writer_id, batch, &meta, None)
+                    .append(*bucket, *schema_id, *writer_id, batch, ipc, &meta, None)
                     .await?;
                 Ok(WriteResult::Written {
                     first_offset: w.first_offset,
@@ -39,7 +40,7 @@ impl NodeService {
                 })
             }
             WriteDescriptor::AppendTable { path, schema_id } => {
-                self.append_table(path, *schema_id, batch, &meta).await
+                self.append_table(path, *schema_id, batch, ipc, &meta).await
             }
             WriteDescriptor::Put {
                 bucket,
@@ -232,12 +233,14 @@ impl NodeService {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn append(
         &self,
         bucket: TableBucket,
         schema_id: i32,
         writer: Option<i64>,
         batch: RecordBatch,
+        ipc: Option<IpcEncoded>,
         meta: &WriteBatch,
         cork: Option<Cork>,
     ) -> Result<BucketWritten> {
@@ -254,6 +257,7 @@ impl NodeService {
             schema_id,
             change_types: None,
             batch,
+            ipc,
         };
         let appended = match cork {
             Some(cork) => tablet.append_corked(request, cork).await,
@@ -418,6 +422,7 @@ impl NodeService {
         path: &TablePath,
         schema_id: i32,
         batch: RecordBatch,
+        ipc: Option<IpcEncoded>,
         meta: &WriteBatch,
     ) -> Result<WriteResult> {
         let table = self.table(path).await?;
@@ -437,12 +442,28 @@ impl NodeService {
         // way, so that they share one upload.
         let mut parts = Vec::new();
         let cork = self.streams().cork();
-        for (bucket, rows) in self.route(&table, &batch, true).await? {
-            let part = take_record_batch(&batch, &arrow::array::UInt32Array::from(rows))?;
+        let routed = self.route(&table, &batch, true).await?;
+        // One part holding every row in order is the batch as it came: its client
+        // encoding goes into the log as it is.
+        let whole = routed.len() == 1
+            && routed[0].1.len() == batch.num_rows()
+            && routed[0]
+                .1
+                .iter()
+                .enumerate()
+                .all(|(i, r)| *r as usize == i);
+        let mut ipc = if whole { ipc } else { None };
+        for (bucket, rows) in routed {
+            let part = if whole {
+                batch.clone()
+            } else {
+                take_record_batch(&batch, &arrow::array::UInt32Array::from(rows))?
+            };
             let cork = cork.clone();
+            let ipc = ipc.take();
             parts.push(async move {
                 match self
-                    .append(bucket, schema_id, None, part.clone(), meta, Some(cork))
+                    .append(bucket, schema_id, None, part.clone(), ipc, meta, Some(cork))
                     .await
                 {
                     Err(MinkError::NotLeader {

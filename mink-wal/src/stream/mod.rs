@@ -607,6 +607,36 @@ impl Stream {
         timestamp_ms: i64,
         payload: Bytes,
     ) -> WalResult<PendingAppend> {
+        // Off the writer's task and outside the stream's lock.
+        let payload_crc = crc32c::crc32c(&payload);
+        self.append_with_crc(
+            reservation,
+            epoch,
+            record_count,
+            timestamp_ms,
+            payload,
+            payload_crc,
+        )
+    }
+
+    /// [`Stream::append`] of a payload whose CRC32C the caller already knows (a log
+    /// batch carries one over all but its first bytes, so the whole CRC is a combine,
+    /// not a second pass over the rows). A wrong CRC makes the WAL object unreadable:
+    /// debug builds check it.
+    pub fn append_with_crc(
+        &self,
+        reservation: Reservation,
+        epoch: u64,
+        record_count: u32,
+        timestamp_ms: i64,
+        payload: Bytes,
+        payload_crc: u32,
+    ) -> WalResult<PendingAppend> {
+        debug_assert_eq!(
+            crc32c::crc32c(&payload),
+            payload_crc,
+            "append_with_crc was given a wrong CRC"
+        );
         if record_count == 0 {
             return Err(WalError::Config(
                 "an append needs at least one record".into(),
@@ -615,8 +645,6 @@ impl Stream {
         if let Some(e) = self.inner.store.writer.failure() {
             return Err(e);
         }
-        // Off the writer's task and outside the stream's lock.
-        let payload_crc = crc32c::crc32c(&payload);
         let mut state = self.inner.lock();
         state.status.check_open(&self.inner.name)?;
         if epoch != state.epoch {
