@@ -70,6 +70,11 @@ impl Merger {
         self.delete
     }
 
+    /// Whether this is `last_row`: a full-width upsert simply replaces the old row.
+    pub fn is_last_row(&self) -> bool {
+        matches!(self.engine, MergeEngine::LastRow)
+    }
+
     /// Whether partial updates are allowed.
     pub fn allows_partial(&self) -> bool {
         matches!(

@@ -13,7 +13,9 @@ use arrow::datatypes::{
     Time64MicrosecondType, Time64NanosecondType, TimeUnit, TimestampMicrosecondType,
     TimestampMillisecondType, TimestampNanosecondType, TimestampSecondType,
 };
-use mink_types::{DataType, KeyValue, MinkError, Result, Schema, SchemaId, decode_key};
+use mink_types::{
+    DataType, KeyValue, MinkError, Result, Schema, SchemaId, ValueEncoder, decode_key,
+};
 
 /// One column's value; `None` is null.
 pub type Value = Option<KeyValue>;
@@ -124,6 +126,24 @@ pub fn encode_row(schema: &Schema, row: &Row) -> Result<Vec<u8>> {
     Ok(out)
 }
 
+/// [`encode_row`] of row `row` of the batch behind `values` (whose columns are those of
+/// schema `schema_id`, in order), read straight from the arrays. Clears `out` first.
+pub fn encode_row_at(schema_id: SchemaId, values: &ValueEncoder, row: usize, out: &mut Vec<u8>) {
+    let n = values.len();
+    out.clear();
+    out.extend_from_slice(&schema_id.to_le_bytes());
+    out.extend_from_slice(&(n as u16).to_le_bytes());
+    let bitmap_at = out.len();
+    out.resize(bitmap_at + n.div_ceil(8), 0);
+    for i in 0..n {
+        if values.is_null(i, row) {
+            out[bitmap_at + i / 8] |= 1 << (i % 8);
+        } else {
+            values.encode(i, row, out);
+        }
+    }
+}
+
 /// The schema id a stored row was written under.
 pub fn row_schema_id(bytes: &[u8]) -> Result<SchemaId> {
     let id: [u8; 4] = bytes
@@ -213,6 +233,11 @@ mod tests {
 
         let batch = rows_to_batch(&v1, &[&row, &row]).unwrap();
         assert_eq!(batch.num_rows(), 2);
+        // Straight from the arrays: the same bytes.
+        let values = ValueEncoder::new(&batch).unwrap();
+        let mut out = vec![9; 3];
+        encode_row_at(1, &values, 1, &mut out);
+        assert_eq!(out, bytes);
         v1.check_batch(&batch).unwrap();
         assert_eq!(rows_of(&batch).unwrap(), vec![row.clone(), row]);
     }

@@ -14,14 +14,17 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use arrow::array::RecordBatch;
+use arrow::compute::interleave_record_batch;
 use mink_log::{AppendRequest, Appended, LogTablet};
 use mink_types::{
     ChangeType, DeleteBehavior, KeyEncoder, MinkError, Result, Schema, SchemaId, TableBucket,
-    TableDescriptor,
+    TableDescriptor, ValueEncoder,
 };
 
 use crate::merge::{Decision, Merger, target_mask};
-use crate::row::{Row, decode_row, encode_row, row_schema_id, rows_of, rows_to_batch};
+use crate::row::{
+    Row, decode_row, encode_row, encode_row_at, row_schema_id, rows_of, rows_to_batch,
+};
 use crate::snapshot::{SnapshotInfo, SnapshotStore};
 use crate::store::{Claim, KvNamespace, KvOp};
 
@@ -52,8 +55,18 @@ struct TableState {
     merger: Merger,
 }
 
-/// A checked Put: full-width rows, the target mask, delete flags, encoded keys.
-type Prepared = (Vec<Row>, Option<Vec<bool>>, Vec<bool>, Vec<Vec<u8>>);
+/// A checked Put: the target mask, delete flags, encoded keys, and the schema of the
+/// batch's columns (the current one, or its projection to the targets).
+type Prepared = (Option<Vec<bool>>, Vec<bool>, Vec<Vec<u8>>, Schema);
+
+/// What a Put's merge produced: the changelog (one change type per row of `batch`;
+/// no batch when nothing changed) and the new stored value of every key it changed
+/// (`None`: deleted).
+struct Merged {
+    change_types: Vec<ChangeType>,
+    batch: Option<RecordBatch>,
+    staged: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+}
 
 /// Versions of a key not yet in the store: `(changelog offset, stored row or None for
 /// a delete)`, oldest first.
@@ -309,9 +322,14 @@ impl KvTablet {
             encoder.encode(r, &mut key)?;
             keys.push(key);
         }
-        // Full-width rows (non-target columns null).
-        let partial = rows_of(&req.batch)?;
-        let rows = partial
+        Ok((mask, deletes, keys, batch_schema))
+    }
+
+    /// The rows of a Put, full width (columns outside `batch_schema` null).
+    fn full_rows(&self, batch: &RecordBatch, batch_schema: &Schema) -> Result<Vec<Row>> {
+        let table = self.table();
+        let current = &table.descriptor.schema;
+        Ok(rows_of(batch)?
             .into_iter()
             .map(|row| {
                 let mut full: Row = vec![None; current.columns.len()];
@@ -322,43 +340,20 @@ impl KvTablet {
                 }
                 full
             })
-            .collect();
-        Ok((rows, mask, deletes, keys))
+            .collect())
     }
 
-    /// Applies a Put (see the module docs). Returns where its changelog landed.
-    pub async fn put(&self, req: PutRequest) -> Result<Appended> {
-        self.put_corked(req, None).await
-    }
-
-    /// [`KvTablet::put`] as one part of a write over several buckets: `cork` (see
-    /// [`mink_wal::Cork`]) is released as soon as the changelog is on its way (or
-    /// will not be), so that the parts share one WAL upload.
-    pub async fn put_corked(
+    /// The merge of a Put in general: row by row, through the merge engine, each row
+    /// seeing the earlier rows of its batch.
+    fn merge_rows(
         &self,
-        req: PutRequest,
-        cork: Option<mink_wal::Cork>,
-    ) -> Result<Appended> {
-        let mut cork = cork;
-        if let Some(e) = self.failure() {
-            return Err(e);
-        }
-        let (rows, mask, deletes, keys) = self.prepare(&req)?;
-        let guard = self.inner.puts.lock().await;
-        if let Some(duplicate) =
-            self.inner
-                .log
-                .check_sequence(req.writer_id, req.batch_sequence, req.batch_sequence)?
-        {
-            drop(guard);
-            drop(cork.take());
-            return duplicate.wait().await;
-        }
-        let (schema, merger) = {
-            let table = self.table();
-            (table.descriptor.schema.clone(), table.merger.clone())
-        };
-        // Merge, row by row, seeing earlier rows of this batch.
+        rows: Vec<Row>,
+        mask: Option<&[bool]>,
+        deletes: Vec<bool>,
+        keys: Vec<Vec<u8>>,
+        schema: &Schema,
+        merger: &Merger,
+    ) -> Result<Merged> {
         let mut staged: BTreeMap<Vec<u8>, Option<Row>> = BTreeMap::new();
         let mut changes: Vec<(ChangeType, Row)> = Vec::new();
         for ((row, delete), key) in rows.into_iter().zip(deletes).zip(keys) {
@@ -367,9 +362,9 @@ impl KvTablet {
                 None => self.current(&key, None)?,
             };
             let decision = if delete {
-                merger.delete(old.as_ref(), mask.as_deref())
+                merger.delete(old.as_ref(), mask)
             } else {
-                merger.upsert(old.as_ref(), row, mask.as_deref())
+                merger.upsert(old.as_ref(), row, mask)
             };
             match decision {
                 Decision::Skip => {}
@@ -393,7 +388,179 @@ impl KvTablet {
                 },
             }
         }
-        if changes.is_empty() {
+        let batch = if changes.is_empty() {
+            None
+        } else {
+            Some(rows_to_batch(
+                schema,
+                &changes.iter().map(|(_, r)| r).collect::<Vec<_>>(),
+            )?)
+        };
+        let staged = staged
+            .into_iter()
+            .map(|(key, row)| Ok((key, row.map(|r| encode_row(schema, &r)).transpose()?)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Merged {
+            change_types: changes.into_iter().map(|(c, _)| c).collect(),
+            batch,
+            staged,
+        })
+    }
+
+    /// The merge of a `last_row` Put of full rows without deletes, column-wise: each new
+    /// row is encoded for the store straight from the arrays and compared with the old
+    /// value as bytes; the old values come from the prewrite buffer or from one batched
+    /// store read; only the old rows of updates are decoded (for their `-U` images);
+    /// the changelog is interleaved from those and the batch itself by Arrow kernels.
+    fn merge_last_row(
+        &self,
+        batch: &RecordBatch,
+        keys: Vec<Vec<u8>>,
+        schema: &Schema,
+    ) -> Result<Merged> {
+        /// A key's value as the merge goes: the newest stored or staged bytes, and
+        /// whether this Put changed it.
+        struct Slot {
+            value: Option<Vec<u8>>,
+            changed: bool,
+        }
+        let mut slots: HashMap<&[u8], Slot> = HashMap::with_capacity(keys.len());
+        let mut unstaged: Vec<Vec<u8>> = Vec::new();
+        {
+            let prewrite = self.prewrite();
+            for key in &keys {
+                if slots.contains_key(key.as_slice()) {
+                    continue;
+                }
+                let value = match prewrite.get(key).and_then(|v| v.back()) {
+                    Some((_, v)) => v.clone(),
+                    None => {
+                        unstaged.push(key.clone());
+                        None
+                    }
+                };
+                slots.insert(
+                    key,
+                    Slot {
+                        value,
+                        changed: false,
+                    },
+                );
+            }
+        }
+        if !unstaged.is_empty() {
+            // In key order: neighbouring reads share the store's pages and blocks.
+            unstaged.sort_unstable();
+            for (key, value) in unstaged.iter().zip(self.inner.store.multi_get(&unstaged)?) {
+                if let Some(slot) = slots.get_mut(key.as_slice()) {
+                    slot.value = value;
+                }
+            }
+        }
+        let values = ValueEncoder::new(batch)?;
+        let mut olds: Vec<Row> = Vec::new();
+        let mut change_types = Vec::new();
+        let mut indices: Vec<(usize, usize)> = Vec::new();
+        let mut encoded = Vec::new();
+        for (r, key) in keys.iter().enumerate() {
+            encode_row_at(schema.schema_id, &values, r, &mut encoded);
+            let slot = slots
+                .get_mut(key.as_slice())
+                .expect("every key of the batch was looked up");
+            match &slot.value {
+                None => {
+                    change_types.push(ChangeType::Insert);
+                    indices.push((1, r));
+                }
+                Some(old) if *old == encoded => continue,
+                Some(old) => {
+                    let old = self.decode(old)?;
+                    // A row stored under an older schema differs in bytes, not always
+                    // in value.
+                    if row_schema_id(slot.value.as_deref().unwrap_or_default())? != schema.schema_id
+                        && old == self.decode(&encoded)?
+                    {
+                        continue;
+                    }
+                    olds.push(old);
+                    change_types.push(ChangeType::UpdateBefore);
+                    indices.push((0, olds.len() - 1));
+                    change_types.push(ChangeType::UpdateAfter);
+                    indices.push((1, r));
+                }
+            }
+            slot.value = Some(encoded.clone());
+            slot.changed = true;
+        }
+        let batch = if indices.is_empty() {
+            None
+        } else {
+            let old_images = rows_to_batch(schema, &olds.iter().collect::<Vec<_>>())?;
+            let new_images = RecordBatch::try_new(schema.to_arrow(), batch.columns().to_vec())?;
+            Some(interleave_record_batch(
+                &[&old_images, &new_images],
+                &indices,
+            )?)
+        };
+        let staged = slots
+            .into_iter()
+            .filter(|(_, slot)| slot.changed)
+            .map(|(key, slot)| (key.to_vec(), slot.value))
+            .collect();
+        Ok(Merged {
+            change_types,
+            batch,
+            staged,
+        })
+    }
+
+    /// Applies a Put (see the module docs). Returns where its changelog landed.
+    pub async fn put(&self, req: PutRequest) -> Result<Appended> {
+        self.put_corked(req, None).await
+    }
+
+    /// [`KvTablet::put`] as one part of a write over several buckets: `cork` (see
+    /// [`mink_wal::Cork`]) is released as soon as the changelog is on its way (or
+    /// will not be), so that the parts share one WAL upload.
+    pub async fn put_corked(
+        &self,
+        req: PutRequest,
+        cork: Option<mink_wal::Cork>,
+    ) -> Result<Appended> {
+        let mut cork = cork;
+        if let Some(e) = self.failure() {
+            return Err(e);
+        }
+        let (mask, deletes, keys, batch_schema) = self.prepare(&req)?;
+        let guard = self.inner.puts.lock().await;
+        if let Some(duplicate) =
+            self.inner
+                .log
+                .check_sequence(req.writer_id, req.batch_sequence, req.batch_sequence)?
+        {
+            drop(guard);
+            drop(cork.take());
+            return duplicate.wait().await;
+        }
+        let (schema, merger) = {
+            let table = self.table();
+            (table.descriptor.schema.clone(), table.merger.clone())
+        };
+        // Everything that can fail is done before the submit: once the changelog is on
+        // its way the rows must be staged, and an error would no longer mean "not
+        // written" to the client.
+        let merged = if mask.is_none() && merger.is_last_row() && !deletes.contains(&true) {
+            self.merge_last_row(&req.batch, keys, &schema)?
+        } else {
+            let rows = self.full_rows(&req.batch, &batch_schema)?;
+            self.merge_rows(rows, mask.as_deref(), deletes, keys, &schema, &merger)?
+        };
+        let Merged {
+            change_types,
+            batch,
+            staged,
+        } = merged;
+        let Some(batch) = batch else {
             // Nothing changed; the writer's sequence still advances. The merge may have
             // read versions staged by Puts whose appends are not durable yet, so this
             // Put is acknowledged only once every earlier append is, and fails with them.
@@ -408,15 +575,7 @@ impl KvTablet {
                 Ok(appended) => Ok(appended),
                 Err(e) => Err(self.fail(e)),
             };
-        }
-        let batch = rows_to_batch(&schema, &changes.iter().map(|(_, r)| r).collect::<Vec<_>>())?;
-        // Everything that can fail is done before the submit: once the changelog is on
-        // its way the rows must be staged, and an error would no longer mean "not
-        // written" to the client.
-        let staged = staged
-            .into_iter()
-            .map(|(key, row)| Ok((key, row.map(|r| encode_row(&schema, &r)).transpose()?)))
-            .collect::<Result<Vec<_>>>()?;
+        };
         let submitted = self
             .inner
             .log
@@ -425,7 +584,7 @@ impl KvTablet {
                 first_sequence: req.batch_sequence,
                 last_sequence: req.batch_sequence,
                 schema_id: schema.schema_id,
-                change_types: Some(changes.iter().map(|(c, _)| *c).collect()),
+                change_types: Some(change_types),
                 batch,
                 ipc: None,
             })

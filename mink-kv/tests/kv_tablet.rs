@@ -425,6 +425,31 @@ async fn schema_evolution_reads_old_rows_with_nulls(backend: KvBackend) {
         t.put(put(&[(2, None, None)])).await.unwrap_err(),
         MinkError::SchemaMismatch(_)
     ));
+    // The same row under schema 2 (the added column null) is no change, although its
+    // stored bytes (under schema 1) differ from the new ones.
+    let hw = t.log().high_watermark();
+    let same = RecordBatch::try_new(
+        v2.to_arrow(),
+        vec![
+            Arc::new(Int64Array::from(vec![1])),
+            Arc::new(StringArray::from(vec![Some("a")])),
+            Arc::new(Int64Array::from(vec![Some(1)])),
+            Arc::new(BooleanArray::from(vec![None::<bool>])),
+        ],
+    )
+    .unwrap();
+    t.put(PutRequest {
+        schema_id: 2,
+        batch: same,
+        ..put(&[])
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        t.log().high_watermark(),
+        hw,
+        "no changelog for an unchanged row"
+    );
     let b2 = RecordBatch::try_new(
         v2.to_arrow(),
         vec![

@@ -380,6 +380,50 @@ impl<'a> KeyEncoder<'a> {
     }
 }
 
+/// Encodes the values of every column of a batch, row by row, in the canonical encoding
+/// of [`KeyValue::encode`], straight from the arrays (no [`KeyValue`] in between).
+/// Unlike [`KeyEncoder`] it takes nulls: the caller asks [`ValueEncoder::is_null`]
+/// first and records them itself.
+pub struct ValueEncoder<'a> {
+    columns: Vec<(&'a dyn Array, KeyColumn<'a>)>,
+}
+
+impl<'a> ValueEncoder<'a> {
+    /// Prepares every column of `batch`; fails on a type that is not a Mink type.
+    pub fn new(batch: &'a RecordBatch) -> Result<Self> {
+        let schema = batch.schema_ref();
+        let columns = batch
+            .columns()
+            .iter()
+            .enumerate()
+            .map(|(i, array)| {
+                let array = array.as_ref();
+                Ok((array, KeyColumn::new(schema.field(i).name(), array)?))
+            })
+            .collect::<Result<_>>()?;
+        Ok(Self { columns })
+    }
+
+    /// Columns.
+    pub fn len(&self) -> usize {
+        self.columns.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.columns.is_empty()
+    }
+
+    /// Whether `column` is null at `row`.
+    pub fn is_null(&self, column: usize, row: usize) -> bool {
+        self.columns[column].0.is_null(row)
+    }
+
+    /// Appends the encoding of `column` at `row` (not null) to `out`.
+    pub fn encode(&self, column: usize, row: usize, out: &mut Vec<u8>) {
+        self.columns[column].1.encode(row, out)
+    }
+}
+
 /// Encodes a key given as values (a lookup typed by a person, say).
 pub fn encode_values(types: &[DataType], values: &[KeyValue], out: &mut Vec<u8>) -> Result<()> {
     if types.len() != values.len() {

@@ -26,7 +26,7 @@ pub use bucketing::{BucketRows, bucket_per_row, hash_bucket, split_by_bucket};
 pub use change::ChangeType;
 pub use error::{MinkError, Result};
 pub use ipc::IpcEncoded;
-pub use key::{KeyEncoder, KeyValue, decode_key, encode_values};
+pub use key::{KeyEncoder, KeyValue, ValueEncoder, decode_key, encode_values};
 pub use names::{
     BucketId, DatabaseName, PartitionId, PartitionName, TableBucket, TableId, TableName, TablePath,
     validate_name,
