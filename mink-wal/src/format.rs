@@ -249,46 +249,60 @@ impl IndexEntry {
     }
 }
 
-/// Encodes records (contiguous offsets) into a segment. Returns the bytes and index.
-pub fn encode_segment(records: &[Record]) -> (Bytes, Vec<IndexEntry>) {
-    let size: usize = records
-        .iter()
-        .map(|r| SEGMENT_RECORD_HEADER_LEN + r.payload.len() + INDEX_ENTRY_LEN)
-        .sum();
-    let mut buf = BytesMut::with_capacity(size + SEGMENT_FOOTER_LEN);
+/// Payloads at least this large go into a segment by reference (one more chunk of the
+/// object); smaller ones are copied next to their headers, so that a segment of small
+/// records is a few large chunks, not two writes per record.
+const SEGMENT_COPY_BELOW: usize = 64 << 10;
+
+/// Encodes records (contiguous offsets) into a segment: the object (as chunks that
+/// share the large payloads instead of copying them: compaction of 64 MiB used to
+/// allocate and fill 64 MiB) and its index.
+pub fn encode_segment(records: &[Record]) -> (object_store::PutPayload, Vec<IndexEntry>) {
+    let mut chunks: Vec<Bytes> = Vec::new();
+    let mut small = BytesMut::new();
     let mut index = Vec::with_capacity(records.len());
+    let mut position = 0u64;
     for r in records {
         index.push(IndexEntry {
             base: r.base,
             count: r.count,
             timestamp_ms: r.timestamp_ms,
-            position: buf.len() as u64,
+            position,
             payload_len: r.payload.len() as u32,
         });
-        buf.put_u64_le(r.base);
-        buf.put_u32_le(r.count);
-        buf.put_i64_le(r.timestamp_ms);
-        buf.put_u32_le(r.payload.len() as u32);
-        buf.put_u32_le(crc32c::crc32c(&r.payload));
-        buf.put_slice(&r.payload);
+        small.put_u64_le(r.base);
+        small.put_u32_le(r.count);
+        small.put_i64_le(r.timestamp_ms);
+        small.put_u32_le(r.payload.len() as u32);
+        small.put_u32_le(crc32c::crc32c(&r.payload));
+        if r.payload.len() < SEGMENT_COPY_BELOW {
+            small.put_slice(&r.payload);
+        } else {
+            chunks.push(small.split().freeze());
+            chunks.push(r.payload.clone());
+        }
+        position += (SEGMENT_RECORD_HEADER_LEN + r.payload.len()) as u64;
     }
-    let index_pos = buf.len();
+    if !small.is_empty() {
+        chunks.push(small.split().freeze());
+    }
+    let mut tail = BytesMut::with_capacity(index.len() * INDEX_ENTRY_LEN + SEGMENT_FOOTER_LEN);
     for e in &index {
-        buf.put_u64_le(e.base);
-        buf.put_u32_le(e.count);
-        buf.put_i64_le(e.timestamp_ms);
-        buf.put_u64_le(e.position);
-        buf.put_u32_le(e.payload_len);
+        tail.put_u64_le(e.base);
+        tail.put_u32_le(e.count);
+        tail.put_i64_le(e.timestamp_ms);
+        tail.put_u64_le(e.position);
+        tail.put_u32_le(e.payload_len);
     }
-    let index_crc = crc32c::crc32c(&buf[index_pos..]);
-    buf.put_u64_le(index_pos as u64);
-    buf.put_u32_le(index.len() as u32);
-    buf.put_u32_le(index_crc);
-    buf.put_slice(SEGMENT_MAGIC);
-    (buf.freeze(), index)
+    let index_crc = crc32c::crc32c(&tail);
+    tail.put_u64_le(position);
+    tail.put_u32_le(index.len() as u32);
+    tail.put_u32_le(index_crc);
+    tail.put_slice(SEGMENT_MAGIC);
+    chunks.push(tail.freeze());
+    (chunks.into_iter().collect(), index)
 }
 
-/// Decodes a segment's footer: where its index starts and how many entries it has.
 pub fn decode_segment_footer(what: &str, footer: &[u8]) -> WalResult<(u64, u32, u32)> {
     need(footer, SEGMENT_FOOTER_LEN, what)?;
     let mut cur = &footer[footer.len() - SEGMENT_FOOTER_LEN..];
@@ -422,12 +436,22 @@ mod tests {
 
     #[test]
     fn segments_round_trip_through_their_index() {
+        // Large payloads (from 64 KiB) are shared, not copied; small ones around them
+        // are copied next to their headers.
+        static LARGE: [u8; 70 << 10] = [7; 70 << 10];
         let records = vec![
             rec(10, 3, b"abc"),
             rec(13, 1, b""),
-            rec(14, 5, b"0123456789"),
+            rec(14, 5, &LARGE),
+            rec(19, 5, b"0123456789"),
+            rec(24, 1, &LARGE),
         ];
-        let (bytes, index) = encode_segment(&records);
+        let (payload, index) = encode_segment(&records);
+        // The first three headers with the small payloads, the first large payload,
+        // the next two headers with the small payload between them, the last large
+        // payload, the index with the footer.
+        assert_eq!(payload.iter().count(), 5);
+        let bytes = Bytes::from(payload);
         let (pos, n, crc) = decode_segment_footer("s", &bytes).unwrap();
         let decoded = decode_segment_index(
             "s",
@@ -437,8 +461,8 @@ mod tests {
         )
         .unwrap();
         assert_eq!(decoded, index);
-        // A range read of the last two records.
-        let range = decoded[1].range().start..decoded[2].range().end;
+        // A range read of all records but the first.
+        let range = decoded[1].range().start..decoded[4].range().end;
         let slice = bytes.slice(range.start as usize..range.end as usize);
         let got = decode_segment_records("s", &slice, &decoded[1..]).unwrap();
         assert_eq!(got, records[1..].to_vec());

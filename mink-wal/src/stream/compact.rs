@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use futures::StreamExt;
+use object_store::ObjectStoreExt;
 use object_store::path::Path;
-use object_store::{ObjectStoreExt, PutPayload};
 
 use super::meta::{SegmentMerge, SegmentMeta, StreamUpdate};
 use super::writer::wal_path;
@@ -23,13 +23,13 @@ pub(super) async fn write_segment(
     let (Some(first), Some(last)) = (records.first(), records.last()) else {
         return Err(WalError::Corrupt("an empty segment".into()));
     };
-    let (bytes, _) = encode_segment(records);
+    let (payload, _) = encode_segment(records);
     let unique = uuid::Uuid::new_v4().simple().to_string();
     let key = format!("seg/{stream}/{:020}-{epoch}-{}", first.base, &unique[..12]);
-    let len = bytes.len() as u64;
+    let len = payload.content_length() as u64;
     store
         .segment_store
-        .put(&Path::from(key.as_str()), PutPayload::from(bytes))
+        .put(&Path::from(key.as_str()), payload)
         .await?;
     metrics::counter!("mink_wal_segments_written_total").increment(1);
     Ok(SegmentMeta {
