@@ -1,8 +1,9 @@
 //! The chaos harness: a cluster of `mink-node` processes on one object store, written
 //! to by idempotent Rust clients (a log table and a primary-key table; one client
 //! shared by several tasks, so that its appends to a bucket are pipelined), a pyarrow
-//! AppendTable writer (`chaos_pyarrow_writer.py`) and an idempotent librdkafka producer
-//! (`chaos_kafka_producer.py`, both when `MINKTEST_CHAOS_PYTHON` is set),
+//! AppendTable writer (`chaos_pyarrow_writer.py`), an idempotent librdkafka producer
+//! (`chaos_kafka_producer.py`) and a librdkafka consumer group on its topic
+//! (`chaos_kafka_consumer.py`; the three when `MINKTEST_CHAOS_PYTHON` is set),
 //! while a seeded controller injects faults: SIGKILL and restart, SIGSTOP long enough
 //! to lose the lease and the buckets then SIGCONT, object-store PUT failures /
 //! ambiguous timeouts / latency through the nodes' fault injector
@@ -14,7 +15,9 @@
 //! After the faults stop and the cluster settles, the checker verifies: every
 //! acknowledged row is readable at its acknowledged offset, no idempotent writer's row
 //! appears twice, offsets are contiguous in every bucket, and primary-key lookups equal
-//! the model built from acknowledged writes. It also measures, after each fault, the
+//! the model built from acknowledged writes; for Kafka, every acknowledged record once
+//! at its reported offset, and the consumer group's reads and commits against the
+//! topic (`check_kafka_group`). It also measures, after each fault, the
 //! time until every bucket accepts writes again.
 //!
 //! `MINK_CHAOS_SECONDS` (default 40), `MINK_CHAOS_SEED` (default 1) and, for an S3
@@ -86,6 +89,8 @@ fn node_env(dir: &Path, id: &str, store_env: &[(String, String)]) -> Vec<(String
         ("MINK_WAL__DEAD_WAL_GRACE_MS".into(), "5000".into()),
         ("MINK_KV__SNAPSHOT_INTERVAL_MS".into(), "3000".into()),
         ("MINK_TESTING__FAULT_INJECTION".into(), "true".into()),
+        // The Kafka topic gets 4 partitions, so the consumer group's members split them.
+        ("MINK_KAFKA__DEFAULT_PARTITIONS".into(), "4".into()),
     ];
     env.extend(store_env.iter().cloned());
     env
@@ -274,6 +279,12 @@ struct Ledger {
     kafka: HashMap<i64, Option<(i32, i64)>>,
     kafka_acked: u64,
     kafka_failed: u64,
+    /// What the consumer group consumed: (partition, offset, value).
+    kafka_consumed: Vec<(i32, i64, String)>,
+    /// The highest commit the group's members saw confirmed, per partition.
+    kafka_committed: HashMap<i32, i64>,
+    /// The group's committed offsets read back after the run.
+    kafka_final_committed: Option<HashMap<i32, i64>>,
     violations: Vec<String>,
 }
 
@@ -721,10 +732,121 @@ fn kafka_producer(dir: &Path, l: &Shared) -> Option<(Child, std::thread::JoinHan
     )
 }
 
+/// The consumer group of the harness.
+const KAFKA_GROUP: &str = "chaos-group";
+
+/// The consumer group (`chaos_kafka_consumer.py`, two members, one of them replaced
+/// every 15 s): what it consumed and the commits it saw confirmed go into the ledger.
+fn kafka_consumer(dir: &Path, l: &Shared) -> Option<(Child, std::thread::JoinHandle<()>)> {
+    let args = [
+        dir.join("kafka_addrs").display().to_string(),
+        KAFKA_TOPIC.to_string(),
+        KAFKA_GROUP.to_string(),
+    ];
+    python_helper(
+        "chaos_kafka_consumer.py",
+        &args,
+        Stdio::null(),
+        l,
+        |l, v| {
+            let mut led = ledger(l);
+            if let Some(committed) = v["committed"].as_array() {
+                for pair in committed {
+                    if let (Some(p), Some(o)) = (pair[0].as_i64(), pair[1].as_i64()) {
+                        let at = led.kafka_committed.entry(p as i32).or_insert(o);
+                        *at = (*at).max(o);
+                    }
+                }
+            } else if let (Some(p), Some(o), Some(value)) = (
+                v["partition"].as_i64(),
+                v["offset"].as_i64(),
+                v["value"].as_str(),
+            ) {
+                led.kafka_consumed.push((p as i32, o, value.to_string()));
+            }
+        },
+    )
+}
+
+/// The group's committed offsets, read back once by a fresh librdkafka consumer.
+fn kafka_final_committed(dir: &Path, l: &Shared) {
+    let args = [
+        "--committed".to_string(),
+        dir.join("kafka_addrs").display().to_string(),
+        KAFKA_TOPIC.to_string(),
+        KAFKA_GROUP.to_string(),
+    ];
+    let Some((mut child, reader)) = python_helper(
+        "chaos_kafka_consumer.py",
+        &args,
+        Stdio::null(),
+        l,
+        |l, v| {
+            let mut led = ledger(l);
+            match v["final"].as_array() {
+                Some(pairs) => {
+                    led.kafka_final_committed = Some(
+                        pairs
+                            .iter()
+                            .filter_map(|p| Some((p[0].as_i64()? as i32, p[1].as_i64()?)))
+                            .collect(),
+                    )
+                }
+                None => led
+                    .violations
+                    .push(format!("the group's committed offsets cannot be read: {v}")),
+            }
+        },
+    ) else {
+        return;
+    };
+    let _ = child.wait();
+    let _ = reader.join();
+}
+
+/// The consumer group's view against the topic as read back (`at`: the record at each
+/// (partition, offset)): everything it consumed is what the topic holds there (nothing
+/// read above the high watermark and lost later); the offsets it committed are still
+/// committed after the run (at least the highest it saw confirmed); and every record
+/// below a committed offset was consumed by some member (no record skipped).
+fn check_kafka_group(l: &mut Ledger, at: &HashMap<(i32, i64), String>) {
+    let mut violations = Vec::new();
+    let mut consumed: HashMap<i32, std::collections::BTreeSet<i64>> = HashMap::new();
+    for (p, o, value) in &l.kafka_consumed {
+        match at.get(&(*p, *o)) {
+            Some(v) if v == value => {}
+            other => violations.push(format!(
+                "the group consumed {value:?} at ({p}, {o}); the topic holds {other:?} there"
+            )),
+        }
+        consumed.entry(*p).or_default().insert(*o);
+    }
+    let finals = l.kafka_final_committed.clone().unwrap_or_default();
+    for (p, seen) in &l.kafka_committed {
+        let last = finals.get(p).copied().unwrap_or(-1);
+        if last < *seen {
+            violations.push(format!(
+                "partition {p}: a commit of {seen} was confirmed, the group's offset is {last} after the run"
+            ));
+        }
+    }
+    for (p, committed) in &finals {
+        let got = consumed.get(p);
+        if let Some(missing) = (0..*committed)
+            .find(|o| at.contains_key(&(*p, *o)) && !got.is_some_and(|s| s.contains(o)))
+        {
+            violations.push(format!(
+                "partition {p}: offset {missing} is below the committed {committed} but no member consumed it"
+            ));
+        }
+    }
+    l.violations.extend(violations.into_iter().take(20));
+}
+
 /// Reads the Kafka topic back: every acknowledged record exactly once at its reported
-/// partition and offset, no record (acknowledged or failed) twice. Returns the records
-/// read.
-async fn check_kafka(client: &MinkClient, l: &Shared) -> u64 {
+/// partition and offset, no record (acknowledged or failed) twice; then the consumer
+/// group's view against it ([`check_kafka_group`]). Returns the records read.
+async fn check_kafka(client: &MinkClient, l: &Shared, dir: &Path) -> u64 {
     use arrow::array::AsArray;
     let path = TablePath::parse(&format!("kafka.{KAFKA_TOPIC}")).unwrap();
     let table = match client
@@ -748,6 +870,7 @@ async fn check_kafka(client: &MinkClient, l: &Shared) -> u64 {
         .or_else(|| table["table"]["descriptor"]["bucket_count"].as_u64())
         .unwrap_or(0) as u32;
     let mut found: HashMap<i64, (i32, i64)> = HashMap::new();
+    let mut at: HashMap<(i32, i64), String> = HashMap::new();
     let mut violations = Vec::new();
     let mut records = 0u64;
     for p in 0..partitions {
@@ -772,6 +895,10 @@ async fn check_kafka(client: &MinkClient, l: &Shared) -> u64 {
                 let values = values.as_binary::<i32>();
                 for r in 0..values.len() {
                     let offset = meta.base_offset + r as i64;
+                    at.insert(
+                        (p as i32, offset),
+                        String::from_utf8_lossy(values.value(r)).into_owned(),
+                    );
                     let id = std::str::from_utf8(values.value(r))
                         .ok()
                         .and_then(|v| v.parse::<i64>().ok());
@@ -795,7 +922,9 @@ async fn check_kafka(client: &MinkClient, l: &Shared) -> u64 {
             }
         }
     }
+    kafka_final_committed(dir, l);
     let mut led = ledger(l);
+    check_kafka_group(&mut led, &at);
     for (id, acked) in &led.kafka {
         if let Some(at) = acked
             && found.get(id) != Some(at)
@@ -941,6 +1070,7 @@ async fn chaos_loses_no_acknowledged_write() {
 
     let pyarrow = pyarrow_writer(dir.path(), &l, &events);
     let kafka = kafka_producer(dir.path(), &l);
+    let group = kafka_consumer(dir.path(), &l);
 
     // The faults: every kind once per cycle, in a seeded order, so that each kind is
     // injected about equally often; from the second cycle on, some faults overlap with
@@ -1013,7 +1143,7 @@ async fn chaos_loses_no_acknowledged_write() {
     for w in writers {
         w.await.unwrap();
     }
-    for (mut child, reader) in [pyarrow, kafka].into_iter().flatten() {
+    for (mut child, reader) in [pyarrow, kafka, group].into_iter().flatten() {
         // Its calls in flight are not acknowledged: their rows may or may not land.
         let _ = child.kill();
         let _ = child.wait();
@@ -1022,7 +1152,7 @@ async fn chaos_loses_no_acknowledged_write() {
     let checker = connect(&cluster).await;
     let (rows_checked, keys_checked) = check(&checker, &events, &kv, &l).await;
     let kafka_checked = if std::env::var_os("MINKTEST_CHAOS_PYTHON").is_some() {
-        check_kafka(&checker, &l).await
+        check_kafka(&checker, &l, dir.path()).await
     } else {
         0
     };
@@ -1043,7 +1173,8 @@ async fn chaos_loses_no_acknowledged_write() {
     eprintln!(
         "chaos seed {seed}, {seconds} s: faults {faults:?}; log rows acknowledged {}, failed calls {}; \
          pyarrow AppendTable calls acknowledged {}, failed {}; Kafka records acknowledged \
-         {}, failed {}; primary-key writes acknowledged {}, failed {}; rows checked \
+         {}, failed {}; Kafka records consumed by the group {} (commits on {} partitions); \
+         primary-key writes acknowledged {}, failed {}; rows checked \
          {rows_checked}, Kafka records checked {kafka_checked}, keys checked \
          {keys_checked}; violations {}; recovery until every bucket is writable: {}",
         l.log_rows_acked,
@@ -1052,6 +1183,8 @@ async fn chaos_loses_no_acknowledged_write() {
         l.py_failed,
         l.kafka_acked,
         l.kafka_failed,
+        l.kafka_consumed.len(),
+        l.kafka_committed.len(),
         l.kv_acked,
         l.kv_failed,
         l.violations.len(),
