@@ -151,8 +151,16 @@ pub fn decode_produce(records: &Bytes, now_ms: i64) -> Result<ProducedBatch, Rec
 }
 
 fn rows_of(records: &[Record], now_ms: i64) -> Result<RecordBatch, RecordError> {
-    let mut keys = BinaryBuilder::new();
-    let mut values = BinaryBuilder::new();
+    // Sized up front: a builder that grows copies everything it holds each time.
+    let bytes = |f: fn(&Record) -> usize| records.iter().map(f).sum::<usize>();
+    let mut keys = BinaryBuilder::with_capacity(
+        records.len(),
+        bytes(|r| r.key.as_ref().map_or(0, |k| k.len())),
+    );
+    let mut values = BinaryBuilder::with_capacity(
+        records.len(),
+        bytes(|r| r.value.as_ref().map_or(0, |v| v.len())),
+    );
     let mut headers = BinaryBuilder::new();
     let mut timestamps = Vec::with_capacity(records.len());
     for r in records {
