@@ -187,6 +187,8 @@ pub fn error_code(err: &MinkError) -> ResponseError {
         MinkError::AlreadyExists(_) => ResponseError::TopicAlreadyExists,
         MinkError::OffsetOutOfRange { .. } => ResponseError::OffsetOutOfRange,
         MinkError::OutOfOrderSequence { .. } => ResponseError::OutOfOrderSequenceNumber,
+        // librdkafka answers it by starting over under a new producer id.
+        MinkError::UnknownWriter { .. } => ResponseError::UnknownProducerId,
         MinkError::InvalidArgument { .. } | MinkError::SchemaMismatch(_) => {
             ResponseError::InvalidRequest
         }

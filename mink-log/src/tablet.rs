@@ -351,7 +351,7 @@ impl LogTablet {
     /// [`REORDER_WAIT`] for its predecessors (pipelined requests may arrive out of
     /// order); see [`LogTablet::submit_in_order`] for callers whose requests cannot.
     pub async fn submit(&self, req: AppendRequest) -> Result<Submitted> {
-        self.submit_within(req, REORDER_WAIT).await
+        self.submit_within(req, REORDER_WAIT, false).await
     }
 
     /// [`LogTablet::submit`] for a caller whose requests reach the tablet in the order
@@ -359,7 +359,18 @@ impl LogTablet {
     /// a batch ahead of its writer's next sequence is refused at once, since waiting
     /// could only hold up the request behind it that fills the gap.
     pub async fn submit_in_order(&self, req: AppendRequest) -> Result<Submitted> {
-        self.submit_within(req, Duration::ZERO).await
+        self.submit_within(req, Duration::ZERO, false).await
+    }
+
+    /// [`LogTablet::submit_in_order`] for a Kafka producer: besides, a writer the
+    /// tablet has no window for must start at sequence 0 (`UnknownWriter` otherwise,
+    /// which a Kafka client answers by starting over under a new producer id). A
+    /// producer pipelines batches from its first one on; if its first batch was
+    /// refused (a leader moving) and the second reached the new leader first, taking
+    /// the second as the writer's first would make the retried first out of order for
+    /// good. Kafka brokers hold producers to the same rule.
+    pub async fn submit_producer(&self, req: AppendRequest) -> Result<Submitted> {
+        self.submit_within(req, Duration::ZERO, true).await
     }
 
     /// Waits, until `deadline`, while `req` is ahead of its writer's next sequence.
@@ -406,7 +417,13 @@ impl LogTablet {
         Ok(())
     }
 
-    async fn submit_within(&self, req: AppendRequest, reorder_wait: Duration) -> Result<Submitted> {
+    /// `strict_start`: see [`LogTablet::submit_producer`].
+    async fn submit_within(
+        &self,
+        req: AppendRequest,
+        reorder_wait: Duration,
+        strict_start: bool,
+    ) -> Result<Submitted> {
         let bucket = self.inner.bucket;
         self.validate(&req)?;
         let rows = req.batch.num_rows() as i64;
@@ -471,6 +488,16 @@ impl LogTablet {
                 }
                 let mut duplicate = None;
                 if req.writer_id != NO_WRITER {
+                    if strict_start
+                        && req.first_sequence != 0
+                        && !state.windows.knows(req.writer_id)
+                    {
+                        return Err(MinkError::UnknownWriter {
+                            bucket,
+                            writer_id: req.writer_id,
+                            first_sequence: req.first_sequence,
+                        });
+                    }
                     match state
                         .windows
                         .check(req.writer_id, req.first_sequence, req.last_sequence)

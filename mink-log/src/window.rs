@@ -79,6 +79,11 @@ impl Windows {
         }
     }
 
+    /// Whether the tablet holds a window for `writer`.
+    pub fn knows(&self, writer: i64) -> bool {
+        self.writers.contains_key(&writer)
+    }
+
     /// Marks every writer as rebuilt from the log (see the module docs). Only for
     /// primary-key tablets: a log tablet records every batch, so a gap there is lost
     /// data and stays out of order.

@@ -618,3 +618,47 @@ async fn in_order_callers_do_not_wait_and_a_close_ends_the_wait() {
     assert!(matches!(err, MinkError::Unavailable(_)), "{err:?}");
     assert!(started.elapsed() < mink_log::tablet::REORDER_WAIT);
 }
+
+/// A Kafka producer's first batch at a tablet must start at sequence 0: a later one
+/// that arrives first is refused (`UnknownWriter`) and changes nothing, so it cannot
+/// overtake the first. Other in-order writers may start anywhere (a primary-key tablet
+/// rebuilt from a snapshot knows no windows).
+#[tokio::test]
+async fn a_producer_unknown_to_the_tablet_starts_at_sequence_zero() {
+    let mut env = Env::new().await;
+    let tablet = env.tablet(false).await;
+    let err = match tablet.submit_producer(req(7, 1, 0..2)).await {
+        Err(e) => e,
+        Ok(_) => panic!("sequence 1 of an unknown producer was taken"),
+    };
+    assert!(
+        matches!(
+            err,
+            MinkError::UnknownWriter {
+                writer_id: 7,
+                first_sequence: 1,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(tablet.high_watermark(), 0);
+    for seq in 0..2 {
+        let s = tablet
+            .submit_producer(req(7, seq, seq * 2..seq * 2 + 2))
+            .await
+            .unwrap();
+        s.wait().await.unwrap();
+    }
+    // Known now: a retry of sequence 1 is a duplicate, a gap out of order.
+    let dup = tablet.submit_producer(req(7, 1, 2..4)).await.unwrap();
+    assert!(dup.wait().await.unwrap().duplicated);
+    assert!(matches!(
+        tablet.submit_producer(req(7, 3, 9..10)).await.map(|_| ()),
+        Err(MinkError::OutOfOrderSequence { expected: 2, .. })
+    ));
+    // Not a producer: an unknown writer may start anywhere.
+    let other = tablet.submit_in_order(req(8, 5, 4..6)).await.unwrap();
+    other.wait().await.unwrap();
+    assert_eq!(all_ids(&tablet).await, (0..6).collect::<Vec<_>>());
+}

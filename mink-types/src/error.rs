@@ -52,6 +52,19 @@ pub enum MinkError {
         first_sequence: i64,
         expected: i64,
     },
+    /// A batch from a writer the bucket has no window for (new, or forgotten: its
+    /// batches trimmed away or its window evicted) that does not start at sequence 0,
+    /// where the caller asked for a strict start (Kafka producers): an earlier batch
+    /// may still be in flight, and accepting this one would let it overtake. The
+    /// writer starts over under a new id.
+    #[error(
+        "writer {writer_id} is unknown to {bucket} and its batch starts at sequence {first_sequence}, not 0"
+    )]
+    UnknownWriter {
+        bucket: TableBucket,
+        writer_id: i64,
+        first_sequence: i64,
+    },
     /// A read below the log start or above the high watermark.
     #[error(
         "offset {offset} is out of range for {bucket}: the log holds [{log_start}, {high_watermark})"
@@ -102,6 +115,7 @@ impl MinkError {
             Self::AlreadyExists(_) => "already_exists",
             Self::SchemaMismatch(_) => "schema_mismatch",
             Self::OutOfOrderSequence { .. } => "out_of_order_sequence",
+            Self::UnknownWriter { .. } => "unknown_writer",
             Self::OffsetOutOfRange { .. } => "offset_out_of_range",
             Self::Fenced(_) => "fenced",
             Self::StorageFailure(_) => "storage_failure",
@@ -172,6 +186,11 @@ mod tests {
                 writer_id: 9,
                 first_sequence: 12,
                 expected: 10,
+            },
+            MinkError::UnknownWriter {
+                bucket: TableBucket::new(1, None, 4),
+                writer_id: 9,
+                first_sequence: 3,
             },
             MinkError::LimitExceeded {
                 what: "request bytes".into(),

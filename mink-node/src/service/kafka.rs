@@ -254,17 +254,22 @@ impl KafkaHandler for NodeService {
             Some(p) => (p.producer_id, p.first_sequence, p.last_sequence),
             None => (NO_WRITER, 0, 0),
         };
-        let submitted = tablet
-            .submit_in_order(AppendRequest {
-                writer_id,
-                first_sequence,
-                last_sequence,
-                schema_id: table.descriptor.schema.schema_id,
-                change_types: None,
-                batch: rows,
-                ipc: None,
-            })
-            .await;
+        let request = AppendRequest {
+            writer_id,
+            first_sequence,
+            last_sequence,
+            schema_id: table.descriptor.schema.schema_id,
+            change_types: None,
+            batch: rows,
+            ipc: None,
+        };
+        // An idempotent producer's first batch at this bucket must start at sequence
+        // 0 (`LogTablet::submit_producer`).
+        let submitted = if writer_id == NO_WRITER {
+            tablet.submit_in_order(request).await
+        } else {
+            tablet.submit_producer(request).await
+        };
         let submitted = match submitted {
             Ok(s) => s,
             Err(e) => return Err(self.redirect_stale(bucket, e).await),
