@@ -161,9 +161,9 @@ pub fn status(err: MinkError) -> Status {
         }
         MinkError::NotFound(_) => Status::not_found(message),
         MinkError::AlreadyExists(_) => Status::already_exists(message),
-        MinkError::OutOfOrderSequence { .. } | MinkError::UnknownWriter { .. } => {
-            Status::failed_precondition(message)
-        }
+        MinkError::OutOfOrderSequence { .. }
+        | MinkError::UnknownWriter { .. }
+        | MinkError::WriterFenced { .. } => Status::failed_precondition(message),
         MinkError::OffsetOutOfRange { .. } => Status::out_of_range(message),
         MinkError::Fenced(_) => Status::aborted(message),
         MinkError::LimitExceeded { .. } => Status::resource_exhausted(message),

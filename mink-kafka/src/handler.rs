@@ -49,7 +49,8 @@ pub struct TopicView {
     pub retention_ms: Option<i64>,
 }
 
-/// An idempotent producer's batch: producer id = writer id, its sequence range.
+/// An idempotent producer's batch: `producer_id` is the writer id (the producer id
+/// with its epoch, `mink_types::writer_id`), then its sequence range.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProducerBatch {
     pub producer_id: i64,
@@ -189,6 +190,7 @@ pub fn error_code(err: &MinkError) -> ResponseError {
         MinkError::OutOfOrderSequence { .. } => ResponseError::OutOfOrderSequenceNumber,
         // librdkafka answers it by starting over under a new producer id.
         MinkError::UnknownWriter { .. } => ResponseError::UnknownProducerId,
+        MinkError::WriterFenced { .. } => ResponseError::InvalidProducerEpoch,
         MinkError::InvalidArgument { .. } | MinkError::SchemaMismatch(_) => {
             ResponseError::InvalidRequest
         }

@@ -488,6 +488,14 @@ impl LogTablet {
                 }
                 let mut duplicate = None;
                 if req.writer_id != NO_WRITER {
+                    if let Some(newer) = state.windows.fenced(req.writer_id) {
+                        return Err(MinkError::WriterFenced {
+                            bucket,
+                            writer_id: req.writer_id,
+                            epoch: mink_types::split_writer(req.writer_id).1,
+                            newer,
+                        });
+                    }
                     if strict_start
                         && req.first_sequence != 0
                         && !state.windows.knows(req.writer_id)

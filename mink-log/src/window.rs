@@ -13,11 +13,18 @@
 //! something is in the log, so a forward gap after a rebuild can only be no-op
 //! batches. The first batch of such a writer after a rebuild may skip forward; a
 //! rewind is still out of order, and duplicates are still recognised.
+//!
+//! Epochs: a writer id is `base | epoch << 48` (a Kafka producer id and its
+//! epoch; Flight writers have epoch 0, so their id is the base; `mink_types::writer`). Each epoch of a base
+//! is a writer of its own, with its own window. Once a batch of a newer epoch of a
+//! base is in, batches of older epochs are fenced ([`Windows::fenced`]): a producer
+//! that bumped its epoch re-sends what was unacknowledged under the new one, so a late
+//! copy under the old epoch must not land too.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
-use mink_types::MinkError;
+use mink_types::{MinkError, split_writer};
 use tokio::sync::watch;
 
 /// Batches remembered per writer.
@@ -55,6 +62,8 @@ pub struct Windows {
     writers: HashMap<i64, VecDeque<Entry>>,
     /// Writers whose window was rebuilt from the log and has not seen a batch since.
     rebuilt: HashSet<i64>,
+    /// The newest epoch of each base that has had a batch of an epoch above 0.
+    newest_epoch: HashMap<i64, i64>,
 }
 
 impl Windows {
@@ -77,6 +86,15 @@ impl Windows {
             },
             _ => Check::New,
         }
+    }
+
+    /// The newer epoch of `writer`'s base that fences it, if one has written.
+    pub fn fenced(&self, writer: i64) -> Option<i64> {
+        let (base, epoch) = split_writer(writer);
+        self.newest_epoch
+            .get(&base)
+            .copied()
+            .filter(|newest| *newest > epoch)
     }
 
     /// Whether the tablet holds a window for `writer`.
@@ -102,9 +120,18 @@ impl Windows {
             {
                 self.writers.remove(&idle);
                 self.rebuilt.remove(&idle);
+                let (base, epoch) = split_writer(idle);
+                if self.newest_epoch.get(&base) == Some(&epoch) {
+                    self.newest_epoch.remove(&base);
+                }
             }
         }
         self.rebuilt.remove(&writer);
+        let (base, epoch) = split_writer(writer);
+        if epoch > 0 {
+            let newest = self.newest_epoch.entry(base).or_insert(epoch);
+            *newest = (*newest).max(epoch);
+        }
         let window = self.writers.entry(writer).or_default();
         window.push_back(entry);
         while window.len() > WINDOW_BATCHES {
@@ -209,6 +236,21 @@ mod tests {
             w.check(1, 8, 8),
             Check::OutOfOrder { expected: 7 }
         ));
+    }
+
+    #[test]
+    fn a_newer_epoch_fences_the_older_ones_of_its_base() {
+        let mut w = Windows::default();
+        let old = 7;
+        let new = mink_types::writer_id(7, 1).unwrap();
+        w.push(old, entry(0, 0, 0));
+        assert_eq!(w.fenced(old), None);
+        assert!(!w.knows(new));
+        w.push(new, entry(0, 0, 1));
+        assert_eq!(w.fenced(old), Some(1));
+        assert_eq!(w.fenced(new), None);
+        assert_eq!(w.fenced(8), None, "another base");
+        assert_eq!(split_writer(new), (7, 1));
     }
 
     #[test]

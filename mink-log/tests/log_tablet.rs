@@ -662,3 +662,53 @@ async fn a_producer_unknown_to_the_tablet_starts_at_sequence_zero() {
     other.wait().await.unwrap();
     assert_eq!(all_ids(&tablet).await, (0..6).collect::<Vec<_>>());
 }
+
+/// A Kafka producer that bumps its epoch (the Java client does, on its own, to reset
+/// its sequences) is a new writer starting at 0; once it has written, batches of the
+/// older epoch, retries included, are fenced, and stay fenced across a reopen.
+#[tokio::test]
+async fn a_newer_producer_epoch_fences_the_older_one() {
+    let mut env = Env::new().await;
+    let tablet = env.tablet(false).await;
+    let old = mink_types::writer_id(7, 0).unwrap();
+    let new = mink_types::writer_id(7, 1).unwrap();
+    let put = |writer, seq: i64, ids: std::ops::Range<i64>| {
+        let tablet = tablet.clone();
+        async move {
+            match tablet.submit_producer(req(writer, seq, ids)).await {
+                Ok(s) => s.wait().await,
+                Err(e) => Err(e),
+            }
+        }
+    };
+    put(old, 0, 0..2).await.unwrap();
+    put(old, 1, 2..4).await.unwrap();
+    // The bump: sequence 0 again, under the new epoch.
+    let bumped = put(new, 0, 4..6).await.unwrap();
+    assert_eq!(bumped.first_offset, 4);
+    for (seq, ids) in [(1, 2..4), (2, 6..8)] {
+        let err = put(old, seq, ids).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                MinkError::WriterFenced {
+                    epoch: 0,
+                    newer: 1,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+    }
+    env.node.compact().await.unwrap();
+    drop(tablet);
+    let tablet = env.tablet(true).await;
+    let err = match tablet.submit_producer(req(old, 2, 6..8)).await {
+        Err(e) => e,
+        Ok(_) => panic!("the old epoch was taken after a reopen"),
+    };
+    assert!(matches!(err, MinkError::WriterFenced { .. }), "{err:?}");
+    let next = tablet.submit_producer(req(new, 1, 6..8)).await.unwrap();
+    next.wait().await.unwrap();
+    assert_eq!(all_ids(&tablet).await, (0..8).collect::<Vec<_>>());
+}

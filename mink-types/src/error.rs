@@ -65,6 +65,17 @@ pub enum MinkError {
         writer_id: i64,
         first_sequence: i64,
     },
+    /// A batch of a writer epoch older than one the bucket has seen for the same base
+    /// id (a Kafka producer that bumped its epoch): a zombie's late batch, refused.
+    #[error(
+        "writer {writer_id} is fenced on {bucket}: epoch {epoch} of its producer id is older than epoch {newer}"
+    )]
+    WriterFenced {
+        bucket: TableBucket,
+        writer_id: i64,
+        epoch: i64,
+        newer: i64,
+    },
     /// A read below the log start or above the high watermark.
     #[error(
         "offset {offset} is out of range for {bucket}: the log holds [{log_start}, {high_watermark})"
@@ -116,6 +127,7 @@ impl MinkError {
             Self::SchemaMismatch(_) => "schema_mismatch",
             Self::OutOfOrderSequence { .. } => "out_of_order_sequence",
             Self::UnknownWriter { .. } => "unknown_writer",
+            Self::WriterFenced { .. } => "writer_fenced",
             Self::OffsetOutOfRange { .. } => "offset_out_of_range",
             Self::Fenced(_) => "fenced",
             Self::StorageFailure(_) => "storage_failure",

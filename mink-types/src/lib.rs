@@ -21,6 +21,7 @@ pub mod partition;
 pub mod schema;
 pub mod table;
 pub mod types;
+pub mod writer;
 
 pub use bucketing::{BucketRows, bucket_per_row, hash_bucket, split_by_bucket};
 pub use change::ChangeType;
@@ -38,3 +39,4 @@ pub use table::{
     MergeEngine, TableDescriptor, TableProperties,
 };
 pub use types::DataType;
+pub use writer::{WRITER_BASE_MAX, WRITER_EPOCH_SHIFT, split_writer, writer_id};

@@ -107,11 +107,31 @@ async fn one(ctx: &Ctx, topic: &str, index: i32, records: Option<bytes::Bytes>, 
             return Step::Done(failed(index, e.code, e.message, v));
         }
     };
-    let producer = (batch.producer_id >= 0).then(|| ProducerBatch {
-        producer_id: batch.producer_id,
-        first_sequence: i64::from(batch.base_sequence),
-        last_sequence: i64::from(batch.base_sequence) + batch.rows.num_rows() as i64 - 1,
-    });
+    // The writer id carries the producer epoch (`mink_types::writer`): each epoch is a
+    // writer of its own, starting at sequence 0, and fences the older ones.
+    let producer = if batch.producer_id < 0 {
+        None
+    } else {
+        let Some(writer) = mink_types::writer_id(batch.producer_id, batch.producer_epoch) else {
+            let (code, why) = if batch.producer_epoch < 0 {
+                (
+                    ResponseError::InvalidProducerEpoch,
+                    format!("producer epoch {}", batch.producer_epoch),
+                )
+            } else {
+                (
+                    ResponseError::UnknownProducerId,
+                    format!("producer id {} was not issued here", batch.producer_id),
+                )
+            };
+            return Step::Done(failed(index, code, why, v));
+        };
+        Some(ProducerBatch {
+            producer_id: writer,
+            first_sequence: i64::from(batch.base_sequence),
+            last_sequence: i64::from(batch.base_sequence) + batch.rows.num_rows() as i64 - 1,
+        })
+    };
     let mut attempt = ctx
         .handler
         .produce(topic, index, batch.rows.clone(), producer)

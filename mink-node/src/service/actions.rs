@@ -554,6 +554,14 @@ impl NodeService {
             *ids = self.meta.allocate_writer_ids(WRITER_ID_BLOCK).await?;
         }
         let id = ids.start;
+        // Writer ids carry a Kafka producer epoch above this (`mink_types::writer`).
+        if id > mink_types::WRITER_BASE_MAX {
+            return Err(MinkError::LimitExceeded {
+                what: "writer ids issued".into(),
+                limit: mink_types::WRITER_BASE_MAX as u64,
+                actual: id as u64,
+            });
+        }
         ids.start += 1;
         Ok(id)
     }
