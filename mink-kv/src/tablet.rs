@@ -379,7 +379,9 @@ impl KvTablet {
                         changes.push((ChangeType::Insert, new.clone()));
                         staged.insert(key, Some(new));
                     }
-                    Some(old) if old == new => {}
+                    // Unchanged means the same stored encoding, as in
+                    // `merge_last_row` (so NaN equals NaN and -0.0 is not 0.0).
+                    Some(old) if encode_row(schema, &old)? == encode_row(schema, &new)? => {}
                     Some(old) => {
                         changes.push((ChangeType::UpdateBefore, old));
                         changes.push((ChangeType::UpdateAfter, new.clone()));
@@ -476,9 +478,9 @@ impl KvTablet {
                 Some(old) => {
                     let old = self.decode(old)?;
                     // A row stored under an older schema differs in bytes, not always
-                    // in value.
+                    // in value: compare it encoded under the current one.
                     if row_schema_id(slot.value.as_deref().unwrap_or_default())? != schema.schema_id
-                        && old == self.decode(&encoded)?
+                        && encode_row(schema, &old)? == encoded
                     {
                         continue;
                     }
@@ -549,7 +551,13 @@ impl KvTablet {
         // Everything that can fail is done before the submit: once the changelog is on
         // its way the rows must be staged, and an error would no longer mean "not
         // written" to the client.
-        let merged = if mask.is_none() && merger.is_last_row() && !deletes.contains(&true) {
+        // The column-wise path takes the batch as rows of the schema it merges into:
+        // not when an alter_table changed the schema since `prepare` checked the batch.
+        let merged = if mask.is_none()
+            && merger.is_last_row()
+            && !deletes.contains(&true)
+            && batch_schema.schema_id == schema.schema_id
+        {
             self.merge_last_row(&req.batch, keys, &schema)?
         } else {
             let rows = self.full_rows(&req.batch, &batch_schema)?;

@@ -488,6 +488,18 @@ impl LogTablet {
                 }
                 let mut duplicate = None;
                 if req.writer_id != NO_WRITER {
+                    // Only a Kafka producer's id carries an epoch; any other writer id
+                    // above the base range would fence writers sharing its low bits.
+                    if !strict_start && mink_types::split_writer(req.writer_id).1 != 0 {
+                        return Err(MinkError::invalid(
+                            "writer_id",
+                            format!(
+                                "{} is above the largest writer id, {}",
+                                req.writer_id,
+                                mink_types::WRITER_BASE_MAX
+                            ),
+                        ));
+                    }
                     if let Some(newer) = state.windows.fenced(req.writer_id) {
                         return Err(MinkError::WriterFenced {
                             bucket,

@@ -128,9 +128,17 @@ impl Windows {
         }
         self.rebuilt.remove(&writer);
         let (base, epoch) = split_writer(writer);
-        if epoch > 0 {
-            let newest = self.newest_epoch.entry(base).or_insert(epoch);
-            *newest = (*newest).max(epoch);
+        if epoch > 0 && self.newest_epoch.get(&base).is_none_or(|n| *n < epoch) {
+            self.newest_epoch.insert(base, epoch);
+            // The older epochs of this producer id are fenced from now on: their
+            // windows would only take room (a librdkafka producer bumps its epoch on
+            // every permanent produce error).
+            for older in 0..epoch {
+                self.writers
+                    .remove(&(base | older << mink_types::WRITER_EPOCH_SHIFT));
+                self.rebuilt
+                    .remove(&(base | older << mink_types::WRITER_EPOCH_SHIFT));
+            }
         }
         let window = self.writers.entry(writer).or_default();
         window.push_back(entry);
@@ -249,6 +257,8 @@ mod tests {
         w.push(new, entry(0, 0, 1));
         assert_eq!(w.fenced(old), Some(1));
         assert_eq!(w.fenced(new), None);
+        assert!(!w.knows(old), "a fenced epoch's window is dropped");
+        assert_eq!(w.writers(), 1);
         assert_eq!(w.fenced(8), None, "another base");
         assert_eq!(split_writer(new), (7, 1));
     }

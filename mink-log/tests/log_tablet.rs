@@ -712,3 +712,21 @@ async fn a_newer_producer_epoch_fences_the_older_one() {
     next.wait().await.unwrap();
     assert_eq!(all_ids(&tablet).await, (0..8).collect::<Vec<_>>());
 }
+
+/// Only a Kafka producer's writer id carries an epoch: any other id above the base
+/// range is refused, so it cannot fence the writers that share its low bits.
+#[tokio::test]
+async fn writer_ids_above_the_base_range_are_refused_outside_kafka() {
+    let mut env = Env::new().await;
+    let tablet = env.tablet(false).await;
+    tablet.append(req(7, 0, 0..2)).await.unwrap();
+    let epoch_one = mink_types::writer_id(7, 1).unwrap();
+    let err = tablet.append(req(epoch_one, 0, 2..4)).await.unwrap_err();
+    assert!(
+        matches!(&err, MinkError::InvalidArgument { field, .. } if field == "writer_id"),
+        "{err:?}"
+    );
+    // Writer 7 is not fenced by it.
+    tablet.append(req(7, 1, 2..4)).await.unwrap();
+    assert_eq!(all_ids(&tablet).await, (0..4).collect::<Vec<_>>());
+}
