@@ -683,3 +683,82 @@ def test_an_idle_connection_is_closed(mink_node, tmp_path):
         wait_for(lambda: any("closing a connection idle for" in line for line in proc.lines), TIMEOUT, "the log line")
     finally:
         proc.kill()
+
+
+def crc32c(data):
+    """CRC-32C (Castagnoli), bit by bit: record batches v2 carry it."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+
+
+def zigzag(n):
+    z = (n << 1) ^ (n >> 63)
+    out = b""
+    while z >= 0x80:
+        out += bytes([(z & 0x7F) | 0x80])
+        z >>= 7
+    return out + bytes([z])
+
+
+def record_batch(producer_id, epoch, base_sequence, values):
+    """A record batch v2 of `values` from an idempotent producer, with its CRC."""
+    records = b""
+    for i, value in enumerate(values):
+        body = b"\x00" + zigzag(0) + zigzag(i) + zigzag(-1) + zigzag(len(value)) + value + zigzag(0)
+        records += zigzag(len(body)) + body
+    now = int(time.time() * 1000)
+    after_crc = struct.pack(">hiqqqhii", 0, len(values) - 1, now, now, producer_id, epoch, base_sequence, len(values))
+    after_crc += records
+    length = 4 + 1 + 4 + len(after_crc)
+    return struct.pack(">qiibI", 0, length, -1, 2, crc32c(after_crc)) + after_crc
+
+
+def produce_raw(sock, correlation_id, topic, batch):
+    """Produce v3 of one batch to partition 0; returns (error code, base offset)."""
+    body = struct.pack(">hhi", -1, -1, 10_000)
+    body += struct.pack(">ih", 1, len(topic)) + topic.encode()
+    body += struct.pack(">ii", 1, 0) + struct.pack(">i", len(batch)) + batch
+    sock.sendall(request(0, 3, correlation_id, body))
+    payload = read_response(sock)
+    (got,) = struct.unpack(">i", payload[:4])
+    assert got == correlation_id
+    (topics, name_len) = struct.unpack(">ih", payload[4:10])
+    at = 10 + name_len
+    (partitions, index, error, base_offset) = struct.unpack(">iihq", payload[at:at + 18])
+    assert (topics, partitions, index) == (1, 1, 0)
+    return error, base_offset
+
+
+def test_producer_epochs_start_at_zero_and_fence_older_ones(node):
+    """On the wire, as a producer that bumps its epoch itself sends it: each epoch of a
+    producer id starts at sequence 0; once the newer epoch wrote, the older one (a
+    retry included) is INVALID_PRODUCER_EPOCH (47); a producer the partition does not
+    know that starts past 0 is UNKNOWN_PRODUCER_ID (59); a producer id that was never
+    issued (beyond 2^48 - 1) is UNKNOWN_PRODUCER_ID too."""
+    create_topic(node, "epochs")
+    s = connect(node)
+    try:
+        # A producer id from InitProducerId.
+        s.sendall(request(22, 1, 1, struct.pack(">h", -1) + struct.pack(">i", 60_000)))
+        payload = read_response(s)
+        _cid, _throttle, error, pid, epoch = struct.unpack(">iihqh", payload[:20])
+        assert (error, epoch) == (0, 0)
+        assert produce_raw(s, 2, "epochs", record_batch(pid, 0, 3, [b"x"]))[0] == 59
+        assert produce_raw(s, 3, "epochs", record_batch(pid, 0, 0, [b"a", b"b"])) == (0, 0)
+        assert produce_raw(s, 4, "epochs", record_batch(pid, 0, 2, [b"c"])) == (0, 2)
+        # A retry is answered with its original offset.
+        assert produce_raw(s, 5, "epochs", record_batch(pid, 0, 2, [b"c"])) == (0, 2)
+        # The bump: sequence 0 again, under epoch 1.
+        assert produce_raw(s, 6, "epochs", record_batch(pid, 1, 0, [b"d"])) == (0, 3)
+        assert produce_raw(s, 7, "epochs", record_batch(pid, 0, 3, [b"late"]))[0] == 47
+        assert produce_raw(s, 8, "epochs", record_batch(pid, 0, 2, [b"c"]))[0] == 47
+        assert produce_raw(s, 9, "epochs", record_batch(pid, 1, 1, [b"e"])) == (0, 4)
+        assert produce_raw(s, 10, "epochs", record_batch(1 << 50, 0, 0, [b"x"]))[0] == 59
+    finally:
+        s.close()
+    got = consume(node, "epochs", [0], 5)
+    assert [m.value() for m in got] == [b"a", b"b", b"c", b"d", b"e"]
