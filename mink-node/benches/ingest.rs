@@ -109,6 +109,23 @@ fn config(dir: &std::path::Path) -> MinkConfig {
     c
 }
 
+/// Bytes this process has caused to be written to storage so far (`write_bytes` of
+/// /proc/self/io: file pages dirtied, not socket traffic); 0 where there is none.
+fn storage_bytes_written() -> u64 {
+    std::fs::read_to_string("/proc/self/io")
+        .ok()
+        .and_then(|io| {
+            io.lines()
+                .find_map(|l| l.strip_prefix("write_bytes: "))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Bytes written to storage per row by the last [`ingest`] run (see
+/// [`storage_bytes_written`]), for the Put/append comparison.
+static LAST_BYTES_PER_ROW: std::sync::Mutex<f64> = std::sync::Mutex::new(0.0);
+
 /// Rows/s and MB/s of `WRITERS` closed-loop Flight writers (client-side routing);
 /// with `pk`, Puts to a primary-key table of the same columns (key `id`: every writer
 /// rewrites its own 1,000 keys, so after its first batch each row is an update).
@@ -141,6 +158,7 @@ async fn ingest(kind: &Kind, secs: f64, pk: bool) -> (f64, f64, usize) {
     }
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
     let start = Instant::now();
+    let written_before = storage_bytes_written();
     let tasks: Vec<_> = (0..WRITERS)
         .map(|w| {
             let addr = addr.clone();
@@ -172,6 +190,8 @@ async fn ingest(kind: &Kind, secs: f64, pk: bool) -> (f64, f64, usize) {
         batches += t.await.unwrap();
     }
     let elapsed = start.elapsed().as_secs_f64();
+    let written = storage_bytes_written().saturating_sub(written_before);
+    *LAST_BYTES_PER_ROW.lock().unwrap() = written as f64 / (batches * ROWS).max(1) as f64;
     node.stop().await;
     let rows = (batches * ROWS) as f64 / elapsed;
     (
@@ -497,13 +517,18 @@ async fn main() {
         "\nPrimary-key Puts against log appends of the same rows, through the same client path \
          (8 closed-loop writers, each rewriting its own 1,000 keys with one of two bodies in \
          turn: every row of every Put after the first is a real update), `file://`, alternating (issue #15, item 4; goal: Puts ≥ 0.5 of appends).\n\n\
-         | run | append rows/s | Put rows/s | ratio |\n|---|---|---|---|\n",
+         Bytes written to storage per row (file pages the process dirtied: WAL, segments, \
+         the KV store) show what a Put costs beside an append: its changelog carries an \
+         update's old and new row, and the new row also goes into the KV store.\n\n\
+         | run | append rows/s | Put rows/s | ratio | storage bytes per appended row | per Put row |\n|---|---|---|---|---|---|\n",
     );
     for i in 0..if quick { 1 } else { 3 } {
         let (appends, _, _) = ingest(&Kind::File, secs, false).await;
+        let append_bytes = *LAST_BYTES_PER_ROW.lock().unwrap();
         let (puts, _, _) = ingest(&Kind::File, secs, true).await;
+        let put_bytes = *LAST_BYTES_PER_ROW.lock().unwrap();
         out.push_str(&format!(
-            "| {} | {appends:.0} | {puts:.0} | {:.2} |\n",
+            "| {} | {appends:.0} | {puts:.0} | {:.2} | {append_bytes:.0} | {put_bytes:.0} |\n",
             i + 1,
             puts / appends
         ));
