@@ -25,20 +25,14 @@ import time
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+from chaos_common import live_addresses
+
 OUT = threading.Lock()
 
 
 def emit(obj):
     with OUT:
         print(json.dumps(obj), flush=True)
-
-
-def live_addresses(path):
-    try:
-        with open(path) as f:
-            return [a for a in f.read().split() if a]
-    except OSError:
-        return []
 
 
 def consumer(bootstrap, group):

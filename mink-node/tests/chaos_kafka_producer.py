@@ -21,13 +21,7 @@ import time
 
 from confluent_kafka import Producer
 
-
-def live_addresses(path):
-    try:
-        with open(path) as f:
-            return [a for a in f.read().split() if a]
-    except OSError:
-        return []
+from chaos_common import live_addresses
 
 
 def main():

@@ -19,15 +19,9 @@ import time
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from chaos_common import live_addresses
+
 SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("msg", pa.string())])
-
-
-def live_addresses(path):
-    try:
-        with open(path) as f:
-            return [a for a in f.read().split() if a]
-    except OSError:
-        return []
 
 
 def append(client, table_path, ids):
