@@ -3,9 +3,9 @@
 //! It owns names and their validation ([`names`]), data types and their Arrow mapping
 //! ([`types`]), schemas and schema ids ([`schema`]), table descriptors, properties and
 //! merge-engine configuration ([`table`]), change types ([`change`]), a batch's IPC
-//! encoding as a client sent it ([`ipc`]), the canonical
-//! key encoding ([`key`]), the bucketing rules ([`bucketing`]) and the error type
-//! ([`error`]).
+//! encoding as a client sent it ([`ipc`]), the canonical key encoding ([`key`]), the
+//! bucketing rules ([`bucketing`]), writer ids and the producer epoch they carry
+//! ([`writer`]) and the error type ([`error`]).
 //!
 //! Architecture invariant: this crate is pure data and pure functions. It knows
 //! nothing of object storage, tablets, the network or async; it depends on arrow and
