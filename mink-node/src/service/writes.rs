@@ -441,8 +441,10 @@ impl NodeService {
         // The cork keeps the WAL from sealing a group until every local part is on its
         // way, so that they share one upload.
         let mut parts = Vec::new();
-        let cork = self.streams().cork();
+        // Routed first: routing may create a partition (a metadata proposal), and a
+        // cork held meanwhile would hold back every group of the node.
         let routed = self.route(&table, &batch, true).await?;
+        let cork = self.streams().cork();
         // One part holding every row in order is the batch as it came: its client
         // encoding goes into the log as it is.
         let whole = routed.len() == 1
@@ -515,8 +517,9 @@ impl NodeService {
         }
         // Every bucket's part at once, corked, as for AppendTable.
         let mut parts = Vec::new();
+        let routed = self.route(&table, &batch, true).await?;
         let cork = self.streams().cork();
-        for (bucket, rows) in self.route(&table, &batch, true).await? {
+        for (bucket, rows) in routed {
             let changes: Option<Vec<_>> = meta
                 .changes
                 .as_ref()
