@@ -354,12 +354,15 @@ impl KvTablet {
         schema: &Schema,
         merger: &Merger,
     ) -> Result<Merged> {
-        let mut staged: BTreeMap<Vec<u8>, Option<Row>> = BTreeMap::new();
+        // Each key this Put changed: its new row and that row's stored encoding
+        // (encoded once: compared with the old one, then staged), or `None` if deleted.
+        let mut staged: BTreeMap<Vec<u8>, Option<(Row, Vec<u8>)>> = BTreeMap::new();
         let mut changes: Vec<(ChangeType, Row)> = Vec::new();
         for ((row, delete), key) in rows.into_iter().zip(deletes).zip(keys) {
-            let old = match staged.get(&key) {
-                Some(v) => v.clone(),
-                None => self.current(&key, None)?,
+            let (old, old_encoded) = match staged.get(&key) {
+                Some(Some((row, encoded))) => (Some(row.clone()), Some(encoded.clone())),
+                Some(None) => (None, None),
+                None => (self.current(&key, None)?, None),
             };
             let decision = if delete {
                 merger.delete(old.as_ref(), mask)
@@ -374,20 +377,27 @@ impl KvTablet {
                         staged.insert(key, None);
                     }
                 }
-                Decision::Write(new) => match old {
-                    None => {
-                        changes.push((ChangeType::Insert, new.clone()));
-                        staged.insert(key, Some(new));
+                Decision::Write(new) => {
+                    let encoded = encode_row(schema, &new)?;
+                    match old {
+                        None => {
+                            changes.push((ChangeType::Insert, new.clone()));
+                            staged.insert(key, Some((new, encoded)));
+                        }
+                        // Unchanged means the same stored encoding, as in
+                        // `merge_last_row` (so NaN equals NaN and -0.0 is not 0.0).
+                        Some(old)
+                            if match old_encoded {
+                                Some(o) => o == encoded,
+                                None => encode_row(schema, &old)? == encoded,
+                            } => {}
+                        Some(old) => {
+                            changes.push((ChangeType::UpdateBefore, old));
+                            changes.push((ChangeType::UpdateAfter, new.clone()));
+                            staged.insert(key, Some((new, encoded)));
+                        }
                     }
-                    // Unchanged means the same stored encoding, as in
-                    // `merge_last_row` (so NaN equals NaN and -0.0 is not 0.0).
-                    Some(old) if encode_row(schema, &old)? == encode_row(schema, &new)? => {}
-                    Some(old) => {
-                        changes.push((ChangeType::UpdateBefore, old));
-                        changes.push((ChangeType::UpdateAfter, new.clone()));
-                        staged.insert(key, Some(new));
-                    }
-                },
+                }
             }
         }
         let batch = if changes.is_empty() {
@@ -400,8 +410,8 @@ impl KvTablet {
         };
         let staged = staged
             .into_iter()
-            .map(|(key, row)| Ok((key, row.map(|r| encode_row(schema, &r)).transpose()?)))
-            .collect::<Result<Vec<_>>>()?;
+            .map(|(key, new)| (key, new.map(|(_, encoded)| encoded)))
+            .collect();
         Ok(Merged {
             change_types: changes.into_iter().map(|(c, _)| c).collect(),
             batch,
