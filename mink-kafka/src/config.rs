@@ -33,6 +33,10 @@ pub struct KafkaConfig {
     /// How long committed group offsets are kept without a new commit, in
     /// milliseconds. Default 604,800,000 (7 days).
     pub group_offsets_ttl_ms: u64,
+    /// How far ahead of this node's clock a produced record's timestamp may be, in
+    /// milliseconds; later ones are INVALID_TIMESTAMP (Kafka's
+    /// `message.timestamp.after.max.ms`). Default 3,600,000 (one hour).
+    pub timestamp_after_max_ms: u64,
 }
 
 impl Default for KafkaConfig {
@@ -50,6 +54,7 @@ impl Default for KafkaConfig {
             session_timeout_min_ms: 6_000,
             session_timeout_max_ms: 30 * 60 * 1000,
             group_offsets_ttl_ms: 7 * 24 * 3600 * 1000,
+            timestamp_after_max_ms: 3_600_000,
         }
     }
 }

@@ -92,6 +92,8 @@ pub enum OffsetQuery {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ListedOffset {
     pub offset: Option<i64>,
+    /// For a query by timestamp, the found record's timestamp; else -1.
+    pub timestamp: i64,
     /// The bucket's leader epoch.
     pub leader_epoch: i32,
 }

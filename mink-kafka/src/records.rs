@@ -87,7 +87,15 @@ const BATCH_HEADER_BYTES: usize = 61;
 /// Decodes the records of one partition of a Produce request: exactly one record
 /// batch v2 (as Kafka requires from Produce v3 on), its CRC checked, decompressed,
 /// each record a row. `now_ms` stamps records without a timestamp.
-pub fn decode_produce(records: &Bytes, now_ms: i64) -> Result<ProducedBatch, RecordError> {
+///
+/// A record without a timestamp gets `now_ms`; one stamped after `latest_ms` is
+/// INVALID_TIMESTAMP (Kafka's `message.timestamp.after.max.ms`): a topic is indexed
+/// and expired by its record timestamps, and a far-future one would pin both.
+pub fn decode_produce(
+    records: &Bytes,
+    now_ms: i64,
+    latest_ms: i64,
+) -> Result<ProducedBatch, RecordError> {
     let corrupt = |m: String| RecordError::new(ResponseError::CorruptMessage, m);
     if records.len() < BATCH_HEADER_BYTES {
         return Err(corrupt(format!(
@@ -139,6 +147,15 @@ pub fn decode_produce(records: &Bytes, now_ms: i64) -> Result<ProducedBatch, Rec
             info.record_count,
             set.records.len()
         )));
+    }
+    if let Some(r) = set.records.iter().find(|r| r.timestamp > latest_ms) {
+        return Err(RecordError::new(
+            ResponseError::InvalidTimestamp,
+            format!(
+                "record {} has timestamp {}, more than kafka.timestamp_after_max_ms ahead of this broker's clock (at most {latest_ms})",
+                r.offset, r.timestamp
+            ),
+        ));
     }
     let rows = rows_of(&set.records, now_ms)?;
     Ok(ProducedBatch {
@@ -404,7 +421,7 @@ mod tests {
             Compression::Lz4,
             Compression::Zstd,
         ] {
-            let batch = decode_produce(&produced(&records, compression), 42).unwrap();
+            let batch = decode_produce(&produced(&records, compression), 42, i64::MAX).unwrap();
             assert_eq!(batch.compression, compression);
             assert_eq!(batch.producer_id, 7);
             assert_eq!(batch.base_sequence, 10);
@@ -440,41 +457,54 @@ mod tests {
     }
 
     #[test]
+    fn a_record_stamped_too_far_ahead_is_refused() {
+        let records = [
+            record(0, "k", "v", 1_000, &[]),
+            record(1, "k", "v", 2_001, &[]),
+        ];
+        let err = decode_produce(&produced(&records, Compression::None), 0, 2_000).unwrap_err();
+        assert_eq!(err.code, ResponseError::InvalidTimestamp);
+        assert!(err.message.contains("timestamp 2001"), "{err}");
+        let ok = decode_produce(&produced(&records, Compression::None), 0, 2_001).unwrap();
+        assert_eq!(ok.rows.num_rows(), 2);
+    }
+
+    #[test]
     fn a_corrupted_batch_is_refused_with_a_precise_error() {
         let good = produced(&[record(0, "k", "v", 1, &[])], Compression::None);
         let mut bad = good.to_vec();
         let last = bad.len() - 1;
         bad[last] ^= 0xff;
-        let err = decode_produce(&Bytes::from(bad), 0).unwrap_err();
+        let err = decode_produce(&Bytes::from(bad), 0, i64::MAX).unwrap_err();
         assert_eq!(err.code, ResponseError::CorruptMessage);
         assert!(
             err.message.contains("Cyclic redundancy check failed"),
             "{err}"
         );
 
-        let err = decode_produce(&good.slice(..20), 0).unwrap_err();
+        let err = decode_produce(&good.slice(..20), 0, i64::MAX).unwrap_err();
         assert_eq!(err.code, ResponseError::CorruptMessage);
         assert!(err.message.contains("cannot hold a record batch"), "{err}");
 
         let mut truncated = good.to_vec();
         truncated.truncate(good.len() - 3);
-        let err = decode_produce(&Bytes::from(truncated), 0).unwrap_err();
+        let err = decode_produce(&Bytes::from(truncated), 0, i64::MAX).unwrap_err();
         assert_eq!(err.code, ResponseError::CorruptMessage, "{err}");
 
         let mut v1 = good.to_vec();
         v1[MAGIC_OFFSET] = 1;
-        let err = decode_produce(&Bytes::from(v1), 0).unwrap_err();
+        let err = decode_produce(&Bytes::from(v1), 0, i64::MAX).unwrap_err();
         assert_eq!(err.code, ResponseError::UnsupportedForMessageFormat);
 
         let mut two = good.to_vec();
         two.extend_from_slice(&good);
-        let err = decode_produce(&Bytes::from(two), 0).unwrap_err();
+        let err = decode_produce(&Bytes::from(two), 0, i64::MAX).unwrap_err();
         assert_eq!(err.code, ResponseError::InvalidRecord);
         assert!(err.message.contains("2 record batches"), "{err}");
 
         let mut txn = record(0, "k", "v", 1, &[]);
         txn.transactional = true;
-        let err = decode_produce(&produced(&[txn], Compression::None), 0).unwrap_err();
+        let err = decode_produce(&produced(&[txn], Compression::None), 0, i64::MAX).unwrap_err();
         assert_eq!(err.code, ResponseError::TransactionalIdAuthorizationFailed);
     }
 

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use arrow::array::RecordBatch;
+use arrow::array::{Array, RecordBatch, TimestampMillisecondArray};
 use arrow::datatypes::SchemaRef;
 use mink_types::{ChangeType, IpcEncoded, MinkError, Result, Schema, SchemaId, TableBucket};
 use mink_wal::{Stream, WalError};
@@ -68,7 +68,9 @@ pub enum OffsetSpec {
     Earliest,
     /// The high watermark.
     Latest,
-    /// The first offset whose commit timestamp is at or after this one (ms).
+    /// The first offset whose timestamp is at or after this one (ms): the commit
+    /// timestamp, or for a tablet indexed by record time
+    /// ([`LogTablet::index_by_record_time`]) the row's own.
     Timestamp(i64),
 }
 
@@ -94,6 +96,10 @@ struct Inner {
     advanced: tokio::sync::Notify,
     /// Set by [`LogTablet::close`]: batches waiting for their predecessors give up.
     closing: std::sync::atomic::AtomicBool,
+    /// The column whose values index the log by time instead of the commit
+    /// timestamp (a Kafka topic's record timestamps); see
+    /// [`LogTablet::index_by_record_time`].
+    record_time: std::sync::OnceLock<String>,
 }
 
 /// How long a batch that arrives ahead of its writer's next sequence waits for the
@@ -161,6 +167,7 @@ impl LogTablet {
                 inflight: Arc::new(Semaphore::new(config.inflight_appends_max as usize)),
                 advanced: tokio::sync::Notify::new(),
                 closing: std::sync::atomic::AtomicBool::new(false),
+                record_time: std::sync::OnceLock::new(),
                 config,
                 schemas: RwLock::new(HashMap::new()),
                 state: Mutex::new(State {
@@ -199,6 +206,27 @@ impl LogTablet {
             .close()
             .await
             .map_err(|e| wal_error(self.inner.bucket, e))
+    }
+
+    /// Indexes the log by the rows' own time, as Kafka's time index does: each batch
+    /// appended from now on is found by the greatest value of `column` (a
+    /// millisecond timestamp column) in it rather than by its commit timestamp, and
+    /// [`OffsetSpec::Timestamp`] answers the first row whose `column` is at or after
+    /// the time. TTL then expires by the same time (Kafka's `retention.ms`). Set
+    /// before the first append; batches appended earlier stay indexed by commit time.
+    /// A later call changes nothing.
+    pub fn index_by_record_time(&self, column: &str) {
+        let _ = self.inner.record_time.set(column.to_string());
+    }
+
+    /// The greatest record time of a batch, for a tablet indexed by record time.
+    fn record_time_of(&self, batch: &RecordBatch) -> Option<i64> {
+        let column = self.inner.record_time.get()?;
+        let times = batch
+            .column_by_name(column)?
+            .as_any()
+            .downcast_ref::<TimestampMillisecondArray>()?;
+        arrow::compute::max(times)
     }
 
     /// The epoch the tablet's stream is open under.
@@ -455,6 +483,7 @@ impl LogTablet {
                 actual: encoded.len() as u64,
             });
         }
+        let record_time = self.record_time_of(&req.batch);
         // Wait for predecessors before taking a slot and memory: a batch that waits
         // must not hold what its predecessor needs to be submitted.
         let reorder_deadline = tokio::time::Instant::now() + reorder_wait;
@@ -552,7 +581,7 @@ impl LogTablet {
                             reservation.take().expect("a batch is appended once"),
                             self.inner.epoch,
                             rows as u32,
-                            ts,
+                            record_time.unwrap_or(ts),
                             encoded.freeze(),
                             crc,
                         ) {
@@ -851,21 +880,71 @@ impl LogTablet {
         }
     }
 
-    /// EARLIEST (log start), LATEST (high watermark) or the first offset whose commit
-    /// timestamp is at or after a time; `None` when every row is older.
+    /// EARLIEST (log start), LATEST (high watermark) or the first offset whose
+    /// timestamp is at or after a time (see [`OffsetSpec::Timestamp`]); `None` when
+    /// every row is older.
     pub async fn list_offsets(&self, spec: OffsetSpec) -> Result<Option<i64>> {
         Ok(match spec {
             OffsetSpec::Earliest => Some(self.log_start()),
             OffsetSpec::Latest => Some(self.high_watermark()),
-            OffsetSpec::Timestamp(ts) => self
-                .inner
-                .stream
-                .offset_for_timestamp(ts)
-                .await
-                .map_err(|e| wal_error(self.inner.bucket, e))?
-                .map(|o| o as i64)
-                .filter(|o| *o < self.high_watermark()),
+            OffsetSpec::Timestamp(ts) => self.offset_for_time(ts).await?.map(|(o, _)| o),
         })
+    }
+
+    /// The first durable offset whose timestamp is at or after `ts`, with that
+    /// timestamp: the row's own on a tablet indexed by record time, else the
+    /// batch's commit timestamp is at or after `ts` and `ts` is returned.
+    ///
+    /// By record time, as Kafka's time index: the stream finds the first batch whose
+    /// greatest record time is at or after `ts` (every batch before it holds only
+    /// earlier rows), and that batch is read for its first such row. Batches appended
+    /// before the tablet was indexed by record time are indexed by commit time; past
+    /// one of those the batches after it are read until a row qualifies.
+    pub async fn offset_for_time(&self, ts: i64) -> Result<Option<(i64, i64)>> {
+        let bucket = self.inner.bucket;
+        let Some(found) = self
+            .inner
+            .stream
+            .offset_for_timestamp(ts)
+            .await
+            .map_err(|e| wal_error(bucket, e))?
+            .map(|o| o as i64)
+            .filter(|o| *o < self.high_watermark())
+        else {
+            return Ok(None);
+        };
+        let Some(column) = self.inner.record_time.get() else {
+            return Ok(Some((found, ts)));
+        };
+        let mut from = found;
+        loop {
+            from = from.max(self.log_start());
+            if from >= self.high_watermark() {
+                return Ok(None);
+            }
+            let scan = self
+                .scan(from, self.inner.config.scan_bytes_max as usize)
+                .await?;
+            for b in &scan.batches {
+                let Some(times) = b
+                    .batch
+                    .column_by_name(column)
+                    .and_then(|c| c.as_any().downcast_ref::<TimestampMillisecondArray>())
+                else {
+                    continue;
+                };
+                if let Some(i) =
+                    (0..times.len()).find(|&i| times.is_valid(i) && times.value(i) >= ts)
+                {
+                    return Ok(Some((b.header.base_offset + i as i64, times.value(i))));
+                }
+            }
+            let next = scan.next_offset(from);
+            if next <= from {
+                return Ok(None);
+            }
+            from = next;
+        }
     }
 
     /// Moves the log start to `offset` (at most the compacted end); whole segments

@@ -730,3 +730,94 @@ async fn writer_ids_above_the_base_range_are_refused_outside_kafka() {
     tablet.append(req(7, 1, 2..4)).await.unwrap();
     assert_eq!(all_ids(&tablet).await, (0..4).collect::<Vec<_>>());
 }
+
+/// A tablet indexed by record time (a Kafka topic's) answers a timestamp lookup with
+/// the first row stamped at or after it, whatever order the stamps came in: through
+/// segments, the WAL and a new incarnation, against the rows themselves.
+#[tokio::test]
+async fn record_time_lookups_find_the_first_row_at_or_after_the_time() {
+    use arrow::array::TimestampMillisecondArray;
+    let timed = Schema::new(
+        1,
+        vec![
+            Column::new("id", DataType::BigInt, false),
+            Column::new("timestamp", DataType::TimestampLtz { precision: 3 }, false),
+        ],
+    );
+    for seed in 1..=4u64 {
+        let mut env = Env::new().await;
+        env.epoch += 1;
+        let open = |env: &Env| {
+            let (node, epoch, timed) = (env.node.clone(), env.epoch, timed.clone());
+            async move {
+                let stream = node.open_stream("t1-b0", epoch).await.unwrap();
+                let t = LogTablet::open(BUCKET, stream, false, vec![timed], LogConfig::default())
+                    .await
+                    .unwrap();
+                t.index_by_record_time("timestamp");
+                t
+            }
+        };
+        let tablet = open(&env).await;
+        let mut state = seed;
+        let mut next = |n: u64| {
+            // xorshift: a fixed sequence per seed.
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % n
+        };
+        let mut stamps: Vec<i64> = Vec::new();
+        for b in 0..40 {
+            let n = 1 + next(5) as usize;
+            let ts: Vec<i64> = (0..n).map(|_| next(1_000) as i64).collect();
+            let ids = stamps.len() as i64..(stamps.len() + n) as i64;
+            let batch = RecordBatch::try_new(
+                timed.to_arrow(),
+                vec![
+                    Arc::new(Int64Array::from_iter_values(ids)),
+                    Arc::new(TimestampMillisecondArray::from(ts.clone()).with_timezone("UTC")),
+                ],
+            )
+            .unwrap();
+            let a = tablet
+                .append(AppendRequest {
+                    batch,
+                    schema_id: 1,
+                    ..req(NO_WRITER, 0, 0..1)
+                })
+                .await
+                .unwrap();
+            assert_eq!(a.first_offset, stamps.len() as i64);
+            stamps.extend(ts);
+            if b % 9 == 8 {
+                env.node.compact().await.unwrap();
+            }
+        }
+        let check = |tablet: LogTablet, stamps: Vec<i64>| async move {
+            for t in (0..=1_001).step_by(7).chain([0, 999, 1_000]) {
+                let want = stamps
+                    .iter()
+                    .position(|&s| s >= t)
+                    .map(|i| (i as i64, stamps[i]));
+                assert_eq!(
+                    tablet.offset_for_time(t).await.unwrap(),
+                    want,
+                    "seed {seed}, time {t}"
+                );
+                assert_eq!(
+                    tablet.list_offsets(OffsetSpec::Timestamp(t)).await.unwrap(),
+                    want.map(|w| w.0)
+                );
+            }
+        };
+        check(tablet.clone(), stamps.clone()).await;
+        // A new owner finds the same rows (segments and WAL objects keep the index).
+        drop(tablet);
+        env.node = StreamStore::open(env.store.clone(), "n1", wal_config())
+            .await
+            .unwrap();
+        env.epoch += 1;
+        check(open(&env).await, stamps).await;
+    }
+}

@@ -299,6 +299,12 @@ impl Tablets {
             self.config.log.clone(),
         )
         .await?;
+        if table.path.database.as_str() == self.config.kafka.database
+            && crate::service::is_kafka_topic(table)
+        {
+            // A topic is found and expired by its records' timestamps, as in Kafka.
+            log.index_by_record_time("timestamp");
+        }
         if !pk {
             return Ok(Tablet::Log(log));
         }

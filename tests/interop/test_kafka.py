@@ -127,19 +127,35 @@ def test_a_client_speaking_the_lowest_versions_works(node):
 
 
 def test_list_offsets_earliest_latest_and_by_time(node):
-    produce_all(producer(node), "timed", [(None, b"a", None, None)] * 3, partition=0)
+    # Record timestamps out of order, in separate batches: a lookup by time finds the
+    # first record stamped at or after it (Kafka's semantics), not by arrival time.
+    base = int(time.time() * 1000) - 600_000
+    batches = [[5_000, 3_000, 9_000], [1_000, 7_000], [4_000], [9_000, 2_000]]
+    p = producer(node)
+    stamps = []
+    for batch in batches:
+        produce_all(p, "timed", [(None, b"a", None, base + t) for t in batch], partition=0)
+        stamps += [base + t for t in batch]
     c = Consumer({"bootstrap.servers": node.bootstrap, "group.id": "unused"})
     try:
-        assert c.get_watermark_offsets(TopicPartition("timed", 0), timeout=TIMEOUT) == (0, 3)
-        # Commit timestamps are now: a time in the past finds the first row, the future none.
-        past = c.offsets_for_times([TopicPartition("timed", 0, 1_000)], timeout=TIMEOUT)
-        assert past[0].offset == 0
+        assert c.get_watermark_offsets(TopicPartition("timed", 0), timeout=TIMEOUT) == (0, len(stamps))
+        for t in [0, 1_000, 2_000, 3_001, 5_000, 5_001, 7_500, 9_000, 9_001]:
+            want = next((i for i, s in enumerate(stamps) if s >= base + t), -1)
+            got = c.offsets_for_times([TopicPartition("timed", 0, base + t)], timeout=TIMEOUT)
+            assert got[0].offset == want, (t, got[0].offset, want)
         # The bucket's leader epoch (ListOffsets v4+), never -1.
-        assert past[0].leader_epoch is not None and past[0].leader_epoch >= 1, past[0].leader_epoch
-        future = c.offsets_for_times([TopicPartition("timed", 0, int(time.time() * 1000) + 3_600_000)], timeout=TIMEOUT)
-        assert future[0].offset == -1
+        first = c.offsets_for_times([TopicPartition("timed", 0, 1_000)], timeout=TIMEOUT)
+        assert first[0].offset == 0
+        assert first[0].leader_epoch is not None and first[0].leader_epoch >= 1, first[0].leader_epoch
     finally:
         c.close()
+    # A record stamped more than kafka.timestamp_after_max_ms (1 h) ahead is refused.
+    reports = []
+    p.produce("timed", value=b"late", partition=0, timestamp=int(time.time() * 1000) + 7_200_000,
+              on_delivery=lambda err, msg: reports.append(err))
+    p.flush(TIMEOUT)
+    assert len(reports) == 1 and reports[0] is not None
+    assert reports[0].code() == KafkaError.INVALID_TIMESTAMP, reports[0]
 
 
 def test_fetch_below_the_log_start_or_past_the_end_is_out_of_range(node):
@@ -261,6 +277,40 @@ def api_versions_v0(payload):
         key, lo, hi = struct.unpack(">hhh", payload[10 + 6 * i: 16 + 6 * i])
         apis[key] = (lo, hi)
     return correlation_id, error, apis
+
+
+def fetch_v7(correlation_id, session_id, session_epoch, topic=None):
+    """A Fetch v7 request: `topic` partition 0 from offset 0, or no partitions."""
+    body = struct.pack(">iiiibii", -1, 0, 1, 1 << 20, 0, session_id, session_epoch)
+    if topic is None:
+        body += struct.pack(">i", 0)
+    else:
+        name = topic.encode()
+        body += struct.pack(">ih", 1, len(name)) + name + struct.pack(">iiqqi", 1, 0, 0, -1, 1 << 20)
+    body += struct.pack(">i", 0)  # forgotten topics
+    return request(1, 7, correlation_id, body)
+
+
+def test_fetch_sessions_are_declined_and_an_incremental_fetch_starts_over(node):
+    produce_all(producer(node), "sessions", [(None, b"x", None, None)], partition=0)
+    s = connect(node)
+    try:
+        # A full fetch asking for a new session (id 0, epoch 0): served, session 0.
+        s.sendall(fetch_v7(1, 0, 0, "sessions"))
+        payload = read_response(s)
+        correlation_id, _throttle, error, session = struct.unpack(">iihi", payload[:14])
+        assert (correlation_id, error, session) == (1, 0, 0)
+        assert b"x" in payload  # the record
+        # An incremental fetch of a session no one created: FETCH_SESSION_ID_NOT_FOUND (70).
+        s.sendall(fetch_v7(2, 12345, 3))
+        correlation_id, _throttle, error, session = struct.unpack(">iihi", read_response(s)[:14])
+        assert (correlation_id, error, session) == (2, 70, 0)
+        # The connection stays usable.
+        s.sendall(fetch_v7(3, 0, -1, "sessions"))
+        correlation_id, _throttle, error, _ = struct.unpack(">iihi", read_response(s)[:14])
+        assert (correlation_id, error) == (3, 0)
+    finally:
+        s.close()
 
 
 def test_api_versions_lists_the_spec_ranges_and_falls_back_for_newer_clients(node):

@@ -13,6 +13,7 @@ use std::time::Duration;
 use bytes::BytesMut;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
+use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
 use kafka_protocol::messages::{FetchRequest, FetchResponse, TopicName};
 use mink_types::MinkError;
@@ -78,6 +79,15 @@ fn encode(w: &Wanted, f: Fetched) -> Answer {
 }
 
 pub(crate) async fn fetch(ctx: &Ctx, r: FetchRequest, v: i16) -> FetchResponse {
+    // Fetch sessions (KIP-227) are declined, as the KIP lets a broker: every response
+    // names session 0, so clients keep sending full requests (session 0 with epoch 0
+    // or -1). An incremental request (epoch > 0) names a session no broker here
+    // created: FETCH_SESSION_ID_NOT_FOUND, and the client starts over with a full one.
+    if v >= 7 && r.session_epoch > 0 {
+        return FetchResponse::default()
+            .with_error_code(ResponseError::FetchSessionIdNotFound.code())
+            .with_session_id(0);
+    }
     let wait_ms = (r.max_wait_ms.max(0) as u64).min(ctx.config.fetch_max_wait_cap_ms);
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
     let min_bytes = r.min_bytes.max(0) as usize;

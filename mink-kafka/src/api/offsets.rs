@@ -49,13 +49,7 @@ pub(crate) async fn list_offsets(ctx: &Ctx, r: ListOffsetsRequest, v: i16) -> Li
                         out
                     };
                     match listed.offset {
-                        Some(offset) => {
-                            let timestamp = match query {
-                                OffsetQuery::Timestamp(ts) => ts,
-                                _ => -1,
-                            };
-                            out.with_offset(offset).with_timestamp(timestamp)
-                        }
+                        Some(offset) => out.with_offset(offset).with_timestamp(listed.timestamp),
                         None => out,
                     }
                 }

@@ -100,7 +100,9 @@ async fn one(ctx: &Ctx, topic: &str, index: i32, records: Option<bytes::Bytes>, 
             v,
         ));
     };
-    let batch = match decode_produce(&records, now_ms()) {
+    let now = now_ms();
+    let latest = now.saturating_add(ctx.config.timestamp_after_max_ms.min(i64::MAX as u64) as i64);
+    let batch = match decode_produce(&records, now, latest) {
         Ok(b) => b,
         Err(e) => {
             tracing::debug!(topic, partition = index, "kafka produce refused: {e}");

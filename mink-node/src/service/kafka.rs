@@ -141,7 +141,7 @@ impl NodeService {
 }
 
 /// Whether a table is a topic: an unpartitioned log table with the topic columns.
-fn is_kafka_topic(table: &TableInfo) -> bool {
+pub(crate) fn is_kafka_topic(table: &TableInfo) -> bool {
     let d = &table.descriptor;
     !d.has_primary_key() && !d.is_partitioned() && is_topic(&d.schema.columns)
 }
@@ -318,13 +318,19 @@ impl KafkaHandler for NodeService {
     ) -> Result<ListedOffset> {
         let bucket = self.topic_bucket(topic, partition).await?;
         let tablet = self.log_tablet(bucket).await?;
-        let spec = match query {
-            OffsetQuery::Earliest => OffsetSpec::Earliest,
-            OffsetQuery::Latest => OffsetSpec::Latest,
-            OffsetQuery::Timestamp(ts) => OffsetSpec::Timestamp(ts),
+        let (offset, timestamp) = match query {
+            OffsetQuery::Earliest => (tablet.list_offsets(OffsetSpec::Earliest).await?, -1),
+            OffsetQuery::Latest => (tablet.list_offsets(OffsetSpec::Latest).await?, -1),
+            // The first record stamped at or after `ts`, by the records' own
+            // timestamps (a topic's tablet is indexed by them).
+            OffsetQuery::Timestamp(ts) => match tablet.offset_for_time(ts).await? {
+                Some((offset, found)) => (Some(offset), found),
+                None => (None, -1),
+            },
         };
         Ok(ListedOffset {
-            offset: tablet.list_offsets(spec).await?,
+            offset,
+            timestamp,
             leader_epoch: tablet.epoch().min(i32::MAX as u64) as i32,
         })
     }

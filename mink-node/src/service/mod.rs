@@ -39,6 +39,7 @@ use crate::tablets::{Tablet, Tablets};
 mod actions;
 mod flight;
 mod kafka;
+pub(crate) use kafka::is_kafka_topic;
 mod lake;
 mod lookups;
 mod reads;
