@@ -53,8 +53,15 @@ fn config(dir: &std::path::Path) -> MinkConfig {
     c
 }
 
-/// Flight ingest: `WRITERS` closed-loop writers of 1 KiB rows; MB/s of row bodies.
-async fn flight_mbps(latency_ms: Option<u64>, secs: f64) -> f64 {
+/// CPU time of this process (every thread), in seconds.
+fn process_cpu_s() -> f64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    t.tv_sec as f64 + t.tv_nsec as f64 / 1e9
+}
+
+/// Flight ingest: `WRITERS` closed-loop writers of 1 KiB rows; MB/s of row bodies and
+/// the CPU seconds per GB this process (node and client) spent on them.
+async fn flight_mbps(latency_ms: Option<u64>, secs: f64) -> (f64, f64) {
     let dir = tempfile::tempdir().unwrap();
     let node = Node::start_with_store(config(dir.path()), store(latency_ms, dir.path()))
         .await
@@ -93,6 +100,7 @@ async fn flight_mbps(latency_ms: Option<u64>, secs: f64) -> f64 {
     }
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
     let start = Instant::now();
+    let cpu = process_cpu_s();
     let tasks: Vec<_> = (0..WRITERS)
         .map(|_| {
             let (addr, path, batch) = (addr.clone(), path.clone(), batch.clone());
@@ -112,34 +120,58 @@ async fn flight_mbps(latency_ms: Option<u64>, secs: f64) -> f64 {
         batches += t.await.unwrap();
     }
     let elapsed = start.elapsed().as_secs_f64();
+    let cpu = process_cpu_s() - cpu;
     node.stop().await;
-    (batches * ROWS * 1024) as f64 / elapsed / 1e6
+    let bytes = (batches * ROWS * 1024) as f64;
+    (bytes / elapsed / 1e6, cpu / (bytes / 1e9))
 }
 
-/// The Kafka load generator against a fresh node.
+/// Runs `kafka_load.py MODE BOOTSTRAP TOPIC ARG`; its JSON.
+async fn load(python: &str, mode: &str, bootstrap: &str, arg: String) -> serde_json::Value {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/kafka_load.py");
+    let args = [
+        script.to_string(),
+        mode.to_string(),
+        bootstrap.to_string(),
+        "load".to_string(),
+        arg,
+    ];
+    let python = python.to_string();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(python)
+            .args(args)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "kafka_load.py {mode} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The Kafka load generator against a fresh node: its JSON, with `node_cpu_s`, the CPU
+/// this process (the node alone: the client is another process) spent while it
+/// produced.
 async fn kafka(latency_ms: Option<u64>, secs: f64, python: &str) -> serde_json::Value {
     let dir = tempfile::tempdir().unwrap();
     let node = Node::start_with_store(config(dir.path()), store(latency_ms, dir.path()))
         .await
         .unwrap();
     let bootstrap = node.kafka_addr.expect("the Kafka listener").to_string();
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/kafka_load.py");
-    let python = python.to_string();
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(python)
-            .args([script, &bootstrap, "load", &secs.to_string()])
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
+    let cpu = process_cpu_s();
+    let mut out = load(python, "produce", &bootstrap, secs.to_string()).await;
+    let node_cpu = process_cpu_s() - cpu;
+    let produced = out["produced"].as_u64().unwrap();
+    let read = load(python, "read", &bootstrap, produced.to_string()).await;
     node.stop().await;
-    assert!(
-        out.status.success(),
-        "kafka_load.py failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    let o = out.as_object_mut().unwrap();
+    o.insert("node_cpu_s".into(), node_cpu.into());
+    o.extend(read.as_object().unwrap().clone());
+    out
 }
 
 fn span(v: &[f64]) -> String {
@@ -158,17 +190,25 @@ async fn main() {
         "One node in-process, {PARTITIONS} partitions/buckets; librdkafka (confluent-kafka) producing 1 KiB records \
          (acks=all, idempotent, linger 5 ms) for {secs:.0} s, then consuming them from offset 0, then \
          produce→consume latency of 300 records sent 10 ms apart; the Flight ingest path ({WRITERS} Rust-client \
-         writers, 1 KiB rows) in the same run as the baseline. {runs} runs, min..max.\n\n\
-         | store | Kafka produce MB/s | Flight ingest MB/s | produce / Flight | Kafka consume MB/s | produce→consume p50 | p99 |\n\
-         |---|---|---|---|---|---|---|\n"
+         writers, 1 KiB rows) in the same run as the baseline. {runs} runs, min..max. CPU per GB: \
+         CPU seconds spent per GB of record values while producing — the node's alone for Kafka (the \
+         client is another process, measured on its own), the node's and its in-process client's for \
+         Flight.\n\n\
+         | store | Kafka produce MB/s | Flight ingest MB/s | produce / Flight | Kafka consume MB/s | produce→consume p50 | p99 | CPU s/GB: Kafka node | Kafka client | Flight node + client |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n"
     );
     for (label, latency) in [("file://", None), ("20 ms PUT latency", Some(20))] {
         let (mut produce, mut flight, mut ratio, mut consume, mut p50, mut p99) =
             (vec![], vec![], vec![], vec![], vec![], vec![]);
+        let (mut node_cpu, mut client_cpu, mut flight_cpu) = (vec![], vec![], vec![]);
         for _ in 0..runs {
             let k = kafka(latency, secs, &python).await;
-            let f = flight_mbps(latency, secs).await;
+            let (f, fc) = flight_mbps(latency, secs).await;
             let pm = k["produce_mbps"].as_f64().unwrap();
+            let gb = k["produced"].as_f64().unwrap() * 1024.0 / 1e9;
+            node_cpu.push(k["node_cpu_s"].as_f64().unwrap() / gb);
+            client_cpu.push(k["client_cpu_s"].as_f64().unwrap() / gb);
+            flight_cpu.push(fc);
             produce.push(pm);
             flight.push(f);
             ratio.push(pm / f);
@@ -177,13 +217,16 @@ async fn main() {
             p99.push(k["latency_p99_ms"].as_f64().unwrap());
         }
         out.push_str(&format!(
-            "| {label} | {} | {} | {} | {} | {} ms | {} ms |\n",
+            "| {label} | {} | {} | {} | {} | {} ms | {} ms | {} | {} | {} |\n",
             span(&produce),
             span(&flight),
             span(&ratio),
             span(&consume),
             span(&p50),
-            span(&p99)
+            span(&p99),
+            span(&node_cpu),
+            span(&client_cpu),
+            span(&flight_cpu)
         ));
     }
     print!("{out}");
