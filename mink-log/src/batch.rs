@@ -167,7 +167,7 @@ pub fn whole_crc(encoded: &[u8]) -> u32 {
             .expect("a batch has a header"),
     );
     let head = crc32c::crc32c(&encoded[..CRC_AT + 4]);
-    crc32c::crc32c_combine(head, stored, encoded.len() - (CRC_AT + 4))
+    mink_wal::crc::combine(head, stored, (encoded.len() - (CRC_AT + 4)) as u64)
 }
 
 /// Sets the fields the leader assigns at append time (outside the CRC).

@@ -102,7 +102,7 @@ impl WalObjectBuilder {
         self.len += header.len();
         self.chunks.push(header.freeze());
         let start = self.len as u64;
-        self.crc = crc32c::crc32c_combine(self.crc, payload_crc, record.payload.len());
+        self.crc = crate::crc::combine(self.crc, payload_crc, record.payload.len() as u64);
         self.len += record.payload.len();
         self.chunks.push(record.payload.clone());
         self.records += 1;

@@ -7,7 +7,8 @@
 //!   conditional create, feeding a deterministic state machine.
 //! - [`stream`]: s3stream — streams with epochs, one group-commit WAL per node with
 //!   acks in upload order, fencing, recovery, compaction into indexed segments, reads
-//!   and trim. [`format`] holds the byte formats of its objects.
+//!   and trim. [`format`] holds the byte formats of its objects; [`crc`] combines
+//!   CRC32Cs.
 //!
 //! Architecture invariant: mink-wal knows nothing of tables, buckets, Arrow or any
 //! protocol. Its unit is a stream of opaque records with offsets; another project can
@@ -16,6 +17,7 @@
 
 pub mod accounting;
 pub mod config;
+pub mod crc;
 pub mod error;
 pub mod fault;
 pub mod format;
