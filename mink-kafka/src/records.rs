@@ -37,6 +37,13 @@ pub fn topic_schema() -> SchemaRef {
     Schema::new(1, topic_columns()).to_arrow()
 }
 
+/// Whether a table with these columns began as a topic: its first four columns are
+/// the topic columns (`alter_table` only appends columns, so this holds for the
+/// table's life).
+pub fn starts_as_topic(columns: &[Column]) -> bool {
+    columns.len() >= 4 && is_topic(&columns[..4])
+}
+
 /// Whether a table with these columns is a topic.
 pub fn is_topic(columns: &[Column]) -> bool {
     let want = topic_columns();

@@ -97,9 +97,9 @@ struct Inner {
     /// Set by [`LogTablet::close`]: batches waiting for their predecessors give up.
     closing: std::sync::atomic::AtomicBool,
     /// The column whose values index the log by time instead of the commit
-    /// timestamp (a Kafka topic's record timestamps); see
-    /// [`LogTablet::index_by_record_time`].
-    record_time: std::sync::OnceLock<String>,
+    /// timestamp (a Kafka topic's record timestamps), and how far ahead of the clock
+    /// its values may be; see [`LogTablet::index_by_record_time`].
+    record_time: std::sync::OnceLock<(String, Duration)>,
 }
 
 /// How long a batch that arrives ahead of its writer's next sequence waits for the
@@ -212,21 +212,39 @@ impl LogTablet {
     /// appended from now on is found by the greatest value of `column` (a
     /// millisecond timestamp column) in it rather than by its commit timestamp, and
     /// [`OffsetSpec::Timestamp`] answers the first row whose `column` is at or after
-    /// the time. TTL then expires by the same time (Kafka's `retention.ms`). Set
-    /// before the first append; batches appended earlier stay indexed by commit time.
-    /// A later call changes nothing.
-    pub fn index_by_record_time(&self, column: &str) {
-        let _ = self.inner.record_time.set(column.to_string());
+    /// the time. TTL then expires by the same time (Kafka's `retention.ms`). A batch
+    /// with a value more than `max_ahead` past this node's clock is refused: it would
+    /// hold the TTL back for good. Set before the first append; batches appended
+    /// earlier stay indexed by commit time. A later call changes nothing.
+    pub fn index_by_record_time(&self, column: &str, max_ahead: Duration) {
+        let _ = self.inner.record_time.set((column.to_string(), max_ahead));
     }
 
-    /// The greatest record time of a batch, for a tablet indexed by record time.
-    fn record_time_of(&self, batch: &RecordBatch) -> Option<i64> {
-        let column = self.inner.record_time.get()?;
-        let times = batch
-            .column_by_name(column)?
-            .as_any()
-            .downcast_ref::<TimestampMillisecondArray>()?;
-        arrow::compute::max(times)
+    /// The greatest record time of a batch, for a tablet indexed by record time;
+    /// `InvalidArgument` when it is too far ahead.
+    fn record_time_of(&self, batch: &RecordBatch) -> Result<Option<i64>> {
+        let Some((column, max_ahead)) = self.inner.record_time.get() else {
+            return Ok(None);
+        };
+        let Some(times) = batch
+            .column_by_name(column)
+            .and_then(|c| c.as_any().downcast_ref::<TimestampMillisecondArray>())
+        else {
+            return Ok(None);
+        };
+        let max = arrow::compute::max(times);
+        let latest = now_ms().saturating_add(max_ahead.as_millis().min(i64::MAX as u128) as i64);
+        if let Some(t) = max.filter(|t| *t > latest) {
+            return Err(MinkError::invalid(
+                column,
+                format!(
+                    "{}: a row is stamped {t}, more than {} ms ahead of this node's clock (at most {latest})",
+                    self.inner.bucket,
+                    max_ahead.as_millis()
+                ),
+            ));
+        }
+        Ok(max)
     }
 
     /// The epoch the tablet's stream is open under.
@@ -483,7 +501,7 @@ impl LogTablet {
                 actual: encoded.len() as u64,
             });
         }
-        let record_time = self.record_time_of(&req.batch);
+        let record_time = self.record_time_of(&req.batch)?;
         // Wait for predecessors before taking a slot and memory: a batch that waits
         // must not hold what its predecessor needs to be submitted.
         let reorder_deadline = tokio::time::Instant::now() + reorder_wait;
@@ -913,7 +931,7 @@ impl LogTablet {
         else {
             return Ok(None);
         };
-        let Some(column) = self.inner.record_time.get() else {
+        let Some((column, _)) = self.inner.record_time.get() else {
             return Ok(Some((found, ts)));
         };
         let mut from = found;
@@ -922,9 +940,14 @@ impl LogTablet {
             if from >= self.high_watermark() {
                 return Ok(None);
             }
-            let scan = self
+            let scan = match self
                 .scan(from, self.inner.config.scan_bytes_max as usize)
-                .await?;
+                .await
+            {
+                // Trimmed past `from` meanwhile: go on from the new log start.
+                Err(MinkError::OffsetOutOfRange { .. }) if self.log_start() > from => continue,
+                scan => scan?,
+            };
             for b in &scan.batches {
                 let Some(times) = b
                     .batch

@@ -754,7 +754,7 @@ async fn record_time_lookups_find_the_first_row_at_or_after_the_time() {
                 let t = LogTablet::open(BUCKET, stream, false, vec![timed], LogConfig::default())
                     .await
                     .unwrap();
-                t.index_by_record_time("timestamp");
+                t.index_by_record_time("timestamp", Duration::from_secs(3_600));
                 t
             }
         };
@@ -812,6 +812,31 @@ async fn record_time_lookups_find_the_first_row_at_or_after_the_time() {
             }
         };
         check(tablet.clone(), stamps.clone()).await;
+        // A row stamped more than the allowed hour ahead is refused, and nothing is
+        // appended.
+        let ahead = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64
+            + 7_200_000;
+        let late = RecordBatch::try_new(
+            timed.to_arrow(),
+            vec![
+                Arc::new(Int64Array::from_iter_values([0])),
+                Arc::new(TimestampMillisecondArray::from(vec![ahead]).with_timezone("UTC")),
+            ],
+        )
+        .unwrap();
+        let err = tablet
+            .append(AppendRequest {
+                batch: late,
+                schema_id: 1,
+                ..req(NO_WRITER, 0, 0..1)
+            })
+            .await
+            .unwrap_err();
+        assert!(matches!(err, MinkError::InvalidArgument { .. }), "{err}");
+        assert_eq!(tablet.high_watermark(), stamps.len() as i64);
         // A new owner finds the same rows (segments and WAL objects keep the index).
         drop(tablet);
         env.node = StreamStore::open(env.store.clone(), "n1", wal_config())

@@ -299,11 +299,19 @@ impl Tablets {
             self.config.log.clone(),
         )
         .await?;
+        let d = &table.descriptor;
         if table.path.database.as_str() == self.config.kafka.database
-            && crate::service::is_kafka_topic(table)
+            && !pk
+            && !d.is_partitioned()
+            && mink_kafka::records::starts_as_topic(&d.schema.columns)
         {
             // A topic is found and expired by its records' timestamps, as in Kafka.
-            log.index_by_record_time("timestamp");
+            // Decided by how the table began, so that every owner of the bucket
+            // decides the same after columns are added.
+            log.index_by_record_time(
+                "timestamp",
+                Duration::from_millis(self.config.kafka.timestamp_after_max_ms),
+            );
         }
         if !pk {
             return Ok(Tablet::Log(log));

@@ -39,7 +39,6 @@ use crate::tablets::{Tablet, Tablets};
 mod actions;
 mod flight;
 mod kafka;
-pub(crate) use kafka::is_kafka_topic;
 mod lake;
 mod lookups;
 mod reads;

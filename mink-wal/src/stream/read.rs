@@ -271,20 +271,33 @@ async fn offset_for_timestamp_pass(
 ) -> Result<Option<u64>, ReadFail> {
     // Segments from `pos` on, one at a time.
     let mut pos = 0u64;
-    let start = loop {
-        let (start, next) = {
+    loop {
+        let (start, seg) = {
             let state = stream.lock();
             let start = state.start_offset;
             let from = pos.max(start);
             let i = state.segments.partition_point(|s| s.end <= from);
-            let next = state.segments[i..]
+            match state.segments[i..]
                 .iter()
                 .find(|s| s.max_timestamp_ms >= timestamp_ms)
-                .cloned();
-            (start, next)
-        };
-        let Some(seg) = next else {
-            break start;
+            {
+                Some(seg) => (start, seg.clone()),
+                None => {
+                    // No segment from `from` on has one: the records not in a segment
+                    // yet, judged under the same lock as the segments. (Looked up
+                    // after releasing it, a compaction in between could have moved
+                    // records from memory into a segment this pass never saw.)
+                    let compacted_end = state.segments.last().map_or(start, |s| s.end);
+                    return Ok(state
+                        .held
+                        .iter()
+                        .find(|h| {
+                            h.record.end() > compacted_end.max(from)
+                                && h.record.timestamp_ms >= timestamp_ms
+                        })
+                        .map(|h| h.record.base.max(start)));
+                }
+            }
         };
         let index = segment_index(&stream.store, &seg).await?;
         if let Some(e) = index
@@ -294,12 +307,5 @@ async fn offset_for_timestamp_pass(
             return Ok(Some(e.base.max(start)));
         }
         pos = seg.end;
-    };
-    let state = stream.lock();
-    let compacted_end = state.segments.last().map_or(start, |s| s.end);
-    Ok(state
-        .held
-        .iter()
-        .find(|h| h.record.end() > compacted_end && h.record.timestamp_ms >= timestamp_ms)
-        .map(|h| h.record.base.max(start)))
+    }
 }
