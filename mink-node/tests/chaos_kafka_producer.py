@@ -52,6 +52,8 @@ def main():
                 "message.timeout.ms": 20000,
                 "topic.metadata.refresh.interval.ms": 1000,
                 "reconnect.backoff.max.ms": 1000,
+                # Idempotence state changes (drains, epoch bumps) into the log.
+                "debug": "eos",
             }
         )
         started = time.monotonic()
