@@ -148,6 +148,11 @@ pub struct ScanBatch {
     /// Per row, for primary-key tables.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub change_types: Option<Vec<ChangeType>>,
+    /// The idempotent writer that appended the batch, when it had one (for a Kafka
+    /// producer its producer id and epoch, `mink_types::split_writer`). Absent for
+    /// rows read from the lake.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub writer_id: Option<i64>,
 }
 
 /// The app metadata of each DoGet batch of a `Snapshot` read: the rows are the

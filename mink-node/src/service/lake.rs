@@ -807,6 +807,7 @@ impl NodeService {
                         base_offset: base,
                         high_watermark,
                         change_types: None,
+                        writer_id: None,
                     },
                 )
             })
@@ -886,6 +887,7 @@ impl NodeService {
                             base_offset: base,
                             high_watermark,
                             change_types: None,
+                            writer_id: None,
                         },
                     )
                 })

@@ -46,6 +46,8 @@ impl NodeService {
                             high_watermark: scan.high_watermark,
                             change_types: (!b.header.change_types.is_empty())
                                 .then(|| b.header.change_types[..take].to_vec()),
+                            writer_id: (b.header.writer_id != mink_log::NO_WRITER)
+                                .then_some(b.header.writer_id),
                         };
                         out.push((as_schema(b.batch.slice(0, take), &schema)?, meta));
                     }
@@ -214,6 +216,8 @@ pub(super) fn read_batches(
                 high_watermark,
                 change_types: (!b.header.change_types.is_empty())
                     .then(|| b.header.change_types.clone()),
+                writer_id: (b.header.writer_id != mink_log::NO_WRITER)
+                    .then_some(b.header.writer_id),
             };
             Ok((as_schema(b.batch, schema)?, meta))
         })
