@@ -122,6 +122,15 @@ fn now_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
+/// A batch's record-time column ([`LogTablet::index_by_record_time`]), if it has one
+/// of milliseconds.
+fn record_times<'a>(batch: &'a RecordBatch, column: &str) -> Option<&'a TimestampMillisecondArray> {
+    batch
+        .column_by_name(column)?
+        .as_any()
+        .downcast_ref::<TimestampMillisecondArray>()
+}
+
 /// Maps mink-wal's errors to Mink's, with the bucket for context.
 pub fn wal_error(bucket: TableBucket, err: WalError) -> MinkError {
     match err {
@@ -226,10 +235,7 @@ impl LogTablet {
         let Some((column, max_ahead)) = self.inner.record_time.get() else {
             return Ok(None);
         };
-        let Some(times) = batch
-            .column_by_name(column)
-            .and_then(|c| c.as_any().downcast_ref::<TimestampMillisecondArray>())
-        else {
+        let Some(times) = record_times(batch, column) else {
             return Ok(None);
         };
         let max = arrow::compute::max(times);
@@ -949,11 +955,7 @@ impl LogTablet {
                 scan => scan?,
             };
             for b in &scan.batches {
-                let Some(times) = b
-                    .batch
-                    .column_by_name(column)
-                    .and_then(|c| c.as_any().downcast_ref::<TimestampMillisecondArray>())
-                else {
+                let Some(times) = record_times(&b.batch, column) else {
                     continue;
                 };
                 if let Some(i) =
