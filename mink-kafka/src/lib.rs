@@ -8,6 +8,8 @@
 //!   topics, groups) and the refusals of what is not built.
 //! - [`groups`]: the classic consumer-group coordinator (membership, rebalances).
 //! - [`records`]: record batches v2 to and from Arrow rows of a topic table.
+//! - [`refused`]: idempotent producers' batches refused as not persisted, so that
+//!   a batch behind one is refused alike and retried in order.
 //! - [`handler`]: the [`KafkaHandler`] trait `mink-node` implements.
 //! - [`config`]: settings and limits.
 //!
@@ -20,6 +22,7 @@ pub mod frame;
 pub mod groups;
 pub mod handler;
 pub mod records;
+pub mod refused;
 pub mod server;
 pub mod versions;
 

@@ -42,6 +42,7 @@ pub async fn serve(
         handler,
         config,
         groups,
+        refused: Default::default(),
     });
     // Session and rebalance timeouts of consumer groups.
     let sweeper = {

@@ -326,3 +326,269 @@ async fn a_node_declared_dead_while_alive_comes_back() {
         node.stop().await;
     }
 }
+
+/// A Kafka connection that speaks the protocol by hand (kafka-protocol's messages),
+/// one request at a time.
+struct KafkaConn {
+    stream: tokio::net::TcpStream,
+    correlation: i32,
+}
+
+impl KafkaConn {
+    async fn connect(addr: std::net::SocketAddr) -> Self {
+        Self {
+            stream: tokio::net::TcpStream::connect(addr).await.unwrap(),
+            correlation: 0,
+        }
+    }
+
+    async fn call<Req, Resp>(
+        &mut self,
+        key: kafka_protocol::messages::ApiKey,
+        v: i16,
+        req: &Req,
+    ) -> Resp
+    where
+        Req: kafka_protocol::protocol::Encodable,
+        Resp: kafka_protocol::protocol::Decodable,
+    {
+        use kafka_protocol::messages::{RequestHeader, ResponseHeader};
+        use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        self.correlation += 1;
+        let mut body = bytes::BytesMut::new();
+        RequestHeader::default()
+            .with_request_api_key(key as i16)
+            .with_request_api_version(v)
+            .with_correlation_id(self.correlation)
+            .with_client_id(Some(StrBytes::from_static_str("resilience-test")))
+            .encode(&mut body, key.request_header_version(v))
+            .unwrap();
+        req.encode(&mut body, v).unwrap();
+        self.stream
+            .write_all(&(body.len() as i32).to_be_bytes())
+            .await
+            .unwrap();
+        self.stream.write_all(&body).await.unwrap();
+        let mut len = [0u8; 4];
+        self.stream.read_exact(&mut len).await.unwrap();
+        let mut frame = vec![0u8; i32::from_be_bytes(len) as usize];
+        self.stream.read_exact(&mut frame).await.unwrap();
+        let mut frame = bytes::Bytes::from(frame);
+        let header = ResponseHeader::decode(&mut frame, key.response_header_version(v)).unwrap();
+        assert_eq!(header.correlation_id, self.correlation);
+        Resp::decode(&mut frame, v).unwrap()
+    }
+
+    /// A new idempotent producer: (id, epoch).
+    async fn init_producer(&mut self) -> (i64, i16) {
+        use kafka_protocol::messages::{
+            ApiKey, InitProducerIdRequest, InitProducerIdResponse, ProducerId,
+        };
+        let r: InitProducerIdResponse = self
+            .call(
+                ApiKey::InitProducerId,
+                4,
+                &InitProducerIdRequest::default()
+                    .with_transaction_timeout_ms(60_000)
+                    .with_producer_id(ProducerId(-1))
+                    .with_producer_epoch(-1),
+            )
+            .await;
+        assert_eq!(r.error_code, 0);
+        (r.producer_id.0, r.producer_epoch)
+    }
+
+    /// Produces values `values` (one record each, sequences from `first_sequence`) to
+    /// partition 0 of `topic` as `producer`: the partition's error code and message.
+    async fn produce(
+        &mut self,
+        topic: &str,
+        producer: (i64, i16),
+        first_sequence: i32,
+        values: std::ops::Range<i32>,
+    ) -> (i16, String) {
+        use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+        use kafka_protocol::messages::{ApiKey, ProduceRequest, ProduceResponse, TopicName};
+        use kafka_protocol::protocol::StrBytes;
+        use kafka_protocol::records::{
+            Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64;
+        let records: Vec<Record> = values
+            .clone()
+            .enumerate()
+            .map(|(i, value)| Record {
+                transactional: false,
+                control: false,
+                delete_horizon: false,
+                partition_leader_epoch: 0,
+                producer_id: producer.0,
+                producer_epoch: producer.1,
+                timestamp_type: TimestampType::Creation,
+                offset: i as i64,
+                sequence: first_sequence + i as i32,
+                timestamp: now,
+                key: None,
+                value: Some(bytes::Bytes::from(format!("v{value}"))),
+                headers: Default::default(),
+            })
+            .collect();
+        let mut batch = bytes::BytesMut::new();
+        RecordBatchEncoder::encode(
+            &mut batch,
+            &records,
+            &RecordEncodeOptions {
+                version: 2,
+                compression: Compression::None,
+            },
+        )
+        .unwrap();
+        let request = ProduceRequest::default()
+            .with_acks(-1)
+            .with_timeout_ms(30_000)
+            .with_topic_data(vec![
+                TopicProduceData::default()
+                    .with_name(TopicName(StrBytes::from_string(topic.to_string())))
+                    .with_partition_data(vec![
+                        PartitionProduceData::default()
+                            .with_index(0)
+                            .with_records(Some(batch.freeze())),
+                    ]),
+            ]);
+        let r: ProduceResponse = self.call(ApiKey::Produce, 9, &request).await;
+        let p = &r.responses[0].partition_responses[0];
+        (
+            p.error_code,
+            p.error_message
+                .as_ref()
+                .map(|m| m.to_string())
+                .unwrap_or_default(),
+        )
+    }
+}
+
+/// The Kafka value column of a topic read through Flight, in offset order.
+fn kafka_values(batches: &[arrow::record_batch::RecordBatch]) -> Vec<String> {
+    use arrow::array::{Array, BinaryArray};
+    let mut out = Vec::new();
+    for b in batches {
+        let values = b
+            .column_by_name("value")
+            .unwrap()
+            .as_any()
+            .downcast_ref::<BinaryArray>()
+            .unwrap();
+        for i in 0..values.len() {
+            out.push(String::from_utf8(values.value(i).to_vec()).unwrap());
+        }
+    }
+    out
+}
+
+/// An idempotent Kafka producer pipelines: when one batch is refused as not persisted
+/// (the WAL failed) and the next one reaches the bucket's reopened tablet first, that
+/// one must be refused the same retriable way, not as OUT_OF_ORDER_SEQUENCE_NUMBER
+/// (or UNKNOWN_PRODUCER_ID when the refused batch was the producer's first): librdkafka
+/// answers those by bumping its epoch and writing every unacknowledged record again,
+/// duplicating any that were in fact written. Retried in order, each record is
+/// written once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kafka_batch_behind_one_refused_as_not_persisted_is_refused_alike() {
+    use kafka_protocol::error::ResponseError;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(dir.path());
+    config.kafka.default_partitions = 1;
+    let inner = mink_wal::open_object_store(&config.object_store).unwrap();
+    let faulty = FaultyStore::new(inner, FaultConfig::default());
+    let store: Arc<dyn ObjectStore> = Arc::new(faulty.clone());
+    let node = Node::start_with_store(config, store).await.unwrap();
+    let client = MinkClient::connect(&node.flight_addr.to_string())
+        .await
+        .unwrap();
+    let mut kafka = KafkaConn::connect(node.kafka_addr.unwrap()).await;
+    let ok = |(code, message): (i16, String)| assert_eq!(code, 0, "{message}");
+
+    // Waits for the node to replace its failed WAL by itself.
+    let recovered = || async {
+        let start = Instant::now();
+        while health(&client).await["status"] != "serving" {
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "the node never recovered"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let outage = |on: bool| {
+        faulty.set_config(FaultConfig {
+            put_failure_rate: if on { 1.0 } else { 0.0 },
+            ..Default::default()
+        })
+    };
+
+    // A producer has written sequence 0; its batch at sequence 1 is refused.
+    let producer = kafka.init_producer().await;
+    ok(kafka.produce("gaps", producer, 0, 0..1).await);
+    outage(true);
+    let (code, message) = kafka.produce("gaps", producer, 1, 1..4).await;
+    let refused = ResponseError::try_from_code(code);
+    assert!(
+        matches!(
+            refused,
+            Some(ResponseError::KafkaStorageError | ResponseError::LeaderNotAvailable)
+        ),
+        "{refused:?}: {message}"
+    );
+    outage(false);
+    recovered().await;
+    // The batch behind it reaches the reopened tablet first: refused alike, and
+    // nothing is written.
+    let (code, message) = kafka.produce("gaps", producer, 4, 4..5).await;
+    assert_eq!(
+        ResponseError::try_from_code(code),
+        Some(ResponseError::LeaderNotAvailable),
+        "{message}"
+    );
+    assert!(message.contains("not persisted"), "{message}");
+    // Sent again in order, both are written once.
+    ok(kafka.produce("gaps", producer, 1, 1..4).await);
+    ok(kafka.produce("gaps", producer, 4, 4..5).await);
+
+    // A producer whose first batch here is refused: its second is refused alike, not
+    // answered UNKNOWN_PRODUCER_ID.
+    let second = kafka.init_producer().await;
+    outage(true);
+    let (code, message) = kafka.produce("gaps", second, 0, 10..12).await;
+    assert_ne!(code, 0, "{message}");
+    outage(false);
+    recovered().await;
+    let (code, message) = kafka.produce("gaps", second, 2, 12..13).await;
+    assert_eq!(
+        ResponseError::try_from_code(code),
+        Some(ResponseError::LeaderNotAvailable),
+        "{message}"
+    );
+    ok(kafka.produce("gaps", second, 0, 10..12).await);
+    ok(kafka.produce("gaps", second, 2, 12..13).await);
+
+    // A gap no refusal explains is still a sequence error.
+    let (code, message) = kafka.produce("gaps", second, 9, 19..20).await;
+    assert_eq!(
+        ResponseError::try_from_code(code),
+        Some(ResponseError::OutOfOrderSequenceNumber),
+        "{message}"
+    );
+
+    let path = TablePath::parse("kafka.gaps").unwrap();
+    let got = kafka_values(&client.scan_table(&path).await.unwrap());
+    let want: Vec<String> = [0, 1, 2, 3, 4, 10, 11, 12]
+        .iter()
+        .map(|v| format!("v{v}"))
+        .collect();
+    assert_eq!(got, want);
+    node.stop().await;
+}

@@ -34,6 +34,8 @@ pub(crate) struct Ctx {
     pub config: KafkaConfig,
     /// Consumer groups, while this node holds the lease.
     pub groups: Coordinator,
+    /// Idempotent producers' batches refused as not persisted (`crate::refused`).
+    pub refused: crate::refused::RefusedBatches,
 }
 
 /// An encoded response body and the version it was encoded at.

@@ -11,6 +11,7 @@ use mink_types::MinkError;
 use super::{Ctx, ProduceTurn, now_ms, s};
 use crate::handler::{PendingProduce, ProducerBatch, error_code};
 use crate::records::decode_produce;
+use crate::refused::is_retriable_refusal;
 
 fn failed(index: i32, code: ResponseError, message: String, v: i16) -> PartitionProduceResponse {
     let mut out = PartitionProduceResponse::default()
@@ -26,7 +27,7 @@ fn failed(index: i32, code: ResponseError, message: String, v: i16) -> Partition
 /// What became of one partition before durability.
 enum Step {
     Done(PartitionProduceResponse),
-    Pending(i32, PendingProduce),
+    Pending(i32, PendingProduce, Option<ProducerBatch>),
 }
 
 pub(crate) async fn produce(
@@ -58,8 +59,10 @@ pub(crate) async fn produce(
     };
     let mut steps: Vec<(usize, Step)> = Vec::new();
     let mut topics = Vec::with_capacity(r.topic_data.len());
+    let mut names = Vec::with_capacity(r.topic_data.len());
     for (t, topic) in r.topic_data.into_iter().enumerate() {
         topics.push(TopicProduceResponse::default().with_name(topic.name.clone()));
+        names.push(topic.name.to_string());
         for p in topic.partition_data {
             let step = match &refusal {
                 Some((code, message)) => Step::Done(failed(p.index, *code, message.clone(), v)),
@@ -73,8 +76,12 @@ pub(crate) async fn produce(
     for (t, step) in steps {
         let response = match step {
             Step::Done(r) => r,
-            Step::Pending(index, pending) => match pending.await {
+            Step::Pending(index, pending, producer) => match pending.await {
                 Ok(p) => {
+                    if let Some(b) = producer {
+                        ctx.refused
+                            .written(&names[t], index, b.producer_id, b.last_sequence);
+                    }
                     let mut out = PartitionProduceResponse::default()
                         .with_index(index)
                         .with_base_offset(p.base_offset);
@@ -83,7 +90,14 @@ pub(crate) async fn produce(
                     }
                     out
                 }
-                Err(e) => failed(index, error_code(&e), e.to_string(), v),
+                Err(e) => {
+                    let code = error_code(&e);
+                    if let Some(b) = producer.filter(|_| is_retriable_refusal(code)) {
+                        ctx.refused
+                            .unwritten(&names[t], index, b.producer_id, b.first_sequence);
+                    }
+                    failed(index, code, e.to_string(), v)
+                }
             },
         };
         topics[t].partition_responses.push(response);
@@ -155,7 +169,13 @@ async fn one(ctx: &Ctx, topic: &str, index: i32, records: Option<bytes::Bytes>, 
         }
     }
     match attempt {
-        Ok(pending) => Step::Pending(index, pending),
+        Ok(pending) => {
+            if let Some(b) = producer {
+                ctx.refused
+                    .unwritten(topic, index, b.producer_id, b.first_sequence);
+            }
+            Step::Pending(index, pending, producer)
+        }
         Err(e) => {
             let code = match &e {
                 MinkError::InvalidArgument { field, .. } if field == "topic" => {
@@ -163,6 +183,33 @@ async fn one(ctx: &Ctx, topic: &str, index: i32, records: Option<bytes::Bytes>, 
                 }
                 other => error_code(other),
             };
+            let Some(b) = producer else {
+                return Step::Done(failed(index, code, e.to_string(), v));
+            };
+            // A gap left by a batch refused as not persisted is refused the same
+            // retriable way, so that the producer retries in order (`crate::refused`).
+            let expected = match &e {
+                MinkError::OutOfOrderSequence { expected, .. } => Some(Some(*expected)),
+                MinkError::UnknownWriter { .. } => Some(None),
+                _ => None,
+            };
+            let explained = expected.and_then(|expected| {
+                ctx.refused
+                    .explains(topic, index, b.producer_id, b.first_sequence, expected)
+            });
+            if let Some(refused) = explained {
+                let why = format!(
+                    "{topic}-{index}: sequence {} follows this producer's batch at \
+                     sequence {refused}, which was not persisted; send both again in order",
+                    b.first_sequence
+                );
+                tracing::debug!("kafka produce refused: {why}");
+                return Step::Done(failed(index, ResponseError::LeaderNotAvailable, why, v));
+            }
+            if is_retriable_refusal(code) {
+                ctx.refused
+                    .unwritten(topic, index, b.producer_id, b.first_sequence);
+            }
             Step::Done(failed(index, code, e.to_string(), v))
         }
     }
