@@ -846,3 +846,185 @@ async fn record_time_lookups_find_the_first_row_at_or_after_the_time() {
         check(open(&env).await, stamps).await;
     }
 }
+
+/// Record-time lookups and the TTL raced against appends, compaction and each other
+/// on a topic-like tablet (indexed by record time): a lookup's answer is the first
+/// row stamped at or after the time among the rows that were there all along, and a
+/// trim never removes a row stamped at or after its cutoff. Stamps lag the clock by
+/// ~0.9 s with jitter, the TTL is 1 s: batches expire a few at a time while lookups,
+/// compactions and appends run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn record_time_lookups_and_ttl_race_compaction_and_appends() {
+    use arrow::array::TimestampMillisecondArray;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let timed = Schema::new(
+        1,
+        vec![
+            Column::new("id", DataType::BigInt, false),
+            Column::new("timestamp", DataType::TimestampLtz { precision: 3 }, false),
+        ],
+    );
+    let now_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64
+    };
+    let ttl = Duration::from_millis(1_000);
+    for seed in 1..=3u64 {
+        let mut env = Env::new().await;
+        env.epoch += 1;
+        let stream = env.node.open_stream("t1-b0", env.epoch).await.unwrap();
+        let tablet = LogTablet::open(
+            BUCKET,
+            stream,
+            false,
+            vec![timed.clone()],
+            LogConfig::default(),
+        )
+        .await
+        .unwrap();
+        tablet.index_by_record_time("timestamp", Duration::from_secs(3_600));
+        // Every row's stamp, by offset; a batch's stamps go in before it is appended.
+        let stamps: Arc<Mutex<Vec<i64>>> = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+
+        let appender = {
+            let (tablet, stamps, stop, timed) =
+                (tablet.clone(), stamps.clone(), stop.clone(), timed.clone());
+            tokio::spawn(async move {
+                let mut state = seed;
+                let mut next = move |n: u64| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    state % n
+                };
+                while !stop.load(Ordering::SeqCst) {
+                    let n = 1 + next(5) as usize;
+                    let ts: Vec<i64> = (0..n)
+                        .map(|_| now_ms() - 1_200 + next(600) as i64)
+                        .collect();
+                    let first = {
+                        let mut s = stamps.lock().unwrap();
+                        s.extend(&ts);
+                        (s.len() - n) as i64
+                    };
+                    let batch = RecordBatch::try_new(
+                        timed.to_arrow(),
+                        vec![
+                            Arc::new(Int64Array::from_iter_values(first..first + n as i64)),
+                            Arc::new(TimestampMillisecondArray::from(ts).with_timezone("UTC")),
+                        ],
+                    )
+                    .unwrap();
+                    let a = tablet
+                        .append(AppendRequest {
+                            batch,
+                            schema_id: 1,
+                            ..req(NO_WRITER, 0, 0..1)
+                        })
+                        .await
+                        .unwrap();
+                    assert_eq!(a.first_offset, first, "seed {seed}");
+                    tokio::time::sleep(Duration::from_millis(1 + next(3))).await;
+                }
+            })
+        };
+        let compactor = {
+            let (node, stop) = (env.node.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut rounds = 0u32;
+                while !stop.load(Ordering::SeqCst) {
+                    node.compact().await.unwrap();
+                    rounds += 1;
+                    tokio::time::sleep(Duration::from_millis(7)).await;
+                }
+                rounds
+            })
+        };
+        let trimmer = {
+            let (tablet, stamps, stop) = (tablet.clone(), stamps.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut checked = 0i64;
+                while !stop.load(Ordering::SeqCst) {
+                    let start = tablet.trim_expired(ttl).await.unwrap();
+                    let cutoff = now_ms() - ttl.as_millis() as i64;
+                    let stamps = stamps.lock().unwrap().clone();
+                    for i in checked..start {
+                        assert!(
+                            stamps[i as usize] < cutoff,
+                            "seed {seed}: row {i} stamped {} trimmed before its time (cutoff {cutoff})",
+                            stamps[i as usize]
+                        );
+                    }
+                    checked = checked.max(start);
+                    tokio::time::sleep(Duration::from_millis(11)).await;
+                }
+                checked
+            })
+        };
+        let lookers: Vec<_> = (0..2u64)
+            .map(|l| {
+                let (tablet, stamps, stop) = (tablet.clone(), stamps.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let mut state = seed * 31 + l;
+                    let mut found = 0u32;
+                    let mut lookups = 0u32;
+                    while !stop.load(Ordering::SeqCst) {
+                        state ^= state << 13;
+                        state ^= state >> 7;
+                        state ^= state << 17;
+                        let t = now_ms() - 1_500 + (state % 1_600) as i64;
+                        let hw_before = tablet.high_watermark();
+                        let answer = tablet.offset_for_time(t).await.unwrap();
+                        let start_after = tablet.log_start();
+                        let stamps = stamps.lock().unwrap().clone();
+                        // Rows in [start_after, end) were in the log throughout.
+                        let end = match answer {
+                            Some((o, f)) => {
+                                assert!(f >= t, "seed {seed}: found {f} for {t}");
+                                assert_eq!(stamps[o as usize], f, "seed {seed}: row {o}");
+                                found += 1;
+                                o
+                            }
+                            None => hw_before,
+                        };
+                        for i in start_after..end {
+                            assert!(
+                                stamps[i as usize] < t,
+                                "seed {seed}: lookup {t} answered {answer:?}, but row {i} \
+                                 (stamped {}) was there all along",
+                                stamps[i as usize]
+                            );
+                        }
+                        lookups += 1;
+                        tokio::task::yield_now().await;
+                    }
+                    (lookups, found)
+                })
+            })
+            .collect();
+
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+        stop.store(true, Ordering::SeqCst);
+        appender.await.unwrap();
+        let rounds = compactor.await.unwrap();
+        let trimmed = trimmer.await.unwrap();
+        let mut lookups = 0;
+        for l in lookers {
+            let (n, found) = l.await.unwrap();
+            assert!(found > 0, "seed {seed}: no lookup found a row");
+            lookups += n;
+        }
+        let rows = stamps.lock().unwrap().len();
+        eprintln!(
+            "seed {seed}: {rows} rows, {trimmed} trimmed, {rounds} compactions, {lookups} lookups"
+        );
+        assert!(
+            trimmed > 0 && rounds > 10,
+            "seed {seed}: the race did not run"
+        );
+    }
+}
