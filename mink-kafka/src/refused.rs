@@ -36,6 +36,8 @@ use kafka_protocol::error::ResponseError;
 pub const REFUSAL_TTL: Duration = Duration::from_secs(120);
 /// Refusals remembered per node.
 pub const REFUSALS_MAX: usize = 10_000;
+/// How often a full memory is swept for expired entries at most.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 /// Unwritten batches kept per producer and partition: a producer has at most 5
 /// in flight, and retries them.
@@ -55,6 +57,8 @@ type Key = (String, i32, i64);
 #[derive(Debug, Default)]
 pub struct RefusedBatches {
     entries: Mutex<HashMap<Key, Unwritten>>,
+    /// When the entries were last swept for expired ones (only when full).
+    swept: Mutex<Option<Instant>>,
 }
 
 /// Whether a Produce error code means "not written, send it again": what librdkafka
@@ -81,8 +85,16 @@ impl RefusedBatches {
         let mut entries = self.lock();
         let key = (topic.to_string(), partition, writer);
         if !entries.contains_key(&key) && entries.len() >= REFUSALS_MAX {
-            entries.retain(|_, u| now.duration_since(u.at) < REFUSAL_TTL);
+            // Full: sweep what expired, at most once a second (a sweep walks them all,
+            // under the lock every produce takes); when nothing could be swept, this
+            // batch goes unremembered.
+            let mut swept = self.swept.lock().unwrap_or_else(|e| e.into_inner());
+            if swept.is_none_or(|at| now.duration_since(at) >= SWEEP_EVERY) {
+                *swept = Some(now);
+                entries.retain(|_, u| now.duration_since(u.at) < REFUSAL_TTL);
+            }
             if entries.len() >= REFUSALS_MAX {
+                metrics::counter!("mink_kafka_unremembered_batches_total").increment(1);
                 return;
             }
         }
@@ -94,6 +106,19 @@ impl RefusedBatches {
         entry.firsts.insert(first_sequence);
         if entry.firsts.len() > FIRSTS_MAX {
             entry.firsts.pop_last();
+        }
+    }
+
+    /// Forgets `writer`'s batch starting at `first_sequence`: it failed for good (a
+    /// retry of it cannot come, so it explains no gap).
+    pub fn forget(&self, topic: &str, partition: i32, writer: i64, first_sequence: i64) {
+        let mut entries = self.lock();
+        let key = (topic.to_string(), partition, writer);
+        if let Some(entry) = entries.get_mut(&key) {
+            entry.firsts.remove(&first_sequence);
+            if entry.firsts.is_empty() {
+                entries.remove(&key);
+            }
         }
     }
 
@@ -124,16 +149,17 @@ impl RefusedBatches {
     ) -> Option<i64> {
         let mut entries = self.lock();
         let key = (topic.to_string(), partition, writer);
+        // A rewind (a retry overlapping what is written, a wrapped sequence) is no gap.
+        let from = expected.unwrap_or(i64::MIN);
+        if from >= first_sequence {
+            return None;
+        }
         let entry = entries.get(&key)?;
         if entry.at.elapsed() >= REFUSAL_TTL {
             entries.remove(&key);
             return None;
         }
-        entry
-            .firsts
-            .range(expected.unwrap_or(i64::MIN)..first_sequence)
-            .next()
-            .copied()
+        entry.firsts.range(from..first_sequence).next().copied()
     }
 
     /// The number of refusals remembered.
@@ -167,6 +193,11 @@ mod tests {
         assert_eq!(r.explains("t", 0, 7, 9, Some(4)), None);
         assert_eq!(r.explains("t", 0, 7, 3, Some(1)), None);
         assert_eq!(r.explains("t", 0, 7, 2, Some(1)), None);
+        // A rewind (a retry overlapping written batches, a sequence that wrapped) is
+        // not a gap.
+        assert_eq!(r.explains("t", 0, 7, 2, Some(5)), None);
+        assert_eq!(r.explains("t", 0, 7, 0, Some(1 << 31)), None);
+        assert_eq!(r.explains("t", 0, 7, 3, Some(3)), None);
         // Several unwritten batches (pipelined, then refused): the lowest in the gap
         // explains it.
         r.unwritten("t", 0, 7, 5);
@@ -182,6 +213,11 @@ mod tests {
         assert_eq!(r.explains("t", 0, 7, 9, Some(6)), Some(8));
         r.written("t", 0, 7, 8);
         assert_eq!(r.explains("t", 0, 7, 10, Some(9)), None);
+        assert!(r.is_empty());
+        // A batch that failed for good explains nothing.
+        r.unwritten("t", 0, 7, 10);
+        r.forget("t", 0, 7, 10);
+        assert_eq!(r.explains("t", 0, 7, 12, Some(10)), None);
         assert!(r.is_empty());
     }
 

@@ -1190,6 +1190,7 @@ async fn chaos_loses_no_acknowledged_write() {
     };
 
     let l = ledger(&l);
+    let bumps = epoch_bumps(&dir.path().join("kafka_producer.log"));
     let recovery_line: Vec<String> = recovery
         .iter()
         .map(|(k, v)| {
@@ -1205,7 +1206,7 @@ async fn chaos_loses_no_acknowledged_write() {
     eprintln!(
         "chaos seed {seed}, {seconds} s: faults {faults:?}; log rows acknowledged {}, failed calls {}; \
          pyarrow AppendTable calls acknowledged {}, failed {}; Kafka records acknowledged \
-         {}, failed {}, re-sent by librdkafka after an epoch bump {}; Kafka records consumed by the group {} (commits on {} partitions); \
+         {}, failed {}, re-sent by librdkafka after an epoch bump {} (bumps: {bumps}); Kafka records consumed by the group {} (commits on {} partitions); \
          primary-key writes acknowledged {}, failed {}; rows checked \
          {rows_checked}, Kafka records checked {kafka_checked}, keys checked \
          {keys_checked}; violations {}; recovery until every bucket is writable: {}",
@@ -1372,4 +1373,34 @@ async fn read_retrying(
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     Err(last.unwrap())
+}
+
+/// librdkafka's epoch bumps in the producer's log (`debug: eos`), by reason: "N
+/// message(s) timed out" (the client gave up on them), "skipped sequence numbers" (an
+/// OUT_OF_ORDER_SEQUENCE_NUMBER after a failed request), "message sequence gap", ...
+fn epoch_bumps(log: &std::path::Path) -> String {
+    let Ok(text) = std::fs::read_to_string(log) else {
+        return "no producer log".into();
+    };
+    let mut reasons: std::collections::BTreeMap<String, u32> = Default::default();
+    for line in text.lines() {
+        let Some((_, reason)) = line.split_once("epoch bump for ") else {
+            continue;
+        };
+        let reason = reason.split_once(": ").map_or(reason, |(_, r)| r).trim();
+        // "140 message(s) timed out on chaos [2]" -> "message(s) timed out".
+        let reason = match reason.split_once(" message(s) timed out") {
+            Some(_) => "message(s) timed out",
+            None => reason,
+        };
+        *reasons.entry(reason.to_string()).or_default() += 1;
+    }
+    if reasons.is_empty() {
+        return "none".into();
+    }
+    reasons
+        .iter()
+        .map(|(r, n)| format!("{n} {r}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }

@@ -92,9 +92,18 @@ pub(crate) async fn produce(
                 }
                 Err(e) => {
                     let code = error_code(&e);
-                    if let Some(b) = producer.filter(|_| is_retriable_refusal(code)) {
-                        ctx.refused
-                            .unwritten(&names[t], index, b.producer_id, b.first_sequence);
+                    if let Some(b) = producer {
+                        if is_retriable_refusal(code) {
+                            ctx.refused.unwritten(
+                                &names[t],
+                                index,
+                                b.producer_id,
+                                b.first_sequence,
+                            );
+                        } else {
+                            ctx.refused
+                                .forget(&names[t], index, b.producer_id, b.first_sequence);
+                        }
                     }
                     failed(index, code, e.to_string(), v)
                 }
