@@ -199,7 +199,12 @@ async fn main() {
     ));
     // Warm up the allocator and caches once, so that both figures see the same state.
     log_rows_per_sec(&batches).await;
+    // `MINK_BENCH_KV_BACKENDS=fjall` (or `redb`) runs one backend, for profiles.
+    let only = std::env::var("MINK_BENCH_KV_BACKENDS").unwrap_or_default();
     for backend in [KvBackend::Fjall, KvBackend::Redb] {
+        if !only.is_empty() && !only.eq_ignore_ascii_case(&format!("{backend:?}")) {
+            continue;
+        }
         for round in 1..=rounds {
             let log = log_rows_per_sec(&batches).await;
             let (upserts, p50, p99, batched) = kv_run(backend, &batches, lookups).await;

@@ -53,6 +53,11 @@ pub trait KvNamespace: Send + Sync {
     fn clear(&self) -> Result<()>;
     /// Which tablet may write this namespace (shared by every handle of the name).
     fn owner(&self) -> &Owner;
+    /// Whether a tablet's flushes (writes) should run beside its merges (reads) rather
+    /// than between them. Yes for an LSM tree, whose writes and reads barely meet.
+    fn flush_beside_merges(&self) -> bool {
+        true
+    }
 }
 
 /// Which KV tablet may write a namespace: the one that claimed it last, and never one

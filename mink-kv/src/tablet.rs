@@ -82,8 +82,14 @@ struct Inner {
     claim: Claim,
     table: RwLock<TableState>,
     prewrite: Mutex<BTreeMap<Vec<u8>, Versions>>,
-    /// Serializes merge-and-submit and flushes of this bucket.
+    /// Serializes the merges and submits of this bucket's Puts.
     puts: tokio::sync::Mutex<()>,
+    /// Serializes flushes (and snapshot reads of the store), and keeps them out from
+    /// between a Put's submit and the staging of its rows: a flush then would record
+    /// a flushed offset past rows that are in neither the buffer nor the store. Taken
+    /// after `puts` when both are held. Merges do not wait for flushes (see
+    /// [`KvTablet::flush`] for why they may run beside one).
+    flushes: tokio::sync::Mutex<()>,
     failed: Mutex<Option<MinkError>>,
     snapshots: Option<SnapshotStore>,
     /// The newest snapshot this tablet wrote or found in the store. The lock is held
@@ -164,6 +170,7 @@ impl KvTablet {
                 table: RwLock::new(table_state(descriptor, schemas)?),
                 prewrite: Mutex::new(BTreeMap::new()),
                 puts: tokio::sync::Mutex::new(()),
+                flushes: tokio::sync::Mutex::new(()),
                 failed: Mutex::new(None),
                 snapshots,
                 latest_snapshot: tokio::sync::Mutex::new(None),
@@ -594,6 +601,8 @@ impl KvTablet {
                 Err(e) => Err(self.fail(e)),
             };
         };
+        // No flush between the submit (offsets) and the staging below.
+        let flushes = self.inner.flushes.lock().await;
         let submitted = self
             .inner
             .log
@@ -624,6 +633,7 @@ impl KvTablet {
                     .push_back((last_offset, bytes));
             }
         }
+        drop(flushes);
         drop(guard);
         match submitted.wait().await {
             Ok(appended) => {
@@ -663,8 +673,24 @@ impl KvTablet {
     /// Moves staged rows below the high watermark into the store, with that offset.
     /// A tablet superseded on its store fails instead: its rows may be older than the
     /// store's.
+    ///
+    /// Runs beside merges (on another core), in this order: the versions to write are
+    /// taken from the buffer, written to the store, and only then leave the buffer. A
+    /// merge reads a key from the buffer first and from the store only when the buffer
+    /// has no version of it; a key the buffer lacks is in no flush in progress but one
+    /// that already wrote it to the store, so the merge reads the newest value either
+    /// way. Nothing stages versions while a merge runs but that merge itself, after
+    /// it. Flushes are serialized among themselves (`flushes`): two at once could write
+    /// an older version, and an older flushed offset, over a newer one.
+    ///
+    /// A store that prefers its writes between merges
+    /// ([`KvNamespace::flush_beside_merges`]) flushes under the put lock as well.
     async fn flush(&self) -> Result<()> {
-        let _guard = self.inner.puts.lock().await;
+        let _puts = match self.inner.store.flush_beside_merges() {
+            true => None,
+            false => Some(self.inner.puts.lock().await),
+        };
+        let _guard = self.inner.flushes.lock().await;
         let hw = self.inner.log.high_watermark();
         let ops: Vec<KvOp> = {
             let prewrite = self.prewrite();
@@ -832,9 +858,9 @@ impl KvTablet {
     /// Writes a snapshot (the caller holds `latest_snapshot`).
     async fn write_snapshot(&self, snapshots: &SnapshotStore) -> Result<SnapshotInfo> {
         self.flush().await?;
-        // Hold the put lock: no flush may move the store while it is read.
+        // Hold the flush lock: no flush may move the store while it is read.
         let (offset, batches, schema) = {
-            let _guard = self.inner.puts.lock().await;
+            let _guard = self.inner.flushes.lock().await;
             // Under the claim: the offset and the rows are read with no write between.
             self.with_store(|store| {
                 let offset = store
