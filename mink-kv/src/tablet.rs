@@ -603,6 +603,13 @@ impl KvTablet {
         };
         // No flush between the submit (offsets) and the staging below.
         let flushes = self.inner.flushes.lock().await;
+        // A flush that failed the tablet (fenced) while this Put merged cleared the
+        // buffer under it: the merge may have read older rows. The failing flush held
+        // the lock, so its failure is visible here.
+        if let Some(e) = self.failure() {
+            drop(cork.take());
+            return Err(e);
+        }
         let submitted = self
             .inner
             .log
@@ -650,8 +657,9 @@ impl KvTablet {
     /// dropped and nothing more is accepted; the tablet is reopened from the log.
     /// Returns the error, for the caller to answer with.
     fn fail(&self, e: MinkError) -> MinkError {
-        self.prewrite().clear();
+        // The failure first: nothing may see the emptied buffer as a serving tablet's.
         *self.inner.failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.clone());
+        self.prewrite().clear();
         e
     }
 
@@ -786,21 +794,28 @@ impl KvTablet {
         self.check_readable()?;
         let schema = self.table().descriptor.schema.clone();
         let hw = self.inner.log.high_watermark();
+        // The buffer before the store: a flush writes the store before it empties the
+        // buffer, so a version read here is in the store or still here; read the other
+        // way round, a flush in between could leave only the store's older version.
+        let staged: Vec<(Vec<u8>, Option<Vec<u8>>)> = {
+            let prewrite = self.prewrite();
+            prewrite
+                .range(prefix.to_vec()..)
+                .take_while(|(key, _)| key.starts_with(prefix))
+                .filter_map(|(key, versions)| {
+                    let (_, v) = versions.iter().rev().find(|(o, _)| *o < hw)?;
+                    Some((key.clone(), v.clone()))
+                })
+                .collect()
+        };
         let mut merged: BTreeMap<Vec<u8>, Option<Vec<u8>>> = self
             .inner
             .store
-            .prefix(prefix, limit.saturating_add(self.prewrite().len()))?
+            .prefix(prefix, limit.saturating_add(staged.len()))?
             .into_iter()
             .map(|(k, v)| (k, Some(v)))
             .collect();
-        for (key, versions) in self.prewrite().range(prefix.to_vec()..) {
-            if !key.starts_with(prefix) {
-                break;
-            }
-            if let Some((_, v)) = versions.iter().rev().find(|(o, _)| *o < hw) {
-                merged.insert(key.clone(), v.clone());
-            }
-        }
+        merged.extend(staged);
         let rows: Vec<Row> = merged
             .into_values()
             .flatten()
