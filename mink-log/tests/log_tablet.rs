@@ -731,19 +731,40 @@ async fn writer_ids_above_the_base_range_are_refused_outside_kafka() {
     assert_eq!(all_ids(&tablet).await, (0..4).collect::<Vec<_>>());
 }
 
-/// A tablet indexed by record time (a Kafka topic's) answers a timestamp lookup with
-/// the first row stamped at or after it, whatever order the stamps came in: through
-/// segments, the WAL and a new incarnation, against the rows themselves.
-#[tokio::test]
-async fn record_time_lookups_find_the_first_row_at_or_after_the_time() {
-    use arrow::array::TimestampMillisecondArray;
-    let timed = Schema::new(
+/// A topic-like table: ids and a record-time column.
+fn timed_schema() -> Schema {
+    Schema::new(
         1,
         vec![
             Column::new("id", DataType::BigInt, false),
             Column::new("timestamp", DataType::TimestampLtz { precision: 3 }, false),
         ],
-    );
+    )
+}
+
+/// An append of `ids` stamped `ts` to a [`timed_schema`] table, with no writer.
+fn timed_append(ids: std::ops::Range<i64>, ts: Vec<i64>) -> AppendRequest {
+    let batch = RecordBatch::try_new(
+        timed_schema().to_arrow(),
+        vec![
+            Arc::new(Int64Array::from_iter_values(ids)),
+            Arc::new(arrow::array::TimestampMillisecondArray::from(ts).with_timezone("UTC")),
+        ],
+    )
+    .unwrap();
+    AppendRequest {
+        batch,
+        schema_id: 1,
+        ..req(NO_WRITER, 0, 0..1)
+    }
+}
+
+/// A tablet indexed by record time (a Kafka topic's) answers a timestamp lookup with
+/// the first row stamped at or after it, whatever order the stamps came in: through
+/// segments, the WAL and a new incarnation, against the rows themselves.
+#[tokio::test]
+async fn record_time_lookups_find_the_first_row_at_or_after_the_time() {
+    let timed = timed_schema();
     for seed in 1..=4u64 {
         let mut env = Env::new().await;
         env.epoch += 1;
@@ -772,22 +793,7 @@ async fn record_time_lookups_find_the_first_row_at_or_after_the_time() {
             let n = 1 + next(5) as usize;
             let ts: Vec<i64> = (0..n).map(|_| next(1_000) as i64).collect();
             let ids = stamps.len() as i64..(stamps.len() + n) as i64;
-            let batch = RecordBatch::try_new(
-                timed.to_arrow(),
-                vec![
-                    Arc::new(Int64Array::from_iter_values(ids)),
-                    Arc::new(TimestampMillisecondArray::from(ts.clone()).with_timezone("UTC")),
-                ],
-            )
-            .unwrap();
-            let a = tablet
-                .append(AppendRequest {
-                    batch,
-                    schema_id: 1,
-                    ..req(NO_WRITER, 0, 0..1)
-                })
-                .await
-                .unwrap();
+            let a = tablet.append(timed_append(ids, ts.clone())).await.unwrap();
             assert_eq!(a.first_offset, stamps.len() as i64);
             stamps.extend(ts);
             if b % 9 == 8 {
@@ -819,20 +825,8 @@ async fn record_time_lookups_find_the_first_row_at_or_after_the_time() {
             .unwrap()
             .as_millis() as i64
             + 7_200_000;
-        let late = RecordBatch::try_new(
-            timed.to_arrow(),
-            vec![
-                Arc::new(Int64Array::from_iter_values([0])),
-                Arc::new(TimestampMillisecondArray::from(vec![ahead]).with_timezone("UTC")),
-            ],
-        )
-        .unwrap();
         let err = tablet
-            .append(AppendRequest {
-                batch: late,
-                schema_id: 1,
-                ..req(NO_WRITER, 0, 0..1)
-            })
+            .append(timed_append(0..1, vec![ahead]))
             .await
             .unwrap_err();
         assert!(matches!(err, MinkError::InvalidArgument { .. }), "{err}");
@@ -855,16 +849,9 @@ async fn record_time_lookups_find_the_first_row_at_or_after_the_time() {
 /// compactions and appends run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn record_time_lookups_and_ttl_race_compaction_and_appends() {
-    use arrow::array::TimestampMillisecondArray;
     use std::sync::Mutex;
     use std::sync::atomic::{AtomicBool, Ordering};
-    let timed = Schema::new(
-        1,
-        vec![
-            Column::new("id", DataType::BigInt, false),
-            Column::new("timestamp", DataType::TimestampLtz { precision: 3 }, false),
-        ],
-    );
+    let timed = timed_schema();
     let now_ms = || {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -891,8 +878,7 @@ async fn record_time_lookups_and_ttl_race_compaction_and_appends() {
         let stop = Arc::new(AtomicBool::new(false));
 
         let appender = {
-            let (tablet, stamps, stop, timed) =
-                (tablet.clone(), stamps.clone(), stop.clone(), timed.clone());
+            let (tablet, stamps, stop) = (tablet.clone(), stamps.clone(), stop.clone());
             tokio::spawn(async move {
                 let mut state = seed;
                 let mut next = move |n: u64| {
@@ -911,20 +897,8 @@ async fn record_time_lookups_and_ttl_race_compaction_and_appends() {
                         s.extend(&ts);
                         (s.len() - n) as i64
                     };
-                    let batch = RecordBatch::try_new(
-                        timed.to_arrow(),
-                        vec![
-                            Arc::new(Int64Array::from_iter_values(first..first + n as i64)),
-                            Arc::new(TimestampMillisecondArray::from(ts).with_timezone("UTC")),
-                        ],
-                    )
-                    .unwrap();
                     let a = tablet
-                        .append(AppendRequest {
-                            batch,
-                            schema_id: 1,
-                            ..req(NO_WRITER, 0, 0..1)
-                        })
+                        .append(timed_append(first..first + n as i64, ts))
                         .await
                         .unwrap();
                     assert_eq!(a.first_offset, first, "seed {seed}");
