@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use arrow::array::{Int64Array, RecordBatch, StringArray};
 use mink_kv::{KvBackend, KvTablet, PutRequest, open_kv_store};
 use mink_log::{AppendRequest, LogConfig, LogTablet, NO_WRITER};
-use mink_types::{Column, DataType, Schema, TableBucket, TableDescriptor};
+use mink_types::{ChangelogImage, Column, DataType, Schema, TableBucket, TableDescriptor};
 use mink_wal::{StreamStore, WalConfig};
 use object_store::ObjectStore;
 use object_store::memory::InMemory;
@@ -100,6 +100,7 @@ async fn log_rows_per_sec(batches: &[RecordBatch]) -> f64 {
 
 async fn kv_run(
     backend: KvBackend,
+    image: ChangelogImage,
     batches: &[RecordBatch],
     lookups: usize,
 ) -> (f64, Duration, Duration, f64) {
@@ -113,10 +114,11 @@ async fn kv_run(
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let kv = open_kv_store(backend, dir.path()).unwrap();
-    let descriptor = TableDescriptor {
+    let mut descriptor = TableDescriptor {
         primary_key: vec!["id".into()],
         ..TableDescriptor::log_table(schema())
     };
+    descriptor.properties.changelog_image = image;
     let tablet = KvTablet::open(
         bucket(),
         log,
@@ -201,15 +203,24 @@ async fn main() {
     log_rows_per_sec(&batches).await;
     // `MINK_BENCH_KV_BACKENDS=fjall` (or `redb`) runs one backend, for profiles.
     let only = std::env::var("MINK_BENCH_KV_BACKENDS").unwrap_or_default();
-    for backend in [KvBackend::Fjall, KvBackend::Redb] {
+    let runs = [
+        (KvBackend::Fjall, ChangelogImage::Full),
+        (KvBackend::Redb, ChangelogImage::Full),
+        (KvBackend::Fjall, ChangelogImage::Wal),
+    ];
+    for (backend, image) in runs {
         if !only.is_empty() && !only.eq_ignore_ascii_case(&format!("{backend:?}")) {
             continue;
         }
+        let name = match image {
+            ChangelogImage::Full => format!("{backend:?}"),
+            ChangelogImage::Wal => format!("{backend:?}, `changelog_image=wal`"),
+        };
         for round in 1..=rounds {
             let log = log_rows_per_sec(&batches).await;
-            let (upserts, p50, p99, batched) = kv_run(backend, &batches, lookups).await;
+            let (upserts, p50, p99, batched) = kv_run(backend, image, &batches, lookups).await;
             out.push_str(&format!(
-                "| {backend:?} | {round} | {upserts:.0} | {log:.0} | {:.2} | {:.1} µs | {:.1} µs | {batched:.0} keys/s |\n",
+                "| {name} | {round} | {upserts:.0} | {log:.0} | {:.2} | {:.1} µs | {:.1} µs | {batched:.0} keys/s |\n",
                 upserts / log,
                 p50.as_secs_f64() * 1e6,
                 p99.as_secs_f64() * 1e6

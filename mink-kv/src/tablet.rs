@@ -17,8 +17,8 @@ use arrow::array::RecordBatch;
 use arrow::compute::interleave_record_batch;
 use mink_log::{AppendRequest, Appended, LogTablet};
 use mink_types::{
-    ChangeType, DeleteBehavior, KeyEncoder, MinkError, Result, Schema, SchemaId, TableBucket,
-    TableDescriptor, ValueEncoder,
+    ChangeType, ChangelogImage, DeleteBehavior, KeyEncoder, MinkError, Result, Schema, SchemaId,
+    TableBucket, TableDescriptor, ValueEncoder,
 };
 
 use crate::merge::{Decision, Merger, target_mask};
@@ -351,7 +351,8 @@ impl KvTablet {
     }
 
     /// The merge of a Put in general: row by row, through the merge engine, each row
-    /// seeing the earlier rows of its batch.
+    /// seeing the earlier rows of its batch. `before_images`: an update emits its `-U`
+    /// (`changelog_image = full`).
     fn merge_rows(
         &self,
         rows: Vec<Row>,
@@ -359,7 +360,7 @@ impl KvTablet {
         deletes: Vec<bool>,
         keys: Vec<Vec<u8>>,
         schema: &Schema,
-        merger: &Merger,
+        (merger, before_images): (&Merger, bool),
     ) -> Result<Merged> {
         // Each key this Put changed: its new row and that row's stored encoding
         // (encoded once: compared with the old one, then staged), or `None` if deleted.
@@ -399,7 +400,9 @@ impl KvTablet {
                                 None => encode_row(schema, &old)? == encoded,
                             } => {}
                         Some(old) => {
-                            changes.push((ChangeType::UpdateBefore, old));
+                            if before_images {
+                                changes.push((ChangeType::UpdateBefore, old));
+                            }
                             changes.push((ChangeType::UpdateAfter, new.clone()));
                             staged.insert(key, Some((new, encoded)));
                         }
@@ -533,6 +536,32 @@ impl KvTablet {
         })
     }
 
+    /// The merge of a `last_row` Put of full rows without deletes on a table whose
+    /// changelog carries no before images (`changelog_image = wal`): nothing is read.
+    /// Every row is a `+U` of itself, and each key's last row in the batch is staged.
+    fn merge_wal(
+        &self,
+        batch: &RecordBatch,
+        keys: Vec<Vec<u8>>,
+        schema: &Schema,
+    ) -> Result<Merged> {
+        let values = ValueEncoder::new(batch)?;
+        let mut latest: HashMap<Vec<u8>, Vec<u8>> = HashMap::with_capacity(keys.len());
+        for (r, key) in keys.into_iter().enumerate() {
+            let mut encoded = Vec::new();
+            encode_row_at(schema.schema_id, &values, r, &mut encoded);
+            latest.insert(key, encoded);
+        }
+        Ok(Merged {
+            change_types: vec![ChangeType::UpdateAfter; batch.num_rows()],
+            batch: Some(RecordBatch::try_new(
+                schema.to_arrow(),
+                batch.columns().to_vec(),
+            )?),
+            staged: latest.into_iter().map(|(k, v)| (k, Some(v))).collect(),
+        })
+    }
+
     /// Applies a Put (see the module docs). Returns where its changelog landed.
     pub async fn put(&self, req: PutRequest) -> Result<Appended> {
         self.put_corked(req, None).await
@@ -561,24 +590,38 @@ impl KvTablet {
             drop(cork.take());
             return duplicate.wait().await;
         }
-        let (schema, merger) = {
+        let (schema, merger, image) = {
             let table = self.table();
-            (table.descriptor.schema.clone(), table.merger.clone())
+            (
+                table.descriptor.schema.clone(),
+                table.merger.clone(),
+                table.descriptor.properties.changelog_image,
+            )
         };
         // Everything that can fail is done before the submit: once the changelog is on
         // its way the rows must be staged, and an error would no longer mean "not
         // written" to the client.
         // The column-wise path takes the batch as rows of the schema it merges into:
         // not when an alter_table changed the schema since `prepare` checked the batch.
-        let merged = if mask.is_none()
+        let column_wise = mask.is_none()
             && merger.is_last_row()
             && !deletes.contains(&true)
-            && batch_schema.schema_id == schema.schema_id
-        {
-            self.merge_last_row(&req.batch, keys, &schema)?
-        } else {
-            let rows = self.full_rows(&req.batch, &batch_schema)?;
-            self.merge_rows(rows, mask.as_deref(), deletes, keys, &schema, &merger)?
+            && batch_schema.schema_id == schema.schema_id;
+        let merged = match (column_wise, image) {
+            (true, ChangelogImage::Wal) => self.merge_wal(&req.batch, keys, &schema)?,
+            (true, ChangelogImage::Full) => self.merge_last_row(&req.batch, keys, &schema)?,
+            (false, _) => {
+                let rows = self.full_rows(&req.batch, &batch_schema)?;
+                let before_images = image == ChangelogImage::Full;
+                self.merge_rows(
+                    rows,
+                    mask.as_deref(),
+                    deletes,
+                    keys,
+                    &schema,
+                    (&merger, before_images),
+                )?
+            }
         };
         let Merged {
             change_types,

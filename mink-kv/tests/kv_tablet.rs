@@ -271,6 +271,44 @@ async fn last_row_changelog_and_state(backend: KvBackend) {
     assert_eq!(get(&t, &[5]), vec![v(Some("y"), Some(2))]);
 }
 
+/// `changelog_image = wal`: a `last_row` Put of full rows reads nothing and writes each
+/// row as a `+U`, changed or not; deletes still read, and emit `-D` with the old row;
+/// no `-U` anywhere. Lookups and a reopened tablet (replay) see the same state as with
+/// full images.
+async fn the_wal_changelog_image_has_no_before_images(backend: KvBackend) {
+    let mut env = Env::new(backend).await;
+    let d = table(&[("changelog_image", "wal")]);
+    let t = env.open(&d).await;
+    t.put(put(&[(1, Some("a"), Some(10)), (2, Some("b"), Some(20))]))
+        .await
+        .unwrap();
+    t.put(put(&[(1, Some("a"), Some(11))])).await.unwrap();
+    t.put(put(&[(2, Some("b"), Some(20))])).await.unwrap();
+    t.put(delete(&[2])).await.unwrap();
+    t.put(delete(&[3])).await.unwrap();
+    // Two rows of one key in one batch: the last is the key's row.
+    t.put(put(&[(5, Some("x"), Some(1)), (5, Some("y"), Some(2))]))
+        .await
+        .unwrap();
+    assert_eq!(
+        changelog(&t).await,
+        vec![
+            c("+U", 1, Some("a"), Some(10)),
+            c("+U", 2, Some("b"), Some(20)),
+            c("+U", 1, Some("a"), Some(11)),
+            c("+U", 2, Some("b"), Some(20)),
+            c("-D", 2, Some("b"), Some(20)),
+            c("+U", 5, Some("x"), Some(1)),
+            c("+U", 5, Some("y"), Some(2)),
+        ]
+    );
+    let want = vec![v(Some("a"), Some(11)), None, None, v(Some("y"), Some(2))];
+    assert_eq!(get(&t, &[1, 2, 3, 5]), want);
+    drop(t);
+    let reopened = env.open(&d).await;
+    assert_eq!(get(&reopened, &[1, 2, 3, 5]), want);
+}
+
 async fn first_row_and_versioned(backend: KvBackend) {
     let mut env = Env::new(backend).await;
     let t = env.open(&table(&[("merge_engine", "first_row")])).await;
@@ -1101,10 +1139,17 @@ async fn concurrent_puts_beside_flushes_keep_the_changelog_exact() {
     use rand::{Rng, SeedableRng};
     use std::collections::BTreeMap;
     const KEYS: i64 = 300;
-    for backend in [KvBackend::Fjall, KvBackend::Redb] {
+    let runs = [
+        (KvBackend::Fjall, "full"),
+        (KvBackend::Redb, "full"),
+        (KvBackend::Fjall, "wal"),
+    ];
+    for (backend, image) in runs {
+        let wal = image == "wal";
         for seed in 1..=3u64 {
             let mut env = Env::new(backend).await;
-            let t = env.open(&table(&[])).await;
+            let d = table(&[("changelog_image", image)]);
+            let t = env.open(&d).await;
             let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
             let writers: Vec<_> = (0..4u64)
                 .map(|w| {
@@ -1155,40 +1200,44 @@ async fn concurrent_puts_beside_flushes_keep_the_changelog_exact() {
             let mut state: BTreeMap<i64, (Option<String>, Option<i64>)> = BTreeMap::new();
             let log = changelog(&t).await;
             for (n, (ct, id, name, score)) in log.iter().enumerate() {
-                let image = (name.clone(), *score);
-                let at = format!("{backend:?} seed {seed}, change {n}: {ct} {id} {image:?}");
+                let row = (name.clone(), *score);
+                let at = format!("{backend:?} {image} seed {seed}, change {n}: {ct} {id} {row:?}");
                 match ct.as_str() {
                     "+I" => assert!(
-                        state.insert(*id, image).is_none(),
+                        state.insert(*id, row).is_none(),
                         "{at}: the key was present"
                     ),
                     "-U" | "-D" => {
-                        assert_eq!(state.get(id), Some(&image), "{at}: not the key's image");
+                        assert!(!(wal && ct == "-U"), "{at}: a before image");
+                        assert_eq!(state.get(id), Some(&row), "{at}: not the key's image");
                         if ct == "-D" {
                             state.remove(id);
                         }
                     }
-                    "+U" => {
-                        assert!(
-                            state.insert(*id, image).is_some(),
-                            "{at}: the key was absent"
-                        )
-                    }
+                    // Without before images an upsert is a +U whether its key is new.
+                    "+U" => assert!(
+                        state.insert(*id, row).is_some() || wal,
+                        "{at}: the key was absent"
+                    ),
                     other => panic!("{at}: unexpected change type {other}"),
                 }
             }
             let ids: Vec<i64> = (0..KEYS).collect();
             let want: Vec<_> = ids.iter().map(|id| state.get(id).cloned()).collect();
-            assert_eq!(get(&t, &ids), want, "{backend:?} seed {seed}: lookups");
+            assert_eq!(
+                get(&t, &ids),
+                want,
+                "{backend:?} {image} seed {seed}: lookups"
+            );
             drop(t);
-            let reopened = env.open(&table(&[])).await;
+            let reopened = env.open(&d).await;
             assert_eq!(
                 get(&reopened, &ids),
                 want,
-                "{backend:?} seed {seed}: after a reopen"
+                "{backend:?} {image} seed {seed}: after a reopen"
             );
             eprintln!(
-                "{backend:?} seed {seed}: {} changes, {} keys, {snapshots} snapshots",
+                "{backend:?} {image} seed {seed}: {} changes, {} keys, {snapshots} snapshots",
                 log.len(),
                 state.len()
             );
@@ -1211,6 +1260,7 @@ macro_rules! both {
 
 both!(
     last_row_changelog_and_state,
+    the_wal_changelog_image_has_no_before_images,
     first_row_and_versioned,
     aggregation_and_idempotence,
     partial_updates_and_partial_deletes,

@@ -9,7 +9,9 @@ use bytes::Bytes;
 use mink_flight::MinkClient;
 use mink_node::MinkConfig;
 use mink_node::node::Node;
-use mink_types::{Column, DataType, Schema, TableBucket, TableDescriptor, TablePath};
+use mink_types::{
+    ChangelogImage, Column, DataType, Schema, TableBucket, TableDescriptor, TablePath,
+};
 use mink_wal::fault::{FaultConfig, FaultyStore};
 use mink_wal::{ObjectStoreConfig, StreamStore, WalConfig, open_object_store};
 use object_store::ObjectStore;
@@ -127,9 +129,10 @@ fn storage_bytes_written() -> u64 {
 static LAST_BYTES_PER_ROW: std::sync::Mutex<f64> = std::sync::Mutex::new(0.0);
 
 /// Rows/s and MB/s of `WRITERS` closed-loop Flight writers (client-side routing);
-/// with `pk`, Puts to a primary-key table of the same columns (key `id`: every writer
-/// rewrites its own 1,000 keys, so after its first batch each row is an update).
-async fn ingest(kind: &Kind, secs: f64, pk: bool) -> (f64, f64, usize) {
+/// with `pk`, Puts to a primary-key table of the same columns and that changelog image
+/// (key `id`: every writer rewrites its own 1,000 keys, so after its first batch each
+/// row is an update).
+async fn ingest(kind: &Kind, secs: f64, pk: Option<ChangelogImage>) -> (f64, f64, usize) {
     let (store, dir) = store(kind);
     let node = Node::start_with_store(config(dir.path()), store)
         .await
@@ -139,14 +142,15 @@ async fn ingest(kind: &Kind, secs: f64, pk: bool) -> (f64, f64, usize) {
     client.create_database("b").await.unwrap();
     let path = TablePath::parse("b.ingest").unwrap();
     let mut d = descriptor();
-    if pk {
+    if let Some(image) = pk {
         d.primary_key = vec!["id".into()];
+        d.properties.changelog_image = image;
     }
     client.create_table(&path, &d).await.unwrap();
     let probe = batch(0);
     let bytes_per_batch = probe.get_array_memory_size();
     for _ in 0..100 {
-        let written = if pk {
+        let written = if pk.is_some() {
             client.put(&path, &probe, None, None).await
         } else {
             client.append(&path, &probe).await
@@ -174,7 +178,7 @@ async fn ingest(kind: &Kind, secs: f64, pk: bool) -> (f64, f64, usize) {
                 let mut n = 0usize;
                 while Instant::now() < deadline {
                     let b = &b[n % 2];
-                    if pk {
+                    if pk.is_some() {
                         client.put(&path, b, None, None).await.unwrap();
                     } else {
                         client.append(&path, b).await.unwrap();
@@ -472,7 +476,7 @@ async fn main() {
         .ok()
         .and_then(|s| s.parse::<f64>().ok())
     {
-        let (rows, mbps, batch_bytes) = ingest(&Kind::File, secs, false).await;
+        let (rows, mbps, batch_bytes) = ingest(&Kind::File, secs, None).await;
         if std::env::var_os("MINK_BENCH_PROFILE_NO_RAW").is_some() {
             println!("file:// ingest {rows:.0} rows/s, {mbps:.1} MB/s");
             return;
@@ -500,7 +504,7 @@ async fn main() {
         ("20 ms PUT latency", Kind::Latency(20)),
     ] {
         for round in 1..=rounds {
-            let (rows, mbps, batch_bytes) = ingest(&kind, secs, false).await;
+            let (rows, mbps, batch_bytes) = ingest(&kind, secs, None).await;
             let raw_mbps = raw(&kind, batch_bytes, secs, false).await;
             let compacted = raw(&kind, batch_bytes, secs, true).await;
             out.push_str(&format!(
@@ -520,17 +524,22 @@ async fn main() {
          Bytes written to storage per row (file pages the process dirtied: WAL, segments, \
          the KV store) show what a Put costs beside an append: its changelog carries an \
          update's old and new row, and the new row also goes into the KV store.\n\n\
-         | run | append rows/s | Put rows/s | ratio | storage bytes per appended row | per Put row |\n|---|---|---|---|---|---|\n",
+         The last three columns: Puts to the same table with `changelog_image=wal` (no `-U` \
+         images, no reads of old rows; docs/kv.md).\n\n\
+         | run | append rows/s | Put rows/s | ratio | storage bytes per appended row | per Put row | Put rows/s, `wal` image | ratio | per Put row |\n|---|---|---|---|---|---|---|---|---|\n",
     );
     for i in 0..if quick { 1 } else { 3 } {
-        let (appends, _, _) = ingest(&Kind::File, secs, false).await;
+        let (appends, _, _) = ingest(&Kind::File, secs, None).await;
         let append_bytes = *LAST_BYTES_PER_ROW.lock().unwrap();
-        let (puts, _, _) = ingest(&Kind::File, secs, true).await;
+        let (puts, _, _) = ingest(&Kind::File, secs, Some(ChangelogImage::Full)).await;
         let put_bytes = *LAST_BYTES_PER_ROW.lock().unwrap();
+        let (wal_puts, _, _) = ingest(&Kind::File, secs, Some(ChangelogImage::Wal)).await;
+        let wal_bytes = *LAST_BYTES_PER_ROW.lock().unwrap();
         out.push_str(&format!(
-            "| {} | {appends:.0} | {puts:.0} | {:.2} | {append_bytes:.0} | {put_bytes:.0} |\n",
+            "| {} | {appends:.0} | {puts:.0} | {:.2} | {append_bytes:.0} | {put_bytes:.0} | {wal_puts:.0} | {:.2} | {wal_bytes:.0} |\n",
             i + 1,
-            puts / appends
+            puts / appends,
+            wal_puts / appends
         ));
     }
     let samples = if quick { 20 } else { 200 };

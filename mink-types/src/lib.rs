@@ -35,8 +35,8 @@ pub use names::{
 pub use partition::{PartitionRows, split_by_partition};
 pub use schema::{Column, Schema, SchemaId};
 pub use table::{
-    AggFunction, BucketingRule, DeleteBehavior, LAKE_SYSTEM_COLUMNS, LakeProperties, LogTtl,
-    MergeEngine, TableDescriptor, TableProperties,
+    AggFunction, BucketingRule, ChangelogImage, DeleteBehavior, LAKE_SYSTEM_COLUMNS,
+    LakeProperties, LogTtl, MergeEngine, TableDescriptor, TableProperties,
 };
 pub use types::DataType;
 pub use writer::{WRITER_BASE_MAX, WRITER_EPOCH_SHIFT, split_writer, writer_id};

@@ -252,6 +252,44 @@ impl FromStr for DeleteBehavior {
     }
 }
 
+/// What a primary-key table's changelog carries for an update.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChangelogImage {
+    /// `+I` for a new key; `-U` (the old row) then `+U` for a changed one; nothing for
+    /// an unchanged one; `-D` (the old row) for a delete. Every change is known, so a
+    /// Put reads each key's old row.
+    #[default]
+    Full,
+    /// No `-U` images. A `last_row` Put of full rows without deletes reads nothing: each
+    /// row is a `+U`, whether its key is new, changed or unchanged (Fluss's `WAL`
+    /// image). Other Puts still read old rows where the merge needs them (partial
+    /// updates, deletes, the other merge engines) and emit `+I`, `+U` and `-D` as
+    /// `full` does, without `-U`. For consumers that apply rows by key (the lake, a
+    /// replica of the table), not for ones that need the row an update replaced.
+    Wal,
+}
+
+impl FromStr for ChangelogImage {
+    type Err = MinkError;
+    fn from_str(text: &str) -> Result<Self> {
+        match text {
+            "full" => Ok(ChangelogImage::Full),
+            "wal" => Ok(ChangelogImage::Wal),
+            other => Err(MinkError::invalid(
+                "properties.changelog_image",
+                format!("{other:?} is not one of full, wal"),
+            )),
+        }
+    }
+}
+
+impl ChangelogImage {
+    fn is_full(&self) -> bool {
+        *self == ChangelogImage::Full
+    }
+}
+
 /// Table properties. Set through JSON or, one key at a time, with [`TableProperties::set`].
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -265,6 +303,9 @@ pub struct TableProperties {
     /// What deletes do; default `allow` for `last_row`, `ignore` for the other engines.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delete_behavior: Option<DeleteBehavior>,
+    /// What a primary-key table's changelog carries (default `full`).
+    #[serde(default, skip_serializing_if = "ChangelogImage::is_full")]
+    pub changelog_image: ChangelogImage,
     /// Tiering to the lake (Apache Iceberg on the same object store).
     #[serde(default, skip_serializing_if = "LakeProperties::is_off_by_default")]
     pub lake: LakeProperties,
@@ -337,10 +378,12 @@ impl TableProperties {
     /// Sets one property from its text form, as `--property k=v` and Kafka configs do:
     /// `log_ttl=7d`, `merge_engine=last_row|first_row|aggregation`,
     /// `merge_engine=versioned(COLUMN)`, `aggregation.COLUMN=FUNCTION`,
-    /// `delete_behavior=allow|ignore|disable`. Unknown keys are an error naming the key.
+    /// `delete_behavior=allow|ignore|disable`, `changelog_image=full|wal`. Unknown keys
+    /// are an error naming the key.
     pub fn set(&mut self, key: &str, value: &str) -> Result<()> {
         match key {
             "log_ttl" => self.log_ttl = value.parse()?,
+            "changelog_image" => self.changelog_image = value.parse()?,
             "delete_behavior" => self.delete_behavior = Some(value.parse()?),
             "lake.enabled" => {
                 self.lake.enabled = match value {
@@ -409,7 +452,7 @@ impl TableProperties {
                     return Err(MinkError::invalid(
                         format!("properties.{key}"),
                         "unknown property; known: log_ttl, merge_engine, aggregation.COLUMN, \
-                         delete_behavior, lake.enabled, lake.freshness",
+                         delete_behavior, changelog_image, lake.enabled, lake.freshness",
                     ));
                 }
             },
@@ -674,6 +717,12 @@ impl TableDescriptor {
                     "only primary-key tables take deletes",
                 ));
             }
+            if !props.changelog_image.is_full() {
+                return Err(MinkError::invalid(
+                    "properties.changelog_image",
+                    "only primary-key tables have a changelog",
+                ));
+            }
             return Ok(());
         }
         match engine {
@@ -820,6 +869,33 @@ mod tests {
         t.validate().unwrap();
         t.bucket_keys = Some(vec![]);
         assert_eq!(field_of(t.validate().unwrap_err()), "bucket_keys");
+    }
+
+    #[test]
+    fn the_changelog_image_is_full_or_wal_and_only_for_primary_keys() {
+        let mut t = pk_table();
+        assert_eq!(t.properties.changelog_image, ChangelogImage::Full);
+        t.properties.set("changelog_image", "wal").unwrap();
+        assert_eq!(t.properties.changelog_image, ChangelogImage::Wal);
+        t.validate().unwrap();
+        // Kept in the JSON only when it is not the default.
+        let json = serde_json::to_string(&t.properties).unwrap();
+        assert!(json.contains("\"changelog_image\":\"wal\""), "{json}");
+        let back: TableProperties = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, t.properties);
+        assert!(
+            !serde_json::to_string(&TableProperties::default())
+                .unwrap()
+                .contains("changelog_image")
+        );
+        let err = t.properties.set("changelog_image", "before").unwrap_err();
+        assert_eq!(field_of(err), "properties.changelog_image");
+        let mut log = TableDescriptor::log_table(t.schema.clone());
+        log.properties.changelog_image = ChangelogImage::Wal;
+        assert_eq!(
+            field_of(log.validate().unwrap_err()),
+            "properties.changelog_image"
+        );
     }
 
     #[test]
