@@ -199,23 +199,46 @@ async fn main() {
     out.push_str(&format!(
         "In-memory object store (no injected latency), one bucket, {PUTTERS} concurrent writers, {n_batches} batches of {ROWS} rows (~100 B) over {KEYS} keys (inserts and updates mixed), `last_row`, full rows. {rounds} rounds, log and KV alternating; the figures are each round's.\n\n| backend | round | upserts/s | log appends/s (same rows) | ratio | lookup p50 | lookup p99 | batched lookups (1,000 keys) |\n|---|---|---|---|---|---|---|---|\n"
     ));
-    // Warm up the allocator and caches once, so that both figures see the same state.
-    log_rows_per_sec(&batches).await;
+    // Each configuration runs in a process of its own (this binary again, with
+    // `MINK_BENCH_KV_RUN=INDEX`): a store's background work (fjall flushes and
+    // compactions after a run) would otherwise slow the runs after it.
     // `MINK_BENCH_KV_BACKENDS=fjall` (or `redb`) runs one backend, for profiles.
     let only = std::env::var("MINK_BENCH_KV_BACKENDS").unwrap_or_default();
     let runs = [
         (KvBackend::Fjall, ChangelogImage::Full),
-        (KvBackend::Redb, ChangelogImage::Full),
         (KvBackend::Fjall, ChangelogImage::Wal),
+        (KvBackend::Redb, ChangelogImage::Full),
     ];
-    for (backend, image) in runs {
+    let child: Option<usize> = std::env::var("MINK_BENCH_KV_RUN")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    for (i, (backend, image)) in runs.into_iter().enumerate() {
         if !only.is_empty() && !only.eq_ignore_ascii_case(&format!("{backend:?}")) {
+            continue;
+        }
+        if child.is_some_and(|c| c != i) {
+            continue;
+        }
+        if child.is_none() {
+            let run = std::process::Command::new(std::env::current_exe().unwrap())
+                .args(std::env::args().skip(1))
+                .env("MINK_BENCH_KV_RUN", i.to_string())
+                .output()
+                .unwrap();
+            assert!(
+                run.status.success(),
+                "{}",
+                String::from_utf8_lossy(&run.stderr)
+            );
+            out.push_str(&String::from_utf8_lossy(&run.stdout));
             continue;
         }
         let name = match image {
             ChangelogImage::Full => format!("{backend:?}"),
             ChangelogImage::Wal => format!("{backend:?}, `changelog_image=wal`"),
         };
+        // Warm up the allocator and caches once, so that both figures see the same state.
+        log_rows_per_sec(&batches).await;
         for round in 1..=rounds {
             let log = log_rows_per_sec(&batches).await;
             let (upserts, p50, p99, batched) = kv_run(backend, image, &batches, lookups).await;
@@ -226,6 +249,14 @@ async fn main() {
                 p99.as_secs_f64() * 1e6
             ));
         }
+    }
+    if child.is_some() {
+        // Only the rows: the parent prints the heading.
+        out = out
+            .lines()
+            .filter(|l| l.starts_with("| ") && !l.starts_with("| backend"))
+            .map(|l| format!("{l}\n"))
+            .collect();
     }
     print!("{out}");
 }
