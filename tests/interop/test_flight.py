@@ -369,6 +369,41 @@ def test_partitions_are_created_on_demand(node):
     assert len(scan_all(client, "db.daily")) == 3
 
 
+def test_a_wal_changelog_image_writes_no_before_images(node):
+    """`changelog_image=wal`: upserts are +U rows whether new, changed or unchanged, no
+    -U anywhere; deletes are -D; lookups see the same state as with full images. A log
+    table cannot have the property."""
+    _, client = node
+    action(client, "create_database", {"name": "db"})
+    descriptor = dict(USERS, properties={"changelog_image": "wal"})
+    action(client, "create_table", {"path": "db.users", "descriptor": descriptor})
+    rows = pa.record_batch(
+        [pa.array([1, 2], pa.int64()), pa.array(["ann", "bob"]), pa.array([10, 20], pa.int64())],
+        schema=USER_SCHEMA,
+    )
+    retry(lambda: put_table(client, rows))
+    again = pa.record_batch(
+        [pa.array([1, 2], pa.int64()), pa.array(["ann", "bob"]), pa.array([11, 20], pa.int64())],
+        schema=USER_SCHEMA,
+    )
+    put_table(client, again)
+    gone = pa.record_batch([pa.array([2], pa.int64()), pa.array([None], pa.string()), pa.array([None], pa.int64())], schema=USER_SCHEMA)
+    put_table(client, gone, meta={"changes": ["-D"]})
+    assert lookup(client, [1, 2]) == {1: ("ann", 11)}
+    meta = action(client, "metadata", {"path": "db.users"})
+    changes = []
+    for b in meta["buckets"]:
+        ticket = flight.Ticket(json.dumps({"Scan": {"bucket": b["bucket"], "offset": 0}}).encode())
+        for chunk in client.do_get(ticket):
+            scan = json.loads(chunk.app_metadata.to_pybytes())
+            changes.extend(zip(scan["change_types"], chunk.data.column(0).to_pylist()))
+    assert sorted(changes) == sorted([("+U", 1), ("+U", 2), ("+U", 1), ("+U", 2), ("-D", 2)])
+
+    log_table = {"schema": USERS["schema"], "properties": {"changelog_image": "wal"}}
+    with pytest.raises(pa.ArrowInvalid, match="changelog_image"):
+        action(client, "create_table", {"path": "db.plain", "descriptor": log_table})
+
+
 def test_lookups_on_a_partitioned_primary_key_table(node):
     _, client = node
     action(client, "create_database", {"name": "db"})
