@@ -223,3 +223,213 @@ async fn one(ctx: &Ctx, topic: &str, index: i32, records: Option<bytes::Bytes>, 
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use arrow::array::RecordBatch;
+    use async_trait::async_trait;
+    use bytes::BytesMut;
+    use kafka_protocol::messages::TopicName;
+    use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+    use kafka_protocol::protocol::StrBytes;
+    use kafka_protocol::records::{
+        Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
+    };
+    use mink_types::TableBucket;
+
+    use super::*;
+    use crate::handler::*;
+
+    /// A handler whose `produce` answers from a script; Produce needs nothing else.
+    struct Scripted {
+        answers: Mutex<VecDeque<Result<PendingProduce, MinkError>>>,
+    }
+
+    #[async_trait]
+    impl KafkaHandler for Scripted {
+        fn broker_id(&self) -> i32 {
+            0
+        }
+        fn cluster(&self) -> ClusterView {
+            unimplemented!("not used by Produce")
+        }
+        async fn topics(&self) -> Result<Vec<TopicView>, MinkError> {
+            unimplemented!("not used by Produce")
+        }
+        async fn topic(&self, _: &str, _: Option<u32>) -> Result<TopicView, MinkError> {
+            unimplemented!("not used by Produce")
+        }
+        async fn create_topic(
+            &self,
+            _: &str,
+            _: u32,
+            _: Option<i64>,
+            _: bool,
+        ) -> Result<(), MinkError> {
+            unimplemented!("not used by Produce")
+        }
+        async fn delete_topic(&self, _: &str) -> Result<(), MinkError> {
+            unimplemented!("not used by Produce")
+        }
+        async fn produce(
+            &self,
+            _: &str,
+            _: i32,
+            _: RecordBatch,
+            _: Option<ProducerBatch>,
+        ) -> Result<PendingProduce, MinkError> {
+            self.answers
+                .lock()
+                .unwrap()
+                .pop_front()
+                .expect("a scripted answer")
+        }
+        async fn fetch(
+            &self,
+            _: &str,
+            _: i32,
+            _: i64,
+            _: Duration,
+            _: usize,
+        ) -> Result<Fetched, MinkError> {
+            unimplemented!("not used by Produce")
+        }
+        async fn list_offset(
+            &self,
+            _: &str,
+            _: i32,
+            _: OffsetQuery,
+        ) -> Result<ListedOffset, MinkError> {
+            unimplemented!("not used by Produce")
+        }
+        async fn init_producer_id(&self) -> Result<i64, MinkError> {
+            unimplemented!("not used by Produce")
+        }
+        fn is_coordinator(&self) -> bool {
+            false
+        }
+        async fn commit_offsets(
+            &self,
+            _: &str,
+            _: Vec<CommittedOffset>,
+            _: i64,
+        ) -> Result<(), MinkError> {
+            unimplemented!("not used by Produce")
+        }
+        fn committed_offsets(&self, _: &str) -> Vec<CommittedOffset> {
+            unimplemented!("not used by Produce")
+        }
+        fn offset_groups(&self) -> Vec<String> {
+            unimplemented!("not used by Produce")
+        }
+        async fn delete_group_offsets(&self, _: &str) -> Result<(), MinkError> {
+            unimplemented!("not used by Produce")
+        }
+    }
+
+    /// A Produce of one record at `sequence` from producer 7, epoch 0, to `t`-0.
+    fn request(sequence: i32) -> ProduceRequest {
+        let record = Record {
+            transactional: false,
+            control: false,
+            delete_horizon: false,
+            partition_leader_epoch: 0,
+            producer_id: 7,
+            producer_epoch: 0,
+            timestamp_type: TimestampType::Creation,
+            offset: 0,
+            sequence,
+            timestamp: now_ms(),
+            key: None,
+            value: Some(bytes::Bytes::from_static(b"v")),
+            headers: Default::default(),
+        };
+        let mut records = BytesMut::new();
+        RecordBatchEncoder::encode(
+            &mut records,
+            &[record],
+            &RecordEncodeOptions {
+                version: 2,
+                compression: Compression::None,
+            },
+        )
+        .unwrap();
+        ProduceRequest::default()
+            .with_acks(-1)
+            .with_topic_data(vec![
+                TopicProduceData::default()
+                    .with_name(TopicName(StrBytes::from_static_str("t")))
+                    .with_partition_data(vec![
+                        PartitionProduceData::default()
+                            .with_index(0)
+                            .with_records(Some(records.freeze())),
+                    ]),
+            ])
+    }
+
+    fn answer(r: &ProduceResponse) -> (Option<ResponseError>, String) {
+        let p = &r.responses[0].partition_responses[0];
+        (
+            ResponseError::try_from_code(p.error_code),
+            p.error_message
+                .as_ref()
+                .map(|m| m.to_string())
+                .unwrap_or_default(),
+        )
+    }
+
+    /// Batch N is still on its way (its append not yet resolved) when N+1 reaches a
+    /// reopened tablet that expects N: N+1 is refused as retriable, because N counts
+    /// from its submission, not only from its refusal. Then N fails, retriable too.
+    #[tokio::test]
+    async fn a_batch_behind_one_still_on_its_way_is_refused_alike() {
+        let (tx, rx) = tokio::sync::oneshot::channel::<Result<Produced, MinkError>>();
+        let pending: PendingProduce = Box::pin(async move { rx.await.unwrap() });
+        let gap = MinkError::OutOfOrderSequence {
+            bucket: TableBucket {
+                table_id: 1,
+                partition_id: None,
+                bucket: 0,
+            },
+            writer_id: 7,
+            first_sequence: 1,
+            expected: 0,
+        };
+        let script = Arc::new(Scripted {
+            answers: Mutex::new(VecDeque::from([Ok(pending), Err(gap)])),
+        });
+        let handler = script.clone();
+        let config = crate::KafkaConfig::default();
+        let ctx = Arc::new(Ctx {
+            handler,
+            groups: crate::groups::Coordinator::new(
+                config.session_timeout_min_ms,
+                config.session_timeout_max_ms,
+            ),
+            config,
+            refused: Default::default(),
+        });
+        let first = tokio::spawn({
+            let ctx = ctx.clone();
+            async move { produce(&ctx, request(0), 9, None).await }
+        });
+        // Until the first is submitted: its answer is taken, and in the same poll it
+        // goes on to await its append.
+        while script.answers.lock().unwrap().len() > 1 {
+            tokio::task::yield_now().await;
+        }
+        let (code, message) = answer(&produce(&ctx, request(1), 9, None).await);
+        assert_eq!(code, Some(ResponseError::LeaderNotAvailable), "{message}");
+        assert!(message.contains("not persisted"), "{message}");
+        tx.send(Err(MinkError::Unavailable("the WAL failed".into())))
+            .unwrap();
+        let (code, message) = answer(&first.await.unwrap());
+        assert_eq!(code, Some(ResponseError::LeaderNotAvailable), "{message}");
+        // Both are remembered until the producer writes past them.
+        assert_eq!(ctx.refused.explains("t", 0, 7, 1, Some(0)), Some(0));
+    }
+}
