@@ -372,10 +372,17 @@ pub fn encode_fetched(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn record(offset: i64, key: &str, value: &str, ts: i64, headers: &[(&str, &str)]) -> Record {
+    /// A record of producer 7, epoch 0, at sequence `10 + offset`.
+    pub(crate) fn record(
+        offset: i64,
+        key: &str,
+        value: &str,
+        ts: i64,
+        headers: &[(&str, &str)],
+    ) -> Record {
         let mut h = kafka_protocol::indexmap::IndexMap::new();
         for (k, v) in headers {
             h.insert(
@@ -400,7 +407,8 @@ mod tests {
         }
     }
 
-    fn produced(records: &[Record], compression: Compression) -> Bytes {
+    /// `records` as one record batch v2.
+    pub(crate) fn produced(records: &[Record], compression: Compression) -> Bytes {
         let mut buf = BytesMut::new();
         RecordBatchEncoder::encode(
             &mut buf,

@@ -179,6 +179,17 @@ def put_table(client, batch, meta=None, target_columns=None, path="db.users", sc
     return json.loads(answer.to_pybytes())
 
 
+def changelog(client, meta):
+    """Every bucket's (change type, id) pairs, from offset 0."""
+    changes = []
+    for b in meta["buckets"]:
+        ticket = flight.Ticket(json.dumps({"Scan": {"bucket": b["bucket"], "offset": 0}}).encode())
+        for chunk in client.do_get(ticket):
+            scan = json.loads(chunk.app_metadata.to_pybytes())
+            changes.extend(zip(scan["change_types"], chunk.data.column(0).to_pylist()))
+    return changes
+
+
 def lookup(client, ids):
     [result] = client.do_action(
         flight.Action("lookup", json.dumps({"path": "db.users", "keys": [[i] for i in ids]}).encode())
@@ -209,12 +220,7 @@ def test_primary_key_tables_upsert_partially_update_delete_and_look_up(node):
 
     # The changelog is readable with its change types.
     meta = action(client, "metadata", {"path": "db.users"})
-    changes = []
-    for b in meta["buckets"]:
-        ticket = flight.Ticket(json.dumps({"Scan": {"bucket": b["bucket"], "offset": 0}}).encode())
-        for chunk in client.do_get(ticket):
-            scan = json.loads(chunk.app_metadata.to_pybytes())
-            changes.extend(zip(scan["change_types"], chunk.data.column(0).to_pylist()))
+    changes = changelog(client, meta)
     assert sorted(changes) == sorted([("+I", 1), ("+I", 2), ("+I", 3), ("-U", 1), ("+U", 1), ("-D", 2)])
 
     # An idempotent writer's retry is recognised and not applied twice.
@@ -391,12 +397,7 @@ def test_a_wal_changelog_image_writes_no_before_images(node):
     put_table(client, gone, meta={"changes": ["-D"]})
     assert lookup(client, [1, 2]) == {1: ("ann", 11)}
     meta = action(client, "metadata", {"path": "db.users"})
-    changes = []
-    for b in meta["buckets"]:
-        ticket = flight.Ticket(json.dumps({"Scan": {"bucket": b["bucket"], "offset": 0}}).encode())
-        for chunk in client.do_get(ticket):
-            scan = json.loads(chunk.app_metadata.to_pybytes())
-            changes.extend(zip(scan["change_types"], chunk.data.column(0).to_pylist()))
+    changes = changelog(client, meta)
     assert sorted(changes) == sorted([("+U", 1), ("+U", 2), ("+U", 1), ("+U", 2), ("-D", 2)])
 
     log_table = {"schema": USERS["schema"], "properties": {"changelog_image": "wal"}}

@@ -232,13 +232,10 @@ mod tests {
 
     use arrow::array::RecordBatch;
     use async_trait::async_trait;
-    use bytes::BytesMut;
     use kafka_protocol::messages::TopicName;
     use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
     use kafka_protocol::protocol::StrBytes;
-    use kafka_protocol::records::{
-        Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
-    };
+    use kafka_protocol::records::Compression;
     use mink_types::TableBucket;
 
     use super::*;
@@ -333,31 +330,9 @@ mod tests {
 
     /// A Produce of one record at `sequence` from producer 7, epoch 0, to `t`-0.
     fn request(sequence: i32) -> ProduceRequest {
-        let record = Record {
-            transactional: false,
-            control: false,
-            delete_horizon: false,
-            partition_leader_epoch: 0,
-            producer_id: 7,
-            producer_epoch: 0,
-            timestamp_type: TimestampType::Creation,
-            offset: 0,
-            sequence,
-            timestamp: now_ms(),
-            key: None,
-            value: Some(bytes::Bytes::from_static(b"v")),
-            headers: Default::default(),
-        };
-        let mut records = BytesMut::new();
-        RecordBatchEncoder::encode(
-            &mut records,
-            &[record],
-            &RecordEncodeOptions {
-                version: 2,
-                compression: Compression::None,
-            },
-        )
-        .unwrap();
+        let mut record = crate::records::tests::record(0, "k", "v", now_ms(), &[]);
+        record.sequence = sequence;
+        let records = crate::records::tests::produced(&[record], Compression::None);
         ProduceRequest::default()
             .with_acks(-1)
             .with_topic_data(vec![
@@ -366,7 +341,7 @@ mod tests {
                     .with_partition_data(vec![
                         PartitionProduceData::default()
                             .with_index(0)
-                            .with_records(Some(records.freeze())),
+                            .with_records(Some(records)),
                     ]),
             ])
     }
