@@ -246,19 +246,28 @@ mod tests {
         answers: Mutex<VecDeque<Result<PendingProduce, MinkError>>>,
     }
 
+    /// What the scripted handler answers to anything but Produce.
+    fn unused() -> MinkError {
+        MinkError::Unimplemented("the scripted handler answers Produce only".into())
+    }
+
     #[async_trait]
     impl KafkaHandler for Scripted {
         fn broker_id(&self) -> i32 {
             0
         }
         fn cluster(&self) -> ClusterView {
-            unimplemented!("not used by Produce")
+            ClusterView {
+                cluster_id: "scripted".into(),
+                controller_id: -1,
+                brokers: Vec::new(),
+            }
         }
         async fn topics(&self) -> Result<Vec<TopicView>, MinkError> {
-            unimplemented!("not used by Produce")
+            Err(unused())
         }
         async fn topic(&self, _: &str, _: Option<u32>) -> Result<TopicView, MinkError> {
-            unimplemented!("not used by Produce")
+            Err(unused())
         }
         async fn create_topic(
             &self,
@@ -267,10 +276,10 @@ mod tests {
             _: Option<i64>,
             _: bool,
         ) -> Result<(), MinkError> {
-            unimplemented!("not used by Produce")
+            Err(unused())
         }
         async fn delete_topic(&self, _: &str) -> Result<(), MinkError> {
-            unimplemented!("not used by Produce")
+            Err(unused())
         }
         async fn produce(
             &self,
@@ -293,7 +302,7 @@ mod tests {
             _: Duration,
             _: usize,
         ) -> Result<Fetched, MinkError> {
-            unimplemented!("not used by Produce")
+            Err(unused())
         }
         async fn list_offset(
             &self,
@@ -301,10 +310,10 @@ mod tests {
             _: i32,
             _: OffsetQuery,
         ) -> Result<ListedOffset, MinkError> {
-            unimplemented!("not used by Produce")
+            Err(unused())
         }
         async fn init_producer_id(&self) -> Result<i64, MinkError> {
-            unimplemented!("not used by Produce")
+            Err(unused())
         }
         fn is_coordinator(&self) -> bool {
             false
@@ -315,16 +324,16 @@ mod tests {
             _: Vec<CommittedOffset>,
             _: i64,
         ) -> Result<(), MinkError> {
-            unimplemented!("not used by Produce")
+            Err(unused())
         }
         fn committed_offsets(&self, _: &str) -> Vec<CommittedOffset> {
-            unimplemented!("not used by Produce")
+            Vec::new()
         }
         fn offset_groups(&self) -> Vec<String> {
-            unimplemented!("not used by Produce")
+            Vec::new()
         }
         async fn delete_group_offsets(&self, _: &str) -> Result<(), MinkError> {
-            unimplemented!("not used by Produce")
+            Err(unused())
         }
     }
 
