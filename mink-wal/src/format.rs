@@ -39,6 +39,10 @@ pub struct Record {
     pub count: u32,
     pub timestamp_ms: i64,
     pub payload: Bytes,
+    /// The CRC32C of `payload`: computed once, where the payload was made (the append)
+    /// or read and checked (a WAL object, a segment), and carried with it, so that
+    /// writing it again (compaction, a takeover's recovery) costs no second pass.
+    pub crc: u32,
 }
 
 impl Record {
@@ -80,15 +84,9 @@ impl Default for WalObjectBuilder {
 }
 
 impl WalObjectBuilder {
-    /// Appends a record whose payload has CRC32C `payload_crc`; returns where its
-    /// payload sits in the object.
-    pub fn push(
-        &mut self,
-        stream: &str,
-        epoch: u64,
-        record: &Record,
-        payload_crc: u32,
-    ) -> std::ops::Range<u64> {
+    /// Appends a record (with the CRC32C of its payload); returns where its payload
+    /// sits in the object.
+    pub fn push(&mut self, stream: &str, epoch: u64, record: &Record) -> std::ops::Range<u64> {
         let mut header = BytesMut::with_capacity(2 + stream.len() + 36);
         header.put_u16_le(stream.len() as u16);
         header.put_slice(stream.as_bytes());
@@ -97,12 +95,12 @@ impl WalObjectBuilder {
         header.put_u32_le(record.count);
         header.put_i64_le(record.timestamp_ms);
         header.put_u32_le(record.payload.len() as u32);
-        header.put_u32_le(payload_crc);
+        header.put_u32_le(record.crc);
         self.crc = crc32c::crc32c_append(self.crc, &header);
         self.len += header.len();
         self.chunks.push(header.freeze());
         let start = self.len as u64;
-        self.crc = crate::crc::combine(self.crc, payload_crc, record.payload.len() as u64);
+        self.crc = crate::crc::combine(self.crc, record.crc, record.payload.len() as u64);
         self.len += record.payload.len();
         self.chunks.push(record.payload.clone());
         self.records += 1;
@@ -204,6 +202,7 @@ pub fn decode_wal_object(what: &str, bytes: &Bytes) -> WalResult<WalObject> {
                 count,
                 timestamp_ms,
                 payload,
+                crc: payload_crc,
             },
             payload_range: start as u64..(start + len) as u64,
         });
@@ -256,7 +255,8 @@ const SEGMENT_COPY_BELOW: usize = 64 << 10;
 
 /// Encodes records (contiguous offsets) into a segment: the object (as chunks that
 /// share the large payloads instead of copying them: compaction of 64 MiB used to
-/// allocate and fill 64 MiB) and its index.
+/// allocate and fill 64 MiB) and its index. Each record's header takes the CRC the
+/// record carries: no pass over the payloads.
 pub fn encode_segment(records: &[Record]) -> (object_store::PutPayload, Vec<IndexEntry>) {
     let mut chunks: Vec<Bytes> = Vec::new();
     let mut small = BytesMut::new();
@@ -274,7 +274,7 @@ pub fn encode_segment(records: &[Record]) -> (object_store::PutPayload, Vec<Inde
         small.put_u32_le(r.count);
         small.put_i64_le(r.timestamp_ms);
         small.put_u32_le(r.payload.len() as u32);
-        small.put_u32_le(crc32c::crc32c(&r.payload));
+        small.put_u32_le(r.crc);
         if r.payload.len() < SEGMENT_COPY_BELOW {
             small.put_slice(&r.payload);
         } else {
@@ -380,6 +380,7 @@ pub fn decode_segment_records(
             count,
             timestamp_ms,
             payload,
+            crc,
         });
     }
     Ok(out)
@@ -395,14 +396,15 @@ mod tests {
             count,
             timestamp_ms: base as i64 * 10,
             payload: Bytes::from_static(body),
+            crc: crc32c::crc32c(body),
         }
     }
 
     #[test]
     fn wal_objects_round_trip_and_detect_corruption() {
         let mut b = WalObjectBuilder::default();
-        let r1 = b.push("s1", 3, &rec(0, 2, b"hello"), crc32c::crc32c(b"hello"));
-        b.push("s2", 1, &rec(7, 1, b"w"), crc32c::crc32c(b"w"));
+        let r1 = b.push("s1", 3, &rec(0, 2, b"hello"));
+        b.push("s2", 1, &rec(7, 1, b"w"));
         let bytes: Bytes = b
             .finish()
             .iter()

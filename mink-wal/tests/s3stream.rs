@@ -945,3 +945,64 @@ async fn a_tiny_group_bytes_max_uploads_one_append_per_group() {
     }
     assert_eq!(read_all(&s).await.len(), 3);
 }
+
+/// A record evicted from memory is read back from its WAL object by a range read,
+/// which has no CRC of its own: the read checks the CRC the record carries, so a payload
+/// that rotted in the store is refused by tail reads and by compaction (which would
+/// otherwise seal it into a segment under a fresh, matching CRC).
+#[tokio::test]
+async fn a_rotted_wal_payload_is_refused_not_compacted() {
+    let t = common::memory();
+    let node = StreamStore::open(
+        t.store.clone(),
+        "n1",
+        WalConfig {
+            tail_cache_bytes_max: 0,
+            ..config()
+        },
+    )
+    .await
+    .unwrap();
+    let s = node.open_stream("s", 1).await.unwrap();
+    let body = Bytes::from_static(b"a payload that will rot in the store");
+    s.append_durable(1, 1, 1000, body.clone()).await.unwrap();
+    let wal: Vec<_> = t
+        .store
+        .list(Some(&Path::from("wal")))
+        .try_collect()
+        .await
+        .unwrap();
+    let [object] = wal.as_slice() else {
+        panic!("one WAL object expected, found {}", wal.len());
+    };
+    let mut bytes = t
+        .store
+        .get(&object.location)
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap()
+        .to_vec();
+    let at = bytes
+        .windows(body.len())
+        .position(|w| w == body.as_ref())
+        .expect("the payload is in the object");
+    bytes[at + 3] ^= 0x20;
+    t.store.put(&object.location, bytes.into()).await.unwrap();
+
+    let err = s.read(0, 1 << 20).await.unwrap_err();
+    assert!(matches!(err, WalError::Corrupt(_)), "{err:?}");
+    let err = node.compact().await.unwrap_err();
+    assert!(matches!(err, WalError::Corrupt(_)), "{err:?}");
+    let segments: Vec<_> = t
+        .store
+        .list(Some(&Path::from("seg")))
+        .try_collect()
+        .await
+        .unwrap();
+    assert!(
+        segments.is_empty(),
+        "a rotted payload was sealed: {segments:?}"
+    );
+}

@@ -61,10 +61,7 @@ async fn collect(store: &StoreInner, stream: &StreamInner) -> WalResult<(u64, Ve
             Some(p) => p,
             None => {
                 let (seq, range) = h.wal.clone().unwrap_or_default();
-                store
-                    .store
-                    .get_range(&wal_path(&store.wal, seq), range)
-                    .await?
+                super::fetch_evicted(store, &h.record, seq, range).await?
             }
         };
         records.push(Record {

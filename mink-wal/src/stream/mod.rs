@@ -156,6 +156,27 @@ impl StreamInner {
     }
 }
 
+/// Reads an evicted record's payload back from WAL object `seq`, checked against the
+/// CRC the record carries (a range read has no CRC of its own).
+async fn fetch_evicted(
+    store: &StoreInner,
+    record: &Record,
+    seq: u64,
+    range: Range<u64>,
+) -> WalResult<Bytes> {
+    let payload = store
+        .store
+        .get_range(&writer::wal_path(&store.wal, seq), range)
+        .await?;
+    if crc32c::crc32c(&payload) != record.crc {
+        return Err(WalError::Corrupt(format!(
+            "WAL object {seq}: payload CRC mismatch at offset {}",
+            record.base
+        )));
+    }
+    Ok(payload)
+}
+
 pub(crate) struct StoreInner {
     /// The handle for WAL objects (purpose `wal`): uploads, fences, recovery, reads
     /// of uncompacted records.
@@ -659,12 +680,12 @@ impl Stream {
             count: record_count,
             timestamp_ms,
             payload,
+            crc: payload_crc,
         };
         let (done, rx) = oneshot::channel();
         let job = Job {
             stream: self.inner.clone(),
             epoch,
-            payload_crc,
             record,
             done,
             enqueued: Instant::now(),

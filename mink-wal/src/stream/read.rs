@@ -7,7 +7,6 @@ use object_store::ObjectStoreExt;
 use object_store::path::Path;
 
 use super::meta::SegmentMeta;
-use super::writer::wal_path;
 use super::{Held, StoreInner, StreamInner};
 use crate::error::{WalError, WalResult};
 use crate::format::{
@@ -209,10 +208,7 @@ async fn read_pass(
                 let payload = match (&h.payload, &h.wal) {
                     (Some(p), _) => p.clone(),
                     (None, Some((seq, range))) => {
-                        store
-                            .store
-                            .get_range(&wal_path(&store.wal, *seq), range.clone())
-                            .await?
+                        super::fetch_evicted(store, &h.record, *seq, range.clone()).await?
                     }
                     (None, None) => {
                         return Err(ReadFail::Gone(format!("{} in memory", h.record.base)));

@@ -61,9 +61,9 @@ pub fn wal_dir(wal: &WalId) -> Path {
 pub(crate) struct Job {
     pub stream: Arc<StreamInner>,
     pub epoch: u64,
+    /// The record, with its payload's CRC32C computed by the appender (off the
+    /// writer's task).
     pub record: Record,
-    /// CRC32C of the payload, computed by the appender (off the writer's task).
-    pub payload_crc: u32,
     pub done: oneshot::Sender<WalResult<()>>,
     pub enqueued: Instant,
     pub _permit: OwnedSemaphorePermit,
@@ -153,9 +153,7 @@ struct Group {
 
 impl Group {
     fn add(&mut self, job: Job) {
-        let range = self
-            .builder
-            .push(&job.stream.name, job.epoch, &job.record, job.payload_crc);
+        let range = self.builder.push(&job.stream.name, job.epoch, &job.record);
         if self.jobs.is_empty() {
             self.opened = Instant::now();
         }
