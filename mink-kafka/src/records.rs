@@ -90,6 +90,42 @@ pub struct ProducedBatch {
 const MAGIC_OFFSET: usize = 16;
 /// Bytes of a v2 record batch header.
 const BATCH_HEADER_BYTES: usize = 61;
+/// Where the batch length ends: the length counts the bytes after it.
+const BATCH_LENGTH_ENDS: usize = 12;
+/// Attribute bits of a v2 record batch.
+const ATTR_TRANSACTIONAL: i16 = 1 << 4;
+const ATTR_CONTROL: i16 = 1 << 5;
+
+/// The fields of a v2 record batch header that decide whether a Produce is taken,
+/// read at their fixed offsets (Kafka's `DefaultRecordBatch`) before any record is
+/// decoded. kafka-protocol's header reader checks the CRC too, and its decoder checks
+/// it again: reading the header here leaves one CRC pass per batch, not two.
+struct BatchHead {
+    batch_length: i32,
+    attributes: i16,
+    producer_id: i64,
+    producer_epoch: i16,
+    base_sequence: i32,
+    record_count: i32,
+}
+
+impl BatchHead {
+    /// `b` holds at least [`BATCH_HEADER_BYTES`].
+    fn parse(b: &[u8]) -> Self {
+        let at = |i: usize, n: usize| &b[i..i + n];
+        let i16_at = |i| i16::from_be_bytes(at(i, 2).try_into().expect("2 bytes"));
+        let i32_at = |i| i32::from_be_bytes(at(i, 4).try_into().expect("4 bytes"));
+        let i64_at = |i| i64::from_be_bytes(at(i, 8).try_into().expect("8 bytes"));
+        Self {
+            batch_length: i32_at(8),
+            attributes: i16_at(21),
+            producer_id: i64_at(43),
+            producer_epoch: i16_at(51),
+            base_sequence: i32_at(53),
+            record_count: i32_at(57),
+        }
+    }
+}
 
 /// Decodes the records of one partition of a Produce request: exactly one record
 /// batch v2 (as Kafka requires from Produce v3 on), its CRC checked, decompressed,
@@ -98,10 +134,15 @@ const BATCH_HEADER_BYTES: usize = 61;
 /// A record without a timestamp gets `now_ms`; one stamped after `latest_ms` is
 /// INVALID_TIMESTAMP (Kafka's `message.timestamp.after.max.ms`): a topic is indexed
 /// and expired by its record timestamps, and a far-future one would pin both.
+///
+/// A compressed batch is decompressed to at most `max_bytes` (MESSAGE_TOO_LARGE
+/// beyond): a few kilobytes of zstd can hold gigabytes of zeros. A batch whose record
+/// count its bytes cannot hold is CORRUPT_MESSAGE before any record is decoded.
 pub fn decode_produce(
     records: &Bytes,
     now_ms: i64,
     latest_ms: i64,
+    max_bytes: usize,
 ) -> Result<ProducedBatch, RecordError> {
     let corrupt = |m: String| RecordError::new(ResponseError::CorruptMessage, m);
     if records.len() < BATCH_HEADER_BYTES {
@@ -117,41 +158,63 @@ pub fn decode_produce(
             format!("message format v{magic} is not supported; send record batches v2"),
         ));
     }
-    let infos = RecordBatchDecoder::decode_batch_info(&mut records.clone())
-        .map_err(|e| corrupt(format!("record batch: {e}")))?;
-    let [info] = infos.as_slice() else {
+    let head = BatchHead::parse(records);
+    let total = BATCH_LENGTH_ENDS + head.batch_length.max(0) as usize;
+    if head.batch_length < (BATCH_HEADER_BYTES - BATCH_LENGTH_ENDS) as i32 || total > records.len()
+    {
+        return Err(corrupt(format!(
+            "the batch header gives a length of {} bytes after its first {BATCH_LENGTH_ENDS}, and {} follow",
+            head.batch_length,
+            records.len() - BATCH_LENGTH_ENDS
+        )));
+    }
+    if total < records.len() {
         return Err(RecordError::new(
             ResponseError::InvalidRecord,
             format!(
-                "{} record batches in one partition; a Produce carries exactly one",
-                infos.len()
+                "{} bytes follow the record batch; a Produce carries exactly one batch per partition",
+                records.len() - total
             ),
         ));
+    }
+    if head.record_count <= 0 {
+        return Err(RecordError::new(
+            ResponseError::InvalidRecord,
+            format!("a record batch of {} records", head.record_count),
+        ));
+    }
+    // One pass of kafka-protocol's decoder: the CRC, then the records, from our
+    // bounded decompression.
+    let refused = std::cell::RefCell::new(None);
+    let decompress = |buf: &mut Bytes, compression: Compression| {
+        let out = decompress_bounded(buf, compression, max_bytes)
+            .and_then(|out| fits(head.record_count, out));
+        out.map_err(|e| {
+            let message = e.message.clone();
+            *refused.borrow_mut() = Some(e);
+            anyhow::anyhow!(message)
+        })
     };
-    if info.transactional {
+    let mut buf = records.clone();
+    let set = RecordBatchDecoder::decode_with_custom_compression(&mut buf, Some(decompress))
+        .map_err(|e| refused.take().unwrap_or_else(|| corrupt(format!("{e}"))))?;
+    // After the CRC: a corrupted batch is CORRUPT_MESSAGE, whatever its bits say.
+    if head.attributes & ATTR_TRANSACTIONAL != 0 {
         return Err(RecordError::new(
             ResponseError::TransactionalIdAuthorizationFailed,
             "transactional produce is not implemented",
         ));
     }
-    if info.control {
+    if head.attributes & ATTR_CONTROL != 0 {
         return Err(RecordError::new(
             ResponseError::InvalidRecord,
             "control batches are not accepted from producers",
         ));
     }
-    if info.record_count <= 0 {
-        return Err(RecordError::new(
-            ResponseError::InvalidRecord,
-            format!("a record batch of {} records", info.record_count),
-        ));
-    }
-    let mut buf = records.clone();
-    let set = RecordBatchDecoder::decode(&mut buf).map_err(|e| corrupt(format!("{e}")))?;
-    if set.records.len() != info.record_count as usize {
+    if set.records.len() != head.record_count as usize {
         return Err(corrupt(format!(
             "the batch header counts {} records, the batch holds {}",
-            info.record_count,
+            head.record_count,
             set.records.len()
         )));
     }
@@ -166,12 +229,117 @@ pub fn decode_produce(
     }
     let rows = rows_of(&set.records, now_ms)?;
     Ok(ProducedBatch {
-        producer_id: info.producer_id,
-        producer_epoch: info.producer_epoch,
-        base_sequence: info.base_sequence,
-        compression: info.compression,
+        producer_id: head.producer_id,
+        producer_epoch: head.producer_epoch,
+        base_sequence: head.base_sequence,
+        compression: set.compression,
         rows,
     })
+}
+
+/// Bytes of the smallest record a v2 batch can hold: a length, attributes, timestamp
+/// delta, offset delta, key length, value length and header count of one byte each.
+const RECORD_BYTES_MIN: usize = 7;
+
+/// The records section of a batch, decompressed to at most `max` bytes. kafka-protocol
+/// decompresses without a bound (and believes a raw snappy header's length), so the
+/// codecs are driven here, each stopped one byte past the bound.
+fn decompress_bounded(
+    section: &mut Bytes,
+    compression: Compression,
+    max: usize,
+) -> Result<Bytes, RecordError> {
+    use std::io::Read;
+    let corrupt = |e: &dyn std::fmt::Display| {
+        RecordError::new(
+            ResponseError::CorruptMessage,
+            format!("{compression:?} records: {e}"),
+        )
+    };
+    let too_large = |n: String| {
+        RecordError::new(
+            ResponseError::MessageTooLarge,
+            format!(
+                "the {compression:?} records decompress to {n} bytes, more than kafka.max_request_bytes ({max})"
+            ),
+        )
+    };
+    let read = |r: &mut dyn Read| -> Result<Bytes, RecordError> {
+        let mut out = Vec::new();
+        r.take(max as u64 + 1)
+            .read_to_end(&mut out)
+            .map_err(|e| corrupt(&e))?;
+        if out.len() > max {
+            return Err(too_large("more".into()));
+        }
+        Ok(out.into())
+    };
+    match compression {
+        Compression::None => Ok(section.clone()),
+        Compression::Gzip => read(&mut flate2::read::MultiGzDecoder::new(&section[..])),
+        Compression::Zstd => read(
+            &mut zstd::stream::read::Decoder::with_buffer(&section[..]).map_err(|e| corrupt(&e))?,
+        ),
+        Compression::Lz4 => read(&mut lz4::Decoder::new(&section[..]).map_err(|e| corrupt(&e))?),
+        Compression::Snappy => {
+            // Snappy states each block's length up front: check them, then let
+            // kafka-protocol decode (Kafka's xerial framing, or one raw block).
+            let mut total = 0usize;
+            for block in snappy_blocks(section).map_err(|e| corrupt(&e))? {
+                total = total
+                    .saturating_add(snap::raw::decompress_len(&block).map_err(|e| corrupt(&e))?);
+            }
+            if total > max {
+                return Err(too_large(total.to_string()));
+            }
+            <kafka_protocol::compression::Snappy as kafka_protocol::compression::Decompressor<
+                Bytes,
+            >>::decompress(section, |b: &mut Bytes| Ok(b.clone()))
+            .map_err(|e| corrupt(&e))
+        }
+    }
+}
+
+/// Kafka's snappy framing (snappy-java's): a 16-byte header, then blocks of a 4-byte
+/// big-endian length and that many bytes of raw snappy. Without the header the whole
+/// section is one raw block.
+fn snappy_blocks(section: &Bytes) -> Result<Vec<Bytes>, String> {
+    const XERIAL: &[u8] = b"\x82SNAPPY\x00";
+    const XERIAL_HEADER: usize = 16;
+    if !section.starts_with(XERIAL) {
+        return Ok(vec![section.clone()]);
+    }
+    let mut blocks = Vec::new();
+    let mut at = XERIAL_HEADER;
+    while at < section.len() {
+        let Some(len) = section.get(at..at + 4) else {
+            return Err("a block length runs past the end".into());
+        };
+        let len = u32::from_be_bytes(len.try_into().expect("4 bytes")) as usize;
+        let end = at + 4 + len;
+        if end > section.len() {
+            return Err(format!("a block of {len} bytes runs past the end"));
+        }
+        blocks.push(section.slice(at + 4..end));
+        at = end;
+    }
+    Ok(blocks)
+}
+
+/// `records` decompressed, if they can hold `count` records: kafka-protocol reserves
+/// room for the header's count before it decodes one, so a forged count would
+/// otherwise ask for gigabytes.
+fn fits(count: i32, records: Bytes) -> Result<Bytes, RecordError> {
+    if (count as usize).saturating_mul(RECORD_BYTES_MIN) > records.len() {
+        return Err(RecordError::new(
+            ResponseError::CorruptMessage,
+            format!(
+                "the batch header counts {count} records; {} bytes of records cannot hold them",
+                records.len()
+            ),
+        ));
+    }
+    Ok(records)
 }
 
 fn rows_of(records: &[Record], now_ms: i64) -> Result<RecordBatch, RecordError> {
@@ -436,7 +604,8 @@ pub(crate) mod tests {
             Compression::Lz4,
             Compression::Zstd,
         ] {
-            let batch = decode_produce(&produced(&records, compression), 42, i64::MAX).unwrap();
+            let batch =
+                decode_produce(&produced(&records, compression), 42, i64::MAX, 1 << 20).unwrap();
             assert_eq!(batch.compression, compression);
             assert_eq!(batch.producer_id, 7);
             assert_eq!(batch.base_sequence, 10);
@@ -477,10 +646,11 @@ pub(crate) mod tests {
             record(0, "k", "v", 1_000, &[]),
             record(1, "k", "v", 2_001, &[]),
         ];
-        let err = decode_produce(&produced(&records, Compression::None), 0, 2_000).unwrap_err();
+        let err =
+            decode_produce(&produced(&records, Compression::None), 0, 2_000, 1 << 20).unwrap_err();
         assert_eq!(err.code, ResponseError::InvalidTimestamp);
         assert!(err.message.contains("timestamp 2001"), "{err}");
-        let ok = decode_produce(&produced(&records, Compression::None), 0, 2_001).unwrap();
+        let ok = decode_produce(&produced(&records, Compression::None), 0, 2_001, 1 << 20).unwrap();
         assert_eq!(ok.rows.num_rows(), 2);
     }
 
@@ -490,37 +660,87 @@ pub(crate) mod tests {
         let mut bad = good.to_vec();
         let last = bad.len() - 1;
         bad[last] ^= 0xff;
-        let err = decode_produce(&Bytes::from(bad), 0, i64::MAX).unwrap_err();
+        let err = decode_produce(&Bytes::from(bad), 0, i64::MAX, 1 << 20).unwrap_err();
         assert_eq!(err.code, ResponseError::CorruptMessage);
         assert!(
             err.message.contains("Cyclic redundancy check failed"),
             "{err}"
         );
 
-        let err = decode_produce(&good.slice(..20), 0, i64::MAX).unwrap_err();
+        let err = decode_produce(&good.slice(..20), 0, i64::MAX, 1 << 20).unwrap_err();
         assert_eq!(err.code, ResponseError::CorruptMessage);
         assert!(err.message.contains("cannot hold a record batch"), "{err}");
 
         let mut truncated = good.to_vec();
         truncated.truncate(good.len() - 3);
-        let err = decode_produce(&Bytes::from(truncated), 0, i64::MAX).unwrap_err();
+        let err = decode_produce(&Bytes::from(truncated), 0, i64::MAX, 1 << 20).unwrap_err();
         assert_eq!(err.code, ResponseError::CorruptMessage, "{err}");
 
         let mut v1 = good.to_vec();
         v1[MAGIC_OFFSET] = 1;
-        let err = decode_produce(&Bytes::from(v1), 0, i64::MAX).unwrap_err();
+        let err = decode_produce(&Bytes::from(v1), 0, i64::MAX, 1 << 20).unwrap_err();
         assert_eq!(err.code, ResponseError::UnsupportedForMessageFormat);
 
         let mut two = good.to_vec();
         two.extend_from_slice(&good);
-        let err = decode_produce(&Bytes::from(two), 0, i64::MAX).unwrap_err();
+        let err = decode_produce(&Bytes::from(two), 0, i64::MAX, 1 << 20).unwrap_err();
         assert_eq!(err.code, ResponseError::InvalidRecord);
-        assert!(err.message.contains("2 record batches"), "{err}");
+        assert!(err.message.contains("exactly one batch"), "{err}");
 
         let mut txn = record(0, "k", "v", 1, &[]);
         txn.transactional = true;
-        let err = decode_produce(&produced(&[txn], Compression::None), 0, i64::MAX).unwrap_err();
+        let err =
+            decode_produce(&produced(&[txn], Compression::None), 0, i64::MAX, 1 << 20).unwrap_err();
         assert_eq!(err.code, ResponseError::TransactionalIdAuthorizationFailed);
+    }
+
+    /// `batch` with its header's CRC set again over everything after it, as a forger
+    /// (or a buggy client) would.
+    fn recrc(mut batch: Vec<u8>) -> Bytes {
+        let crc = crc32c::crc32c(&batch[21..]);
+        batch[17..21].copy_from_slice(&crc.to_be_bytes());
+        Bytes::from(batch)
+    }
+
+    #[test]
+    fn decompression_and_record_counts_are_bounded() {
+        // 64 records of 1 KiB of one byte: a few hundred bytes in any codec, 66 KB
+        // decompressed.
+        let value = "z".repeat(1024);
+        let records: Vec<_> = (0..64).map(|i| record(i, "k", &value, 1, &[])).collect();
+        for compression in [
+            Compression::Gzip,
+            Compression::Snappy,
+            Compression::Lz4,
+            Compression::Zstd,
+        ] {
+            let batch = produced(&records, compression);
+            assert!(batch.len() < 16 << 10, "{compression:?}: {}", batch.len());
+            let err = decode_produce(&batch, 0, i64::MAX, 32 << 10).unwrap_err();
+            assert_eq!(err.code, ResponseError::MessageTooLarge, "{compression:?}: {err}");
+            assert!(err.message.contains("kafka.max_request_bytes"), "{err}");
+            let ok = decode_produce(&batch, 0, i64::MAX, 1 << 20).unwrap();
+            assert_eq!(ok.rows.num_rows(), 64, "{compression:?}");
+        }
+
+        // A raw snappy block whose header claims 4 GiB: refused from the header,
+        // before kafka-protocol would allocate it.
+        let snappy = produced(&records[..1], Compression::Snappy).to_vec();
+        let mut bomb = snappy[..BATCH_HEADER_BYTES].to_vec();
+        bomb.extend_from_slice(&[0xff, 0xff, 0xff, 0xff, 0x0f, 0x00]);
+        let length = (bomb.len() - BATCH_LENGTH_ENDS) as i32;
+        bomb[8..12].copy_from_slice(&length.to_be_bytes());
+        let err = decode_produce(&recrc(bomb), 0, i64::MAX, 1 << 20).unwrap_err();
+        assert_eq!(err.code, ResponseError::MessageTooLarge, "{err}");
+        assert!(err.message.contains("4294967295"), "{err}");
+
+        // A record count the bytes cannot hold: refused before anything is reserved
+        // for it.
+        let mut forged = produced(&records[..2], Compression::None).to_vec();
+        forged[57..61].copy_from_slice(&i32::MAX.to_be_bytes());
+        let err = decode_produce(&recrc(forged), 0, i64::MAX, 1 << 20).unwrap_err();
+        assert_eq!(err.code, ResponseError::CorruptMessage, "{err}");
+        assert!(err.message.contains("cannot hold them"), "{err}");
     }
 
     #[test]

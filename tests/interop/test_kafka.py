@@ -427,6 +427,14 @@ def test_garbage_and_oversized_frames_close_only_their_connection(mink_node, tmp
             s.sendall(struct.pack(">i", 12) + b"\x00\x03\x00\x0c\xde\xad\xbe\xef\xff\xff\xff\xff")
             assert read_response(s) is None
             s.close()
+            # An array that claims 2^31-1 elements in a 10-byte body: kafka-protocol
+            # sizes the array from that claim before decoding one element (upstream
+            # kafka-protocol-rs#161). The node survives it (mimalloc reserves address
+            # space without committing it) and closes only this connection.
+            s = connect(proc)
+            s.sendall(request(3, 1, 2, struct.pack(">i", 0x7FFFFFFF) + b"\x00\x01x"))
+            assert read_response(s) is None
+            s.close()
             # Oversized: refused from its length alone, the body is never sent.
             s = connect(proc)
             s.sendall(struct.pack(">i", 10_000_000))

@@ -125,7 +125,8 @@ async fn one(ctx: &Ctx, topic: &str, index: i32, records: Option<bytes::Bytes>, 
     };
     let now = now_ms();
     let latest = now.saturating_add(ctx.config.timestamp_after_max_ms.min(i64::MAX as u64) as i64);
-    let batch = match decode_produce(&records, now, latest) {
+    let max = usize::try_from(ctx.config.max_request_bytes).unwrap_or(usize::MAX);
+    let batch = match decode_produce(&records, now, latest, max) {
         Ok(b) => b,
         Err(e) => {
             tracing::debug!(topic, partition = index, "kafka produce refused: {e}");
