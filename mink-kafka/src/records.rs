@@ -717,7 +717,11 @@ pub(crate) mod tests {
             let batch = produced(&records, compression);
             assert!(batch.len() < 16 << 10, "{compression:?}: {}", batch.len());
             let err = decode_produce(&batch, 0, i64::MAX, 32 << 10).unwrap_err();
-            assert_eq!(err.code, ResponseError::MessageTooLarge, "{compression:?}: {err}");
+            assert_eq!(
+                err.code,
+                ResponseError::MessageTooLarge,
+                "{compression:?}: {err}"
+            );
             assert!(err.message.contains("kafka.max_request_bytes"), "{err}");
             let ok = decode_produce(&batch, 0, i64::MAX, 1 << 20).unwrap();
             assert_eq!(ok.rows.num_rows(), 64, "{compression:?}");
