@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use arrow::array::RecordBatch;
 use arrow::buffer::Buffer;
 use arrow::datatypes::SchemaRef;
-use arrow::ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteContext, IpcWriteOptions};
+use arrow::ipc::writer::StreamWriter;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use mink_types::{ChangeType, IpcEncoded, MinkError, Result, SchemaId};
 
@@ -71,19 +71,80 @@ fn corrupt(what: impl std::fmt::Display) -> MinkError {
 }
 
 /// Encodes `batch` with `header` (whose `record_count` and change types must match).
+///
+/// Arrow's stream writer writes the IPC message straight into the batch after the
+/// header, in its stream framing (the continuation marker, the message length, the
+/// message, the body): the rows are copied once, into a buffer sized for them up front.
+/// Through `IpcDataGenerator::encode` they were copied into a body that grew by
+/// reallocation, then again behind the header.
 pub fn encode(header: &BatchHeader, batch: &RecordBatch) -> Result<BytesMut> {
-    let (_, encoded) = IpcDataGenerator::default().encode(
-        batch,
-        &mut DictionaryTracker::new(false),
-        &IpcWriteOptions::default(),
-        &mut IpcWriteContext::default(),
+    let changes = check_counts(header, batch.num_rows())?;
+    let mut buf = BytesMut::with_capacity(FIXED_HEADER_LEN + changes + ipc_size_hint(batch));
+    put_header(&mut buf, header);
+    let mut writer = StreamWriter::try_new(
+        Skipping {
+            buf,
+            skipping: true,
+        },
+        &batch.schema(),
     )?;
-    frame(
-        header,
-        batch.num_rows(),
-        &encoded.ipc_message,
-        &encoded.arrow_data,
-    )
+    // The schema message (written by `try_new`) and the end-of-stream marker (by
+    // `into_inner`) are skipped: the header's schema id names the schema.
+    writer.get_mut().skipping = false;
+    writer.write(batch)?;
+    writer.get_mut().skipping = true;
+    let mut buf = writer.into_inner()?.buf;
+    set_crc(&mut buf);
+    Ok(buf)
+}
+
+/// The IPC stream marker before a message's length: a batch whose IPC part begins with
+/// it was encoded by [`encode`] (in the stream framing); one without it holds the
+/// message length first (a client's IPC stored by [`encode_from_ipc`], and every batch
+/// written before the marker was).
+const CONTINUATION: u32 = 0xFFFF_FFFF;
+
+/// A writer into the batch buffer that drops what it is given while `skipping`.
+struct Skipping {
+    buf: BytesMut,
+    skipping: bool,
+}
+
+impl std::io::Write for Skipping {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        if !self.skipping {
+            self.buf.put_slice(bytes);
+        }
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// About the bytes of `batch`'s IPC message and body: each buffer padded to 64 bytes,
+/// and room for the message. Exact for arrays that own their buffers whole (a slice is
+/// counted whole); a short hint only costs the buffer a reallocation.
+fn ipc_size_hint(batch: &RecordBatch) -> usize {
+    fn data(d: &arrow::array::ArrayData) -> (usize, usize) {
+        let pad = |n: usize| n.next_multiple_of(64);
+        let mut bytes = d.nulls().map_or(0, |n| pad(n.buffer().len()));
+        let mut buffers = 1 + d.buffers().len();
+        bytes += d.buffers().iter().map(|b| pad(b.len())).sum::<usize>();
+        for child in d.child_data() {
+            let (b, n) = data(child);
+            bytes += b;
+            buffers += n;
+        }
+        (bytes, buffers)
+    }
+    let (bytes, buffers) = batch
+        .columns()
+        .iter()
+        .map(|c| data(&c.to_data()))
+        .fold((0, 0), |(b, n), (b2, n2)| (b + b2, n + n2));
+    bytes + 256 + 64 * buffers
 }
 
 /// [`encode`] that stores `ipc`, the batch's IPC encoding as the client sent it,
@@ -114,48 +175,60 @@ pub fn encode_from_ipc(
 /// The log batch around an IPC message and body; the CRC is set, the leader's fields
 /// are left for [`stamp`].
 fn frame(header: &BatchHeader, rows: usize, message: &[u8], body: &[u8]) -> Result<BytesMut> {
+    let changes = check_counts(header, rows)?;
+    let mut buf =
+        BytesMut::with_capacity(FIXED_HEADER_LEN + changes + 4 + message.len() + body.len());
+    put_header(&mut buf, header);
+    buf.put_u32_le(message.len() as u32);
+    buf.put_slice(message);
+    buf.put_slice(body);
+    set_crc(&mut buf);
+    Ok(buf)
+}
+
+/// Checks the header's counts against `rows`; the number of change-type bytes.
+fn check_counts(header: &BatchHeader, rows: usize) -> Result<usize> {
     if header.record_count as usize != rows {
         return Err(MinkError::Internal(format!(
             "header says {} rows, the batch has {rows}",
             header.record_count,
         )));
     }
-    let has_changes = header.attributes & ATTR_CHANGE_TYPES != 0;
-    if has_changes && header.change_types.len() != rows {
+    if header.attributes & ATTR_CHANGE_TYPES == 0 {
+        return Ok(0);
+    }
+    if header.change_types.len() != rows {
         return Err(MinkError::invalid(
             "changes",
             format!("{} change types for {rows} rows", header.change_types.len()),
         ));
     }
-    let changes = if has_changes {
-        header.change_types.len()
-    } else {
-        0
-    };
-    let mut buf =
-        BytesMut::with_capacity(FIXED_HEADER_LEN + changes + 4 + message.len() + body.len());
+    Ok(rows)
+}
+
+/// The header and change types, with a zero CRC for [`set_crc`].
+fn put_header(buf: &mut BytesMut, header: &BatchHeader) {
     buf.put_u32_le(MAGIC);
     buf.put_i64_le(header.base_offset);
     buf.put_i64_le(header.commit_timestamp);
     buf.put_i64_le(header.leader_epoch);
-    buf.put_u32_le(0); // CRC, filled below
+    buf.put_u32_le(0); // CRC, set once the batch is complete
     buf.put_i32_le(header.record_count);
     buf.put_i32_le(header.schema_id);
     buf.put_i64_le(header.writer_id);
     buf.put_i64_le(header.first_sequence);
     buf.put_i64_le(header.last_sequence);
     buf.put_u16_le(header.attributes);
-    if has_changes {
+    if header.attributes & ATTR_CHANGE_TYPES != 0 {
         for c in &header.change_types {
             buf.put_u8(c.to_byte());
         }
     }
-    buf.put_u32_le(message.len() as u32);
-    buf.put_slice(message);
-    buf.put_slice(body);
+}
+
+fn set_crc(buf: &mut BytesMut) {
     let crc = crc32c::crc32c(&buf[CRC_AT + 4..]);
     buf[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
-    Ok(buf)
 }
 
 /// The CRC32C of a whole encoded batch, from the CRC in its header (which covers
@@ -223,8 +296,17 @@ pub fn decode_header(bytes: &[u8]) -> Result<(BatchHeader, usize)> {
             .collect::<Result<_>>()?;
         cur.advance(n);
     }
-    let ipc_len = cur.get_u32_le() as usize;
-    if cur.len() < ipc_len {
+    if cur.len() < 4 {
+        return Err(corrupt("truncated IPC message length"));
+    }
+    let mut ipc_len = cur.get_u32_le();
+    if ipc_len == CONTINUATION {
+        if cur.len() < 4 {
+            return Err(corrupt("truncated IPC message length"));
+        }
+        ipc_len = cur.get_u32_le();
+    }
+    if cur.len() < ipc_len as usize {
         return Err(corrupt("truncated IPC message"));
     }
     Ok((header, bytes.len() - cur.len()))
@@ -287,6 +369,9 @@ mod tests {
     use super::*;
     use arrow::array::{Int64Array, StringArray};
     use arrow::datatypes::{DataType, Field, Schema};
+    use arrow::ipc::writer::{
+        DictionaryTracker, IpcDataGenerator, IpcWriteContext, IpcWriteOptions,
+    };
     use std::sync::Arc;
 
     fn schema() -> SchemaRef {
@@ -352,6 +437,38 @@ mod tests {
             (got.base_offset, got.commit_timestamp, got.leader_epoch),
             (1000, 5, 3)
         );
+    }
+
+    /// The node writes the IPC part in Arrow's stream framing, into a buffer sized for it
+    /// up front; batches from before (the message length first) still decode.
+    #[test]
+    fn batches_in_either_ipc_framing_decode() {
+        for changes in [false, true] {
+            let (header, batch) = sample(changes);
+            let buf = encode(&header, &batch).unwrap();
+            let ipc_at = FIXED_HEADER_LEN + if changes { 3 } else { 0 };
+            assert_eq!(buf[ipc_at..ipc_at + 4], CONTINUATION.to_le_bytes());
+            assert!(
+                buf.len() <= FIXED_HEADER_LEN + 3 + ipc_size_hint(&batch),
+                "the hint is short: {} bytes written",
+                buf.len()
+            );
+            let decoded = decode(&buf.freeze(), schemas(&registry())).unwrap();
+            assert_eq!(decoded.batch, batch);
+
+            let (_, old) = IpcDataGenerator::default()
+                .encode(
+                    &batch,
+                    &mut DictionaryTracker::new(false),
+                    &IpcWriteOptions::default(),
+                    &mut IpcWriteContext::default(),
+                )
+                .unwrap();
+            let buf = frame(&header, 3, &old.ipc_message, &old.arrow_data).unwrap();
+            let decoded = decode(&buf.freeze(), schemas(&registry())).unwrap();
+            assert_eq!(decoded.header, header);
+            assert_eq!(decoded.batch, batch);
+        }
     }
 
     /// A client's IPC encoding, stored as it is, decodes to the same batch; the whole
