@@ -71,11 +71,19 @@ impl KafkaConfig {
                 mink_types::table::BUCKET_COUNT_MAX
             ));
         }
-        if self.max_request_bytes < 1024 {
-            return Err("kafka.max_request_bytes must be at least 1024".into());
+        if !(1024..=i32::MAX as u64).contains(&self.max_request_bytes) {
+            // A Kafka frame's length is an i32, and so is an Arrow column's offset into
+            // the keys or values of one produced batch (bounded by this too).
+            return Err(format!(
+                "kafka.max_request_bytes must be within 1024..={}",
+                i32::MAX
+            ));
         }
-        if self.max_fetch_bytes == 0 {
-            return Err("kafka.max_fetch_bytes must be at least 1".into());
+        if !(1..=i32::MAX as u64).contains(&self.max_fetch_bytes) {
+            return Err(format!(
+                "kafka.max_fetch_bytes must be within 1..={}",
+                i32::MAX
+            ));
         }
         if self.max_in_flight == 0 {
             return Err("kafka.max_in_flight must be at least 1".into());
@@ -92,5 +100,36 @@ impl KafkaConfig {
             return Err("kafka.group_offsets_ttl_ms must be at least 1".into());
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_limits_fit_a_kafka_frame() {
+        assert_eq!(KafkaConfig::default().validate(), Ok(()));
+        for (request, fetch, field) in [
+            (1023, 1, "kafka.max_request_bytes"),
+            (1 << 31, 1, "kafka.max_request_bytes"),
+            (u64::MAX, 1, "kafka.max_request_bytes"),
+            (1024, 0, "kafka.max_fetch_bytes"),
+            (1024, 1 << 31, "kafka.max_fetch_bytes"),
+        ] {
+            let c = KafkaConfig {
+                max_request_bytes: request,
+                max_fetch_bytes: fetch,
+                ..KafkaConfig::default()
+            };
+            let err = c.validate().unwrap_err();
+            assert!(err.starts_with(field), "{request} {fetch}: {err}");
+        }
+        let c = KafkaConfig {
+            max_request_bytes: i32::MAX as u64,
+            max_fetch_bytes: i32::MAX as u64,
+            ..KafkaConfig::default()
+        };
+        assert_eq!(c.validate(), Ok(()));
     }
 }

@@ -261,7 +261,7 @@ fn decompress_bounded(
     };
     let read = |r: &mut dyn Read| -> Result<Bytes, RecordError> {
         let mut out = Vec::new();
-        r.take(max as u64 + 1)
+        r.take((max as u64).saturating_add(1))
             .read_to_end(&mut out)
             .map_err(|e| corrupt(&e))?;
         if out.len() > max {
@@ -272,18 +272,22 @@ fn decompress_bounded(
     match compression {
         Compression::None => Ok(section.clone()),
         Compression::Gzip => read(&mut flate2::read::MultiGzDecoder::new(&section[..])),
-        Compression::Zstd => read(
-            &mut zstd::stream::read::Decoder::with_buffer(&section[..]).map_err(|e| corrupt(&e))?,
-        ),
+        Compression::Zstd => {
+            let mut decoder =
+                zstd::stream::read::Decoder::with_buffer(&section[..]).map_err(|e| corrupt(&e))?;
+            // A frame states the window its decoder allocates (up to 128 MiB by
+            // libzstd's default limit) whatever it decompresses to: no window larger
+            // than the bound is needed.
+            decoder
+                .window_log_max(zstd_window_log(max))
+                .map_err(|e| corrupt(&e))?;
+            read(&mut decoder)
+        }
         Compression::Lz4 => read(&mut lz4::Decoder::new(&section[..]).map_err(|e| corrupt(&e))?),
         Compression::Snappy => {
             // Snappy states each block's length up front: check them, then let
             // kafka-protocol decode (Kafka's xerial framing, or one raw block).
-            let mut total = 0usize;
-            for block in snappy_blocks(section).map_err(|e| corrupt(&e))? {
-                total = total
-                    .saturating_add(snap::raw::decompress_len(&block).map_err(|e| corrupt(&e))?);
-            }
+            let total = snappy_len(section, max).map_err(|e| corrupt(&e))?;
             if total > max {
                 return Err(too_large(total.to_string()));
             }
@@ -295,30 +299,39 @@ fn decompress_bounded(
     }
 }
 
-/// Kafka's snappy framing (snappy-java's): a 16-byte header, then blocks of a 4-byte
-/// big-endian length and that many bytes of raw snappy. Without the header the whole
-/// section is one raw block.
-fn snappy_blocks(section: &Bytes) -> Result<Vec<Bytes>, String> {
-    const XERIAL: &[u8] = b"\x82SNAPPY\x00";
-    const XERIAL_HEADER: usize = 16;
-    if !section.starts_with(XERIAL) {
-        return Ok(vec![section.clone()]);
-    }
-    let mut blocks = Vec::new();
-    let mut at = XERIAL_HEADER;
-    while at < section.len() {
-        let Some(len) = section.get(at..at + 4) else {
+/// The bytes a snappy section decompresses to, as its blocks state them, counted up to
+/// the first block that takes the total past `max`. Kafka's snappy framing
+/// (snappy-java's, recognised by its whole 16-byte header as kafka-protocol does) is
+/// blocks of a 4-byte big-endian length and that many bytes of raw snappy; without the
+/// header the whole section is one raw block.
+fn snappy_len(section: &[u8], max: usize) -> Result<usize, String> {
+    const XERIAL: &[u8; 16] = b"\x82SNAPPY\x00\x00\x00\x00\x01\x00\x00\x00\x01";
+    let len = |block: &[u8]| snap::raw::decompress_len(block).map_err(|e| e.to_string());
+    let Some(mut rest) = section.strip_prefix(XERIAL) else {
+        return len(section);
+    };
+    let mut total = 0usize;
+    while !rest.is_empty() && total <= max {
+        let Some((head, after)) = rest.split_first_chunk::<4>() else {
             return Err("a block length runs past the end".into());
         };
-        let len = u32::from_be_bytes(len.try_into().expect("4 bytes")) as usize;
-        let end = at + 4 + len;
-        if end > section.len() {
-            return Err(format!("a block of {len} bytes runs past the end"));
-        }
-        blocks.push(section.slice(at + 4..end));
-        at = end;
+        let n = u32::from_be_bytes(*head) as usize;
+        let Some((block, after)) = after.split_at_checked(n) else {
+            return Err(format!("a block of {n} bytes runs past the end"));
+        };
+        total = total.saturating_add(len(block)?);
+        rest = after;
     }
-    Ok(blocks)
+    Ok(total)
+}
+
+/// The largest zstd window log allowed for output of at most `max` bytes: what `max`
+/// needs, but at least 8 MiB (producers' encoders pick windows from their level, not
+/// from the batch: 2 MiB at zstd's default level 3) and at most libzstd's default
+/// limit of 128 MiB.
+fn zstd_window_log(max: usize) -> u32 {
+    let needed = usize::BITS - max.max(1).leading_zeros();
+    needed.clamp(23, 27)
 }
 
 /// `records` decompressed, if they can hold `count` records: room for the header's
@@ -363,9 +376,24 @@ impl Cursor<'_> {
         Ok(v)
     }
 
+    /// The varint of a 32-bit field: at most 5 bytes, as Kafka's `ByteUtils.readVarint`
+    /// reads it (a longer one is refused there, and kafka-protocol stops after 5 bytes
+    /// and reads the rest as the next field).
     fn varint(&mut self, what: &str) -> Result<i32, String> {
-        let v = self.varlong()?;
-        i32::try_from(v).map_err(|_| format!("{what} {v} is out of range"))
+        let rest = &self.bytes[self.at..self.end];
+        let mut z: u32 = 0;
+        for (i, &b) in rest.iter().take(5).enumerate() {
+            z |= u32::from(b & 0x7f) << (7 * i);
+            if b & 0x80 == 0 {
+                self.at += i + 1;
+                return Ok(((z >> 1) as i32) ^ -((z & 1) as i32));
+            }
+        }
+        Err(if rest.len() < 5 {
+            format!("{what} runs past the end")
+        } else {
+            format!("{what} is a varint longer than 5 bytes")
+        })
     }
 
     fn take(&mut self, n: usize, what: &str) -> Result<Range<usize>, String> {
@@ -454,26 +482,23 @@ fn record_at(
     })
 }
 
-/// The rows of a (decompressed) records section: Kafka's record v2 read straight into
-/// Arrow columns. kafka-protocol's decoder builds a `Record` per record (headers in a
-/// map, which also drops repeated header keys, which Kafka allows) and sizes its
-/// vectors from counts on the wire; this reads each field once, copies each key and
-/// value once, into columns sized exactly, and keeps the headers as sent.
-fn rows_of(
+/// Walks the `count` records of a (decompressed) records section, each checked whole,
+/// and the section has nothing after them.
+fn each_record(
     section: &[u8],
     head: &BatchHead,
     now_ms: i64,
     latest_ms: i64,
-) -> Result<RecordBatch, RecordError> {
+    mut visit: impl FnMut(RecordAt),
+) -> Result<(), RecordError> {
     let count = head.record_count as usize;
     let mut cur = Cursor {
         bytes: section,
         at: 0,
         end: section.len(),
     };
-    let mut found = Vec::with_capacity(count);
     for _ in 0..count {
-        found.push(record_at(&mut cur, head, now_ms, latest_ms)?);
+        visit(record_at(&mut cur, head, now_ms, latest_ms)?);
     }
     if cur.at != cur.end {
         return Err(RecordError::new(
@@ -484,26 +509,48 @@ fn rows_of(
             ),
         ));
     }
+    Ok(())
+}
+
+/// The rows of a (decompressed) records section: Kafka's record v2 read straight into
+/// Arrow columns. kafka-protocol's decoder builds a `Record` per record (headers in a
+/// map, which also drops repeated header keys, which Kafka allows) and sizes its
+/// vectors from counts on the wire; this reads the section twice, once to check it and
+/// size the columns exactly and once to fill them, copying each key and value once,
+/// with nothing per record held in between, and keeps the headers as sent.
+fn rows_of(
+    section: &[u8],
+    head: &BatchHead,
+    now_ms: i64,
+    latest_ms: i64,
+) -> Result<RecordBatch, RecordError> {
+    let count = head.record_count as usize;
+    let len = |f: &Option<Range<usize>>| f.as_ref().map_or(0, |f| f.len());
+    let (mut keys, mut values, mut headers) = (0, 0, 0);
+    each_record(section, head, now_ms, latest_ms, |r| {
+        keys += len(&r.key);
+        values += len(&r.value);
+        headers += len(&r.headers);
+    })?;
     // Sized exactly: a builder that grows copies everything it holds each time.
-    let column = |field: fn(&RecordAt) -> &Option<Range<usize>>| {
-        let bytes = found
-            .iter()
-            .map(|r| field(r).as_ref().map_or(0, |f| f.len()))
-            .sum();
-        let mut b = BinaryBuilder::with_capacity(count, bytes);
-        for r in &found {
-            b.append_option(field(r).clone().map(|f| &section[f]));
-        }
-        Arc::new(b.finish())
-    };
-    let timestamps = TimestampMillisecondArray::from_iter_values(found.iter().map(|r| r.timestamp))
-        .with_timezone("UTC");
+    let mut keys = BinaryBuilder::with_capacity(count, keys);
+    let mut values = BinaryBuilder::with_capacity(count, values);
+    let mut headers = BinaryBuilder::with_capacity(count, headers);
+    let mut timestamps = Vec::with_capacity(count);
+    let field = |f: Option<Range<usize>>| f.map(|f| &section[f]);
+    each_record(section, head, now_ms, latest_ms, |r| {
+        keys.append_option(field(r.key));
+        values.append_option(field(r.value));
+        headers.append_option(field(r.headers));
+        timestamps.push(r.timestamp);
+    })?;
+    let timestamps = TimestampMillisecondArray::from(timestamps).with_timezone("UTC");
     RecordBatch::try_new(
         topic_schema(),
         vec![
-            column(|r| &r.key),
-            column(|r| &r.value),
-            column(|r| &r.headers),
+            Arc::new(keys.finish()),
+            Arc::new(values.finish()),
+            Arc::new(headers.finish()),
             Arc::new(timestamps),
         ],
     )
@@ -963,6 +1010,53 @@ pub(crate) mod tests {
             }
             let _ = decode_produce(&recrc(bytes), 0, i64::MAX, 1 << 20);
         }
+    }
+
+    #[test]
+    fn varints_of_32_bit_fields_are_at_most_five_bytes() {
+        let read = |bytes: &[u8]| {
+            let mut c = Cursor {
+                bytes,
+                at: 0,
+                end: bytes.len(),
+            };
+            c.varint("a length").map(|v| (v, c.at))
+        };
+        assert_eq!(read(&[0x02]), Ok((1, 1)));
+        assert_eq!(read(&[0x01]), Ok((-1, 1)));
+        assert_eq!(read(&[0xff, 0xff, 0xff, 0xff, 0x0f]), Ok((i32::MIN, 5)));
+        // Zero written in six bytes: Kafka refuses it; kafka-protocol would stop after
+        // five and read the sixth as the next field.
+        let err = read(&[0x80, 0x80, 0x80, 0x80, 0x80, 0x00]).unwrap_err();
+        assert!(err.contains("longer than 5 bytes"), "{err}");
+        assert!(
+            read(&[0x80, 0x80])
+                .unwrap_err()
+                .contains("runs past the end")
+        );
+    }
+
+    #[test]
+    fn a_zstd_frame_may_not_ask_for_a_window_beyond_the_bound() {
+        assert_eq!(zstd_window_log(0), 23);
+        assert_eq!(zstd_window_log(32 << 20), 26, "32 MiB needs a log of 26");
+        assert_eq!(zstd_window_log(100 << 20), 27);
+        // 64 KiB compressed with a 128 MiB window and no stated size: refused under a
+        // 1 MiB bound (an 8 MiB window at most), as the decoder would allocate it.
+        let data = vec![7u8; 64 << 10];
+        let mut out = Vec::new();
+        {
+            let mut enc = zstd::stream::write::Encoder::new(&mut out, 3).unwrap();
+            enc.include_contentsize(false).unwrap();
+            enc.window_log(27).unwrap();
+            std::io::Write::write_all(&mut enc, &data).unwrap();
+            enc.finish().unwrap();
+        }
+        let err = decompress_bounded(&mut Bytes::from(out.clone()), Compression::Zstd, 1 << 20)
+            .unwrap_err();
+        assert_eq!(err.code, ResponseError::CorruptMessage, "{err}");
+        let ok = decompress_bounded(&mut Bytes::from(out), Compression::Zstd, 200 << 20).unwrap();
+        assert_eq!(ok.len(), data.len());
     }
 
     #[test]

@@ -393,6 +393,31 @@ def test_transactional_ids_are_refused(node):
         s.close()
 
 
+def test_a_partition_named_twice_in_a_fetch_is_read_and_answered_once(node):
+    create_topic(node, "twice")
+    produce_all(producer(node), "twice", [(None, b"x" * 1000, None, None)] * 20, partition=0)
+    s = connect(node)
+    try:
+        # Fetch v4: replica -1, max_wait 0, min_bytes 1, max_bytes 1 MiB, read_uncommitted,
+        # one topic naming partition 0 three times, each asking 2 GiB - 1.
+        part = struct.pack(">iqi", 0, 0, 0x7FFFFFFF)
+        body = struct.pack(">iiiib", -1, 0, 1, 1 << 20, 0)
+        body += struct.pack(">i", 1) + struct.pack(">h", 5) + b"twice" + struct.pack(">i", 3) + part * 3
+        s.sendall(request(1, 4, 9, body))
+        payload = read_response(s)
+        correlation_id, _throttle, topics = struct.unpack(">iii", payload[:12])
+        assert (correlation_id, topics) == (9, 1)
+        (name_len,) = struct.unpack(">h", payload[12:14])
+        assert payload[14:14 + name_len] == b"twice"
+        (partitions,) = struct.unpack(">i", payload[14 + name_len:18 + name_len])
+        assert partitions == 1, "one answer for a partition named three times"
+        at = 18 + name_len
+        index, error, high_watermark = struct.unpack(">ihq", payload[at:at + 14])
+        assert (index, error, high_watermark) == (0, 0, 20)
+    finally:
+        s.close()
+
+
 def test_garbage_and_oversized_frames_close_only_their_connection(mink_node, tmp_path):
     proc = NodeProcess(mink_node, tmp_path, {"MINK_KAFKA__MAX_REQUEST_BYTES": "65536"})
     try:

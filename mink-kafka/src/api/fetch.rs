@@ -94,15 +94,23 @@ pub(crate) async fn fetch(ctx: &Ctx, r: FetchRequest, v: i16) -> FetchResponse {
     let max_bytes = (r.max_bytes.max(0) as u64).min(ctx.config.max_fetch_bytes) as usize;
     let mut wanted = Vec::new();
     let mut topics = Vec::with_capacity(r.topics.len());
+    // A partition named twice is read once (a Kafka broker keys a fetch by partition),
+    // and none is read for more than the whole response may hold: listing one
+    // partition many times, or asking 2 GiB of each, reads no more than the response
+    // limit per partition.
+    let mut seen = std::collections::HashSet::new();
     for (t, topic) in r.topics.into_iter().enumerate() {
         topics.push(FetchableTopicResponse::default().with_topic(topic.topic.clone()));
         for p in topic.partitions {
+            if !seen.insert((topic.topic.clone(), p.partition)) {
+                continue;
+            }
             wanted.push(Wanted {
                 topic: t,
                 name: topic.topic.clone(),
                 partition: p.partition,
                 offset: p.fetch_offset,
-                max_bytes: p.partition_max_bytes.max(0) as usize,
+                max_bytes: (p.partition_max_bytes.max(0) as usize).min(max_bytes.max(1)),
             });
         }
     }
