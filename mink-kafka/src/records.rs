@@ -8,8 +8,8 @@
 //! A record without a timestamp (-1) gets the time it arrived.
 //!
 //! Produced batches are read here, straight into Arrow columns, with the codecs driven
-//! under a size bound ([`decode_produce`]); fetched rows are encoded by kafka-protocol's
-//! [`RecordBatchEncoder`]. The produce decoder is checked against kafka-protocol's
+//! under a size bound ([`decode_produce`]); fetched rows are written here as one
+//! uncompressed batch ([`encode_fetched`]). Both are checked against kafka-protocol's
 //! encoder and decoder by a property test.
 
 use std::ops::Range;
@@ -17,12 +17,9 @@ use std::sync::Arc;
 
 use arrow::array::{Array, BinaryArray, BinaryBuilder, RecordBatch, TimestampMillisecondArray};
 use arrow::datatypes::SchemaRef;
-use bytes::{Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::error::ResponseError;
-use kafka_protocol::protocol::StrBytes;
-use kafka_protocol::records::{
-    Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
-};
+use kafka_protocol::records::Compression;
 use mink_types::{Column, DataType, Schema};
 
 /// The four columns of a topic table, in order.
@@ -616,13 +613,13 @@ fn take(bytes: &mut &[u8], len: i64, i: i64, what: &str) -> Result<Option<Vec<u8
     Ok(Some(head.to_vec()))
 }
 
-fn put_varint(out: &mut Vec<u8>, v: i64) {
+fn put_varint(out: &mut impl BufMut, v: i64) {
     let mut z = ((v << 1) ^ (v >> 63)) as u64;
     while z >= 0x80 {
-        out.push((z as u8) | 0x80);
+        out.put_u8((z as u8) | 0x80);
         z >>= 7;
     }
-    out.push(z as u8);
+    out.put_u8(z as u8);
 }
 
 fn get_varint(bytes: &mut &[u8]) -> Result<i64, String> {
@@ -648,7 +645,8 @@ pub fn encode_fetched(
     leader_epoch: i32,
     out: &mut BytesMut,
 ) -> Result<(), String> {
-    if rows.num_rows() == 0 {
+    let n = rows.num_rows();
+    if n == 0 {
         return Ok(());
     }
     let column = |name: &str| {
@@ -666,57 +664,86 @@ pub fn encode_fetched(
         .as_any()
         .downcast_ref::<TimestampMillisecondArray>()
         .ok_or_else(|| "the timestamp column is not TIMESTAMP_LTZ(3)".to_string())?;
-    let mut records = Vec::with_capacity(rows.num_rows());
-    for i in 0..rows.num_rows() {
-        let mut record_headers = kafka_protocol::indexmap::IndexMap::new();
-        if headers.is_valid(i) {
-            for (k, v) in decode_headers(headers.value(i))
-                .map_err(|e| format!("offset {}: headers: {e}", base_offset + i as i64))?
-            {
-                record_headers.insert(StrBytes::from_string(k), v.map(Bytes::from));
+    let timestamp = |i: usize| {
+        if timestamps.is_valid(i) {
+            timestamps.value(i)
+        } else {
+            -1
+        }
+    };
+    let first_timestamp = (0..n).map(timestamp).min().unwrap_or(-1);
+    let max_timestamp = (0..n).map(timestamp).max().unwrap_or(-1);
+    fn field(a: &BinaryArray, i: usize) -> Option<&[u8]> {
+        a.is_valid(i).then(|| a.value(i))
+    }
+    let start = out.len();
+    out.put_i64(base_offset);
+    out.put_i32(0); // the batch length, set below
+    out.put_i32(leader_epoch);
+    out.put_i8(2); // magic
+    out.put_u32(0); // the CRC, set below
+    out.put_i16(0); // attributes: uncompressed, CreateTime, no producer state
+    out.put_i32(n as i32 - 1); // last offset delta
+    out.put_i64(first_timestamp);
+    out.put_i64(max_timestamp);
+    out.put_i64(-1); // producer id
+    out.put_i16(-1); // producer epoch
+    out.put_i32(-1); // base sequence
+    out.put_i32(n as i32);
+    for i in 0..n {
+        // Stored headers are Kafka's own encoding (a table written through Flight may
+        // hold anything there: checked), sent as they are; none is a count of 0.
+        let record_headers = match field(headers, i) {
+            Some(h) => {
+                decode_headers(h)
+                    .map_err(|e| format!("offset {}: headers: {e}", base_offset + i as i64))?;
+                h
+            }
+            None => &[0u8][..],
+        };
+        let (key, value) = (field(keys, i), field(values, i));
+        let timestamp_delta = timestamp(i) - first_timestamp;
+        let body = 1
+            + varint_len(timestamp_delta)
+            + varint_len(i as i64)
+            + key.map_or(1, |k| varint_len(k.len() as i64) + k.len())
+            + value.map_or(1, |v| varint_len(v.len() as i64) + v.len())
+            + record_headers.len();
+        put_varint(out, body as i64);
+        out.put_u8(0); // attributes
+        put_varint(out, timestamp_delta);
+        put_varint(out, i as i64);
+        for f in [key, value] {
+            match f {
+                Some(f) => {
+                    put_varint(out, f.len() as i64);
+                    out.put_slice(f);
+                }
+                None => put_varint(out, -1),
             }
         }
-        records.push(Record {
-            transactional: false,
-            control: false,
-            delete_horizon: false,
-            partition_leader_epoch: leader_epoch,
-            producer_id: -1,
-            producer_epoch: -1,
-            timestamp_type: TimestampType::Creation,
-            offset: base_offset + i as i64,
-            // The encoder keeps records in one batch while offset - sequence is
-            // constant; the batch's base sequence comes out as -1 (no producer).
-            sequence: i as i32 - 1,
-            timestamp: if timestamps.is_valid(i) {
-                timestamps.value(i)
-            } else {
-                -1
-            },
-            key: keys
-                .is_valid(i)
-                .then(|| Bytes::copy_from_slice(keys.value(i))),
-            value: values
-                .is_valid(i)
-                .then(|| Bytes::copy_from_slice(values.value(i))),
-            headers: record_headers,
-        });
+        out.put_slice(record_headers);
     }
-    RecordBatchEncoder::encode(
-        out,
-        &records,
-        &RecordEncodeOptions {
-            version: 2,
-            compression: Compression::None,
-        },
-    )
-    .map_err(|e| e.to_string())
+    let length = (out.len() - start - BATCH_LENGTH_ENDS) as i32;
+    out[start + 8..start + 12].copy_from_slice(&length.to_be_bytes());
+    let crc = crc32c::crc32c(&out[start + CRC_FROM..]);
+    out[start + 17..start + CRC_FROM].copy_from_slice(&crc.to_be_bytes());
+    Ok(())
+}
+
+/// Bytes of `v` as a zigzag varint.
+fn varint_len(v: i64) -> usize {
+    let z = ((v << 1) ^ (v >> 63)) as u64;
+    (64 - z.max(1).leading_zeros() as usize).div_ceil(7)
 }
 
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use kafka_protocol::records::RecordBatchDecoder;
+    use kafka_protocol::protocol::StrBytes;
+    use kafka_protocol::records::{
+        Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
+    };
     use proptest::prelude::*;
 
     /// A record of producer 7, epoch 0, at sequence `10 + offset`.
@@ -990,6 +1017,26 @@ pub(crate) mod tests {
                 }
                 prop_assert_eq!(stamps.value(i), if r.timestamp < 0 { 7 } else { r.timestamp });
             }
+
+            // Fetched: kafka-protocol reads the rows back as they were produced, at
+            // their offsets; and the produce decoder reads the fetched batch as the
+            // same rows.
+            let mut fetched = BytesMut::new();
+            encode_fetched(100, rows, 3, &mut fetched).unwrap();
+            let fetched = fetched.freeze();
+            let back = RecordBatchDecoder::decode(&mut fetched.clone()).unwrap().records;
+            prop_assert_eq!(back.len(), theirs.len());
+            for (i, (b, r)) in back.iter().zip(&theirs).enumerate() {
+                prop_assert_eq!(b.offset, 100 + i as i64);
+                prop_assert_eq!(b.partition_leader_epoch, 3);
+                prop_assert_eq!(b.producer_id, -1);
+                prop_assert_eq!(&b.key, &r.key);
+                prop_assert_eq!(&b.value, &r.value);
+                prop_assert_eq!(&b.headers, &r.headers);
+                prop_assert_eq!(b.timestamp, if r.timestamp < 0 { 7 } else { r.timestamp });
+            }
+            let again = decode_produce(&fetched, 8, i64::MAX, 1 << 20).unwrap();
+            prop_assert_eq!(&again.rows, rows);
         }
 
         /// Whatever a batch's bytes are changed to, with the CRC made to match, the
@@ -1060,7 +1107,7 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn repeated_header_keys_are_kept_as_sent() {
+    fn repeated_header_keys_are_kept_and_fetched_as_sent() {
         // kafka-protocol's encoder keeps headers in a map, so this record's headers
         // are spliced in by hand: two headers, both named "h".
         let mut batch = produced(&[record(0, "k", "v", 5, &[])], Compression::None).to_vec();
@@ -1091,6 +1138,11 @@ pub(crate) mod tests {
                 ("h".into(), Some(b"2".to_vec()))
             ]
         );
+        // And fetched as they were sent.
+        let mut fetched = BytesMut::new();
+        encode_fetched(0, &decoded.rows, 0, &mut fetched).unwrap();
+        let again = decode_produce(&fetched.freeze(), 0, i64::MAX, 1 << 20).unwrap();
+        assert_eq!(again.rows, decoded.rows);
     }
 
     #[test]
