@@ -18,7 +18,7 @@
 //! Static membership (`group.instance.id`) is not implemented: such members are
 //! treated as dynamic ones.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -160,8 +160,10 @@ struct Group {
     protocol: Option<String>,
     leader: Option<String>,
     members: BTreeMap<String, Member>,
-    /// Member ids handed out with MEMBER_ID_REQUIRED, not yet joined.
-    pending: HashSet<String>,
+    /// Member ids handed out with MEMBER_ID_REQUIRED, not yet joined, each until its
+    /// session timeout passes (as Kafka expires them, KIP-394): a client asking again
+    /// and again without joining must not grow the group without end.
+    pending: HashMap<String, Instant>,
     /// When a rebalance in progress completes without the members still missing.
     rebalance_deadline: Option<Instant>,
 }
@@ -175,7 +177,7 @@ impl Group {
             protocol: None,
             leader: None,
             members: BTreeMap::new(),
-            pending: HashSet::new(),
+            pending: HashMap::new(),
             rebalance_deadline: None,
         }
     }
@@ -379,12 +381,14 @@ impl Coordinator {
         let member_id = if req.member_id.is_empty() {
             let id = self.new_member_id(&req.client_id);
             if req.member_id_required {
-                group.pending.insert(id.clone());
+                group
+                    .pending
+                    .insert(id.clone(), now + Duration::from_millis(session));
                 return Err(Joined::error(ResponseError::MemberIdRequired, &id));
             }
             id
         } else if group.members.contains_key(&req.member_id)
-            || group.pending.contains(&req.member_id)
+            || group.pending.contains_key(&req.member_id)
         {
             req.member_id.clone()
         } else {
@@ -628,6 +632,7 @@ impl Coordinator {
                 tracing::info!(member = %id, "kafka group member's session expired; removing it");
                 group.remove(&id, now);
             }
+            group.pending.retain(|_, expires| *expires > now);
             if group.state == State::PreparingRebalance
                 && group.rebalance_deadline.is_some_and(|d| d <= now)
             {
@@ -695,6 +700,27 @@ mod tests {
             c.heartbeat("g", 1, "nobody"),
             Some(ResponseError::UnknownMemberId)
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn member_ids_never_used_expire_with_their_session() {
+        let c = coordinator();
+        let mut ids = Vec::new();
+        for _ in 0..1_000 {
+            let asked = c.join(join("g", "", true)).await;
+            assert_eq!(asked.error, ResponseError::MemberIdRequired.code());
+            ids.push(asked.member_id);
+        }
+        assert_eq!(c.lock()["g"].pending.len(), 1_000);
+        // Within the session an id handed out may join.
+        c.sweep(Instant::now() + Duration::from_millis(9_999));
+        assert_eq!(c.lock()["g"].pending.len(), 1_000);
+        // After it, none may, and the group holding nothing else is forgotten.
+        c.sweep(Instant::now() + Duration::from_millis(10_001));
+        assert!(c.lock().get("g").is_none(), "expired ids are dropped");
+        tokio::time::advance(Duration::from_millis(10_001)).await;
+        let late = c.join(join("g", &ids[0], true)).await;
+        assert_eq!(late.error, ResponseError::UnknownMemberId.code());
     }
 
     #[tokio::test(start_paused = true)]

@@ -461,7 +461,9 @@ fn record_at(
             r.end - r.at
         )));
     }
-    let timestamp = head.first_timestamp.saturating_add(timestamp_delta);
+    // Wrapping, as Kafka's reader adds it (a batch may span timestamps a whole i64
+    // apart); what comes out negative is stamped with the arrival time below.
+    let timestamp = head.first_timestamp.wrapping_add(timestamp_delta);
     if timestamp > latest_ms {
         return Err(RecordError::new(
             ResponseError::InvalidTimestamp,
@@ -578,17 +580,17 @@ pub type Header = (String, Option<Vec<u8>>);
 
 /// Headers encoded by [`encode_headers`]; an error names what is malformed.
 pub fn decode_headers(mut bytes: &[u8]) -> Result<Vec<Header>, String> {
-    let count = get_varint(&mut bytes)?;
+    let count = get_varint32(&mut bytes)?;
     if count < 0 || count as usize > bytes.len() {
         return Err(format!("a header count of {count}"));
     }
     let mut out = Vec::with_capacity(count as usize);
     for i in 0..count {
-        let len = get_varint(&mut bytes)?;
+        let len = get_varint32(&mut bytes)?;
         let key =
             take(&mut bytes, len, i, "key")?.ok_or_else(|| format!("header {i} has a null key"))?;
         let key = String::from_utf8(key).map_err(|_| format!("header {i}: key is not UTF-8"))?;
-        let len = get_varint(&mut bytes)?;
+        let len = get_varint32(&mut bytes)?;
         let value = take(&mut bytes, len, i, "value")?;
         out.push((key, value));
     }
@@ -620,6 +622,19 @@ fn put_varint(out: &mut impl BufMut, v: i64) {
         z >>= 7;
     }
     out.put_u8(z as u8);
+}
+
+/// A varint of a 32-bit field: at most 5 bytes, as Kafka's Java reader requires (a
+/// consumer throws on a longer one, so stored headers with one are not sent).
+fn get_varint32(bytes: &mut &[u8]) -> Result<i64, String> {
+    let mut c = Cursor {
+        bytes,
+        at: 0,
+        end: bytes.len(),
+    };
+    let v = c.varint("a header count or length")?;
+    *bytes = &bytes[c.at..];
+    Ok(i64::from(v))
 }
 
 fn get_varint(bytes: &mut &[u8]) -> Result<i64, String> {
@@ -702,7 +717,9 @@ pub fn encode_fetched(
             None => &[0u8][..],
         };
         let (key, value) = (field(keys, i), field(values, i));
-        let timestamp_delta = timestamp(i) - first_timestamp;
+        // Wrapping, as consumers add it back: rows written through Flight may hold
+        // timestamps a whole i64 apart.
+        let timestamp_delta = timestamp(i).wrapping_sub(first_timestamp);
         let body = 1
             + varint_len(timestamp_delta)
             + varint_len(i as i64)
@@ -1143,6 +1160,57 @@ pub(crate) mod tests {
         encode_fetched(0, &decoded.rows, 0, &mut fetched).unwrap();
         let again = decode_produce(&fetched.freeze(), 0, i64::MAX, 1 << 20).unwrap();
         assert_eq!(again.rows, decoded.rows);
+    }
+
+    #[test]
+    fn rows_a_whole_i64_apart_in_time_are_fetched() {
+        // A table written through Flight may hold any timestamps: the deltas wrap, as
+        // a consumer's sum does.
+        let rows = RecordBatch::try_new(
+            topic_schema(),
+            vec![
+                Arc::new(BinaryArray::from_iter([None::<&[u8]>, None, None])),
+                Arc::new(BinaryArray::from_iter_values([b"a", b"b", b"c"])),
+                Arc::new(BinaryArray::from_iter([None::<&[u8]>, None, None])),
+                Arc::new(
+                    TimestampMillisecondArray::from(vec![i64::MIN, 0, i64::MAX])
+                        .with_timezone("UTC"),
+                ),
+            ],
+        )
+        .unwrap();
+        let mut out = BytesMut::new();
+        encode_fetched(0, &rows, 0, &mut out).unwrap();
+        let back = decode_produce(&out.freeze(), 42, i64::MAX, 1 << 20).unwrap();
+        let stamps = back
+            .rows
+            .column(3)
+            .as_any()
+            .downcast_ref::<TimestampMillisecondArray>()
+            .unwrap();
+        // Negative timestamps are stamped on produce; the others come back exactly.
+        assert_eq!(stamps.values().to_vec(), vec![42, 0, i64::MAX]);
+    }
+
+    #[test]
+    fn stored_headers_a_java_consumer_would_refuse_are_not_sent() {
+        // A count of 0 written in six bytes: Java's reader throws on it.
+        let err = decode_headers(&[0x80, 0x80, 0x80, 0x80, 0x80, 0x00]).unwrap_err();
+        assert!(err.contains("longer than 5 bytes"), "{err}");
+        let rows = RecordBatch::try_new(
+            topic_schema(),
+            vec![
+                Arc::new(BinaryArray::from_iter([None::<&[u8]>])),
+                Arc::new(BinaryArray::from_iter([None::<&[u8]>])),
+                Arc::new(BinaryArray::from_iter_values([[
+                    0x80u8, 0x80, 0x80, 0x80, 0x80, 0x00,
+                ]])),
+                Arc::new(TimestampMillisecondArray::from(vec![1]).with_timezone("UTC")),
+            ],
+        )
+        .unwrap();
+        let err = encode_fetched(7, &rows, 0, &mut BytesMut::new()).unwrap_err();
+        assert!(err.contains("offset 7: headers"), "{err}");
     }
 
     #[test]
