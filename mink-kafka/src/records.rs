@@ -556,6 +556,25 @@ fn rows_of(
     .map_err(|e| RecordError::new(ResponseError::InvalidRecord, e.to_string()))
 }
 
+/// Checks the `headers` of rows written to a topic by other means than Kafka (Flight):
+/// each non-null value must be a header section a Kafka consumer reads
+/// ([`decode_headers`]), or every fetch of the partition would stop at that batch.
+/// An error names the first row that is not.
+pub fn check_headers(rows: &RecordBatch) -> Result<(), String> {
+    let Some(headers) = rows
+        .column_by_name("headers")
+        .and_then(|c| c.as_any().downcast_ref::<BinaryArray>())
+    else {
+        return Ok(());
+    };
+    for i in 0..headers.len() {
+        if headers.is_valid(i) {
+            decode_headers(headers.value(i)).map_err(|e| format!("row {i}: {e}"))?;
+        }
+    }
+    Ok(())
+}
+
 /// Encodes `(key, value)` headers in Kafka's record-header encoding.
 pub fn encode_headers<'a>(
     headers: impl ExactSizeIterator<Item = (&'a [u8], Option<&'a [u8]>)>,

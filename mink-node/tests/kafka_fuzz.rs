@@ -37,24 +37,17 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+mod common;
+
 // As in the node's binary: kafka-protocol sizes arrays from their wire counts
 // (docs/kafka.md), which mimalloc survives by reserving without committing.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// One node on its own file store (`common::config`), its Kafka waits kept short: a
+/// mutated request may ask to wait.
 fn config(dir: &std::path::Path) -> MinkConfig {
-    let mut c = MinkConfig {
-        node_id: "n0".into(),
-        data_dir: dir.join("n0"),
-        ..MinkConfig::default()
-    };
-    c.object_store.url = format!("file://{}", dir.join("objects").display());
-    c.listeners.flight = "127.0.0.1:0".parse().unwrap();
-    c.listeners.admin = "127.0.0.1:0".parse().unwrap();
-    c.listeners.kafka = "127.0.0.1:0".parse().unwrap();
-    c.meta.heartbeat_interval_ms = 100;
-    c.meta.tail_idle_interval_max_ms = 100;
-    // A mutated request may ask to wait: keep waits short.
+    let mut c = common::config(dir, &dir.join("objects"), "n0");
     c.kafka.fetch_max_wait_cap_ms = 200;
     c
 }

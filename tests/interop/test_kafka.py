@@ -547,6 +547,27 @@ def test_a_kafka_topic_is_a_table_and_a_flight_table_is_a_topic(node):
             (None, b"2", [("h", b"v")], (1, 1_700_000_000_001)),
         ]
 
+        # Headers a consumer could not read are refused on the Flight write, naming the
+        # row; nothing of that write lands, and the partition keeps serving.
+        bad = pa.record_batch([
+            pa.array([b"k", b"k"], pa.binary()), pa.array([b"3", b"4"], pa.binary()),
+            pa.array([b"\x02\x02h\x02v", b"\x80\x80\x80\x80\x80\x00"], pa.binary()),
+            pa.array([1_700_000_000_002, 1_700_000_000_003], pa.timestamp("ms", tz="UTC")),
+        ], schema=schema)
+        with pytest.raises(pa.ArrowInvalid, match="row 1: a header count or length is a varint longer than 5 bytes"):
+            writer, reader = client.do_put(cmd, schema)
+            try:
+                writer.write_with_metadata(bad, pa.py_buffer(b"{}"))
+                writer.done_writing()
+                reader.read()
+            finally:
+                writer.close()
+        c = Consumer({"bootstrap.servers": node.bootstrap, "group.id": "watermarks"})
+        try:
+            assert c.get_watermark_offsets(TopicPartition("from_flight", 0), timeout=TIMEOUT) == (0, 2)
+        finally:
+            c.close()
+
         # Any other table of the database is not a topic.
         other = {"schema": {"columns": [{"name": "id", "type": "BIGINT"}]}}
         flight_action(client, "create_table", {"path": "kafka.not_a_topic", "descriptor": other})

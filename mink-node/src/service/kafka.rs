@@ -141,7 +141,7 @@ impl NodeService {
 }
 
 /// Whether a table is a topic: an unpartitioned log table with the topic columns.
-fn is_kafka_topic(table: &TableInfo) -> bool {
+pub(crate) fn is_kafka_topic(table: &TableInfo) -> bool {
     let d = &table.descriptor;
     !d.has_primary_key() && !d.is_partitioned() && is_topic(&d.schema.columns)
 }

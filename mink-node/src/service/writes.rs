@@ -30,6 +30,7 @@ impl NodeService {
                         format!("{} has a primary key: use Put", table.path),
                     ));
                 }
+                self.check_topic_rows(&table, &batch)?;
                 let w = self
                     .append(*bucket, *schema_id, *writer_id, batch, ipc, &meta, None)
                     .await?;
@@ -76,6 +77,19 @@ impl NodeService {
                     .await
             }
         }
+    }
+
+    /// Rows written through Flight to a table Kafka serves as a topic: their headers
+    /// must be what a Kafka consumer can read (`mink_kafka::records::check_headers`),
+    /// or every fetch of the partition would stop at them.
+    fn check_topic_rows(&self, table: &TableInfo, batch: &RecordBatch) -> Result<()> {
+        if table.path.database.as_str() == self.config.kafka.database
+            && super::kafka::is_kafka_topic(table)
+        {
+            mink_kafka::records::check_headers(batch)
+                .map_err(|e| MinkError::invalid("headers", e))?;
+        }
+        Ok(())
     }
 
     /// A write that failed because this node's stream of `bucket` was fenced or moved
@@ -436,6 +450,7 @@ impl NodeService {
         // Rows of an older schema version keep its id: it travels with them, and
         // readers see them through the evolution rules (added columns null).
         schema_version(&table, schema_id)?.check_batch(&batch)?;
+        self.check_topic_rows(&table, &batch)?;
         // Every bucket's part at once (local appends and forwards alike): a write
         // spanning N buckets costs one PUT of latency, not N. The answer waits for all.
         // The cork keeps the WAL from sealing a group until every local part is on its
