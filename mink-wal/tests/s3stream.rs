@@ -51,6 +51,21 @@ async fn read_all(stream: &Stream) -> Vec<(u64, Bytes)> {
     out
 }
 
+/// Node `n1` on `store`, holding no payload in memory: every read or compaction of an
+/// acknowledged record goes back to the store for it.
+async fn uncached(store: Arc<dyn ObjectStore>) -> StreamStore {
+    StreamStore::open(
+        store,
+        "n1",
+        WalConfig {
+            tail_cache_bytes_max: 0,
+            ..config()
+        },
+    )
+    .await
+    .unwrap()
+}
+
 async fn wal_objects(store: &Arc<dyn ObjectStore>) -> usize {
     store
         .list(Some(&Path::from("wal")))
@@ -644,16 +659,7 @@ async fn an_open_cancelled_after_it_landed_is_adopted(t: TestStore) {
 /// and WAL GC stopped. The next round now adopts it, and the WAL is collected.
 async fn a_commit_whose_answer_was_lost_is_adopted(t: TestStore) {
     let faulty = metadata_faults(&t);
-    let node = StreamStore::open(
-        Arc::new(faulty.clone()),
-        "n1",
-        WalConfig {
-            tail_cache_bytes_max: 0,
-            ..config()
-        },
-    )
-    .await
-    .unwrap();
+    let node = uncached(Arc::new(faulty.clone())).await;
     let s = node.open_stream("s", 1).await.unwrap();
     for i in 0..10 {
         s.append_durable(1, 1, i, payload("s", i as u64))
@@ -953,16 +959,7 @@ async fn a_tiny_group_bytes_max_uploads_one_append_per_group() {
 #[tokio::test]
 async fn a_rotted_wal_payload_is_refused_not_compacted() {
     let t = common::memory();
-    let node = StreamStore::open(
-        t.store.clone(),
-        "n1",
-        WalConfig {
-            tail_cache_bytes_max: 0,
-            ..config()
-        },
-    )
-    .await
-    .unwrap();
+    let node = uncached(t.store.clone()).await;
     let s = node.open_stream("s", 1).await.unwrap();
     let body = Bytes::from_static(b"a payload that will rot in the store");
     s.append_durable(1, 1, 1000, body.clone()).await.unwrap();
