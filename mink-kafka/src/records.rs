@@ -438,29 +438,8 @@ fn record_at(
     let key = r.nullable("the key").map_err(corrupt)?;
     let value = r.nullable("the value").map_err(corrupt)?;
     let headers_from = r.at;
-    let count = r.varint("a header count").map_err(corrupt)?;
-    if count < 0 || count as usize > (r.end - r.at) / 2 {
-        return Err(corrupt(format!(
-            "a header count of {count} with {} bytes left",
-            r.end - r.at
-        )));
-    }
-    for h in 0..count {
-        let name = match r.nullable("a header key").map_err(corrupt)? {
-            Some(name) => name,
-            None => return Err(corrupt(format!("header {h} has a null key"))),
-        };
-        if std::str::from_utf8(&r.bytes[name]).is_err() {
-            return Err(corrupt(format!("header {h}: the key is not UTF-8")));
-        }
-        r.nullable("a header value").map_err(corrupt)?;
-    }
-    if r.at != r.end {
-        return Err(corrupt(format!(
-            "{} bytes after a record's last header",
-            r.end - r.at
-        )));
-    }
+    let mut count = 0;
+    walk_headers(&r.bytes[r.at..r.end], |_, _| count += 1).map_err(corrupt)?;
     // Wrapping, as Kafka's reader adds it (a batch may span timestamps a whole i64
     // apart); what comes out negative is stamped with the arrival time below.
     let timestamp = head.first_timestamp.wrapping_add(timestamp_delta);
@@ -569,7 +548,7 @@ pub fn check_headers(rows: &RecordBatch) -> Result<(), String> {
     };
     for i in 0..headers.len() {
         if headers.is_valid(i) {
-            decode_headers(headers.value(i)).map_err(|e| format!("row {i}: {e}"))?;
+            walk_headers(headers.value(i), |_, _| ()).map_err(|e| format!("row {i}: {e}"))?;
         }
     }
     Ok(())
@@ -598,40 +577,47 @@ pub fn encode_headers<'a>(
 pub type Header = (String, Option<Vec<u8>>);
 
 /// Headers encoded by [`encode_headers`]; an error names what is malformed.
-pub fn decode_headers(mut bytes: &[u8]) -> Result<Vec<Header>, String> {
-    let count = get_varint32(&mut bytes)?;
-    if count < 0 || count as usize > bytes.len() {
-        return Err(format!("a header count of {count}"));
-    }
-    let mut out = Vec::with_capacity(count as usize);
-    for i in 0..count {
-        let len = get_varint32(&mut bytes)?;
-        let key =
-            take(&mut bytes, len, i, "key")?.ok_or_else(|| format!("header {i} has a null key"))?;
-        let key = String::from_utf8(key).map_err(|_| format!("header {i}: key is not UTF-8"))?;
-        let len = get_varint32(&mut bytes)?;
-        let value = take(&mut bytes, len, i, "value")?;
-        out.push((key, value));
-    }
-    if !bytes.is_empty() {
-        return Err(format!("{} bytes after the last header", bytes.len()));
-    }
+pub fn decode_headers(bytes: &[u8]) -> Result<Vec<Header>, String> {
+    let mut out = Vec::new();
+    walk_headers(bytes, |key, value| {
+        out.push((key.to_string(), value.map(<[u8]>::to_vec)))
+    })?;
     Ok(out)
 }
 
-fn take(bytes: &mut &[u8], len: i64, i: i64, what: &str) -> Result<Option<Vec<u8>>, String> {
-    if len == -1 {
-        return Ok(None);
+/// Walks a header section (Kafka's record-header encoding) and checks it whole, as a
+/// Kafka consumer reads it: varints of at most 5 bytes, every key present and UTF-8,
+/// nothing after the last header. `visit` gets each key and value. One reader for the
+/// produced records, the stored headers a fetch sends, and [`decode_headers`].
+fn walk_headers<'a>(
+    bytes: &'a [u8],
+    mut visit: impl FnMut(&'a str, Option<&'a [u8]>),
+) -> Result<(), String> {
+    let mut c = Cursor {
+        bytes,
+        at: 0,
+        end: bytes.len(),
+    };
+    let count = c.varint("a header count or length")?;
+    // A header is at least two bytes (two lengths).
+    if count < 0 || count as usize > (c.end - c.at) / 2 {
+        return Err(format!("a header count of {count}"));
     }
-    if len < 0 || len as usize > bytes.len() {
-        return Err(format!(
-            "header {i}: a {what} length of {len} with {} bytes left",
-            bytes.len()
-        ));
+    for i in 0..count {
+        let at = |e: String| format!("header {i}: {e}");
+        let key = c
+            .nullable("a key")
+            .map_err(at)?
+            .ok_or_else(|| format!("header {i} has a null key"))?;
+        let key = std::str::from_utf8(&bytes[key])
+            .map_err(|_| format!("header {i}: key is not UTF-8"))?;
+        let value = c.nullable("a value").map_err(at)?;
+        visit(key, value.map(|v| &bytes[v]));
     }
-    let (head, rest) = bytes.split_at(len as usize);
-    *bytes = rest;
-    Ok(Some(head.to_vec()))
+    if c.at != c.end {
+        return Err(format!("{} bytes after the last header", c.end - c.at));
+    }
+    Ok(())
 }
 
 fn put_varint(out: &mut impl BufMut, v: i64) {
@@ -641,19 +627,6 @@ fn put_varint(out: &mut impl BufMut, v: i64) {
         z >>= 7;
     }
     out.put_u8(z as u8);
-}
-
-/// A varint of a 32-bit field: at most 5 bytes, as Kafka's Java reader requires (a
-/// consumer throws on a longer one, so stored headers with one are not sent).
-fn get_varint32(bytes: &mut &[u8]) -> Result<i64, String> {
-    let mut c = Cursor {
-        bytes,
-        at: 0,
-        end: bytes.len(),
-    };
-    let v = c.varint("a header count or length")?;
-    *bytes = &bytes[c.at..];
-    Ok(i64::from(v))
 }
 
 fn get_varint(bytes: &mut &[u8]) -> Result<i64, String> {
@@ -729,7 +702,7 @@ pub fn encode_fetched(
         // hold anything there: checked), sent as they are; none is a count of 0.
         let record_headers = match field(headers, i) {
             Some(h) => {
-                decode_headers(h)
+                walk_headers(h, |_, _| ())
                     .map_err(|e| format!("offset {}: headers: {e}", base_offset + i as i64))?;
                 h
             }
