@@ -188,7 +188,8 @@ async fn main() {
     let (runs, secs) = if quick { (1, 2.0) } else { (3, 6.0) };
     let mut out = format!(
         "One node in-process, {PARTITIONS} partitions/buckets; librdkafka (confluent-kafka) producing 1 KiB records \
-         (acks=all, idempotent, linger 5 ms) for {secs:.0} s, then consuming them from offset 0, then \
+         (acks=all, idempotent, linger 5 ms; queued 1,000 at a time, each thousand to one partition in turn, \
+         as the Flight writers send each batch to one bucket) for {secs:.0} s, then consuming them from offset 0, then \
          produce→consume latency of 300 records sent 10 ms apart; the Flight ingest path ({WRITERS} Rust-client \
          writers, 1 KiB rows) in the same run as the baseline. {runs} runs, min..max. CPU per GB: \
          CPU seconds spent per GB of record values while producing — the node's alone for Kafka (the \
