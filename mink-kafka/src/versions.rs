@@ -33,6 +33,25 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DeleteGroups, 0, 2),
 ];
 
+/// The APIs that are not built but answered with their own error if sent anyway
+/// (spec/protocols.txt; `api::refuse`): transactions, SASL, ACLs, quotas,
+/// IncrementalAlterConfigs and the KIP-848 consumer protocol. None is in ApiVersions.
+pub const REFUSED: &[ApiKey] = &[
+    ApiKey::AddPartitionsToTxn,
+    ApiKey::AddOffsetsToTxn,
+    ApiKey::EndTxn,
+    ApiKey::TxnOffsetCommit,
+    ApiKey::SaslHandshake,
+    ApiKey::SaslAuthenticate,
+    ApiKey::DescribeAcls,
+    ApiKey::CreateAcls,
+    ApiKey::DeleteAcls,
+    ApiKey::DescribeClientQuotas,
+    ApiKey::AlterClientQuotas,
+    ApiKey::IncrementalAlterConfigs,
+    ApiKey::ConsumerGroupHeartbeat,
+];
+
 /// The range served for `key`, if it is served.
 pub fn supported(key: ApiKey) -> Option<(i16, i16)> {
     SUPPORTED

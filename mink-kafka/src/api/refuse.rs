@@ -30,24 +30,9 @@ use kafka_protocol::protocol::Decodable;
 use super::{Body, s};
 use crate::server::encode;
 
-/// Whether `key` at `v` has a refusal (`v` a version kafka-protocol knows).
+/// Whether `key` has a refusal (at any version kafka-protocol knows).
 pub(crate) fn refused(key: ApiKey) -> bool {
-    matches!(
-        key,
-        ApiKey::AddPartitionsToTxn
-            | ApiKey::AddOffsetsToTxn
-            | ApiKey::EndTxn
-            | ApiKey::TxnOffsetCommit
-            | ApiKey::SaslHandshake
-            | ApiKey::SaslAuthenticate
-            | ApiKey::DescribeAcls
-            | ApiKey::CreateAcls
-            | ApiKey::DeleteAcls
-            | ApiKey::DescribeClientQuotas
-            | ApiKey::AlterClientQuotas
-            | ApiKey::IncrementalAlterConfigs
-            | ApiKey::ConsumerGroupHeartbeat
-    )
+    crate::versions::REFUSED.contains(&key)
 }
 
 /// The refusal of `key` at `v` (a version kafka-protocol knows); `body` is the
