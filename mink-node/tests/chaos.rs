@@ -971,7 +971,7 @@ async fn check_kafka(client: &MinkClient, l: &Shared, dir: &Path) -> u64 {
     records
 }
 
-/// Ids of the log table, one per bucket (probes).
+/// Ids of the log table, one per bucket (probes), all below `base + PROBE_SPAN`.
 fn probe_ids(base: i64) -> Vec<i64> {
     let mut out: BTreeMap<u32, i64> = BTreeMap::new();
     let mut id = base;
@@ -980,20 +980,32 @@ fn probe_ids(base: i64) -> Vec<i64> {
         out.entry(b).or_insert(id);
         id += 1;
     }
+    assert!(
+        id <= base + PROBE_SPAN,
+        "probe ids from {base} spill into the next probe's"
+    );
     out.into_values().collect()
 }
 
+/// Ids a probe attempt may take: [`probe_ids`] of consecutive attempts never meet.
+const PROBE_SPAN: i64 = 100;
+
 /// Waits until every bucket of the log table accepts a write; returns how long it took.
+/// Every attempt writes rows of its own (ids from `next_probe`, which it advances): a
+/// failed append may have landed in some buckets, and sending the same rows again
+/// through a new client (a new writer) would write those twice, as it would for any
+/// caller. A failed probe counts as a failed call: its rows may appear, once.
 async fn until_writable(
     cluster: &Arc<Mutex<Cluster>>,
     l: &Shared,
     path: &TablePath,
-    probe_base: i64,
+    next_probe: &mut i64,
 ) -> Option<Duration> {
     let started = Instant::now();
-    let ids = probe_ids(probe_base);
     let mut client = connect(cluster).await;
     while started.elapsed() < Duration::from_secs(90) {
+        let ids = probe_ids(*next_probe);
+        *next_probe += PROBE_SPAN;
         match client
             .append(path, &batch(&ids, |i| format!("probe{i}")))
             .await
@@ -1003,6 +1015,7 @@ async fn until_writable(
                 return Some(started.elapsed());
             }
             Err(_) => {
+                ledger(l).log_calls_failed += 1;
                 client = connect(cluster).await;
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
@@ -1065,7 +1078,8 @@ async fn chaos_loses_no_acknowledged_write() {
     admin.create_table(&kv, &kv_table()).await.unwrap();
     let l: Shared = Arc::default();
     // Every bucket is led and writable before the faults start.
-    until_writable(&cluster, &l, &events, 9_000_000_000)
+    let mut probe = 9_000_000_000i64;
+    until_writable(&cluster, &l, &events, &mut probe)
         .await
         .expect("the cluster serves");
 
@@ -1111,7 +1125,6 @@ async fn chaos_loses_no_acknowledged_write() {
     let started = Instant::now();
     let mut faults: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut recovery: BTreeMap<&'static str, Vec<Duration>> = BTreeMap::new();
-    let mut probe = 9_100_000_000i64;
     let mut cycle: Vec<Fault> = Vec::new();
     let mut cycles = 0;
     let mut joined = 0;
@@ -1154,8 +1167,7 @@ async fn chaos_loses_no_acknowledged_write() {
         };
         *faults.entry(fault.name()).or_default() += 1;
         cluster.lock().unwrap().publish();
-        probe += 100;
-        match until_writable(&cluster, &l, &events, probe).await {
+        match until_writable(&cluster, &l, &events, &mut probe).await {
             Some(took) => recovery.entry(kind).or_default().push(took),
             None => ledger(&l).violations.push(format!(
                 "after a {kind}, some bucket stayed unwritable for 90 s"
