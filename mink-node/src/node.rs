@@ -322,15 +322,31 @@ async fn supervise_wal(
         tracing::warn!(wal = %streams.wal_id(), "the WAL failed ({why}); replacing it with a new generation");
         let mut pause = Duration::from_millis(100);
         let mut replacement = None;
+        // How long each step took in all (attempts included), for the log line below:
+        // a replacement is the node's recovery time after a store outage.
+        let failed_at = tokio::time::Instant::now();
+        let (mut opening, mut registering) = (Duration::ZERO, Duration::ZERO);
         loop {
             if replacement.is_none() {
-                match StreamStore::open(stores.clone(), &config.node_id, config.wal.clone()).await {
+                let t = tokio::time::Instant::now();
+                let opened = StreamStore::open_after(
+                    &streams,
+                    stores.clone(),
+                    &config.node_id,
+                    config.wal.clone(),
+                )
+                .await;
+                opening += t.elapsed();
+                match opened {
                     Ok(new) => replacement = Some(new),
                     Err(e) => tracing::warn!("opening a new WAL generation: {e}; retrying"),
                 }
             }
             if replacement.is_some() {
-                match meta.reincarnate().await {
+                let t = tokio::time::Instant::now();
+                let registered = meta.reincarnate().await;
+                registering += t.elapsed();
+                match registered {
                     Ok(_) => break,
                     Err(e) => tracing::warn!("registering a new incarnation: {e}; retrying"),
                 }
@@ -344,7 +360,13 @@ async fn supervise_wal(
         let Some(replacement) = replacement else {
             return;
         };
-        tracing::info!(wal = %replacement.wal_id(), "the new WAL generation serves");
+        tracing::info!(
+            wal = %replacement.wal_id(),
+            took_ms = failed_at.elapsed().as_millis() as u64,
+            opening_ms = opening.as_millis() as u64,
+            registering_ms = registering.as_millis() as u64,
+            "the new WAL generation serves"
+        );
         service.replace_streams(replacement).await;
     }
 }

@@ -83,6 +83,9 @@ impl OpeningTablet {
     }
 }
 
+/// Tablet opens taking at least this long are logged with their duration.
+const SLOW_OPEN: Duration = Duration::from_secs(1);
+
 impl Drop for OpeningTablet {
     fn drop(&mut self) {
         metrics::gauge!("mink_node_tablets_opening").decrement(1.0);
@@ -247,7 +250,13 @@ impl Tablets {
         table: TableInfo,
     ) -> Result<()> {
         let _opening = OpeningTablet::start();
+        let started = tokio::time::Instant::now();
         let opened = self.open_tablet(bucket, epoch, &table).await;
+        let took = started.elapsed();
+        if took >= SLOW_OPEN {
+            // Slow opens are the recovery tail after a failover; say where it went.
+            tracing::info!(%bucket, epoch, took_ms = took.as_millis() as u64, ok = opened.is_ok(), "a slow tablet open");
+        }
         let mut slots = self.slots();
         let ours =
             matches!(slots.get(&bucket), Some(Slot::Opening { epoch: e, .. }) if *e == epoch);

@@ -179,6 +179,41 @@ impl<S: LogState> ObjectLog<S> {
         initial: S,
         options: ObjectLogOptions,
     ) -> WalResult<Self> {
+        let log = Self::unopened(store, prefix, 0, initial, options)?;
+        {
+            let _guard = log.writer.lock().await;
+            log.load_latest_snapshot(0).await?;
+            log.catch_up_locked(None).await?;
+        }
+        Ok(log)
+    }
+
+    /// Opens the log under `prefix` again, from the view of an earlier handle of it in
+    /// this process (`earlier`, the state after its entry `index`): only the entries
+    /// after that are read, where [`ObjectLog::open`] reads a snapshot and every entry
+    /// after it. The result is the same: a view is always a prefix of the log.
+    pub async fn open_from(
+        store: Arc<dyn ObjectStore>,
+        prefix: &str,
+        earlier: &Self,
+    ) -> WalResult<Self> {
+        let (index, state) = earlier.read(|s, i| (i, s.clone()));
+        let log = Self::unopened(store, prefix, index, state, earlier.options.clone())?;
+        {
+            let _guard = log.writer.lock().await;
+            log.catch_up_locked(None).await?;
+        }
+        Ok(log)
+    }
+
+    /// A handle at `state` (after entry `index`) that has read nothing yet.
+    fn unopened(
+        store: Arc<dyn ObjectStore>,
+        prefix: &str,
+        index: u64,
+        state: S,
+        options: ObjectLogOptions,
+    ) -> WalResult<Self> {
         if options.list_refresh * 2 > options.delete_grace {
             return Err(WalError::Config(
                 "object log: list_refresh must be at most half of delete_grace".into(),
@@ -197,19 +232,11 @@ impl<S: LogState> ObjectLog<S> {
             }))
             .0,
             clock_key: format!("{prefix}/clock"),
-            view: RwLock::new(Arc::new(Applied {
-                index: 0,
-                state: initial,
-            })),
+            view: RwLock::new(Arc::new(Applied { index, state })),
             writer: Mutex::new(()),
-            applied_tx: watch::channel(0).0,
+            applied_tx: watch::channel(index).0,
             poke: Notify::new(),
         };
-        {
-            let _guard = log.writer.lock().await;
-            log.load_latest_snapshot(0).await?;
-            log.catch_up_locked(None).await?;
-        }
         Ok(log)
     }
 

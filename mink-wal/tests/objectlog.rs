@@ -10,6 +10,7 @@ use std::time::Duration;
 use common::TestStore;
 use mink_wal::fault::{FaultConfig, FaultyStore};
 use mink_wal::{Appended, LogState, ObjectLog, ObjectLogOptions};
+use object_store::ObjectStoreExt;
 use serde::{Deserialize, Serialize};
 
 /// A registry of unique names in the order they were appended.
@@ -208,6 +209,71 @@ async fn waiting_for_an_index_sees_other_writers(store: TestStore) {
     assert_eq!(timed_out, 1);
 }
 
+/// A handle opened from an earlier one's view reads only what came after it, and ends
+/// where a fresh open does: after plain entries, and after entries deleted under a
+/// snapshot the earlier view never read.
+async fn reopening_from_an_earlier_view_ends_where_a_fresh_open_does(store: TestStore) {
+    let options = ObjectLogOptions {
+        delete_grace: Duration::ZERO,
+        list_refresh: Duration::ZERO,
+    };
+    let earlier = ObjectLog::open_with(
+        store.store.clone(),
+        "meta",
+        Registry::default(),
+        options.clone(),
+    )
+    .await
+    .unwrap();
+    let other = ObjectLog::open_with(store.store.clone(), "meta", Registry::default(), options)
+        .await
+        .unwrap();
+    for i in 0..3 {
+        earlier.append(&format!("a{i}")).await.unwrap();
+    }
+    for i in 0..4 {
+        other.append(&format!("b{i}")).await.unwrap();
+    }
+    assert_eq!(earlier.applied_index(), 3);
+    assert_eq!(other.applied_index(), 7);
+    // What the earlier view holds is not read again: with those entries gone (and no
+    // snapshot covering them, which a fresh open could not get past), it still opens.
+    for i in 1..=3u64 {
+        let path = object_store::path::Path::from(format!("meta/log/{i:020}"));
+        store.store.delete(&path).await.unwrap();
+    }
+    let reopened = ObjectLog::open_from(store.store.clone(), "meta", &earlier)
+        .await
+        .unwrap();
+    assert_eq!(reopened.applied_index(), 7);
+    assert_eq!(
+        reopened.read(|s, _| s.clone()),
+        other.read(|s, _| s.clone())
+    );
+
+    // Entries the earlier view has not read go under a snapshot.
+    for i in 4..9 {
+        other.append(&format!("b{i}")).await.unwrap();
+    }
+    let snap = other.write_snapshot().await.unwrap();
+    assert_eq!(snap, 12);
+    other.delete_covered(snap).await.unwrap();
+    other.append(&"after".to_string()).await.unwrap();
+    let reopened = ObjectLog::open_from(store.store.clone(), "meta", &earlier)
+        .await
+        .unwrap();
+    assert_eq!(reopened.applied_index(), 13);
+    let fresh = open(&store).await;
+    assert_eq!(
+        reopened.read(|s, _| s.clone()),
+        fresh.read(|s, _| s.clone())
+    );
+    assert_eq!(fresh.read(|s, _| s.order.len()), 13);
+    // And it appends after them.
+    let outcome = reopened.append(&"last".to_string()).await.unwrap();
+    assert!(matches!(outcome, Appended::At(14)), "{outcome:?}");
+}
+
 backend_tests! {
     concurrent_appenders_agree_on_one_total_order => super::concurrent_appenders_agree_on_one_total_order;
     a_duplicate_is_rejected_and_not_appended => super::a_duplicate_is_rejected_and_not_appended;
@@ -215,6 +281,7 @@ backend_tests! {
     a_found_entry_survives_a_failed_read_after_it => super::a_found_entry_survives_a_failed_read_after_it;
     snapshots_let_entries_go_and_lagging_writers_catch_up => super::snapshots_let_entries_go_and_lagging_writers_catch_up;
     waiting_for_an_index_sees_other_writers => super::waiting_for_an_index_sees_other_writers;
+    reopening_from_an_earlier_view_ends_where_a_fresh_open_does => super::reopening_from_an_earlier_view_ends_where_a_fresh_open_does;
 }
 
 /// The child half of `several_processes_agree_on_one_total_order`: run by the test

@@ -340,7 +340,28 @@ impl StreamStore {
     /// per purpose so that requests are counted): claims a new WAL generation, opens
     /// the stream-metadata log and starts the WAL writer.
     pub async fn open(stores: impl Into<Stores>, node: &str, config: WalConfig) -> WalResult<Self> {
-        let stores: Stores = stores.into();
+        Self::open_inner(stores.into(), node, config, None).await
+    }
+
+    /// [`StreamStore::open`] for a node replacing `failed`, its failed generation, in
+    /// the same process: the stream metadata is read on from `failed`'s view instead
+    /// of from the latest snapshot, so that the replacement costs the entries since
+    /// (a snapshot interval of them took seconds on a slow store).
+    pub async fn open_after(
+        failed: &StreamStore,
+        stores: impl Into<Stores>,
+        node: &str,
+        config: WalConfig,
+    ) -> WalResult<Self> {
+        Self::open_inner(stores.into(), node, config, Some(&failed.inner.meta)).await
+    }
+
+    async fn open_inner(
+        stores: Stores,
+        node: &str,
+        config: WalConfig,
+        earlier: Option<&ObjectLog<StreamsState>>,
+    ) -> WalResult<Self> {
         let store = stores.get(Purpose::Wal);
         config.validate().map_err(WalError::Config)?;
         if node.is_empty() || node.contains('/') {
@@ -348,17 +369,27 @@ impl StreamStore {
                 "node id {node:?} must be non-empty without '/'"
             )));
         }
+        let started = tokio::time::Instant::now();
         let generation = claim_generation(&store, node).await?;
+        let claimed = started.elapsed();
         let wal = WalId {
             node: node.to_string(),
             generation,
         };
-        let meta = ObjectLog::open(
-            stores.get(Purpose::Meta),
-            "streams",
-            StreamsState::default(),
-        )
-        .await?;
+        let meta = match earlier {
+            Some(earlier) => {
+                ObjectLog::open_from(stores.get(Purpose::Meta), "streams", earlier).await?
+            }
+            None => {
+                ObjectLog::open(
+                    stores.get(Purpose::Meta),
+                    "streams",
+                    StreamsState::default(),
+                )
+                .await?
+            }
+        };
+        let metadata_read = started.elapsed() - claimed;
         let (tx, rx) = mpsc::unbounded_channel();
         let writer = Arc::new(WriterShared::new(watch::channel(None).0));
         let inner = Arc::new(StoreInner {
@@ -386,7 +417,13 @@ impl StreamStore {
             segment_indexes: Mutex::new(HashMap::new()),
         });
         tokio::spawn(writer::run_writer(store, wal, config, writer, rx));
-        tracing::info!(wal = %inner.wal, "s3stream WAL writer started");
+        tracing::info!(
+            wal = %inner.wal,
+            claim_ms = claimed.as_millis() as u64,
+            streams_log_ms = metadata_read.as_millis() as u64,
+            streams_log_index = inner.meta.applied_index(),
+            "s3stream WAL writer started"
+        );
         Ok(Self { inner })
     }
 
