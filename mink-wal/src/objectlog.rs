@@ -190,8 +190,9 @@ impl<S: LogState> ObjectLog<S> {
 
     /// Opens the log under `prefix` again, from the view of an earlier handle of it in
     /// this process (`earlier`, the state after its entry `index`): only the entries
-    /// after that are read, where [`ObjectLog::open`] reads a snapshot and every entry
-    /// after it. The result is the same: a view is always a prefix of the log.
+    /// after that are read (or a newer snapshot and the entries after it), where
+    /// [`ObjectLog::open`] reads the latest snapshot and every entry after it. The
+    /// result is the same: a view is always a prefix of the log.
     pub async fn open_from(
         store: Arc<dyn ObjectStore>,
         prefix: &str,
@@ -201,6 +202,9 @@ impl<S: LogState> ObjectLog<S> {
         let log = Self::unopened(store, prefix, index, state, earlier.options.clone())?;
         {
             let _guard = log.writer.lock().await;
+            // A snapshot newer than the view is read instead of the entries it covers,
+            // so this never reads more than a fresh open.
+            log.load_latest_snapshot(index).await?;
             log.catch_up_locked(None).await?;
         }
         Ok(log)
@@ -457,9 +461,12 @@ impl<S: LogState> ObjectLog<S> {
                 })
                 .buffered(CATCH_UP_GETS);
             let mut index = applied;
+            let mut vanished = false;
             while let Some((i, path, got)) = fetched.next().await {
                 let Some(bytes) = got? else {
-                    // Deleted under a snapshot since we listed.
+                    // Deleted under a snapshot since we listed: list again (the next
+                    // listing shows that snapshot).
+                    vanished = true;
                     break;
                 };
                 let (entry_token, entry): ([u8; 16], S::Entry) = decode_entry(&path, &bytes)?;
@@ -469,7 +476,12 @@ impl<S: LogState> ObjectLog<S> {
                     *found = Some(i);
                 }
             }
-            if index == applied {
+            // Nothing new, and nothing that vanished: caught up. (Returning after a
+            // vanished first entry would leave this handle at a view whose next index
+            // no longer exists, and stamp the listing as fresh: an append within
+            // `list_refresh` would then only probe, find the index free and create
+            // it again under the snapshot that covers it.)
+            if index == applied && !vanished {
                 return Ok(*found);
             }
         }

@@ -274,6 +274,50 @@ async fn reopening_from_an_earlier_view_ends_where_a_fresh_open_does(store: Test
     assert!(matches!(outcome, Appended::At(14)), "{outcome:?}");
 }
 
+/// An entry a catch-up listed but that was deleted under a snapshot before its GET
+/// (another node's `delete_covered`) makes the catch-up list again and load that
+/// snapshot. It used to stop there as if caught up, a view short of the log that then
+/// took the freed index for its own next append.
+#[tokio::test(start_paused = true)]
+async fn an_entry_deleted_between_listing_and_reading_is_caught_up_through_its_snapshot() {
+    let options = ObjectLogOptions {
+        delete_grace: Duration::ZERO,
+        list_refresh: Duration::ZERO,
+    };
+    let inner: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    // Reads through `slow` take 200 ms: the window in which the deletion lands.
+    let slow: Arc<dyn object_store::ObjectStore> = Arc::new(FaultyStore::new(
+        inner.clone(),
+        FaultConfig {
+            get_latency: Duration::from_millis(200),
+            ..Default::default()
+        },
+    ));
+    let open = |store: Arc<dyn object_store::ObjectStore>| {
+        ObjectLog::open_with(store, "meta", Registry::default(), options.clone())
+    };
+    let earlier = open(inner.clone()).await.unwrap();
+    let other = open(inner.clone()).await.unwrap();
+    earlier.append(&"a".to_string()).await.unwrap();
+    for i in 0..4 {
+        other.append(&format!("b{i}")).await.unwrap();
+    }
+    let (reopened, ()) = tokio::join!(ObjectLog::open_from(slow, "meta", &earlier), async {
+        // After the reopen's listing, before its reads.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(other.write_snapshot().await.unwrap(), 5);
+        other.delete_covered(5).await.unwrap();
+    });
+    let reopened = reopened.unwrap();
+    assert_eq!(reopened.applied_index(), 5);
+    assert_eq!(
+        reopened.read(|s, _| s.clone()),
+        other.read(|s, _| s.clone())
+    );
+    let outcome = reopened.append(&"next".to_string()).await.unwrap();
+    assert!(matches!(outcome, Appended::At(6)), "{outcome:?}");
+}
+
 backend_tests! {
     concurrent_appenders_agree_on_one_total_order => super::concurrent_appenders_agree_on_one_total_order;
     a_duplicate_is_rejected_and_not_appended => super::a_duplicate_is_rejected_and_not_appended;
