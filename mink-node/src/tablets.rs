@@ -253,9 +253,9 @@ impl Tablets {
         let started = tokio::time::Instant::now();
         let opened = self.open_tablet(bucket, epoch, &table).await;
         let took = started.elapsed();
-        if took >= SLOW_OPEN {
-            // Slow opens are the recovery tail after a failover; say where it went.
-            tracing::info!(%bucket, epoch, took_ms = took.as_millis() as u64, ok = opened.is_ok(), "a slow tablet open");
+        if took >= SLOW_OPEN && opened.is_err() {
+            // A slow success is logged by `open_tablet`, with its phases.
+            tracing::info!(%bucket, epoch, took_ms = took.as_millis() as u64, "a slow tablet open that failed");
         }
         let mut slots = self.slots();
         let ours =
@@ -294,11 +294,31 @@ impl Tablets {
     ) -> Result<Tablet> {
         let streams = self.streams();
         let name = bucket.stream_name();
+        // Phases, for the log line of a slow open: the recovery tail after a failover.
+        let started = tokio::time::Instant::now();
         self.await_handover(&streams, &name).await;
+        let handover = started.elapsed();
         let stream = streams
             .open_stream(&name, epoch)
             .await
             .map_err(|e| mink_log::wal_error(bucket, e))?;
+        let stream_opened = started.elapsed();
+        let slow = |kv: Duration| {
+            let took = started.elapsed();
+            if took >= SLOW_OPEN {
+                let ms = |d: Duration| d.as_millis() as u64;
+                tracing::info!(
+                    %bucket,
+                    epoch,
+                    took_ms = ms(took),
+                    handover_ms = ms(handover),
+                    stream_ms = ms(stream_opened - handover),
+                    log_ms = ms(took.saturating_sub(stream_opened + kv)),
+                    kv_ms = ms(kv),
+                    "a slow tablet open"
+                );
+            }
+        };
         let pk = table.descriptor.has_primary_key();
         let log = LogTablet::open(
             bucket,
@@ -323,25 +343,27 @@ impl Tablets {
             );
         }
         if !pk {
+            slow(Duration::ZERO);
             return Ok(Tablet::Log(log));
         }
+        let log_opened = started.elapsed();
         let snapshots = SnapshotStore {
             store: streams.object_store_for(mink_wal::Purpose::KvSnapshot),
             prefix: crate::service::snapshot_prefix(bucket),
             retain: self.config.kv.snapshots_retained as usize,
         };
         let ns = self.kv.namespace(&name)?;
-        Ok(Tablet::Kv(
-            KvTablet::open(
-                bucket,
-                log,
-                ns,
-                table.descriptor.clone(),
-                table.schemas.clone(),
-                Some(snapshots),
-            )
-            .await?,
-        ))
+        let kv = KvTablet::open(
+            bucket,
+            log,
+            ns,
+            table.descriptor.clone(),
+            table.schemas.clone(),
+            Some(snapshots),
+        )
+        .await?;
+        slow(started.elapsed() - log_opened);
+        Ok(Tablet::Kv(kv))
     }
 
     /// Waits (bounded) while the stream is held open by a live node that is not this
