@@ -15,7 +15,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
 use super::meta::{Expected, StreamMeta, WalId};
@@ -27,6 +27,10 @@ use crate::format::{Record, WalObject, decode_wal_object};
 /// Attempts of the open loop before giving up (each retry follows a concurrent
 /// change of the stream's metadata or an unresolved proposal).
 const TAKEOVER_ATTEMPTS_MAX: u32 = 16;
+
+/// WAL objects a takeover reads at once while recovering a stream (each up to
+/// `group_bytes_max`, 8 MiB by default, held until applied).
+const RECOVERY_GETS: usize = 4;
 
 /// The pause before the next attempt after `attempt` failed ones.
 fn retry_pause(attempt: u32) -> Duration {
@@ -306,10 +310,24 @@ async fn recover(
     };
     let mut records: Vec<Record> = Vec::new();
     let mut expected = meta.committed_end;
-    for seq in meta.wal_from..fence {
-        let path = wal_path(owner, seq);
-        let bytes = match store.store.get(&path).await {
-            Ok(got) => got.bytes().await?,
+    // Read RECOVERY_GETS objects at a time, in order (one after another took seconds
+    // on a slow store for a WAL of a few hundred objects); objects read past a fence
+    // object are dropped unread.
+    let mut objects = futures::stream::iter(meta.wal_from..fence)
+        .map(|seq| {
+            let path = wal_path(owner, seq);
+            async move {
+                let got = match store.store.get(&path).await {
+                    Ok(got) => got.bytes().await,
+                    Err(e) => Err(e),
+                };
+                (seq, path, got)
+            }
+        })
+        .buffered(RECOVERY_GETS);
+    while let Some((seq, path, got)) = objects.next().await {
+        let bytes = match got {
+            Ok(bytes) => bytes,
             Err(object_store::Error::NotFound { .. }) => {
                 // Deleted under a newer commit of the owner, or a true loss: only a
                 // fresh view tells.
