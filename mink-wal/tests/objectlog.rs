@@ -44,6 +44,18 @@ async fn open(store: &TestStore) -> ObjectLog<Registry> {
         .unwrap()
 }
 
+/// A handle that deletes entries under a snapshot at once and lists before every
+/// append.
+async fn eager(store: Arc<dyn object_store::ObjectStore>) -> ObjectLog<Registry> {
+    let options = ObjectLogOptions {
+        delete_grace: Duration::ZERO,
+        list_refresh: Duration::ZERO,
+    };
+    ObjectLog::open_with(store, "meta", Registry::default(), options)
+        .await
+        .unwrap()
+}
+
 fn scale(store: &TestStore) -> (usize, usize) {
     // moto answers one request at a time; keep the S3 case small.
     if store.url.starts_with("s3://") {
@@ -161,21 +173,8 @@ async fn a_found_entry_survives_a_failed_read_after_it(store: TestStore) {
 }
 
 async fn snapshots_let_entries_go_and_lagging_writers_catch_up(store: TestStore) {
-    let options = ObjectLogOptions {
-        delete_grace: Duration::ZERO,
-        list_refresh: Duration::ZERO,
-    };
-    let lagging = ObjectLog::open_with(
-        store.store.clone(),
-        "meta",
-        Registry::default(),
-        options.clone(),
-    )
-    .await
-    .unwrap();
-    let busy = ObjectLog::open_with(store.store.clone(), "meta", Registry::default(), options)
-        .await
-        .unwrap();
+    let lagging = eager(store.store.clone()).await;
+    let busy = eager(store.store.clone()).await;
     lagging.append(&"x0".to_string()).await.unwrap();
     for i in 1..10 {
         busy.append(&format!("x{i}")).await.unwrap();
@@ -213,21 +212,8 @@ async fn waiting_for_an_index_sees_other_writers(store: TestStore) {
 /// where a fresh open does: after plain entries, and after entries deleted under a
 /// snapshot the earlier view never read.
 async fn reopening_from_an_earlier_view_ends_where_a_fresh_open_does(store: TestStore) {
-    let options = ObjectLogOptions {
-        delete_grace: Duration::ZERO,
-        list_refresh: Duration::ZERO,
-    };
-    let earlier = ObjectLog::open_with(
-        store.store.clone(),
-        "meta",
-        Registry::default(),
-        options.clone(),
-    )
-    .await
-    .unwrap();
-    let other = ObjectLog::open_with(store.store.clone(), "meta", Registry::default(), options)
-        .await
-        .unwrap();
+    let earlier = eager(store.store.clone()).await;
+    let other = eager(store.store.clone()).await;
     for i in 0..3 {
         earlier.append(&format!("a{i}")).await.unwrap();
     }
@@ -280,10 +266,6 @@ async fn reopening_from_an_earlier_view_ends_where_a_fresh_open_does(store: Test
 /// took the freed index for its own next append.
 #[tokio::test(start_paused = true)]
 async fn an_entry_deleted_between_listing_and_reading_is_caught_up_through_its_snapshot() {
-    let options = ObjectLogOptions {
-        delete_grace: Duration::ZERO,
-        list_refresh: Duration::ZERO,
-    };
     let inner: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
     // Reads through `slow` take 200 ms: the window in which the deletion lands.
     let slow: Arc<dyn object_store::ObjectStore> = Arc::new(FaultyStore::new(
@@ -293,11 +275,8 @@ async fn an_entry_deleted_between_listing_and_reading_is_caught_up_through_its_s
             ..Default::default()
         },
     ));
-    let open = |store: Arc<dyn object_store::ObjectStore>| {
-        ObjectLog::open_with(store, "meta", Registry::default(), options.clone())
-    };
-    let earlier = open(inner.clone()).await.unwrap();
-    let other = open(inner.clone()).await.unwrap();
+    let earlier = eager(inner.clone()).await;
+    let other = eager(inner.clone()).await;
     earlier.append(&"a".to_string()).await.unwrap();
     for i in 0..4 {
         other.append(&format!("b{i}")).await.unwrap();
