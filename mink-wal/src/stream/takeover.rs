@@ -310,9 +310,9 @@ async fn recover(
     };
     let mut records: Vec<Record> = Vec::new();
     let mut expected = meta.committed_end;
-    // Read RECOVERY_GETS objects at a time, in order (one after another took seconds
-    // on a slow store for a WAL of a few hundred objects); objects read past a fence
-    // object are dropped unread.
+    // Read RECOVERY_GETS objects at a time, taken in order (one after another took
+    // seconds on a slow store for a WAL of a few hundred objects); objects fetched
+    // ahead of a fence object are dropped without being decoded.
     let mut objects = futures::stream::iter(meta.wal_from..fence)
         .map(|seq| {
             let path = wal_path(owner, seq);
