@@ -22,6 +22,7 @@ use mink_types::{
 };
 
 use crate::merge::{Decision, Merger, target_mask};
+use crate::recovery::{self, RecoveryStart};
 use crate::row::{
     Row, decode_row, encode_row, encode_row_at, row_schema_id, rows_of, rows_to_batch,
 };
@@ -176,8 +177,7 @@ impl KvTablet {
                 latest_snapshot: tokio::sync::Mutex::new(None),
             }),
         };
-        tablet.load_snapshot_if_behind().await?;
-        tablet.replay().await?;
+        tablet.recover().await?;
         Ok(tablet)
     }
 
@@ -941,7 +941,11 @@ impl KvTablet {
                 Ok((offset, batches, schema))
             })?
         };
-        snapshots.write(&schema, offset, &batches).await
+        let info = snapshots.write(&schema, offset, &batches).await?;
+        // Every row below the snapshot's offset is durable in it: the changelog below
+        // may go (the log never trims above this).
+        self.inner.log.allow_trim_to(info.log_offset);
+        Ok(info)
     }
 
     /// Writes a snapshot every `interval` until `shutdown` resolves (the node records
@@ -980,21 +984,88 @@ impl KvTablet {
         }
     }
 
-    /// Loads the newest snapshot into the store when the store is behind it (empty, or
-    /// older than the log start).
-    async fn load_snapshot_if_behind(&self) -> Result<()> {
-        let Some(snapshots) = self.inner.snapshots.clone() else {
-            return Ok(());
-        };
-        let flushed = self.inner.store.flushed_offset()?;
-        let Some(&newest) = snapshots.list().await?.last() else {
-            return Ok(());
-        };
-        let behind = flushed.is_none_or(|f| f < newest && f < self.inner.log.log_start());
-        if !behind || newest > self.inner.log.high_watermark() {
-            return Ok(());
+    /// A TTL round: trims the changelog to what `ttl` expires (never past `keep_from`),
+    /// writing a snapshot first when the trim would pass the newest one: the log is
+    /// never trimmed above a durable snapshot (see [`crate::recovery`]). Returns the
+    /// new log start.
+    /// `on_snapshot` is told of a snapshot written for the trim.
+    pub async fn trim_expired_below(
+        &self,
+        ttl: std::time::Duration,
+        keep_from: Option<i64>,
+        on_snapshot: impl Fn(SnapshotInfo),
+    ) -> Result<i64> {
+        let log = &self.inner.log;
+        let target = log.expired_end(ttl, keep_from).await?;
+        if target > log.trim_ceiling() && target > log.log_start() {
+            match self.snapshot().await? {
+                Some(info) => {
+                    tracing::debug!(bucket = %self.inner.bucket, offset = info.log_offset, "KV snapshot written for a TTL trim");
+                    on_snapshot(info);
+                }
+                None => {
+                    tracing::debug!(bucket = %self.inner.bucket, "no snapshot store: the changelog is kept whatever its age")
+                }
+            }
         }
-        let data = snapshots.read_data(newest).await?;
+        log.trim_before(target).await
+    }
+
+    /// Runs [`KvTablet::trim_expired_below`] every `log.ttl_check_interval_ms` until
+    /// `shutdown` resolves; `policy` as for [`LogTablet::run_ttl`].
+    pub async fn run_ttl(
+        &self,
+        policy: impl Fn() -> (Option<std::time::Duration>, Option<i64>),
+        on_snapshot: impl Fn(SnapshotInfo) + Clone,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) {
+        let trim = |ttl, keep_from| {
+            let (this, on_snapshot) = (self.clone(), on_snapshot.clone());
+            async move { this.trim_expired_below(ttl, keep_from, on_snapshot).await }
+        };
+        self.inner.log.run_ttl_with(policy, trim, shutdown).await
+    }
+
+    /// Brings the local store up to the high watermark: from where it is, or from a
+    /// snapshot, or from the log's start, as [`recovery::plan`] decides; then lets
+    /// trims go up to the newest snapshot.
+    async fn recover(&self) -> Result<()> {
+        let log = &self.inner.log;
+        let snapshots = match &self.inner.snapshots {
+            Some(s) => s.list().await?,
+            None => Vec::new(),
+        };
+        let hw = log.high_watermark();
+        let flushed = self.inner.store.flushed_offset()?;
+        let from =
+            match recovery::plan(self.inner.bucket, flushed, log.log_start(), hw, &snapshots)? {
+                RecoveryStart::Store(offset) => offset,
+                RecoveryStart::Snapshot(offset) => {
+                    self.load_snapshot(offset).await?;
+                    offset
+                }
+                RecoveryStart::LogStart => {
+                    if flushed.is_some() {
+                        self.with_store(|store| store.clear())?;
+                    }
+                    log.log_start()
+                }
+            };
+        if let Some(&newest) = snapshots.iter().filter(|&&s| s <= hw).max() {
+            log.allow_trim_to(newest);
+        }
+        self.replay(from).await
+    }
+
+    /// Replaces the store's contents with the snapshot at `offset`.
+    async fn load_snapshot(&self, offset: i64) -> Result<()> {
+        let Some(snapshots) = self.inner.snapshots.clone() else {
+            return Err(MinkError::Internal(format!(
+                "{}: a snapshot load without a snapshot store",
+                self.inner.bucket
+            )));
+        };
+        let data = snapshots.read_data(offset).await?;
         // Rows are stored as the schema version they were written under; reads carry
         // them to the current one (added columns null), as for every stored row.
         let (written, pk) = {
@@ -1011,7 +1082,7 @@ impl KvTablet {
                         }
                     };
                     MinkError::Internal(format!(
-                        "{}: the KV snapshot at {newest} {why}",
+                        "{}: the KV snapshot at {offset} {why}",
                         self.inner.bucket
                     ))
                 })?;
@@ -1022,7 +1093,7 @@ impl KvTablet {
                 .map(|k| {
                     written.index_of(k).ok_or_else(|| {
                         MinkError::Internal(format!(
-                            "{}: schema {} of the KV snapshot at {newest} lacks key column {k:?}",
+                            "{}: schema {} of the KV snapshot at {offset} lacks key column {k:?}",
                             self.inner.bucket, written.schema_id
                         ))
                     })
@@ -1035,7 +1106,7 @@ impl KvTablet {
         for batch in &data.batches {
             written.check_batch(batch).map_err(|e| {
                 MinkError::Internal(format!(
-                    "{}: the KV snapshot at {newest}: {e}",
+                    "{}: the KV snapshot at {offset}: {e}",
                     self.inner.bucket
                 ))
             })?;
@@ -1048,37 +1119,16 @@ impl KvTablet {
             // The offset is recorded only with the last batch below.
             self.with_store(|store| store.write(&ops, -1))?;
         }
-        self.with_store(|store| store.write(&[], newest))?;
-        tracing::info!(bucket = %self.inner.bucket, offset = newest, "KV store loaded from a snapshot");
+        self.with_store(|store| store.write(&[], offset))?;
+        tracing::info!(bucket = %self.inner.bucket, offset = offset, "KV store loaded from a snapshot");
         Ok(())
     }
 
-    /// Replays the changelog from the store's flushed offset to the high watermark.
-    async fn replay(&self) -> Result<()> {
+    /// Replays the changelog from `pos` (where the store is consistent) to the high
+    /// watermark.
+    async fn replay(&self, mut pos: i64) -> Result<()> {
         let log = &self.inner.log;
         let hw = log.high_watermark();
-        let flushed = self.inner.store.flushed_offset()?;
-        let mut pos = match flushed {
-            Some(f) if f >= 0 => f,
-            // A fresh store, or a snapshot load that did not finish: start over.
-            Some(_) => {
-                self.with_store(|store| store.clear())?;
-                log.log_start()
-            }
-            None => log.log_start(),
-        };
-        if pos < log.log_start() {
-            return Err(MinkError::Unavailable(format!(
-                "{}: the local store is at offset {pos} but the log starts at {}; a KV snapshot is needed and snapshots are not implemented yet",
-                self.inner.bucket,
-                log.log_start()
-            )));
-        }
-        if pos > hw {
-            // The store is ahead of the log (it belongs to another history): rebuild.
-            self.with_store(|store| store.clear())?;
-            pos = log.log_start();
-        }
         let mut replayed = 0u64;
         while pos < hw {
             let scan = log.scan(pos, 4 << 20).await?;

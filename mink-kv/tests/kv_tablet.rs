@@ -634,6 +634,82 @@ async fn snapshots_plus_replay_equal_the_live_state(backend: KvBackend) {
     assert_eq!(get(&t, &ids), live);
 }
 
+/// The changelog is the only copy of every row no durable snapshot holds: a trim above
+/// the newest snapshot is held back, and a TTL trim writes a snapshot first, so a
+/// fresh node (no local store) finds every acknowledged row.
+async fn a_trim_never_passes_the_newest_snapshot(backend: KvBackend) {
+    let mut env = Env::new(backend).await;
+    let d = table(&[]);
+    let t = env.open(&d).await;
+    for i in 0..20 {
+        t.put(put(&[(i % 7, Some("v"), Some(i))])).await.unwrap();
+    }
+    let ids: Vec<i64> = (0..7).collect();
+    let live = get(&t, &ids);
+    env.node.compact().await.unwrap();
+    let hw = t.log().high_watermark();
+    // No snapshot yet: nothing may go.
+    assert_eq!(t.log().trim_before(hw).await.unwrap(), 0);
+    drop(t);
+    let fresh = tempfile::tempdir().unwrap();
+    let t = env.open_in(&d, fresh.path()).await;
+    assert_eq!(get(&t, &ids), live, "a fresh open after a refused trim");
+
+    // A TTL that expires everything: a snapshot is written, then the log trimmed to it.
+    t.put(put(&[(100, Some("late"), Some(1))])).await.unwrap();
+    env.node.compact().await.unwrap();
+    let start = t
+        .trim_expired_below(Duration::ZERO, None, |_| {})
+        .await
+        .unwrap();
+    let snapshots = env.snapshots().list().await.unwrap();
+    let hw = t.log().high_watermark();
+    assert_eq!(snapshots, vec![hw], "a snapshot was written for the trim");
+    assert!(
+        start > 0 && start <= hw,
+        "trimmed to {start}, up to the snapshot"
+    );
+    // Rows written later stay until a snapshot covers them.
+    t.put(put(&[(101, Some("later"), Some(2))])).await.unwrap();
+    env.node.compact().await.unwrap();
+    assert_eq!(t.log().trim_before(i64::MAX).await.unwrap(), hw);
+    let ids: Vec<i64> = (0..7).chain([100, 101]).collect();
+    let live = get(&t, &ids);
+    drop(t);
+    let fresh = tempfile::tempdir().unwrap();
+    let t = env.open_in(&d, fresh.path()).await;
+    assert_eq!(get(&t, &ids), live, "a fresh open after a TTL trim");
+}
+
+/// A changelog trimmed with no snapshot covering what went (by a version without the
+/// trim ceiling, or by hand) does not open as a bucket that silently lacks rows.
+async fn a_changelog_trimmed_past_every_snapshot_fails_the_open_loudly(backend: KvBackend) {
+    let mut env = Env::new(backend).await;
+    let d = table(&[]);
+    let t = env.open(&d).await;
+    for i in 0..10 {
+        t.put(put(&[(i, Some("v"), Some(i))])).await.unwrap();
+    }
+    let hw = t.log().high_watermark();
+    drop(t);
+    // Trim the stream itself, below the tablet.
+    env.epoch += 1;
+    let stream = env.node.open_stream("t1-b0", env.epoch).await.unwrap();
+    env.node.compact().await.unwrap();
+    assert_eq!(stream.trim(hw as u64).await.unwrap(), hw as u64);
+    drop(stream);
+    let fresh = tempfile::tempdir().unwrap();
+    let err = env
+        .open_versions(&d, std::slice::from_ref(&d.schema), fresh.path())
+        .await
+        .err()
+        .expect("a fresh open of a trimmed changelog without a snapshot");
+    assert!(
+        matches!(&err, MinkError::Internal(m) if m.contains("no KV snapshot covers")),
+        "{err}"
+    );
+}
+
 /// Readers get the newest snapshot while it is younger than their bound; a new one is
 /// written only when none is, and a freshly opened tablet finds the one in the store.
 async fn recent_snapshots_are_reused_until_too_old(backend: KvBackend) {
@@ -1268,6 +1344,8 @@ both!(
     schema_evolution_reads_old_rows_with_nulls,
     bad_input_is_rejected_and_changes_nothing,
     snapshots_plus_replay_equal_the_live_state,
+    a_trim_never_passes_the_newest_snapshot,
+    a_changelog_trimmed_past_every_snapshot_fails_the_open_loudly,
     recent_snapshots_are_reused_until_too_old,
     a_snapshot_from_before_add_column_loads_with_nulls,
     a_snapshot_without_a_schema_id_loads_by_its_columns,

@@ -100,6 +100,12 @@ struct Inner {
     /// timestamp (a Kafka topic's record timestamps), and how far ahead of the clock
     /// its values may be; see [`LogTablet::index_by_record_time`].
     record_time: std::sync::OnceLock<(String, Duration)>,
+    /// The highest offset a trim may move the log start to. Unbounded for a log table.
+    /// For a primary-key table it starts at the log start and is raised only by
+    /// [`LogTablet::allow_trim_to`] once a durable KV snapshot covers the rows below:
+    /// the changelog is the only copy of every row no snapshot holds, so no trim
+    /// (TTL, lake, a caller's) may drop it first.
+    trim_ceiling: std::sync::atomic::AtomicI64,
 }
 
 /// How long a batch that arrives ahead of its writer's next sequence waits for the
@@ -167,6 +173,11 @@ impl LogTablet {
             .validate()
             .map_err(|e| MinkError::invalid("log config", e))?;
         let epoch = stream.epoch();
+        let trim_ceiling = if primary_key {
+            stream.start_offset() as i64
+        } else {
+            i64::MAX
+        };
         let tablet = Self {
             inner: Arc::new(Inner {
                 bucket,
@@ -177,6 +188,7 @@ impl LogTablet {
                 advanced: tokio::sync::Notify::new(),
                 closing: std::sync::atomic::AtomicBool::new(false),
                 record_time: std::sync::OnceLock::new(),
+                trim_ceiling: std::sync::atomic::AtomicI64::new(trim_ceiling),
                 config,
                 schemas: RwLock::new(HashMap::new()),
                 state: Mutex::new(State {
@@ -972,13 +984,32 @@ impl LogTablet {
         }
     }
 
-    /// Moves the log start to `offset` (at most the compacted end); whole segments
-    /// below it are deleted. Returns the new log start.
+    /// Lets trims move the log start up to `offset` (never lowers what was allowed).
+    /// A primary-key table's KV tablet calls it once a durable snapshot covers every
+    /// row below `offset`.
+    pub fn allow_trim_to(&self, offset: i64) {
+        self.inner
+            .trim_ceiling
+            .fetch_max(offset, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// The highest offset a trim may move the log start to (see
+    /// [`LogTablet::allow_trim_to`]).
+    pub fn trim_ceiling(&self) -> i64 {
+        self.inner
+            .trim_ceiling
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Moves the log start to `offset`, or less: at most the compacted end and at most
+    /// the [trim ceiling](LogTablet::trim_ceiling); whole segments below it are
+    /// deleted. Returns the new log start.
     pub async fn trim_before(&self, offset: i64) -> Result<i64> {
+        let target = offset.min(self.trim_ceiling()).max(0) as u64;
         let start = self
             .inner
             .stream
-            .trim(offset.max(0) as u64)
+            .trim(target)
             .await
             .map_err(|e| wal_error(self.inner.bucket, e))?;
         Ok(start as i64)
@@ -990,31 +1021,33 @@ impl LogTablet {
         self.trim_expired_below(ttl, None).await
     }
 
+    /// The offset a TTL trim would move the log start to: the first row younger than
+    /// `ttl` (the durable end when none is), at most the compacted end (only
+    /// compacted data can go), never past `keep_from` (a lake-tiered table keeps what
+    /// the lake lacks). The trim ceiling is not applied here.
+    pub async fn expired_end(&self, ttl: Duration, keep_from: Option<i64>) -> Result<i64> {
+        let cutoff = now_ms() - ttl.as_millis() as i64;
+        let stream = &self.inner.stream;
+        let target = match stream
+            .offset_for_timestamp(cutoff)
+            .await
+            .map_err(|e| wal_error(self.inner.bucket, e))?
+        {
+            Some(offset) => offset,
+            None => stream.durable_end(),
+        }
+        .min(stream.committed_end()) as i64;
+        Ok(match keep_from {
+            Some(keep) => target.min(keep.max(0)),
+            None => target,
+        })
+    }
+
     /// As [`LogTablet::trim_expired`], but never past `keep_from`: rows at or above it
     /// stay whatever their age (a lake-tiered table keeps what the lake lacks).
     pub async fn trim_expired_below(&self, ttl: Duration, keep_from: Option<i64>) -> Result<i64> {
-        let cutoff = now_ms() - ttl.as_millis() as i64;
-        let bucket = self.inner.bucket;
-        let mut target = match self
-            .inner
-            .stream
-            .offset_for_timestamp(cutoff)
-            .await
-            .map_err(|e| wal_error(bucket, e))?
-        {
-            Some(offset) => offset,
-            None => self.inner.stream.durable_end(),
-        };
-        if let Some(keep) = keep_from {
-            target = target.min(keep.max(0) as u64);
-        }
-        let start = self
-            .inner
-            .stream
-            .trim(target)
-            .await
-            .map_err(|e| wal_error(bucket, e))?;
-        Ok(start as i64)
+        let target = self.expired_end(ttl, keep_from).await?;
+        self.trim_before(target).await
     }
 
     /// Trims expired data every `log.ttl_check_interval_ms` until `shutdown` resolves.
@@ -1023,6 +1056,21 @@ impl LogTablet {
     pub async fn run_ttl(
         &self,
         policy: impl Fn() -> (Option<Duration>, Option<i64>),
+        shutdown: impl std::future::Future<Output = ()>,
+    ) {
+        let trim = |ttl, keep_from| {
+            let this = self.clone();
+            async move { this.trim_expired_below(ttl, keep_from).await }
+        };
+        self.run_ttl_with(policy, trim, shutdown).await
+    }
+
+    /// [`LogTablet::run_ttl`] with another trim round (a primary-key table's KV tablet
+    /// writes a snapshot first when the trim would need one).
+    pub async fn run_ttl_with<F: std::future::Future<Output = Result<i64>>>(
+        &self,
+        policy: impl Fn() -> (Option<Duration>, Option<i64>),
+        trim: impl Fn(Duration, Option<i64>) -> F,
         shutdown: impl std::future::Future<Output = ()>,
     ) {
         tokio::pin!(shutdown);
@@ -1036,7 +1084,7 @@ impl LogTablet {
                 return;
             }
             if let (Some(ttl), keep_from) = policy()
-                && let Err(e) = self.trim_expired_below(ttl, keep_from).await
+                && let Err(e) = trim(ttl, keep_from).await
             {
                 tracing::warn!(bucket = %self.inner.bucket, "TTL trim failed: {e}");
             }

@@ -618,6 +618,40 @@ impl MetaNode {
         Ok(count)
     }
 
+    /// Moves each bucket (by stream name) to the named live node, as an operator asks
+    /// (`rebalance` with `moves`): the current leader hands it over, the new one opens
+    /// it under a new epoch. Only the lease holder can. Returns the buckets moved (a
+    /// bucket already led by its target is not).
+    pub async fn move_buckets(&self, moves: Vec<(String, String)>) -> Result<usize> {
+        let _duty = self.inner.duties.lock().await;
+        let (term, holder) = self.lease();
+        if holder.as_deref() != Some(self.inner.node.as_str()) {
+            return Err(MinkError::Unavailable(format!(
+                "moving buckets runs on the lease holder ({})",
+                holder.unwrap_or_else(|| "none yet".into())
+            )));
+        }
+        let moves: Vec<(String, String)> = self.read(|s| {
+            moves
+                .into_iter()
+                .filter(|(bucket, to)| {
+                    s.buckets
+                        .get(bucket)
+                        .is_none_or(|b| b.leader.as_deref() != Some(to.as_str()))
+                })
+                .collect()
+        });
+        let count = moves.len();
+        for chunk in moves.chunks(ASSIGNMENTS_PER_PROPOSAL_MAX) {
+            self.propose(MetaCommand::AssignBuckets {
+                term,
+                assignments: chunk.to_vec(),
+            })
+            .await?;
+        }
+        Ok(count)
+    }
+
     /// Stops the background tasks without a goodbye (as a crash would), or, with
     /// `clean`, releasing the lease first.
     pub async fn shutdown(&self, clean: bool) {

@@ -400,8 +400,10 @@ impl Tablets {
             let _ = rx.wait_for(|s| *s).await;
         };
         {
+            let tablet = tablet.clone();
             let log = tablet.log().clone();
             let meta = self.meta.clone();
+            let meta_for_kv = self.meta.clone();
             let table_id = table.id;
             let rx = stopped.clone();
             let grace = Duration::from_millis(self.config.lake.trim_grace_ms);
@@ -448,7 +450,15 @@ impl Tablets {
                     });
                     (ttl, keep_from)
                 };
-                log.run_ttl(policy, stop(rx)).await;
+                match tablet {
+                    Tablet::Log(log) => log.run_ttl(policy, stop(rx)).await,
+                    // A primary-key table's changelog is trimmed only below a durable
+                    // KV snapshot (one is written first when the trim needs it).
+                    Tablet::Kv(kv) => {
+                        let record = record_kv_snapshot(meta_for_kv, kv.bucket());
+                        kv.run_ttl(policy, record, stop(rx)).await
+                    }
+                }
             });
         }
         {
@@ -466,33 +476,7 @@ impl Tablets {
             let interval = Duration::from_millis(self.config.kv.snapshot_interval_ms.max(1));
             let rx = stopped;
             tokio::spawn(async move {
-                let bucket = kv.bucket();
-                let record = move |info: mink_kv::SnapshotInfo| {
-                    let meta = meta.clone();
-                    tokio::spawn(async move {
-                        let snapshot_id = info.log_offset.max(0) as u64;
-                        let newer = meta.read(|s| {
-                            s.kv_snapshots
-                                .get(&bucket.stream_name())
-                                .is_none_or(|p| p.snapshot_id < snapshot_id)
-                        });
-                        if !newer {
-                            return;
-                        }
-                        let pointer = mink_meta::state::KvSnapshotPointer {
-                            snapshot_id,
-                            log_offset: info.log_offset,
-                            location: info.location,
-                        };
-                        let command = mink_meta::MetaCommand::SetKvSnapshot {
-                            bucket: bucket.stream_name(),
-                            pointer,
-                        };
-                        if let Err(e) = meta.propose(command).await {
-                            tracing::debug!(%bucket, "KV snapshot pointer not recorded: {e}");
-                        }
-                    });
-                };
+                let record = record_kv_snapshot(meta, kv.bucket());
                 kv.run_snapshots(interval, record, stop(rx)).await;
             });
         }
@@ -584,5 +568,40 @@ impl Tablets {
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             }
         }
+    }
+}
+
+/// Records each KV snapshot of `bucket` in the metadata log (`SetKvSnapshot`), unless
+/// the log already points at one as new; in the background, so that a slow proposal
+/// holds no duty up.
+fn record_kv_snapshot(
+    meta: MetaNode,
+    bucket: TableBucket,
+) -> impl Fn(mink_kv::SnapshotInfo) + Clone {
+    move |info: mink_kv::SnapshotInfo| {
+        let meta = meta.clone();
+        tokio::spawn(async move {
+            let snapshot_id = info.log_offset.max(0) as u64;
+            let newer = meta.read(|s| {
+                s.kv_snapshots
+                    .get(&bucket.stream_name())
+                    .is_none_or(|p| p.snapshot_id < snapshot_id)
+            });
+            if !newer {
+                return;
+            }
+            let pointer = mink_meta::state::KvSnapshotPointer {
+                snapshot_id,
+                log_offset: info.log_offset,
+                location: info.location,
+            };
+            let command = mink_meta::MetaCommand::SetKvSnapshot {
+                bucket: bucket.stream_name(),
+                pointer,
+            };
+            if let Err(e) = meta.propose(command).await {
+                tracing::debug!(%bucket, "KV snapshot pointer not recorded: {e}");
+            }
+        });
     }
 }

@@ -77,7 +77,21 @@ struct RebalanceBody {
     /// Set by a node forwarding the request to the lease holder: not forwarded again.
     #[serde(default)]
     forwarded: bool,
+    /// Explicit moves instead of evening out: each bucket to the named live node.
+    #[serde(default)]
+    moves: Option<Vec<BucketMove>>,
 }
+
+/// One bucket to move in `rebalance` (an operator's reassignment).
+#[derive(Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+struct BucketMove {
+    bucket: TableBucket,
+    to: String,
+}
+
+/// Moves named in one `rebalance`, at most.
+const BUCKET_MOVES_MAX: usize = 10_000;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -239,12 +253,32 @@ impl NodeService {
                     Some(addr) => {
                         let answer = self
                             .forwarder
-                            .action(&addr, "rebalance", &serde_json::json!({"forwarded": true}))
+                            .action(
+                                &addr,
+                                "rebalance",
+                                &serde_json::json!({"forwarded": true, "moves": b.moves}),
+                            )
                             .await?;
                         json(&answer)
                     }
                     None => {
-                        let moved = self.meta.rebalance().await?;
+                        let moved = match b.moves {
+                            None => self.meta.rebalance().await?,
+                            Some(moves) => {
+                                if moves.len() > BUCKET_MOVES_MAX {
+                                    return Err(MinkError::LimitExceeded {
+                                        what: "moves in one rebalance".into(),
+                                        limit: BUCKET_MOVES_MAX as u64,
+                                        actual: moves.len() as u64,
+                                    });
+                                }
+                                let moves = moves
+                                    .into_iter()
+                                    .map(|m| (m.bucket.stream_name(), m.to))
+                                    .collect();
+                                self.meta.move_buckets(moves).await?
+                            }
+                        };
                         json(&serde_json::json!({"moved": moved}))
                     }
                 }

@@ -625,6 +625,12 @@ impl Stream {
         self.inner.lock().start_offset
     }
 
+    /// The end of what is compacted into segments and committed: a trim goes no
+    /// further.
+    pub fn committed_end(&self) -> u64 {
+        self.inner.lock().committed_end
+    }
+
     /// A receiver of the durable end, updated after every acknowledgement.
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.inner.acked.subscribe()

@@ -1,0 +1,180 @@
+//! Where features meet the durability core: retention of a primary-key table against its
+//! KV snapshots, and bucket moves between live nodes.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow::array::{Int64Array, RecordBatch, StringArray};
+use common::{config, settle};
+use mink_flight::MinkClient;
+use mink_node::MinkConfig;
+use mink_node::node::Node;
+use mink_types::{Column, DataType, Schema, TableBucket, TableDescriptor, TablePath};
+
+/// `users(id BIGINT NOT NULL, name STRING)`, keyed by id, one bucket, with `props`.
+fn users(props: &[(&str, &str)]) -> TableDescriptor {
+    let mut d = TableDescriptor {
+        primary_key: vec!["id".into()],
+        ..TableDescriptor::log_table(Schema::new(
+            1,
+            vec![
+                Column::new("id", DataType::BigInt, false),
+                Column::new("name", DataType::String, true),
+            ],
+        ))
+    };
+    for (k, v) in props {
+        d.properties.set(k, v).unwrap();
+    }
+    d
+}
+
+fn user_rows(ids: std::ops::Range<i64>, name: &str) -> RecordBatch {
+    RecordBatch::try_new(
+        users(&[]).schema.to_arrow(),
+        vec![
+            Arc::new(Int64Array::from_iter_values(ids.clone())),
+            Arc::new(StringArray::from_iter_values(
+                ids.map(|i| format!("{name}{i}")),
+            )),
+        ],
+    )
+    .unwrap()
+}
+
+/// The names of `ids` found by lookup, in id order (missing ids absent).
+async fn names(client: &MinkClient, path: &TablePath, ids: &[i64]) -> Vec<(i64, String)> {
+    let keys = ids.iter().map(|i| vec![serde_json::json!(i)]).collect();
+    let found = client.lookup(path, keys).await.unwrap();
+    let mut out: Vec<(i64, String)> = found
+        .iter()
+        .flat_map(|b| {
+            let id = b.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+            let name = b.column(1).as_any().downcast_ref::<StringArray>().unwrap();
+            (0..b.num_rows())
+                .map(|i| (id.value(i), name.value(i).to_string()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Asks the lease holder (through `client`'s node) to move `bucket` to `to`.
+async fn move_bucket(client: &MinkClient, bucket: TableBucket, to: &str) {
+    let answer: serde_json::Value = client
+        .action(
+            "rebalance",
+            serde_json::json!({"moves": [{"bucket": bucket, "to": to}]}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(answer["moved"], 1, "{answer}");
+}
+
+/// The node `node` leads `bucket` in its own view, and serves it.
+async fn wait_led_by(node: &Node, bucket: TableBucket) {
+    for _ in 0..200 {
+        let led = node.meta.read(|s| {
+            s.buckets
+                .get(&bucket.stream_name())
+                .and_then(|b| b.leader.clone())
+        });
+        if led.as_deref() == Some(node.meta.node_id()) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{} never led {bucket}", node.meta.node_id());
+}
+
+fn fast_ttl(mut c: MinkConfig) -> MinkConfig {
+    c.log.ttl_check_interval_ms = 50;
+    c.wal.compaction_interval_ms = 50;
+    // Far longer than the test: only a trim can make a snapshot.
+    c.kv.snapshot_interval_ms = 3_600_000;
+    c
+}
+
+/// A primary-key table with a 1 s `log_ttl` and no periodic snapshot in sight: the
+/// TTL trims its changelog only below a KV snapshot it writes first, so the node the
+/// bucket moves to (no local store) finds every acknowledged key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_key_table_past_its_ttl_moves_with_every_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = dir.path().join("objects");
+    let n0 = Node::start(fast_ttl(config(dir.path(), &shared, "n0")))
+        .await
+        .unwrap();
+    let n1 = Node::start(fast_ttl(config(dir.path(), &shared, "n1")))
+        .await
+        .unwrap();
+    let client = MinkClient::connect(&n0.flight_addr.to_string())
+        .await
+        .unwrap();
+    client.create_database("db").await.unwrap();
+    let path = TablePath::parse("db.users").unwrap();
+    client
+        .create_table(&path, &users(&[("log_ttl", "1s")]))
+        .await
+        .unwrap();
+    let table_id = n0.meta.read(|s| {
+        s.tables
+            .values()
+            .find(|t| t.path == path)
+            .map(|t| t.id)
+            .unwrap()
+    });
+    let bucket = TableBucket::new(table_id, None, 0);
+    let first = user_rows(0..50, "a");
+    settle(|| client.put(&path, &first, None, None)).await;
+    client
+        .put(&path, &user_rows(25..75, "b"), None, None)
+        .await
+        .unwrap();
+    let all: Vec<i64> = (0..75).collect();
+    let want = names(&client, &path, &all).await;
+    assert_eq!(want.len(), 75);
+
+    // Wait until the TTL has trimmed the changelog (it is older than 1 s).
+    let leader = |node: &Node| {
+        node.meta.read(|s| {
+            s.buckets
+                .get(&bucket.stream_name())
+                .and_then(|b| b.leader.clone())
+        })
+    };
+    let owner = if leader(&n0).as_deref() == Some("n0") {
+        &n0
+    } else {
+        &n1
+    };
+    let other = if owner.meta.node_id() == "n0" {
+        "n1"
+    } else {
+        "n0"
+    };
+    let mut trimmed = false;
+    for _ in 0..200 {
+        let start = owner
+            .streams()
+            .metadata()
+            .read(|s, _| s.streams.get(&bucket.stream_name()).map(|m| m.start_offset));
+        if start.is_some_and(|s| s > 0) {
+            trimmed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(trimmed, "the TTL never trimmed the changelog");
+
+    move_bucket(&client, bucket, other).await;
+    let target = if other == "n0" { &n0 } else { &n1 };
+    wait_led_by(target, bucket).await;
+    let got = settle(|| async { Ok(names(&client, &path, &all).await) }).await;
+    assert_eq!(got, want, "every acknowledged key after the move");
+    n1.stop().await;
+    n0.stop().await;
+}
