@@ -296,7 +296,7 @@ impl Tablets {
         let name = bucket.stream_name();
         // Phases, for the log line of a slow open: the recovery tail after a failover.
         let started = tokio::time::Instant::now();
-        self.await_handover(&streams, &name).await;
+        self.await_handover(&streams, &name).await?;
         let handover = started.elapsed();
         let stream = streams
             .open_stream(&name, epoch)
@@ -368,17 +368,25 @@ impl Tablets {
 
     /// Waits (bounded) while the stream is held open by a live node that is not this
     /// one: it is closing the stream in a handover, and fencing it would take down
-    /// every other bucket it leads.
-    async fn await_handover(&self, streams: &StreamStore, name: &str) {
+    /// every other bucket it leads. Decided on a fresh view of the stream metadata:
+    /// nothing tails that log on an idle node, so the view may predate the stream's
+    /// last open elsewhere (a bucket moved away and back), and a stale "nobody holds
+    /// it" would fence the live holder.
+    async fn await_handover(&self, streams: &StreamStore, name: &str) -> Result<()> {
+        streams.metadata().catch_up().await.map_err(|e| {
+            MinkError::Unavailable(format!(
+                "stream {name}: reading the stream metadata before the open: {e}"
+            ))
+        })?;
         let me = self.meta.node_id().to_string();
         let deadline = tokio::time::Instant::now() + handover_wait(&self.config);
         loop {
             let owner = streams
                 .metadata()
                 .read(|s, _| s.streams.get(name).and_then(|m| m.owner.clone()));
-            let Some(owner) = owner else { return };
+            let Some(owner) = owner else { return Ok(()) };
             if owner.node == me {
-                return;
+                return Ok(());
             }
             let alive = self
                 .meta
@@ -387,7 +395,7 @@ impl Tablets {
                 if alive {
                     tracing::info!(stream = name, %owner, "the previous leader did not hand over in time; taking over");
                 }
-                return;
+                return Ok(());
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
             let _ = streams.metadata().catch_up().await;
