@@ -132,15 +132,22 @@ fn classify_write_error(e: &MinkError) -> WriteFailure {
     }
 }
 
+/// How one writer's attempt at a bucket write ended, when it did not succeed.
+enum WriteEnd {
+    Failed(MinkError),
+    /// Refused before recording, and safe to send again under a new writer.
+    Restart(MinkError),
+}
+
 /// Batches of one bucket an append keeps in flight at most: the leader's writer
 /// window (`mink_log::window::WINDOW_BATCHES`), so that a retry of the oldest is still
 /// recognised as a duplicate however many later ones landed.
 const APPEND_PIPELINE_DEPTH: usize = 5;
 
-/// Batches of one bucket a Put keeps in flight: one. A primary-key tablet rebuilt from
-/// its log lets a writer's next batch skip forward (a Put that changed nothing left no
-/// record), so a later batch overtaking an earlier one there would be taken as that
-/// skip, and the earlier one refused.
+/// Batches of one bucket a Put keeps in flight: one. A primary-key tablet no longer
+/// takes a Put past an undecided predecessor (`mink_log::window`), so more would be
+/// safe; whether they pay is measured before this changes (a bucket merges its Puts one
+/// at a time).
 const PUT_PIPELINE_DEPTH: usize = 1;
 
 /// One bucket's sequences of the current writer id: a pipeline of up to `depth`
@@ -658,6 +665,12 @@ impl MinkClient {
     /// leader. A failure that leaves the sequence's fate unknown retires the writer
     /// (see [`classify_write_error`]), so the next batch never reuses a sequence the
     /// leader may hold; so does a write whose caller went away mid-write.
+    ///
+    /// A batch refused as out of order with nothing before it in flight, that no
+    /// attempt may have recorded, goes once more under a new writer: the leader's
+    /// window lost this writer's latest sequences (a primary-key tablet reopened after
+    /// Puts that changed nothing, which leave no log record), and the batch itself was
+    /// not written.
     async fn write_bucket(
         &self,
         path: &TablePath,
@@ -667,6 +680,35 @@ impl MinkClient {
         changes: Option<Vec<ChangeType>>,
         depth: usize,
     ) -> Result<BucketWritten> {
+        match self
+            .write_bucket_once(path, bucket, &make, batch, changes.clone(), depth)
+            .await
+        {
+            Err(WriteEnd::Restart(e)) => {
+                tracing::debug!(%bucket, "a new writer after an out-of-order refusal: {e}");
+                match self
+                    .write_bucket_once(path, bucket, &make, batch, changes, depth)
+                    .await
+                {
+                    Ok(written) => Ok(written),
+                    Err(WriteEnd::Failed(e) | WriteEnd::Restart(e)) => Err(e),
+                }
+            }
+            Err(WriteEnd::Failed(e)) => Err(e),
+            Ok(written) => Ok(written),
+        }
+    }
+
+    /// [`MinkClient::write_bucket`] under one writer id.
+    async fn write_bucket_once(
+        &self,
+        path: &TablePath,
+        bucket: TableBucket,
+        make: &impl Fn(i64) -> WriteDescriptor,
+        batch: &RecordBatch,
+        changes: Option<Vec<ChangeType>>,
+        depth: usize,
+    ) -> Result<BucketWritten, WriteEnd> {
         let pipe = self
             .sequences
             .lock()
@@ -678,8 +720,8 @@ impl MinkClient {
         let late =
             || MinkError::Unavailable(format!("{bucket}: not written within {WRITE_DEADLINE:?}"));
         let mut admitted = match tokio::time::timeout_at(deadline, self.admit(&pipe, depth)).await {
-            Ok(admitted) => admitted?,
-            Err(_) => return Err(late()),
+            Ok(admitted) => admitted.map_err(WriteEnd::Failed)?,
+            Err(_) => return Err(WriteEnd::Failed(late())),
         };
         let (writer_id, sequence) = (admitted.writer_id, admitted.sequence);
         let meta = WriteBatch {
@@ -760,6 +802,19 @@ impl MinkClient {
                 last = Some(e);
                 continue;
             }
+            let retired = self
+                .retired
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains(&writer_id);
+            if is_out_of_order(&e) && !maybe_recorded && !retired {
+                // Not recorded, and nothing of this writer before it is in flight or of
+                // unknown outcome (that would have retired the writer): the leader's
+                // window does not follow this writer any more.
+                self.retire_writer(writer_id).await;
+                admitted.resolve(None);
+                return Err(WriteEnd::Restart(e));
+            }
             match classify_write_error(&e) {
                 WriteFailure::Retry {
                     maybe_recorded: recorded,
@@ -777,19 +832,21 @@ impl MinkClient {
                         self.retire_writer(writer_id).await;
                         admitted.resolve(None);
                     }
-                    return Err(e);
+                    return Err(WriteEnd::Failed(e));
                 }
                 WriteFailure::Refused | WriteFailure::Unknown => {
                     self.retire_writer(writer_id).await;
                     admitted.resolve(None);
-                    return Err(e);
+                    return Err(WriteEnd::Failed(e));
                 }
             }
         }
         // Perhaps written, perhaps not: this writer's sequences are unknown from here.
         self.retire_writer(writer_id).await;
         admitted.resolve(None);
-        Err(last.unwrap_or_else(|| MinkError::Unavailable(format!("{bucket}: no attempt made"))))
+        Err(WriteEnd::Failed(last.unwrap_or_else(|| {
+            MinkError::Unavailable(format!("{bucket}: no attempt made"))
+        })))
     }
 
     /// Takes the next sequence of `pipe` for a batch, once the pipeline has room (see

@@ -185,8 +185,18 @@ pub fn parse_json<T: serde::de::DeserializeOwned>(what: &str, bytes: &[u8]) -> R
             actual: bytes.len() as u64,
         });
     }
-    serde_json::from_slice(bytes)
-        .map_err(|e| MinkError::invalid(what, format!("malformed JSON: {e}")))
+    serde_json::from_slice(bytes).map_err(|e| {
+        use serde_json::error::Category;
+        match e.classify() {
+            // Not JSON at all.
+            Category::Syntax | Category::Eof | Category::Io => {
+                MinkError::invalid(what, format!("malformed JSON: {e}"))
+            }
+            // Well-formed JSON whose content is wrong (a field, a name, a value): say
+            // what is wrong, not that the JSON is.
+            Category::Data => MinkError::invalid(what, e.to_string()),
+        }
+    })
 }
 
 #[cfg(test)]
@@ -240,6 +250,15 @@ mod tests {
         assert!(
             parse_json::<WriteDescriptor>("descriptor", br#"{"Append": {"bucket": 1}}"#).is_err()
         );
+        // Well-formed JSON with a bad value: the error says what is wrong with it.
+        let err = parse_json::<WriteDescriptor>(
+            "descriptor",
+            br#"{"AppendTable": {"path": "db.no.pe", "schema_id": 1}}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(!err.contains("malformed JSON"), "{err}");
+        assert!(err.contains("table name"), "{err}");
         let s = serde_json::to_string(&SnapshotBatch {
             bucket: TableBucket::new(1, None, 0),
             log_offset: 42,

@@ -147,9 +147,31 @@ pub trait MinkService: Send + Sync + 'static {
     ) -> Result<(SchemaRef, Vec<ReadBatch>, i64), MinkError>;
 }
 
+/// The longest status message sent, in bytes. gRPC carries the message in a header
+/// (percent-encoded: up to three bytes a byte) and clients refuse headers over 8 KiB,
+/// reporting only "Stream removed": a longer message is cut, and says so.
+pub const STATUS_MESSAGE_BYTES_MAX: usize = 2_048;
+
+/// `message` cut to at most [`STATUS_MESSAGE_BYTES_MAX`] bytes (at a character
+/// boundary), with a note of how long it was.
+fn capped(message: String) -> String {
+    if message.len() <= STATUS_MESSAGE_BYTES_MAX {
+        return message;
+    }
+    let mut cut = STATUS_MESSAGE_BYTES_MAX - 64;
+    while !message.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!(
+        "{}… (message cut from {} bytes)",
+        &message[..cut],
+        message.len()
+    )
+}
+
 /// Maps Mink's errors to gRPC statuses (spec/protocols.txt "Errors").
 pub fn status(err: MinkError) -> Status {
-    let message = err.to_string();
+    let message = capped(err.to_string());
     match err {
         MinkError::NotLeader { bucket, leader } => {
             let body = serde_json::to_vec(&Redirect { bucket, to: leader }).unwrap_or_default();
@@ -795,4 +817,26 @@ where
         rx.recv().await.map(|item| (item, rx))
     })
     .boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_error_message_is_cut_to_fit_a_grpc_header() {
+        let huge = MinkError::Internal("é".repeat(10_000));
+        let message = status(huge).message().to_string();
+        assert!(
+            message.len() <= STATUS_MESSAGE_BYTES_MAX,
+            "{}",
+            message.len()
+        );
+        assert!(
+            message.ends_with("(message cut from 20016 bytes)"),
+            "{message}"
+        );
+        let small = status(MinkError::NotFound("table db.t".into()));
+        assert_eq!(small.message(), "not found: table db.t");
+    }
 }

@@ -580,6 +580,14 @@ impl KvTablet {
             return Err(e);
         }
         let (mask, deletes, keys, batch_schema) = self.prepare(&req)?;
+        // A Put ahead of its writer's next sequence waits a little for the ones before
+        // it (pipelined requests may arrive out of order), outside the merge lock so
+        // that they can be merged meanwhile; then it is checked under the lock, and a
+        // gap still open is refused: a Put is never merged before its predecessor.
+        self.inner
+            .log
+            .await_predecessors(req.writer_id, req.batch_sequence, req.batch_sequence)
+            .await?;
         let guard = self.inner.puts.lock().await;
         if let Some(duplicate) =
             self.inner

@@ -109,6 +109,18 @@ impl Env {
         .await
     }
 
+    /// A new WAL generation in place of a failed one (what the node does by itself
+    /// after a failed upload).
+    async fn replace_wal(&mut self) {
+        let config = WalConfig {
+            upload_retry_budget_ms: 0,
+            ..WalConfig::default()
+        };
+        self.node = StreamStore::open(self.store.clone(), "n1", config)
+            .await
+            .unwrap();
+    }
+
     fn snapshots(&self) -> SnapshotStore {
         SnapshotStore {
             store: self.store.clone(),
@@ -1022,19 +1034,26 @@ fn spawn_put(
 }
 
 /// A Put that changes nothing advances its writer's sequence without a log record;
-/// after the tablet is reopened (windows rebuilt from the log) the writer's next
-/// batch is still accepted, and a retry of a logged batch is still a duplicate.
-async fn a_writer_continues_after_a_no_op_put_and_a_reopen(backend: KvBackend) {
+/// after the tablet is reopened (windows rebuilt from the log) the writer's next batch
+/// is refused as out of order, not taken past a gap that could be a Put still on its
+/// way: nothing is written, a retry of a logged batch is still a duplicate, and a new
+/// writer goes on.
+async fn a_writer_after_a_no_op_put_and_a_reopen_is_refused_not_skipped(backend: KvBackend) {
     let mut env = Env::new(backend).await;
     let d = table(&[]);
-    let writer = |seq: i64, rows: &[(i64, Option<&str>, Option<i64>)]| PutRequest {
-        writer_id: 9,
+    let writer = |id: i64, seq: i64, rows: &[(i64, Option<&str>, Option<i64>)]| PutRequest {
+        writer_id: id,
         batch_sequence: seq,
         ..put(rows)
     };
     let t = env.open(&d).await;
-    t.put(writer(0, &[(1, Some("a"), Some(1))])).await.unwrap();
-    let noop = t.put(writer(1, &[(1, Some("a"), Some(1))])).await.unwrap();
+    t.put(writer(9, 0, &[(1, Some("a"), Some(1))]))
+        .await
+        .unwrap();
+    let noop = t
+        .put(writer(9, 1, &[(1, Some("a"), Some(1))]))
+        .await
+        .unwrap();
     assert_eq!(
         noop.first_offset,
         noop.last_offset + 1,
@@ -1042,15 +1061,71 @@ async fn a_writer_continues_after_a_no_op_put_and_a_reopen(backend: KvBackend) {
     );
     drop(t);
     let t = env.open(&d).await;
-    let next = t.put(writer(2, &[(1, Some("b"), Some(2))])).await.unwrap();
-    assert!(!next.duplicated);
+    let hw = t.log().high_watermark();
+    let err = t
+        .put(writer(9, 2, &[(1, Some("b"), Some(2))]))
+        .await
+        .unwrap_err();
     assert!(
-        t.put(writer(0, &[(1, Some("a"), Some(1))]))
+        matches!(err, MinkError::OutOfOrderSequence { expected: 1, .. }),
+        "{err}"
+    );
+    assert_eq!(t.log().high_watermark(), hw, "nothing written");
+    assert!(
+        t.put(writer(9, 0, &[(1, Some("a"), Some(1))]))
             .await
             .unwrap()
             .duplicated
     );
+    assert_eq!(get(&t, &[1]), vec![v(Some("a"), Some(1))]);
+    t.put(writer(10, 0, &[(1, Some("b"), Some(2))]))
+        .await
+        .unwrap();
     assert_eq!(get(&t, &[1]), vec![v(Some("b"), Some(2))]);
+}
+
+/// Pipelined Puts of one writer through a WAL failure: 5 fails with the WAL, the
+/// tablet reopens from the log, and 6 arrives before 5 is re-sent. 6 waits for 5 and
+/// both land in order; a 6 whose 5 does not come within the wait is refused, never
+/// merged first (a 5 re-sent later, under a new writer, would then overwrite it).
+async fn a_put_never_overtakes_its_predecessor_after_a_reopen(backend: KvBackend) {
+    let (mut env, faulty) = faulty_env(backend).await;
+    let d = table(&[]);
+    let writer = |seq: i64, name: &str| PutRequest {
+        writer_id: 9,
+        batch_sequence: seq,
+        ..put(&[(1, Some(name), Some(seq))])
+    };
+    let t = env.open(&d).await;
+    for seq in 0..5 {
+        t.put(writer(seq, "v")).await.unwrap();
+    }
+    faulty.set_config(FaultConfig {
+        put_failure_rate: 1.0,
+        ..FaultConfig::default()
+    });
+    t.put(writer(5, "five")).await.unwrap_err();
+    faulty.set_config(FaultConfig::default());
+    drop(t);
+    env.replace_wal().await;
+    let t = env.open(&d).await;
+    // 6 first, then 5 a little later: 6 waits for it.
+    let six = {
+        let t = t.clone();
+        tokio::spawn(async move { t.put(writer(6, "six")).await })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let five = t.put(writer(5, "five")).await.unwrap();
+    let six = six.await.unwrap().unwrap();
+    assert!(five.last_offset < six.first_offset, "{five:?} {six:?}");
+    assert_eq!(get(&t, &[1]), vec![v(Some("six"), Some(6))]);
+    // 8 with no 7 in sight: refused after the wait, nothing merged.
+    let err = t.put(writer(8, "eight")).await.unwrap_err();
+    assert!(
+        matches!(err, MinkError::OutOfOrderSequence { expected: 7, .. }),
+        "{err}"
+    );
+    assert_eq!(get(&t, &[1]), vec![v(Some("six"), Some(6))]);
 }
 
 async fn a_no_op_put_waits_for_the_staged_write_it_read(backend: KvBackend) {
@@ -1350,7 +1425,8 @@ both!(
     a_snapshot_from_before_add_column_loads_with_nulls,
     a_snapshot_without_a_schema_id_loads_by_its_columns,
     prefix_lookups_use_the_leading_key_columns,
-    a_writer_continues_after_a_no_op_put_and_a_reopen,
+    a_writer_after_a_no_op_put_and_a_reopen_is_refused_not_skipped,
+    a_put_never_overtakes_its_predecessor_after_a_reopen,
     a_superseded_tablet_writes_nothing_to_the_store;
     paused:
     a_no_op_put_waits_for_the_staged_write_it_read,

@@ -442,10 +442,10 @@ impl LogTablet {
     /// error when the tablet failed or is closing.
     async fn wait_for_predecessors(
         &self,
-        req: &AppendRequest,
+        (writer_id, first, last): (i64, i64, i64),
         deadline: tokio::time::Instant,
     ) -> Result<()> {
-        if req.writer_id == NO_WRITER {
+        if writer_id == NO_WRITER {
             return Ok(());
         }
         loop {
@@ -456,8 +456,8 @@ impl LogTablet {
             let ahead = {
                 let state = self.lock();
                 matches!(
-                    state.windows.check(req.writer_id, req.first_sequence, req.last_sequence),
-                    Check::OutOfOrder { expected } if req.first_sequence > expected
+                    state.windows.check(writer_id, first, last, self.starts_anywhere()),
+                    Check::OutOfOrder { expected } if first > expected
                 )
             };
             if !ahead || tokio::time::Instant::now() >= deadline {
@@ -465,6 +465,22 @@ impl LogTablet {
             }
             let _ = tokio::time::timeout_at(deadline, advanced).await;
         }
+    }
+
+    /// Whether a writer the tablet has no window for may start at any sequence: on a
+    /// log tablet, yes; on a primary-key tablet only at 0 (see [`crate::window`]).
+    fn starts_anywhere(&self) -> bool {
+        !self.inner.primary_key
+    }
+
+    /// Waits, up to [`REORDER_WAIT`], while `writer`'s batch `first..=last` is ahead
+    /// of the writer's next sequence (its predecessors may still arrive). A KV tablet
+    /// calls it before it takes its merge lock and checks the batch with
+    /// [`LogTablet::check_sequence`].
+    pub async fn await_predecessors(&self, writer_id: i64, first: i64, last: i64) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + REORDER_WAIT;
+        self.wait_for_predecessors((writer_id, first, last), deadline)
+            .await
     }
 
     /// An error when the tablet failed or is closing: a waiting batch gives up.
@@ -523,7 +539,11 @@ impl LogTablet {
         // Wait for predecessors before taking a slot and memory: a batch that waits
         // must not hold what its predecessor needs to be submitted.
         let reorder_deadline = tokio::time::Instant::now() + reorder_wait;
-        self.wait_for_predecessors(&req, reorder_deadline).await?;
+        self.wait_for_predecessors(
+            (req.writer_id, req.first_sequence, req.last_sequence),
+            reorder_deadline,
+        )
+        .await?;
         let slot = self
             .inner
             .inflight
@@ -583,10 +603,12 @@ impl LogTablet {
                             first_sequence: req.first_sequence,
                         });
                     }
-                    match state
-                        .windows
-                        .check(req.writer_id, req.first_sequence, req.last_sequence)
-                    {
+                    match state.windows.check(
+                        req.writer_id,
+                        req.first_sequence,
+                        req.last_sequence,
+                        self.starts_anywhere(),
+                    ) {
                         Check::New => {}
                         Check::Duplicate(entry) => duplicate = Some(entry),
                         Check::OutOfOrder { expected } => {
@@ -725,7 +747,10 @@ impl LogTablet {
         if let Some(e) = &state.failed {
             return Err(e.clone());
         }
-        match state.windows.check(writer_id, first, last) {
+        match state
+            .windows
+            .check(writer_id, first, last, self.starts_anywhere())
+        {
             Check::New => Ok(None),
             Check::Duplicate(entry) => Ok(Some(Submitted {
                 tablet: self.clone(),
@@ -1161,10 +1186,6 @@ impl LogTablet {
                 pos = record.end();
                 batches += 1;
             }
-        }
-        if self.inner.primary_key {
-            // Only a primary-key tablet has batches without log records (no-op Puts).
-            windows.mark_rebuilt();
         }
         let mut state = self.lock();
         state.windows = windows;

@@ -4,15 +4,24 @@
 //! A Mink batch is one sequence (`first == last`); a Kafka batch covers
 //! `base_sequence ..= base_sequence + count - 1`. A batch whose range equals one in
 //! the window is a duplicate. Otherwise its first sequence must follow the last one of
-//! the window; a writer's first batch may start anywhere.
+//! the window. A writer the window does not know may start anywhere on a log tablet;
+//! on a primary-key tablet it must start at 0 ([`Windows::check`]'s `start_anywhere`).
+//!
+//! Why a primary-key tablet is strict: a client may pipeline Puts, and a Put's order
+//! is its meaning (last writer wins). If sequence `n + 1` were taken while `n` is still
+//! undecided (refused by a failed WAL and about to be re-sent, say), `n` would then be
+//! refused as a rewind, and a client re-sending it under a new writer would apply it
+//! after `n + 1`. So `n + 1` is taken only once `n` is in the window (or a duplicate);
+//! a batch ahead of it waits a little for it ([`crate::tablet::REORDER_WAIT`]) and is
+//! refused as out of order otherwise.
 //!
 //! A batch that changes nothing (a primary-key Put merged into no change) advances
-//! its writer's sequence without a log record. Windows rebuilt from the log after a
-//! reopen therefore may lack a writer's latest sequences; but a client sends sequence
-//! `n + 1` only after `n` was acknowledged, and every acknowledged batch that wrote
-//! something is in the log, so a forward gap after a rebuild can only be no-op
-//! batches. The first batch of such a writer after a rebuild may skip forward; a
-//! rewind is still out of order, and duplicates are still recognised.
+//! its writer's sequence without a log record, so windows rebuilt from the log after a
+//! reopen may lack a writer's latest sequences when those were such batches: its next
+//! batch is then refused as out of order (expected: the sequence after the last one in
+//! the log). Nothing is lost by it (the refused batch is not recorded, and the missing
+//! ones changed nothing); the writer starts over under a new id, as the Rust client
+//! does by itself.
 //!
 //! Epochs: a writer id is `base | epoch << 48` (a Kafka producer id and its
 //! epoch; Flight writers have epoch 0, so their id is the base; `mink_types::writer`). Each epoch of a base
@@ -21,7 +30,7 @@
 //! that bumped its epoch re-sends what was unacknowledged under the new one, so a late
 //! copy under the old epoch must not land too.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use mink_types::{MinkError, split_writer};
@@ -60,16 +69,20 @@ pub enum Check {
 #[derive(Debug, Default)]
 pub struct Windows {
     writers: HashMap<i64, VecDeque<Entry>>,
-    /// Writers whose window was rebuilt from the log and has not seen a batch since.
-    rebuilt: HashSet<i64>,
     /// The newest epoch of each base that has had a batch of an epoch above 0.
     newest_epoch: HashMap<i64, i64>,
 }
 
 impl Windows {
-    pub fn check(&self, writer: i64, first: i64, last: i64) -> Check {
+    /// Decides what to do with `writer`'s batch `first..=last`. A writer the window
+    /// does not know starts anywhere when `start_anywhere`, else at 0 (see the module
+    /// docs).
+    pub fn check(&self, writer: i64, first: i64, last: i64, start_anywhere: bool) -> Check {
         let Some(window) = self.writers.get(&writer) else {
-            return Check::New;
+            if start_anywhere || first == 0 {
+                return Check::New;
+            }
+            return Check::OutOfOrder { expected: 0 };
         };
         if let Some(entry) = window
             .iter()
@@ -78,9 +91,6 @@ impl Windows {
             return Check::Duplicate(entry.clone());
         }
         match window.back() {
-            Some(latest) if first > latest.last_sequence + 1 && self.rebuilt.contains(&writer) => {
-                Check::New
-            }
             Some(latest) if first != latest.last_sequence + 1 => Check::OutOfOrder {
                 expected: latest.last_sequence + 1,
             },
@@ -102,13 +112,6 @@ impl Windows {
         self.writers.contains_key(&writer)
     }
 
-    /// Marks every writer as rebuilt from the log (see the module docs). Only for
-    /// primary-key tablets: a log tablet records every batch, so a gap there is lost
-    /// data and stays out of order.
-    pub fn mark_rebuilt(&mut self) {
-        self.rebuilt = self.writers.keys().copied().collect();
-    }
-
     pub fn push(&mut self, writer: i64, entry: Entry) {
         if !self.writers.contains_key(&writer) && self.writers.len() >= WRITERS_MAX {
             // Forget the writer whose latest batch is the oldest.
@@ -119,14 +122,12 @@ impl Windows {
                 .map(|(id, _)| *id)
             {
                 self.writers.remove(&idle);
-                self.rebuilt.remove(&idle);
                 let (base, epoch) = split_writer(idle);
                 if self.newest_epoch.get(&base) == Some(&epoch) {
                     self.newest_epoch.remove(&base);
                 }
             }
         }
-        self.rebuilt.remove(&writer);
         let (base, epoch) = split_writer(writer);
         if epoch > 0 && self.newest_epoch.get(&base).is_none_or(|n| *n < epoch) {
             self.newest_epoch.insert(base, epoch);
@@ -135,8 +136,6 @@ impl Windows {
             // every permanent produce error).
             for older in 0..epoch {
                 self.writers
-                    .remove(&(base | older << mink_types::WRITER_EPOCH_SHIFT));
-                self.rebuilt
                     .remove(&(base | older << mink_types::WRITER_EPOCH_SHIFT));
             }
         }
@@ -203,47 +202,50 @@ mod tests {
     fn duplicates_gaps_and_the_first_batch() {
         let mut w = Windows::default();
         assert!(
-            matches!(w.check(1, 17, 17), Check::New),
+            matches!(w.check(1, 17, 17, true), Check::New),
             "a writer's first batch may start anywhere"
         );
         w.push(1, entry(17, 17, 0));
-        assert!(matches!(w.check(1, 18, 18), Check::New));
-        assert!(matches!(w.check(1, 17, 17), Check::Duplicate(e) if e.first_offset == 0));
+        assert!(matches!(w.check(1, 18, 18, true), Check::New));
+        assert!(matches!(w.check(1, 17, 17, true), Check::Duplicate(e) if e.first_offset == 0));
         assert!(matches!(
-            w.check(1, 20, 20),
+            w.check(1, 20, 20, true),
             Check::OutOfOrder { expected: 18 }
         ));
         assert!(matches!(
-            w.check(1, 16, 16),
+            w.check(1, 16, 16, true),
             Check::OutOfOrder { expected: 18 }
         ));
         // Kafka-style ranges.
         w.push(1, entry(18, 27, 1));
-        assert!(matches!(w.check(1, 18, 27), Check::Duplicate(e) if e.last_offset == 10));
+        assert!(matches!(w.check(1, 18, 27, true), Check::Duplicate(e) if e.last_offset == 10));
         assert!(matches!(
-            w.check(1, 18, 20),
+            w.check(1, 18, 20, true),
             Check::OutOfOrder { expected: 28 }
         ));
-        assert!(matches!(w.check(1, 28, 30), Check::New));
+        assert!(matches!(w.check(1, 28, 30, true), Check::New));
     }
 
     #[test]
-    fn after_a_rebuild_a_writer_may_skip_forward_once() {
+    fn a_strict_window_takes_an_unknown_writer_only_from_zero() {
         let mut w = Windows::default();
-        w.push(1, entry(4, 4, 0));
-        w.mark_rebuilt();
-        // Sequence 5 changed nothing (no log record); 6 follows after a reopen.
-        assert!(matches!(w.check(1, 6, 6), Check::New));
-        assert!(matches!(w.check(1, 4, 4), Check::Duplicate(_)));
         assert!(matches!(
-            w.check(1, 3, 3),
-            Check::OutOfOrder { expected: 5 }
+            w.check(1, 6, 6, false),
+            Check::OutOfOrder { expected: 0 }
         ));
-        w.push(1, entry(6, 6, 1));
+        assert!(matches!(w.check(1, 0, 0, false), Check::New));
+        w.push(1, entry(0, 0, 0));
+        // A known writer follows its window either way; a gap is never skipped.
         assert!(matches!(
-            w.check(1, 8, 8),
-            Check::OutOfOrder { expected: 7 }
+            w.check(1, 2, 2, false),
+            Check::OutOfOrder { expected: 1 }
         ));
+        assert!(matches!(
+            w.check(1, 2, 2, true),
+            Check::OutOfOrder { expected: 1 }
+        ));
+        assert!(matches!(w.check(1, 1, 1, false), Check::New));
+        assert!(matches!(w.check(1, 0, 0, false), Check::Duplicate(_)));
     }
 
     #[test]
@@ -272,7 +274,7 @@ mod tests {
         let kept: Vec<i64> = w.window(3).iter().map(|e| e.first_sequence).collect();
         assert_eq!(kept, vec![3, 4, 5, 6, 7]);
         assert!(matches!(
-            w.check(3, 2, 2),
+            w.check(3, 2, 2, true),
             Check::OutOfOrder { expected: 8 }
         ));
     }

@@ -10,10 +10,33 @@ use crate::{MinkError, Result};
 /// The longest database, table or partition name, in characters.
 pub const NAME_LEN_MAX: usize = 200;
 
+/// How much of a client's input an error message quotes, in characters.
+pub const QUOTE_CHARS_MAX: usize = 64;
+
+/// `input` quoted for an error message: at most [`QUOTE_CHARS_MAX`] characters of it,
+/// so that an error about a huge input stays small (a gRPC status travels in a header,
+/// whose size is limited).
+pub fn quote(input: &str) -> String {
+    let mut chars = input.char_indices();
+    match chars.nth(QUOTE_CHARS_MAX) {
+        None => format!("{input:?}"),
+        Some((cut, _)) => format!(
+            "{:?}… ({} characters)",
+            &input[..cut],
+            input.chars().count()
+        ),
+    }
+}
+
 /// Checks `name` against `[A-Za-z0-9_][A-Za-z0-9_-]{0,199}`. `what` names the field in
 /// the error ("database name", "table name", ...), and the error says which rule failed.
 pub fn validate_name(what: &str, name: &str) -> Result<()> {
-    let invalid = |reason: String| Err(MinkError::invalid(what, format!("{name:?} {reason}")));
+    let invalid = |reason: String| {
+        Err(MinkError::invalid(
+            what,
+            format!("{} {reason}", quote(name)),
+        ))
+    };
     let Some(first) = name.chars().next() else {
         return Err(MinkError::invalid(what, "must not be empty"));
     };
@@ -129,7 +152,7 @@ impl TablePath {
         let Some((db, table)) = path.split_once('.') else {
             return Err(MinkError::invalid(
                 "table path",
-                format!("{path:?} is not of the form database.table"),
+                format!("{} is not of the form database.table", quote(path)),
             ));
         };
         Ok(Self {
@@ -236,6 +259,21 @@ mod tests {
         ] {
             TableName::new(name).unwrap();
         }
+    }
+
+    #[test]
+    fn an_error_quotes_at_most_a_bounded_prefix_of_its_input() {
+        let (_, why) = reason(DatabaseName::new("x".repeat(10_000)).unwrap_err());
+        assert!(why.len() < 200, "{why}");
+        assert!(why.contains("10000 characters"), "{why}");
+        assert!(why.contains("the limit is 200"), "{why}");
+        assert_eq!(quote("short"), "\"short\"");
+        // Cut at a character, not inside one.
+        let cut = quote(&"é".repeat(100));
+        assert!(
+            cut.starts_with(&format!("{:?}", "é".repeat(QUOTE_CHARS_MAX))),
+            "{cut}"
+        );
     }
 
     #[test]

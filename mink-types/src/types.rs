@@ -215,7 +215,9 @@ impl FromStr for DataType {
             .filter(|c| !c.is_whitespace())
             .collect::<String>()
             .to_ascii_uppercase();
-        let bad = |why: &str| MinkError::invalid("data type", format!("{text:?}: {why}"));
+        let bad = |why: &str| {
+            MinkError::invalid("data type", format!("{}: {why}", crate::names::quote(text)))
+        };
         let (name, args) = match compact.split_once('(') {
             Some((name, rest)) => {
                 let args = rest.strip_suffix(')').ok_or_else(|| bad("missing ')'"))?;
