@@ -91,8 +91,9 @@ struct Inner {
     shutdown: watch::Sender<bool>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     last_snapshot: AtomicU64,
-    /// Whether the last heartbeat write succeeded (the object store answers).
-    heartbeat_ok: std::sync::atomic::AtomicBool,
+    /// Why the last heartbeat write failed; `None` when it succeeded (the object store
+    /// answers).
+    heartbeat_error: Mutex<Option<String>>,
     /// Proposals waiting for the committer (group commit), each with its answer.
     queue: Mutex<Vec<Proposal>>,
     /// Whether a committer task is draining `queue`.
@@ -162,7 +163,7 @@ impl MetaNode {
                 shutdown: watch::channel(false).0,
                 tasks: Mutex::new(Vec::new()),
                 last_snapshot: AtomicU64::new(0),
-                heartbeat_ok: std::sync::atomic::AtomicBool::new(true),
+                heartbeat_error: Mutex::new(None),
                 queue: Mutex::new(Vec::new()),
                 committing: std::sync::atomic::AtomicBool::new(false),
             }),
@@ -438,7 +439,17 @@ impl MetaNode {
 
     /// Whether the last heartbeat reached the object store.
     pub fn heartbeat_ok(&self) -> bool {
-        self.inner.heartbeat_ok.load(Ordering::Relaxed)
+        self.heartbeat_error().is_none()
+    }
+
+    /// Why the last heartbeat did not reach the object store (the store's error), if it
+    /// did not.
+    pub fn heartbeat_error(&self) -> Option<String> {
+        self.inner
+            .heartbeat_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Whether this node holds the lease in its current view.
@@ -701,14 +712,18 @@ impl MetaNode {
         })
         .to_string();
         let path = Path::from(format!("{HEARTBEATS}/{}", self.inner.node));
-        let ok = match self.inner.store.put(&path, PutPayload::from(body)).await {
-            Ok(_) => true,
+        let error = match self.inner.store.put(&path, PutPayload::from(body)).await {
+            Ok(_) => None,
             Err(e) => {
                 tracing::warn!("heartbeat failed: {e}");
-                false
+                Some(e.to_string())
             }
         };
-        self.inner.heartbeat_ok.store(ok, Ordering::Relaxed);
+        *self
+            .inner
+            .heartbeat_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = error;
     }
 
     async fn heartbeat_loop(self) {

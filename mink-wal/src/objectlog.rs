@@ -22,6 +22,10 @@
 //! detects deleted entries and loads the snapshot) whenever its last listing is older
 //! than `list_refresh`, which must be well below `delete_grace`. An entry a writer has
 //! not seen was then created after its last listing, so it is too young to be gone.
+//! The create itself must leave while that still holds: a writer whose last listing
+//! is older than `delete_grace - list_refresh` when it is about to create (it was
+//! paused, or a read was slow) lists again first, and the create has `list_refresh`
+//! to land (test: `an_appender_paused_past_the_delete_grace_lists_again_before_it_creates`).
 //!
 //! Tailing costs one LIST per catch-up: the listing covers all of `{prefix}/` from the
 //! next entry on, so it also shows every snapshot (no second listing to find one) and
@@ -113,7 +117,8 @@ pub struct ObjectLog<S: LogState> {
     store: Arc<dyn ObjectStore>,
     options: ObjectLogOptions,
     /// When the last successful listing catch-up started.
-    last_listed: std::sync::Mutex<std::time::Instant>,
+    /// (tokio's clock, so that paused-time tests can stretch the gap.)
+    last_listed: std::sync::Mutex<tokio::time::Instant>,
     /// `{prefix}`: a catch-up lists it from the next entry on.
     root: Path,
     log_dir: Path,
@@ -226,7 +231,7 @@ impl<S: LogState> ObjectLog<S> {
         let log = Self {
             store,
             options,
-            last_listed: std::sync::Mutex::new(std::time::Instant::now()),
+            last_listed: std::sync::Mutex::new(tokio::time::Instant::now()),
             root: Path::from(prefix),
             log_dir: Path::from(format!("{prefix}/log")),
             snap_dir: Path::from(format!("{prefix}/snap")),
@@ -362,7 +367,7 @@ impl<S: LogState> ObjectLog<S> {
     /// `start_after` the applied entry (one LIST that also shows the snapshots and the
     /// objects beside the log). Returns the index at which `token` was found, if it was.
     async fn catch_up_locked(&self, token: Option<&[u8; 16]>) -> WalResult<Option<u64>> {
-        let started = std::time::Instant::now();
+        let started = tokio::time::Instant::now();
         let found = self.list_and_apply(token).await?;
         *self.last_listed.lock().unwrap_or_else(|e| e.into_inner()) = started;
         Ok(found)
@@ -503,13 +508,9 @@ impl<S: LogState> ObjectLog<S> {
         let mut storage_errors = 0;
         let mut maybe_landed = false;
         let mut list = false;
+        let mut stale_creates = 0;
         loop {
-            let stale = self
-                .last_listed
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .elapsed()
-                > self.options.list_refresh;
+            let stale = self.listing_is_stale();
             let found = if list || stale {
                 list = false;
                 self.catch_up_locked(maybe_landed.then_some(&token)).await
@@ -536,6 +537,26 @@ impl<S: LogState> ObjectLog<S> {
                 }
                 view.index + 1
             };
+            // The view must still be young enough when the create is sent: a process
+            // paused since its check (or slowed by a read) for longer than
+            // `delete_grace - list_refresh` could otherwise re-create an entry deleted
+            // under a snapshot meanwhile, which every reader would skip. So the create
+            // leaves within that of the last listing, and has `list_refresh` left to
+            // land. (A log that deletes with no grace, as some tests do, has no such
+            // window to keep.)
+            if self.too_old_to_create() {
+                stale_creates += 1;
+                if stale_creates > APPEND_STORAGE_RETRIES_MAX {
+                    return Err(WalError::Storage(format!(
+                        "object log {}: every catch-up took longer than delete_grace - \
+                         list_refresh; appending on so old a view is not safe",
+                        self.log_dir
+                    )));
+                }
+                tracing::debug!(log = %self.log_dir, "the view went stale before the create; listing again");
+                list = true;
+                continue;
+            }
             let opts = PutOptions {
                 mode: PutMode::Create,
                 ..Default::default()
@@ -583,6 +604,28 @@ impl<S: LogState> ObjectLog<S> {
                 }
             }
         }
+    }
+
+    fn listed_ago(&self) -> Duration {
+        self.last_listed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .elapsed()
+    }
+
+    /// Whether the last listing is older than `list_refresh` (see the module docs).
+    fn listing_is_stale(&self) -> bool {
+        self.listed_ago() > self.options.list_refresh
+    }
+
+    /// Whether the last listing is too old for a create to be sent on its view: older
+    /// than `delete_grace - list_refresh`.
+    fn too_old_to_create(&self) -> bool {
+        let limit = self
+            .options
+            .delete_grace
+            .saturating_sub(self.options.list_refresh);
+        !limit.is_zero() && self.listed_ago() > limit
     }
 
     /// Writes a snapshot of the applied state. Returns its index.

@@ -297,6 +297,57 @@ async fn an_entry_deleted_between_listing_and_reading_is_caught_up_through_its_s
     assert!(matches!(outcome, Appended::At(6)), "{outcome:?}");
 }
 
+/// An appender paused between its freshness check and its conditional create (here a
+/// read that takes 11 minutes) for longer than `delete_grace - list_refresh`: meanwhile
+/// another writer appended, snapshotted and deleted the entries under the snapshot, so
+/// the index the appender probed is free again. Creating it would put an entry under
+/// the snapshot that every reader skips; the appender lists again instead.
+#[tokio::test(start_paused = true)]
+async fn an_appender_paused_past_the_delete_grace_lists_again_before_it_creates() {
+    let inner: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    let clock = mink_wal::fault::VirtualClock::new();
+    let paused = FaultyStore::new(inner.clone(), FaultConfig::default()).with_clock(clock.clone());
+    let other_store: Arc<dyn object_store::ObjectStore> =
+        Arc::new(FaultyStore::new(inner.clone(), FaultConfig::default()).with_clock(clock));
+    let options = ObjectLogOptions::default();
+    let appender = ObjectLog::open_with(
+        Arc::new(paused.clone()),
+        "meta",
+        Registry::default(),
+        options.clone(),
+    )
+    .await
+    .unwrap();
+    let other = ObjectLog::open_with(other_store, "meta", Registry::default(), options.clone())
+        .await
+        .unwrap();
+    paused.set_config(FaultConfig {
+        get_latency: options.delete_grace + Duration::from_secs(60),
+        ..Default::default()
+    });
+    let late = "late".to_string();
+    let (outcome, ()) = tokio::join!(appender.append(&late), async {
+        // While the appender's probe of entry 1 is on its way.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        other.append(&"b1".to_string()).await.unwrap();
+        other.append(&"b2".to_string()).await.unwrap();
+        assert_eq!(other.write_snapshot().await.unwrap(), 2);
+        tokio::time::sleep(options.delete_grace + Duration::from_secs(5)).await;
+        assert_eq!(other.delete_covered(2).await.unwrap(), 2);
+        paused.set_config(FaultConfig::default());
+    });
+    let outcome = outcome.unwrap();
+    assert!(matches!(outcome, Appended::At(3)), "{outcome:?}");
+    let fresh = ObjectLog::open(inner, "meta", Registry::default())
+        .await
+        .unwrap();
+    assert_eq!(fresh.applied_index(), 3);
+    assert!(
+        fresh.read(|s, _| s.names.contains("late")),
+        "the entry is seen by every reader"
+    );
+}
+
 backend_tests! {
     concurrent_appenders_agree_on_one_total_order => super::concurrent_appenders_agree_on_one_total_order;
     a_duplicate_is_rejected_and_not_appended => super::a_duplicate_is_rejected_and_not_appended;

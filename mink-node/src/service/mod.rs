@@ -106,8 +106,8 @@ impl NodeService {
         if let Some(e) = self.streams().failure() {
             return Some(format!("the WAL failed: {e}"));
         }
-        if !self.meta.heartbeat_ok() {
-            return Some("the object store does not answer heartbeats".into());
+        if let Some(e) = self.meta.heartbeat_error() {
+            return Some(format!("the object store refused the last heartbeat: {e}"));
         }
         None
     }
