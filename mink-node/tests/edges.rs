@@ -279,3 +279,76 @@ async fn a_bucket_moved_back_to_an_idle_node_is_handed_over_without_a_fence() {
         node.stop().await;
     }
 }
+
+/// A `Snapshot` reader brings the state up to date with a `Scan` of the changelog from
+/// the snapshot's offset. Once the TTL has trimmed the changelog past that offset (it
+/// may, up to the newest snapshot), the reader that comes back late is told so
+/// (`OffsetOutOfRange`), never handed fewer changes as if they were all; a new
+/// `Snapshot` read starts it over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_reader_past_the_trim_fails_loudly_and_a_new_snapshot_serves() {
+    use mink_flight::protocol::ReadTicket;
+    let dir = tempfile::tempdir().unwrap();
+    let shared = dir.path().join("objects");
+    let node = Node::start(fast_ttl(config(dir.path(), &shared, "n0")))
+        .await
+        .unwrap();
+    let client = MinkClient::connect(&node.flight_addr.to_string())
+        .await
+        .unwrap();
+    client.create_database("db").await.unwrap();
+    let path = TablePath::parse("db.users").unwrap();
+    client
+        .create_table(&path, &users(&[("log_ttl", "1s")]))
+        .await
+        .unwrap();
+    let bucket = node.meta.read(|s| {
+        let t = s.tables.values().find(|t| t.path == path).unwrap();
+        TableBucket::new(t.id, None, 0)
+    });
+    let first = user_rows(0..10, "a");
+    settle(|| client.put(&path, &first, None, None)).await;
+    let snapshot = client
+        .read_state_any(&ReadTicket::Snapshot { bucket })
+        .await
+        .unwrap();
+    let at = snapshot[0].1.log_offset;
+    // Later changes; the TTL then trims past `at` (writing newer snapshots first).
+    for round in 0..3 {
+        client
+            .put(&path, &user_rows(0..10, &format!("r{round}")), None, None)
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let mut start = 0;
+    for _ in 0..200 {
+        start = node.streams().metadata().read(|s, _| {
+            s.streams
+                .get(&bucket.stream_name())
+                .map_or(0, |m| m.start_offset)
+        });
+        if start as i64 > at {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        start as i64 > at,
+        "the TTL never trimmed past the snapshot at {at}"
+    );
+    let err = client.scan(&path, bucket, at).await.unwrap_err();
+    assert!(
+        matches!(err, mink_types::MinkError::OffsetOutOfRange { .. })
+            || err.to_string().contains("out of range"),
+        "{err:?}"
+    );
+    let renewed = client
+        .read_state_any(&ReadTicket::Snapshot { bucket })
+        .await
+        .unwrap();
+    let renewed_at = renewed[0].1.log_offset;
+    assert!(renewed_at >= start as i64, "{renewed_at} < {start}");
+    client.scan(&path, bucket, renewed_at).await.unwrap();
+    node.stop().await;
+}

@@ -714,21 +714,29 @@ pub(super) async fn gc_dead_wals(store: &Arc<StoreInner>) -> WalResult<usize> {
         });
     }
     store.meta.catch_up().await?;
-    let (referenced, fences): (
+    let (referenced, fences, retired): (
         std::collections::BTreeSet<super::meta::WalId>,
         std::collections::BTreeMap<String, u64>,
+        std::collections::BTreeSet<super::meta::WalId>,
     ) = store.meta.read(|s, _| {
         (
             s.streams.values().filter_map(|m| m.owner.clone()).collect(),
             s.fences.clone(),
+            all.iter().filter(|w| s.retired(w)).cloned().collect(),
         )
     });
     let cutoff = cutoff_ms(store, store.config.dead_wal_grace_ms).await?;
     let mut deleted = 0;
     for wal in all {
+        // Dead: the node claimed a newer generation, and the stream metadata retired
+        // this one (fenced it, or saw a newer generation of the node): from then on it
+        // refuses any open by it, so no stream can come to depend on these objects
+        // again, however late that open. A generation that closed everything cleanly
+        // and whose node has appended nothing since waits (a few objects at most).
         if wal == store.wal
             || referenced.contains(&wal)
             || newest.get(&wal.node).is_none_or(|g| *g <= wal.generation)
+            || !retired.contains(&wal)
         {
             continue;
         }
@@ -814,10 +822,16 @@ pub(super) async fn gc_orphan_segments(store: &Arc<StoreInner>) -> WalResult<usi
             .gc_store
             .list(Some(&Path::from(format!("seg/{name}"))))
             .try_filter(|m| {
+                // Checked, not assumed: object_store lists a prefix by path segments
+                // (`seg/t1-b1` does not list `seg/t1-b10/…`), and a segment of another
+                // stream must never be taken for an orphan of this one.
+                let ours = segment_stream(&m.location) == Some(name.as_str());
                 let named = known.contains(m.location.as_ref());
+                // A segment of a newer epoch is a takeover's recovery not committed
+                // yet: a new owner opens under an epoch above every earlier one.
                 let old_epoch = segment_epoch(&m.location).is_some_and(|e| e <= epoch);
                 futures::future::ready(
-                    !named && old_epoch && m.last_modified.timestamp_millis() <= cutoff,
+                    ours && !named && old_epoch && m.last_modified.timestamp_millis() <= cutoff,
                 )
             })
             .map_ok(|m| m.location)
@@ -834,6 +848,12 @@ pub(super) async fn gc_orphan_segments(store: &Arc<StoreInner>) -> WalResult<usi
 /// The epoch in a segment key `seg/{stream}/{base:020}-{epoch}-{unique}`.
 fn segment_epoch(path: &Path) -> Option<u64> {
     path.filename()?.split('-').nth(1)?.parse().ok()
+}
+
+/// The stream of a segment key `seg/{stream}/{file}`; `None` for any other shape.
+fn segment_stream(path: &Path) -> Option<&str> {
+    let (stream, file) = path.as_ref().strip_prefix("seg/")?.split_once('/')?;
+    (!file.is_empty() && !file.contains('/')).then_some(stream)
 }
 
 /// The store's clock (see [`crate::store::store_now_ms`]), `grace_ms` ago.
@@ -864,6 +884,22 @@ async fn delete_paths(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_segment_key_names_exactly_one_stream() {
+        let key = |k: &str| Path::from(k);
+        assert_eq!(
+            segment_stream(&key("seg/t1-b1/00000000000000000000-3-ab")),
+            Some("t1-b1")
+        );
+        assert_eq!(
+            segment_stream(&key("seg/t1-b10/00000000000000000000-3-ab")),
+            Some("t1-b10")
+        );
+        assert_eq!(segment_stream(&key("seg/t1-b1/x/y")), None);
+        assert_eq!(segment_stream(&key("wal/n/1/2")), None);
+        assert_eq!(segment_stream(&key("seg/t1-b1")), None);
+    }
 
     /// Size-tiered merging on a stream that gets one small segment per round: the
     /// number of segments stays bounded and no byte is rewritten more than

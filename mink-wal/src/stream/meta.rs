@@ -160,6 +160,20 @@ pub enum StreamCommand {
     },
 }
 
+impl StreamCommand {
+    /// The WAL writer the command speaks for, if it names one.
+    fn owner(&self) -> Option<&WalId> {
+        match self {
+            StreamCommand::Open { owner, .. }
+            | StreamCommand::Commit { owner, .. }
+            | StreamCommand::Close { owner, .. }
+            | StreamCommand::Merge { owner, .. } => Some(owner),
+            StreamCommand::Trim { owner, .. } => owner.as_ref(),
+            StreamCommand::Fence { .. } => None,
+        }
+    }
+}
+
 /// Every stream.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StreamsState {
@@ -172,6 +186,13 @@ pub struct StreamsState {
     /// the slot may have been deleted, and the owner would never meet the fence.
     #[serde(default)]
     pub wal_floors: BTreeMap<String, u64>,
+    /// Per node: the newest WAL generation any applied command names as its owner. An
+    /// `Open` by an older generation of the node is refused: the node replaced that
+    /// WAL, and dead-WAL GC may delete a replaced generation's objects once a newer
+    /// one is seen here, so a late open (a paused process, a delayed request) must not
+    /// make a stream depend on them again.
+    #[serde(default)]
+    pub generations: BTreeMap<String, u64>,
 }
 
 /// Where the run of segments `m.replaces` sits in `segments`, if it is there, in
@@ -269,6 +290,21 @@ impl StreamsState {
     }
 
     /// The streams a WAL writer owns.
+    /// Whether `wal` is done for good: fenced, or superseded by a newer generation of
+    /// its node. Either way it may open no stream, so dead-WAL GC may delete its
+    /// objects once no stream names it.
+    pub fn retired(&self, wal: &WalId) -> bool {
+        self.superseded(wal) || self.fences.contains_key(&wal.to_string())
+    }
+
+    /// Whether a newer generation of `wal`'s node has been seen (see
+    /// [`StreamsState::generations`]).
+    pub fn superseded(&self, wal: &WalId) -> bool {
+        self.generations
+            .get(&wal.node)
+            .is_some_and(|newest| *newest > wal.generation)
+    }
+
     pub fn owned_by<'a>(
         &'a self,
         wal: &'a WalId,
@@ -290,8 +326,17 @@ impl LogState for StreamsState {
                 epoch,
                 expected,
                 recovered,
+                owner,
                 ..
             } => match self.streams.get(stream) {
+                _ if self.superseded(owner) => Err(format!(
+                    "stream {stream}: WAL {owner} is superseded by generation {} of its node; \
+                     a replaced WAL opens nothing",
+                    self.generations[&owner.node]
+                )),
+                _ if self.fences.contains_key(&owner.to_string()) => Err(format!(
+                    "stream {stream}: WAL {owner} is fenced; a fenced WAL opens nothing"
+                )),
                 None => {
                     if expected.is_some() || recovered.is_some() {
                         return Err(format!("stream {stream} does not exist"));
@@ -389,6 +434,10 @@ impl LogState for StreamsState {
     }
 
     fn apply(&mut self, _index: u64, command: &StreamCommand) {
+        if let Some(owner) = command.owner() {
+            let newest = self.generations.entry(owner.node.clone()).or_default();
+            *newest = (*newest).max(owner.generation);
+        }
         match command {
             StreamCommand::Open {
                 stream,
@@ -503,6 +552,39 @@ mod tests {
     fn apply(state: &mut StreamsState, command: StreamCommand) {
         state.validate(&command).unwrap();
         state.apply(0, &command);
+    }
+
+    #[test]
+    fn a_replaced_wal_generation_opens_nothing() {
+        let mut s = StreamsState::default();
+        let old = wal("n");
+        let new = WalId {
+            node: "n".into(),
+            generation: 2,
+        };
+        apply(&mut s, open("a", 1, &old, 1, None));
+        assert!(!s.superseded(&old));
+        // A fenced one opens nothing either.
+        let fenced = wal("f");
+        apply(
+            &mut s,
+            StreamCommand::Fence {
+                wal: fenced.clone(),
+                at: 1,
+            },
+        );
+        assert!(s.retired(&fenced) && !s.superseded(&fenced));
+        let err = s.validate(&open("d", 1, &fenced, 1, None)).unwrap_err();
+        assert!(err.contains("is fenced"), "{err}");
+        apply(&mut s, open("b", 1, &new, 1, None));
+        assert!(s.superseded(&old));
+        assert!(!s.superseded(&new));
+        // A late open by the replaced generation is refused, whatever the stream.
+        let err = s.validate(&open("c", 1, &old, 1, None)).unwrap_err();
+        assert!(err.contains("superseded by generation 2"), "{err}");
+        // Another node's generations are its own.
+        assert!(!s.superseded(&wal("m")));
+        s.validate(&open("c", 1, &wal("m"), 1, None)).unwrap();
     }
 
     fn open(

@@ -201,6 +201,14 @@ async fn create_or_take_over(
         // Perhaps our own earlier proposal, which landed late: the next pass adopts
         // it, or reports a newer epoch as Fenced.
         Err(why) if why.contains("is not newer") => Ok(Step::Retry),
+        // This WAL is done (fenced, or replaced by a newer generation of this node):
+        // the writer fails now, so that the node replaces it, rather than at an
+        // upload that may never come.
+        Err(why) if store.meta.read(|s, _| s.retired(&store.wal)) => {
+            let err = WalError::Fenced(format!("open of {name} refused: {why}"));
+            store.writer.retire(err.clone());
+            Err(err)
+        }
         Err(why) => Err(WalError::Corrupt(format!("open of {name} rejected: {why}"))),
     }
 }

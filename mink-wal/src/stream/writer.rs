@@ -81,6 +81,10 @@ pub(crate) struct WriterShared {
     pub corks: AtomicUsize,
     /// Signalled when the last cork is released.
     pub uncorked: Notify,
+    /// Why the writer must stop although no upload failed (the stream metadata says
+    /// its WAL is fenced or replaced), set by [`WriterShared::retire`].
+    retired: std::sync::Mutex<Option<WalError>>,
+    retire: Notify,
 }
 
 impl WriterShared {
@@ -91,7 +95,21 @@ impl WriterShared {
             failed,
             corks: AtomicUsize::new(0),
             uncorked: Notify::new(),
+            retired: std::sync::Mutex::new(None),
+            retire: Notify::new(),
         }
+    }
+
+    /// Makes the writer fail as a failed upload would (every append not acknowledged
+    /// yet fails, and every later one), for `why`: the stream metadata says this WAL is
+    /// fenced or superseded, so nothing it writes from here on would count. An idle
+    /// writer would otherwise never learn it (it learns at its next upload).
+    pub fn retire(&self, why: WalError) {
+        self.retired
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert(why);
+        self.retire.notify_one();
     }
 
     pub fn failure(&self) -> Option<WalError> {
@@ -257,6 +275,11 @@ pub(crate) async fn run_writer(
     let mut inflight_seqs: VecDeque<u64> = VecDeque::new();
     let mut inflight_jobs: VecDeque<Sealed> = VecDeque::new();
     let mut open = true;
+    // The sequence the next acknowledged upload must have. Acknowledged WAL objects are
+    // a contiguous run from the first sequence: a takeover fences at the first free
+    // sequence at or above the owner's floor, so an acknowledged object above a hole
+    // would be ignored by everyone (docs/s3stream.md, "Invariants").
+    let mut next_ack = shared.next_seq.load(Ordering::SeqCst);
     loop {
         // Seal and upload while the rules allow.
         let age = group.opened.elapsed();
@@ -303,6 +326,11 @@ pub(crate) async fn run_writer(
                 };
                 match result {
                     Ok(_) => {
+                        assert_eq!(
+                            sealed.seq, next_ack,
+                            "WAL {wal}: acknowledgements must follow the sequences with no hole"
+                        );
+                        next_ack += 1;
                         metrics::counter!("mink_wal_uploads_total").increment(1);
                         metrics::counter!("mink_wal_upload_bytes_total").increment(sealed.bytes as u64);
                         for (job, range) in sealed.jobs {
@@ -335,28 +363,25 @@ pub(crate) async fn run_writer(
                                 WalError::Storage(format!("WAL {wal} upload {} failed: {other}", sealed.seq))
                             }
                         };
-                        tracing::warn!("{err}; failing every later append");
-                        shared.failed.send_replace(Some(err.clone()));
-                        for (job, _) in sealed.jobs {
-                            let _ = job.done.send(Err(err.clone()));
-                        }
                         // Later uploads may still land, but none is acknowledged.
                         drop(inflight);
-                        for later in inflight_jobs {
-                            for (job, _) in later.jobs {
-                                let _ = job.done.send(Err(err.clone()));
-                            }
-                        }
-                        for (job, _) in std::mem::replace(&mut group, Group::new()).jobs {
-                            let _ = job.done.send(Err(err.clone()));
-                        }
-                        rx.close();
-                        while let Some(job) = rx.recv().await {
-                            let _ = job.done.send(Err(err.clone()));
-                        }
+                        let unacked = std::iter::once(sealed).chain(inflight_jobs).map(|s| s.jobs);
+                        fail_all(&shared, err, unacked.chain([group.jobs]), rx).await;
                         return;
                     }
                 }
+            },
+            _ = shared.retire.notified() => {
+                let err = shared
+                    .retired
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone()
+                    .unwrap_or_else(|| WalError::Fenced(format!("WAL {wal} was retired")));
+                drop(inflight);
+                let unacked = inflight_jobs.into_iter().map(|s| s.jobs);
+                fail_all(&shared, err, unacked.chain([group.jobs]), rx).await;
+                return;
             },
             job = rx.recv(), if open && !full => match job {
                 Some(job) => {
@@ -380,5 +405,24 @@ pub(crate) async fn run_writer(
             _ = shared.uncorked.notified(), if waiting_on_cork => {}
             _ = tokio::time::sleep_until(cork_deadline), if waiting_on_cork => {}
         }
+    }
+}
+
+/// Fails the writer for good with `err`: every append of `unacked` (uploads in flight
+/// and the open group) and every one queued or sent later.
+async fn fail_all(
+    shared: &WriterShared,
+    err: WalError,
+    unacked: impl Iterator<Item = Vec<(Job, std::ops::Range<u64>)>>,
+    mut rx: mpsc::UnboundedReceiver<Job>,
+) {
+    tracing::warn!("{err}; failing every later append");
+    shared.failed.send_replace(Some(err.clone()));
+    for (job, _) in unacked.flatten() {
+        let _ = job.done.send(Err(err.clone()));
+    }
+    rx.close();
+    while let Some(job) = rx.recv().await {
+        let _ = job.done.send(Err(err.clone()));
     }
 }
