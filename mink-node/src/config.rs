@@ -107,6 +107,8 @@ pub struct MinkConfig {
     pub flight: FlightConfig,
     pub kafka: KafkaConfig,
     pub lake: LakeConfig,
+    /// Node-wide bounds on write requests in progress (back-pressure).
+    pub writes: crate::admission::WritesConfig,
     pub logging: LoggingConfig,
     pub testing: TestingConfig,
 }
@@ -126,6 +128,7 @@ impl Default for MinkConfig {
             flight: FlightConfig::default(),
             kafka: KafkaConfig::default(),
             lake: LakeConfig::default(),
+            writes: crate::admission::WritesConfig::default(),
             logging: LoggingConfig::default(),
             testing: TestingConfig::default(),
         }
@@ -227,6 +230,7 @@ impl MinkConfig {
         self.kv.validate().map_err(ConfigError)?;
         self.meta.validate().map_err(ConfigError)?;
         self.flight.validate().map_err(ConfigError)?;
+        self.writes.validate().map_err(ConfigError)?;
         self.kafka.validate().map_err(ConfigError)?;
         self.lake.validate().map_err(ConfigError)?;
         Ok(())

@@ -9,6 +9,7 @@
 //! implements the handler traits the protocol crates define; nothing depends on it.
 
 pub mod admin;
+pub mod admission;
 pub mod config;
 pub mod forward;
 pub mod node;

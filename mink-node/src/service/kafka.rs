@@ -244,6 +244,11 @@ impl KafkaHandler for NodeService {
         rows: RecordBatch,
         producer: Option<ProducerBatch>,
     ) -> Result<PendingProduce> {
+        // Held until the append resolves (see `crate::admission`).
+        let admitted = self
+            .admission
+            .admit(rows.get_array_memory_size() as u64)
+            .await?;
         let bucket = self.topic_bucket(topic, partition).await?;
         let table = self.table_by_id(bucket.table_id).await?;
         let tablet = match self.log_tablet(bucket).await {
@@ -275,6 +280,7 @@ impl KafkaHandler for NodeService {
             Err(e) => return Err(self.redirect_stale(bucket, e).await),
         };
         Ok(Box::pin(async move {
+            let _admitted = admitted;
             let appended = submitted.wait().await?;
             Ok(Produced {
                 base_offset: appended.first_offset,

@@ -53,6 +53,8 @@ pub struct NodeService {
     round_robin: Mutex<HashMap<i64, u32>>,
     writer_ids: tokio::sync::Mutex<std::ops::Range<i64>>,
     forwarder: crate::forward::Forwarder,
+    /// The node-wide bound on write requests in progress.
+    admission: crate::admission::Admission,
 }
 
 fn json<T: serde::Serialize>(value: &T) -> Result<Vec<u8>> {
@@ -74,6 +76,7 @@ impl NodeService {
     ) -> Self {
         Self {
             tablets: Arc::new(Tablets::new(config.clone(), meta.clone(), streams, kv)),
+            admission: crate::admission::Admission::new(&config.writes),
             config,
             meta,
             round_robin: Mutex::new(HashMap::new()),

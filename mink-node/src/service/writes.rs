@@ -17,6 +17,11 @@ impl NodeService {
         ipc: Option<IpcEncoded>,
         meta: WriteBatch,
     ) -> Result<WriteResult> {
+        // Held until the write is answered (see `crate::admission`).
+        let bytes = ipc
+            .as_ref()
+            .map_or_else(|| batch.get_array_memory_size(), |i| i.len());
+        let _admitted = self.admission.admit(bytes as u64).await?;
         match descriptor {
             WriteDescriptor::Append {
                 bucket,
