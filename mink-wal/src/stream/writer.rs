@@ -108,7 +108,16 @@ impl WriterShared {
         self.retired
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .get_or_insert(why);
+            .get_or_insert(why.clone());
+        // Seen at once by appenders and by the node, which replaces the WAL; the
+        // writer's task then fails what it holds and acknowledges nothing more.
+        self.failed.send_if_modified(|failed| {
+            let unset = failed.is_none();
+            if unset {
+                *failed = Some(why);
+            }
+            unset
+        });
         self.retire.notify_one();
     }
 
@@ -193,6 +202,9 @@ enum UploadError {
     Fenced,
     /// Errors for longer than the retry budget.
     Failed(object_store::Error),
+    /// The upload may have landed, but the writer was retired meanwhile
+    /// ([`WriterShared::retire`]): it is not acknowledged.
+    Retired,
 }
 
 /// The pause before retry `attempt` (from 1) of an upload.
@@ -324,6 +336,12 @@ pub(crate) async fn run_writer(
                 let Some(sealed) = inflight_jobs.pop_front() else {
                     unreachable!("an upload completed without its group");
                 };
+                // Retired meanwhile: nothing more is acknowledged, even an upload
+                // that landed.
+                let result = match (result, shared.failure()) {
+                    (Ok(_), Some(_)) => Err(UploadError::Retired),
+                    (result, _) => result,
+                };
                 match result {
                     Ok(_) => {
                         assert_eq!(
@@ -362,6 +380,9 @@ pub(crate) async fn run_writer(
                                 metrics::counter!("mink_wal_upload_failures_total").increment(1);
                                 WalError::Storage(format!("WAL {wal} upload {} failed: {other}", sealed.seq))
                             }
+                            UploadError::Retired => shared
+                                .failure()
+                                .unwrap_or_else(|| WalError::Fenced(format!("WAL {wal} was retired"))),
                         };
                         // Later uploads may still land, but none is acknowledged.
                         drop(inflight);
