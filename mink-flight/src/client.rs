@@ -495,10 +495,22 @@ impl MinkClient {
             .map_err(|e| MinkError::Internal(format!("{name} answered: {e}")))
     }
 
+    /// Runs any action of the typed protocol ([`crate::actions`]) at the bootstrap node
+    /// and decodes its answer.
+    pub async fn call<R: crate::actions::ActionRequest>(&self, request: &R) -> Result<R::Answer> {
+        let body = serde_json::to_value(request).map_err(|e| MinkError::Internal(e.to_string()))?;
+        let bytes = self.action_raw(R::NAME, &body).await?;
+        <R::Answer as crate::actions::Answer>::from_body(R::NAME, bytes)
+    }
+
     pub async fn create_database(&self, name: &str) -> Result<()> {
-        self.action::<serde_json::Value>("create_database", serde_json::json!({"name": name}))
-            .await
-            .map(|_| ())
+        use crate::actions::{CreateDatabase, DatabaseName};
+        self.call(&CreateDatabase(DatabaseName {
+            name: name.to_string(),
+            cascade: false,
+        }))
+        .await
+        .map(|_| ())
     }
 
     /// Creates a table; returns its id.
@@ -507,15 +519,14 @@ impl MinkClient {
         path: &TablePath,
         descriptor: &TableDescriptor,
     ) -> Result<i64> {
-        let created: serde_json::Value = self
-            .action(
-                "create_table",
-                serde_json::json!({"path": path, "descriptor": descriptor}),
-            )
+        let created = self
+            .call(&crate::actions::CreateTable {
+                path: path.clone(),
+                descriptor: descriptor.clone(),
+                ignore_if_exists: false,
+            })
             .await?;
-        created["table_id"]
-            .as_i64()
-            .ok_or_else(|| MinkError::Internal("create_table answered no table id".into()))
+        Ok(created.table_id)
     }
 
     async fn metadata(&self, path: &TablePath, refresh: bool) -> Result<Metadata> {
@@ -536,10 +547,10 @@ impl MinkClient {
         if let Some(id) = *current {
             return Ok(id);
         }
-        let v: serde_json::Value = self.action("init_writer", serde_json::json!({})).await?;
-        let id = v["writer_id"]
-            .as_i64()
-            .ok_or_else(|| MinkError::Internal("init_writer answered no writer id".into()))?;
+        let id = self
+            .call(&crate::actions::InitWriter(crate::actions::Empty {}))
+            .await?
+            .writer_id;
         *current = Some(id);
         Ok(id)
     }
@@ -1302,10 +1313,14 @@ impl MinkClient {
         path: &TablePath,
         keys: Vec<Vec<serde_json::Value>>,
     ) -> Result<Vec<RecordBatch>> {
-        let bytes = self
-            .action_raw("lookup", &serde_json::json!({"path": path, "keys": keys}))
+        let found = self
+            .call(&crate::actions::Lookup {
+                path: path.clone(),
+                keys,
+            })
             .await?;
-        let reader = arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None)?;
+        let reader =
+            arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(found.0), None)?;
         reader
             .map(|b| b.map_err(|e| MinkError::Internal(e.to_string())))
             .collect()

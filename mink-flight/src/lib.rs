@@ -1,6 +1,8 @@
 //! `mink-flight`: the Arrow Flight adapter.
 //!
 //! - [`protocol`]: the JSON descriptors, per-batch metadata, tickets and results.
+//! - [`actions`]: the typed action protocol: every action's request and answer, and
+//!   the one list of their names (Arrow-free).
 //! - [`server`]: the Flight server over the [`server::MinkService`] trait the node
 //!   implements; gRPC status mapping; the `mink-applied-index` headers.
 //! - [`client`]: the Rust client (client-side routing, idempotent writes with retries).
@@ -8,6 +10,7 @@
 //! Architecture invariant: this crate speaks Flight and nothing else. It never
 //! touches storage or metadata; `mink-node` implements its service trait.
 
+pub mod actions;
 pub mod client;
 pub mod config;
 pub mod protocol;

@@ -32,39 +32,7 @@ pub const APPLIED_INDEX_HEADER: &str = "mink-applied-index";
 pub const MIN_APPLIED_INDEX_HEADER: &str = "mink-min-applied-index";
 
 /// Every action the protocol has, with a one-line description (ListActions).
-pub const ACTIONS: &[(&str, &str)] = &[
-    ("init_writer", "Allocate an idempotent writer id"),
-    (
-        "list_offsets",
-        "Earliest, latest or by-timestamp offsets of buckets",
-    ),
-    ("register_producer_offsets", "Register a producer's offsets"),
-    ("get_producer_offsets", "Read a producer's offsets"),
-    ("delete_producer_offsets", "Delete a producer's offsets"),
-    ("lookup", "Rows by primary key"),
-    ("prefix_lookup", "Rows by bucket-key prefix"),
-    ("create_database", "Create a database"),
-    ("drop_database", "Drop a database"),
-    ("list_databases", "List databases"),
-    ("database_exists", "Whether a database exists"),
-    ("create_table", "Create a table"),
-    ("drop_table", "Drop a table"),
-    ("list_tables", "List the tables of a database"),
-    ("table_exists", "Whether a table exists"),
-    ("get_table", "A table's definition"),
-    ("alter_table", "Add columns or change properties"),
-    ("create_partition", "Create a partition"),
-    ("drop_partition", "Drop a partition"),
-    ("list_partitions", "List a table's partitions"),
-    ("latest_kv_snapshot", "The latest KV snapshot of a bucket"),
-    ("lake_snapshot", "The latest lake snapshot of a table"),
-    ("metadata", "A table's buckets and their leaders"),
-    ("describe_cluster", "Nodes and the lease"),
-    ("get_config", "The node's effective configuration"),
-    ("node_stats", "The node's counters"),
-    ("rebalance", "Even out bucket leadership"),
-    ("health", "Whether the node serves"),
-];
+pub use crate::actions::ACTIONS;
 
 /// One batch of a scan or a tail, with its scan metadata.
 pub type ReadBatch = (RecordBatch, ScanBatch);
@@ -116,8 +84,8 @@ pub trait MinkService: Send + Sync + 'static {
     fn applied_index(&self) -> u64;
     /// Waits (bounded) until `index` is applied.
     async fn wait_applied(&self, index: u64) -> Result<(), MinkError>;
-    /// Runs an action with a JSON body; returns a JSON result.
-    async fn action(&self, name: &str, body: &[u8]) -> Result<Vec<u8>, MinkError>;
+    /// Runs an action; returns its answer's body (JSON, or Arrow IPC for lookups).
+    async fn action(&self, action: crate::actions::Action) -> Result<Vec<u8>, MinkError>;
     /// Writes one batch; `ipc` holds the bytes it was decoded from, which the service
     /// may store as they are (see [`IpcEncoded`]).
     async fn write(
@@ -654,20 +622,12 @@ impl<S: MinkService> FlightService for FlightServer<S> {
         self.stamped(async move {
             let mut observe = Observe::new("do_action");
             self.before(&request).await?;
-            let action = request.get_ref();
-            if !ACTIONS.iter().any(|(name, _)| *name == action.r#type) {
-                return Err(Status::invalid_argument(format!(
-                    "unknown action {:?}; ListActions lists them",
-                    action.r#type
-                )));
-            }
+            let request = request.get_ref();
+            let action =
+                crate::actions::Action::parse(&request.r#type, &request.body).map_err(status)?;
             // Labelled only with known names: a client cannot grow the label set.
-            observe.action = Some(action.r#type.clone());
-            let body = self
-                .service
-                .action(&action.r#type, &action.body)
-                .await
-                .map_err(status)?;
+            observe.action = Some(action.name().to_string());
+            let body = self.service.action(action).await.map_err(status)?;
             let result = arrow_flight::Result { body: body.into() };
             Ok(self.respond(stream::iter(vec![Ok(result)]).boxed()))
         })

@@ -108,8 +108,8 @@ impl MinkService for Leader {
         Ok(())
     }
 
-    async fn action(&self, name: &str, _: &[u8]) -> Result<Vec<u8>> {
-        let body = match name {
+    async fn action(&self, action: mink_flight::actions::Action) -> Result<Vec<u8>> {
+        let body = match action.name() {
             "init_writer" => {
                 let id = self.with(|s| {
                     s.next_writer_id += 1;
@@ -676,8 +676,8 @@ mod seeded {
             Ok(())
         }
 
-        async fn action(&self, name: &str, _: &[u8]) -> Result<Vec<u8>> {
-            let body = match name {
+        async fn action(&self, action: mink_flight::actions::Action) -> Result<Vec<u8>> {
+            let body = match action.name() {
                 "init_writer" => {
                     let id = self.with(|s| {
                         s.next_writer_id += 1;

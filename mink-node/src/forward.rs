@@ -127,6 +127,17 @@ impl Forwarder {
             .boxed())
     }
 
+    /// Runs a typed action at `addr` and decodes its answer.
+    pub async fn call<R: mink_flight::actions::ActionRequest>(
+        &self,
+        addr: &str,
+        request: &R,
+    ) -> Result<R::Answer> {
+        let body = serde_json::to_value(request).map_err(|e| MinkError::Internal(e.to_string()))?;
+        let bytes = self.action_raw(addr, R::NAME, &body).await?;
+        <R::Answer as mink_flight::actions::Answer>::from_body(R::NAME, bytes)
+    }
+
     /// Runs action `name` at `addr`; the first result as JSON.
     pub async fn action(
         &self,

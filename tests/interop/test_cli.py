@@ -91,7 +91,7 @@ def test_create_write_scan_lookup_describe(cli):
     lose_object_store(tmp / "mink-data" / "objects")
     health = wait_for(lambda: (h := json.loads(mink("cluster", "health").stdout))["status"] != "serving" and h,
                       what="mink cluster health reports the lost store")
-    assert health["status"] == "unavailable" and "object store does not answer" in health["problem"]
+    assert health["status"] == "unavailable" and "object store refused the last heartbeat" in health["problem"]
 
 
 def test_tail_and_offsets_of_a_partitioned_table(cli, bin_dir):

@@ -19,8 +19,8 @@ impl MinkService for NodeService {
             .map(|_| ())
     }
 
-    async fn action(&self, name: &str, body: &[u8]) -> Result<Vec<u8>> {
-        NodeService::action(self, name, body).await
+    async fn action(&self, action: mink_flight::actions::Action) -> Result<Vec<u8>> {
+        NodeService::action(self, action).await
     }
 
     async fn write(

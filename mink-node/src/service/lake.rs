@@ -956,11 +956,6 @@ impl NodeService {
     /// Every bucket's log start and high watermark now (`list_offsets` once per
     /// partition and end: the leaders of the buckets this node does not lead are asked).
     async fn bucket_ends(&self, table: &TableInfo) -> Result<BTreeMap<TableBucket, (i64, i64)>> {
-        #[derive(Deserialize)]
-        struct BucketOffset {
-            bucket: TableBucket,
-            offset: Option<i64>,
-        }
         let partitions: Vec<Option<String>> = if table.descriptor.is_partitioned() {
             table.partitions.keys().cloned().map(Some).collect()
         } else {
@@ -970,10 +965,15 @@ impl NodeService {
         for partition in partitions {
             let mut ends = Vec::with_capacity(2);
             for spec in ["earliest", "latest"] {
-                let body =
-                    serde_json::json!({"path": table.path, "spec": spec, "partition": partition});
-                let answer = self.action("list_offsets", &json(&body)?).await?;
-                let offsets: Vec<BucketOffset> = parse_json("list_offsets answer", &answer)?;
+                let offsets = self
+                    .list_offsets(mink_flight::actions::ListOffsets {
+                        path: table.path.clone(),
+                        spec: spec.into(),
+                        timestamp: None,
+                        partition: partition.clone(),
+                        buckets: None,
+                    })
+                    .await?;
                 ends.push(offsets);
             }
             let latest = ends.pop().unwrap_or_default();

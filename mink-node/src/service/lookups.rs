@@ -3,26 +3,10 @@
 
 use super::*;
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct PrefixLookupBody {
-    path: TablePath,
-    /// Bucket-key values, in bucket-key order.
-    prefix: Vec<serde_json::Value>,
-    #[serde(default)]
-    limit: Option<usize>,
-}
-
 /// Keys (and prefix-lookup rows) in one lookup, at most.
 pub(crate) const LOOKUP_KEYS_MAX: usize = 10_000;
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct LookupBody {
-    path: TablePath,
-    /// Primary-key values, one array per key, in primary-key column order.
-    keys: Vec<Vec<serde_json::Value>>,
-}
+pub(crate) use mink_flight::actions::{Lookup as LookupBody, PrefixLookup as PrefixLookupBody};
 
 impl NodeService {
     /// Rows by primary key, answered as an Arrow IPC stream of the found rows (grouped

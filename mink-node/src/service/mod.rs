@@ -20,7 +20,7 @@ use async_trait::async_trait;
 use mink_flight::MinkService;
 use mink_flight::protocol::{
     BucketWritten, ReadTicket, ScanBatch, SnapshotBatch, TailPoll, WriteBatch, WriteDescriptor,
-    WriteResult, parse_json,
+    WriteResult,
 };
 use mink_flight::server::{ReadBatch, ReadBatches, TableEndpoint};
 use mink_kv::{KvStore, KvTablet, PutRequest, SnapshotStore};
@@ -31,7 +31,6 @@ use mink_types::{
     encode_values, split_by_bucket, split_by_partition,
 };
 use mink_wal::StreamStore;
-use serde::Deserialize;
 
 use crate::MinkConfig;
 use crate::tablets::{Tablet, Tablets};
@@ -55,10 +54,6 @@ pub struct NodeService {
     forwarder: crate::forward::Forwarder,
     /// The node-wide bound on write requests in progress.
     admission: crate::admission::Admission,
-}
-
-fn json<T: serde::Serialize>(value: &T) -> Result<Vec<u8>> {
-    serde_json::to_vec(value).map_err(|e| MinkError::Internal(e.to_string()))
 }
 
 pub(crate) fn now_ms() -> i64 {

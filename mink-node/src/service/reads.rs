@@ -111,11 +111,6 @@ impl NodeService {
         &self,
         path: &TablePath,
     ) -> Result<(SchemaRef, Vec<TableEndpoint>)> {
-        #[derive(Deserialize)]
-        struct BucketOffset {
-            bucket: TableBucket,
-            offset: Option<i64>,
-        }
         let table = self.table(path).await?;
         let partitions: Vec<Option<String>> = if table.descriptor.is_partitioned() {
             table.partitions.keys().cloned().map(Some).collect()
@@ -126,12 +121,18 @@ impl NodeService {
         for partition in partitions {
             let mut ends = Vec::with_capacity(2);
             for spec in ["earliest", "latest"] {
-                let body = serde_json::json!({"path": path, "spec": spec, "partition": partition});
-                let answer = self.action("list_offsets", &json(&body)?).await?;
-                let offsets: Vec<BucketOffset> = parse_json("list_offsets answer", &answer)?;
+                let offsets = self
+                    .list_offsets(mink_flight::actions::ListOffsets {
+                        path: path.clone(),
+                        spec: spec.into(),
+                        timestamp: None,
+                        partition: partition.clone(),
+                        buckets: None,
+                    })
+                    .await?;
                 ends.push(offsets);
             }
-            let [earliest, latest] = <[Vec<BucketOffset>; 2]>::try_from(ends)
+            let [earliest, latest] = <[Vec<mink_flight::actions::BucketOffset>; 2]>::try_from(ends)
                 .map_err(|_| MinkError::Internal("two list_offsets answers".into()))?;
             for (start, end) in earliest.into_iter().zip(latest) {
                 debug_assert_eq!(start.bucket, end.bucket);
