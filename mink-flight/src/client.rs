@@ -813,15 +813,18 @@ impl MinkClient {
                 last = Some(e);
                 continue;
             }
-            let retired = self
+            // A writer retired, or with a batch its caller gave up on (which may still
+            // land), has an earlier batch of unknown outcome.
+            let unknown_before = self
                 .retired
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .contains(&writer_id);
-            if is_out_of_order(&e) && !maybe_recorded && !retired {
+                .contains(&writer_id)
+                || admitted.pipe.lock().abandoned == Some(writer_id);
+            if is_out_of_order(&e) && !maybe_recorded && !unknown_before {
                 // Not recorded, and nothing of this writer before it is in flight or of
-                // unknown outcome (that would have retired the writer): the leader's
-                // window does not follow this writer any more.
+                // unknown outcome: the leader's window does not follow this writer any
+                // more.
                 self.retire_writer(writer_id).await;
                 admitted.resolve(None);
                 return Err(WriteEnd::Restart(e));

@@ -121,7 +121,12 @@ impl SnapshotStore {
         let offsets = self.list().await?;
         let keep = self.retain.max(1);
         if offsets.len() > keep {
-            for old in &offsets[..offsets.len() - keep] {
+            // Never the one just written: its writer lets the log be trimmed up to it
+            // (snapshots above it, from another history, would otherwise push it out).
+            for old in offsets[..offsets.len() - keep]
+                .iter()
+                .filter(|o| **o != offset)
+            {
                 match self.store.delete(&self.path(*old)).await {
                     Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
                     Err(e) => tracing::warn!("could not delete old KV snapshot {old}: {e}"),

@@ -693,6 +693,20 @@ async fn a_trim_never_passes_the_newest_snapshot(backend: KvBackend) {
     assert_eq!(get(&t, &ids), live, "a fresh open after a TTL trim");
 }
 
+/// Retention keeps the newest snapshots by offset, and never the one just written: its
+/// writer lets the log be trimmed up to it.
+async fn retention_never_deletes_the_snapshot_just_written(backend: KvBackend) {
+    let env = Env::new(backend).await;
+    let store = env.snapshots();
+    let schema = schema();
+    for offset in [20, 30, 5] {
+        store.write(&schema, offset, &[]).await.unwrap();
+    }
+    assert_eq!(store.list().await.unwrap(), vec![5, 20, 30]);
+    store.write(&schema, 40, &[]).await.unwrap();
+    assert_eq!(store.list().await.unwrap(), vec![30, 40]);
+}
+
 /// A changelog trimmed with no snapshot covering what went (by a version without the
 /// trim ceiling, or by hand) does not open as a bucket that silently lacks rows.
 async fn a_changelog_trimmed_past_every_snapshot_fails_the_open_loudly(backend: KvBackend) {
@@ -1420,6 +1434,7 @@ both!(
     bad_input_is_rejected_and_changes_nothing,
     snapshots_plus_replay_equal_the_live_state,
     a_trim_never_passes_the_newest_snapshot,
+    retention_never_deletes_the_snapshot_just_written,
     a_changelog_trimmed_past_every_snapshot_fails_the_open_loudly,
     recent_snapshots_are_reused_until_too_old,
     a_snapshot_from_before_add_column_loads_with_nulls,

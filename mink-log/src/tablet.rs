@@ -795,6 +795,8 @@ impl LogTablet {
                     pending: Some(outcome.clone()),
                 },
             );
+            // A batch waiting for this sequence may go on.
+            self.inner.advanced.notify_waiters();
         }
         drop(state);
         let tablet = self.clone();

@@ -2,9 +2,11 @@
 //! so that writers faster than the object store meet back-pressure instead of filling
 //! the node's memory.
 //!
-//! Every write request (a Flight DoPut batch, a forwarded part of a table write, a
-//! Kafka produce of one partition) is admitted for its size before the node works on
-//! it, and holds its bytes until it is answered. While `writes.inflight_bytes_max` are
+//! Every write is admitted for its size where its rows enter their tablet (a Flight
+//! bucket write, each local part of a table write, a forwarded part at its leader, a
+//! Kafka produce of one partition), and holds its bytes until it is durable. A table
+//! write holds nothing while its parts for other leaders are forwarded, so two nodes
+//! forwarding to each other never wait on each other's permits. While `writes.inflight_bytes_max` are
 //! in progress a request waits, up to `writes.admission_wait_ms`, without reading
 //! further from its client: HTTP/2 and TCP flow control slow the client down. If it is
 //! not admitted in that time, or if `writes.waiting_bytes_max` are waiting already, it
@@ -140,6 +142,25 @@ impl Admission {
         }
     }
 
+    /// Admits a write request of `bytes` if the node has room now; refuses it
+    /// (`Unavailable`) otherwise, without waiting. For a caller that already holds
+    /// admitted bytes it will not release while it waits (hold-and-wait).
+    pub(crate) fn admit_now(&self, bytes: u64) -> Result<Admitted> {
+        let permits = bytes.clamp(1, self.capacity as u64) as u32;
+        match self.permits.clone().try_acquire_many_owned(permits) {
+            Ok(permit) => {
+                metrics::gauge!("mink_node_write_bytes_in_progress").increment(bytes as f64);
+                Ok(Admitted {
+                    _permit: permit,
+                    bytes,
+                })
+            }
+            Err(_) => Err(self.overloaded(format!(
+                "a write of {bytes} bytes finds no room, and this path does not wait"
+            ))),
+        }
+    }
+
     fn overloaded(&self, why: String) -> MinkError {
         metrics::counter!("mink_node_writes_refused_overloaded_total").increment(1);
         MinkError::Unavailable(format!(
@@ -211,6 +232,19 @@ mod tests {
             0,
             "nothing counted as waiting"
         );
+    }
+
+    #[tokio::test]
+    async fn admit_now_never_waits() {
+        let g = gate(100, 1_000, 60_000);
+        let held = g.admit_now(70).unwrap();
+        let err = g.admit_now(70).err().unwrap();
+        assert!(
+            err.is_retriable() && err.to_string().contains("does not wait"),
+            "{err}"
+        );
+        drop(held);
+        g.admit_now(70).unwrap();
     }
 
     #[tokio::test]

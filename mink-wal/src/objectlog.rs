@@ -561,15 +561,30 @@ impl<S: LogState> ObjectLog<S> {
                 mode: PutMode::Create,
                 ..Default::default()
             };
-            match self
+            // And it must land within `list_refresh` of being sent: object_store retries
+            // a failed request within the call (minutes, by default), and a retry that
+            // lands late could still meet an index freed under a snapshot meanwhile. A
+            // create cut off here is ambiguous, as any failed one.
+            let entry_path = self.entry_path(next);
+            let create = self
                 .store
-                .put_opts(
-                    &self.entry_path(next),
-                    PutPayload::from(payload.clone()),
-                    opts,
-                )
-                .await
-            {
+                .put_opts(&entry_path, PutPayload::from(payload.clone()), opts);
+            let created = if self.options.list_refresh.is_zero() {
+                create.await
+            } else {
+                match tokio::time::timeout(self.options.list_refresh, create).await {
+                    Ok(created) => created,
+                    Err(_) => Err(object_store::Error::Generic {
+                        store: "object log",
+                        source: format!(
+                            "the create of entry {next} took longer than list_refresh ({:?})",
+                            self.options.list_refresh
+                        )
+                        .into(),
+                    }),
+                }
+            };
+            match created {
                 Ok(_) => {
                     self.apply_entry(next, entry);
                     // What follows one's own entry (others' answers to it) is likely
@@ -594,8 +609,10 @@ impl<S: LogState> ObjectLog<S> {
                     }
                 }
                 Err(e) => {
-                    // Ambiguous: it may have landed. The next catch-up looks for our token.
+                    // Ambiguous: it may have landed. The next catch-up (a listing) looks
+                    // for our token.
                     maybe_landed = true;
+                    list = true;
                     storage_errors += 1;
                     if storage_errors > APPEND_STORAGE_RETRIES_MAX {
                         return Err(e.into());

@@ -244,11 +244,14 @@ impl KafkaHandler for NodeService {
         rows: RecordBatch,
         producer: Option<ProducerBatch>,
     ) -> Result<PendingProduce> {
-        // Held until the append resolves (see `crate::admission`).
+        // Held until the append resolves (see `crate::admission`). Not waited for: a
+        // produce request admits its partitions one after another and holds each until
+        // the response, so waiting here would hold earlier partitions' bytes while
+        // waiting for more; a full node refuses at once (LEADER_NOT_AVAILABLE, which
+        // producers retry after their backoff).
         let admitted = self
             .admission
-            .admit(rows.get_array_memory_size() as u64)
-            .await?;
+            .admit_now(rows.get_array_memory_size() as u64)?;
         let bucket = self.topic_bucket(topic, partition).await?;
         let table = self.table_by_id(bucket.table_id).await?;
         let tablet = match self.log_tablet(bucket).await {

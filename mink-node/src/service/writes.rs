@@ -17,11 +17,6 @@ impl NodeService {
         ipc: Option<IpcEncoded>,
         meta: WriteBatch,
     ) -> Result<WriteResult> {
-        // Held until the write is answered (see `crate::admission`).
-        let bytes = ipc
-            .as_ref()
-            .map_or_else(|| batch.get_array_memory_size(), |i| i.len());
-        let _admitted = self.admission.admit(bytes as u64).await?;
         match descriptor {
             WriteDescriptor::Append {
                 bucket,
@@ -188,6 +183,14 @@ impl NodeService {
         meta: &WriteBatch,
         cork: Option<Cork>,
     ) -> Result<BucketWritten> {
+        // Admitted where the rows enter their tablet, held until durable: a table write
+        // holds nothing while its parts for other leaders are forwarded (they are
+        // admitted there), so two nodes forwarding to each other never wait on each
+        // other's permits (see `crate::admission`).
+        let _admitted = self
+            .admission
+            .admit(batch.get_array_memory_size() as u64)
+            .await?;
         let (writer_id, batch_sequence) = Self::sequence(writer, meta)?;
         self.check_rows_belong(bucket, &batch).await?;
         // A primary-key table keeps rows of its current schema: rows of an older
@@ -263,6 +266,11 @@ impl NodeService {
         meta: &WriteBatch,
         cork: Option<Cork>,
     ) -> Result<BucketWritten> {
+        // As in `put`: admitted at the tablet, held until durable.
+        let bytes = ipc
+            .as_ref()
+            .map_or_else(|| batch.get_array_memory_size(), |i| i.len());
+        let _admitted = self.admission.admit(bytes as u64).await?;
         let tablet = match self.log_tablet(bucket).await {
             Ok(t) => t,
             Err(e) => return Err(self.redirect_stale(bucket, e).await),

@@ -201,12 +201,10 @@ async fn create_or_take_over(
         // Perhaps our own earlier proposal, which landed late: the next pass adopts
         // it, or reports a newer epoch as Fenced.
         Err(why) if why.contains("is not newer") => Ok(Step::Retry),
-        // This WAL is done (fenced, or replaced by a newer generation of this node):
-        // the writer fails now, so that the node replaces it, rather than at an
-        // upload that may never come.
+        // This WAL is done (fenced, or replaced by a newer generation of this node).
         Err(why) if store.meta.read(|s, _| s.retired(&store.wal)) => {
             let err = WalError::Fenced(format!("open of {name} refused: {why}"));
-            store.writer.retire(err.clone());
+            retire_if_retired(store, &err);
             Err(err)
         }
         Err(why) => Err(WalError::Corrupt(format!("open of {name} rejected: {why}"))),
@@ -296,9 +294,20 @@ async fn reopen_local(
         Err(why) if why.contains("changed during the takeover") || why.contains("is not newer") => {
             Ok(Step::Retry)
         }
-        Err(why) => Err(WalError::Fenced(format!(
-            "reopen of {name} under epoch {epoch}: {why}"
-        ))),
+        Err(why) => {
+            let err = WalError::Fenced(format!("reopen of {name} under epoch {epoch}: {why}"));
+            retire_if_retired(store, &err);
+            Err(err)
+        }
+    }
+}
+
+/// When the log says this WAL is done (fenced, or replaced by a newer generation of
+/// this node), the writer fails now, so that the node replaces it, rather than at an
+/// upload that may never come (an idle writer never meets its fence).
+fn retire_if_retired(store: &Arc<StoreInner>, err: &WalError) {
+    if store.meta.read(|s, _| s.retired(&store.wal)) {
+        store.writer.retire(err.clone());
     }
 }
 
