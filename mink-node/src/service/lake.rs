@@ -997,16 +997,8 @@ impl NodeService {
             return Ok(futures::stream::empty().boxed());
         }
         let table = self.table_by_id(bucket.table_id).await?;
-        let leader = self.meta.read(|s| {
-            s.buckets
-                .get(&bucket.stream_name())
-                .and_then(|b| b.leader.clone())
-                .map(|l| (s.nodes.get(&l).map(|n| n.flight_addr.clone()), l))
-        });
-        let here = leader
-            .as_ref()
-            .is_some_and(|(_, l)| l == self.meta.node_id());
-        if here {
+        let leader = self.leader(bucket);
+        if matches!(leader, Some(Leader::Me { .. })) {
             let tablet = self.tablet(bucket).await?;
             let schema = table.descriptor.schema.to_arrow();
             let max = self.config.log.scan_bytes_max as usize;
@@ -1042,7 +1034,11 @@ impl NodeService {
             .flatten();
             return Ok(stream.boxed());
         }
-        let Some((Some(addr), _)) = leader else {
+        let Some(addr) = leader
+            .as_ref()
+            .and_then(Leader::address)
+            .map(str::to_string)
+        else {
             return Err(MinkError::Unavailable(format!(
                 "{bucket} has no leader right now"
             )));

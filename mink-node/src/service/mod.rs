@@ -34,11 +34,13 @@ use mink_wal::StreamStore;
 
 use crate::MinkConfig;
 use crate::tablets::{Tablet, Tablets};
+pub(crate) use leader::Leader;
 
 mod actions;
 mod flight;
 mod kafka;
 mod lake;
+mod leader;
 mod lookups;
 mod reads;
 mod writes;
@@ -168,37 +170,29 @@ impl NodeService {
         let deadline = tokio::time::Instant::now()
             + Duration::from_millis(self.config.meta.applied_index_wait_max_ms);
         let mut changes = self.meta.subscribe();
-        let state = loop {
-            let (state, leader_addr) = self.meta.read(|s| {
-                let b = s.buckets.get(&bucket.stream_name()).cloned();
-                let addr = b
-                    .as_ref()
-                    .and_then(|b| b.leader.as_ref())
-                    .and_then(|l| s.nodes.get(l))
-                    .map(|n| n.flight_addr.clone());
-                (b, addr)
-            });
-            let state = state.ok_or_else(|| MinkError::NotFound(format!("{bucket}")))?;
-            match state.leader.as_deref() {
-                Some(l) if l == self.meta.node_id() => break state,
-                Some(_) => {
-                    return Err(MinkError::NotLeader {
-                        bucket,
-                        leader: leader_addr,
-                    });
+        let epoch = loop {
+            match self.leader(bucket) {
+                None => return Err(MinkError::NotFound(format!("{bucket}"))),
+                Some(Leader::Me { epoch }) => break epoch,
+                Some(other @ Leader::Other { .. }) => {
+                    return Err(other.redirect(bucket).unwrap_or_else(|| {
+                        MinkError::Internal(format!(
+                            "{bucket}: a leader elsewhere without a redirect"
+                        ))
+                    }));
                 }
-                None => {
+                Some(unknown @ Leader::Unknown) => {
                     let wait = tokio::time::timeout_at(deadline, changes.changed()).await;
                     if !matches!(wait, Ok(Ok(()))) {
-                        return Err(MinkError::Unavailable(format!(
-                            "{bucket} has no leader yet"
-                        )));
+                        return Err(unknown.redirect(bucket).unwrap_or_else(|| {
+                            MinkError::Unavailable(format!("{bucket} has no leader yet"))
+                        }));
                     }
                 }
             }
         };
         let table = self.table_by_id(bucket.table_id).await?;
-        self.tablets.get(bucket, state.epoch, table).await
+        self.tablets.get(bucket, epoch, table).await
     }
 
     pub(crate) async fn log_tablet(&self, bucket: TableBucket) -> Result<LogTablet> {

@@ -139,13 +139,16 @@ impl NodeService {
                 let bucket = start.bucket;
                 let from = start.offset.unwrap_or(0);
                 let to = end.offset.unwrap_or(from).max(from);
-                let leader = self.meta.read(|s| {
-                    s.buckets
-                        .get(&bucket.stream_name())
-                        .and_then(|b| b.leader.as_ref())
-                        .and_then(|l| s.nodes.get(l))
-                        .map(|n| n.flight_addr.clone())
-                });
+                // This node's own address when it leads (the client reads here).
+                let leader = match self.leader(bucket) {
+                    Some(Leader::Me { .. }) => self.meta.read(|s| {
+                        s.nodes
+                            .get(self.meta.node_id())
+                            .map(|n| n.flight_addr.clone())
+                    }),
+                    Some(l) => l.address().map(str::to_string),
+                    None => None,
+                };
                 out.push(TableEndpoint {
                     ticket: ReadTicket::Scan {
                         bucket,

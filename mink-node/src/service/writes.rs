@@ -100,23 +100,8 @@ impl NodeService {
             return err;
         }
         self.meta.inner_catch_up().await;
-        let me = self.meta.node_id().to_string();
-        let (leader, addr) = self.meta.read(|s| {
-            let leader = s
-                .buckets
-                .get(&bucket.stream_name())
-                .and_then(|b| b.leader.clone());
-            let addr = leader
-                .as_ref()
-                .and_then(|l| s.nodes.get(l))
-                .map(|n| n.flight_addr.clone());
-            (leader, addr)
-        });
-        match leader {
-            Some(l) if l != me => MinkError::NotLeader {
-                bucket,
-                leader: addr,
-            },
+        match self.leader(bucket) {
+            Some(other @ Leader::Other { .. }) => other.redirect(bucket).unwrap_or(err),
             _ => MinkError::Unavailable(format!(
                 "{bucket}: the bucket is being reopened ({err}); retry"
             )),
