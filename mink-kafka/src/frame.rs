@@ -1,8 +1,13 @@
 //! Kafka framing: every request and response is a 4-byte big-endian length and that
 //! many bytes. The length is checked against `max_request_bytes` before any of the
-//! body is read, so an oversized frame costs four bytes of memory, not its size.
+//! body is read, so an oversized frame costs four bytes of memory, not its size. Also
+//! what a frame carries once decoded: a request's [`Header`], and a response [`Body`].
+
+use std::net::SocketAddr;
 
 use bytes::{Bytes, BytesMut};
+use kafka_protocol::messages::{ApiKey, RequestHeader};
+use kafka_protocol::protocol::Encodable;
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 /// Why a frame could not be read. Every one of them ends the connection.
@@ -109,6 +114,35 @@ pub fn frame(body: &[u8]) -> Vec<u8> {
     out.extend_from_slice(&(body.len() as u32).to_be_bytes());
     out.extend_from_slice(body);
     out
+}
+
+/// A request's header, as read.
+pub(crate) struct Header {
+    pub key: ApiKey,
+    pub version: i16,
+    pub header: RequestHeader,
+    /// The client's address.
+    pub peer: SocketAddr,
+}
+
+/// An encoded response body and the version it was encoded at.
+pub(crate) struct Body {
+    pub version: i16,
+    pub bytes: Bytes,
+}
+
+/// Encodes a response body at `version`; a failure is a bug (a field set that the
+/// version lacks), logged, and answered as an empty body the client will reject.
+pub(crate) fn encode<T: Encodable>(key: ApiKey, value: &T, version: i16) -> Body {
+    let mut buf = BytesMut::new();
+    if let Err(e) = value.encode(&mut buf, version) {
+        tracing::error!("kafka: encoding a {key:?} v{version} response: {e}");
+        buf.clear();
+    }
+    Body {
+        version,
+        bytes: buf.freeze(),
+    }
 }
 
 #[cfg(test)]

@@ -26,7 +26,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
 
 use crate::KafkaConfig;
 use crate::api::{self, Ctx, Request};
-use crate::frame::{FrameError, frame, read_frame};
+use crate::frame::{Body, FrameError, Header, frame, read_frame};
 use crate::groups::{Coordinator, SWEEP_EVERY};
 use crate::handler::KafkaHandler;
 
@@ -199,15 +199,6 @@ async fn connection(
     let _ = write_loop.await;
 }
 
-/// A request's header, as read.
-pub(crate) struct Header {
-    pub key: ApiKey,
-    pub version: i16,
-    pub header: RequestHeader,
-    /// The client's address.
-    pub peer: SocketAddr,
-}
-
 /// Decodes a request frame: the header, then the body at the request's version.
 fn decode(mut frame: Bytes, peer: SocketAddr) -> Result<(Header, Request), String> {
     let raw_key = i16::from_be_bytes([frame[0], frame[1]]);
@@ -232,7 +223,7 @@ fn respond(
     key: ApiKey,
     version: i16,
     correlation_id: i32,
-    body: api::Body,
+    body: Body,
     peer: SocketAddr,
 ) -> Vec<u8> {
     let header_version = if key == ApiKey::ApiVersions {
@@ -247,18 +238,4 @@ fn respond(
     }
     buf.extend_from_slice(&body.bytes);
     frame(&buf)
-}
-
-/// Encodes a response body at `version`; a failure is a bug (a field set that the
-/// version lacks), logged, and answered as an empty body the client will reject.
-pub(crate) fn encode<T: Encodable>(key: ApiKey, value: &T, version: i16) -> api::Body {
-    let mut buf = BytesMut::new();
-    if let Err(e) = value.encode(&mut buf, version) {
-        tracing::error!("kafka: encoding a {key:?} v{version} response: {e}");
-        buf.clear();
-    }
-    api::Body {
-        version,
-        bytes: buf.freeze(),
-    }
 }

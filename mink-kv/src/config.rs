@@ -66,3 +66,27 @@ impl KvConfig {
         Ok(())
     }
 }
+
+/// Opens the configured backend in `dir`.
+pub fn open_kv_store(
+    backend: KvBackend,
+    dir: &std::path::Path,
+) -> mink_types::Result<std::sync::Arc<dyn crate::store::KvStore>> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| crate::store::store_error(format!("cannot create {}: {e}", dir.display())))?;
+    match backend {
+        #[cfg(feature = "fjall")]
+        KvBackend::Fjall => Ok(std::sync::Arc::new(crate::fjall_store::FjallStore::open(
+            dir,
+        )?)),
+        #[cfg(feature = "redb")]
+        KvBackend::Redb => Ok(std::sync::Arc::new(crate::redb_store::RedbStore::open(
+            dir,
+        )?)),
+        #[allow(unreachable_patterns)]
+        other => Err(mink_types::MinkError::invalid(
+            "kv.backend",
+            format!("{other:?} is not compiled into this build"),
+        )),
+    }
+}

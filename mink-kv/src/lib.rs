@@ -20,7 +20,7 @@ pub mod snapshot;
 pub mod store;
 pub mod tablet;
 
-pub use config::{KvBackend, KvConfig};
+pub use config::{KvBackend, KvConfig, open_kv_store};
 pub use snapshot::{SnapshotData, SnapshotInfo, SnapshotStore};
-pub use store::{Claim, KvNamespace, KvOp, KvStore, Owner, open_kv_store};
+pub use store::{Claim, KvNamespace, KvOp, KvStore, Owner};
 pub use tablet::{KvTablet, LookupResult, PutRequest};

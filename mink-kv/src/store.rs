@@ -4,12 +4,9 @@
 //! namespace up to (`flushed_offset`). The store is never fsynced: after a crash it is
 //! consistent at *some* flushed offset, and the changelog replays from there.
 
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use mink_types::{MinkError, Result};
-
-use crate::config::KvBackend;
 
 /// One change of a write batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -171,21 +168,4 @@ pub(crate) fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
         }
     }
     None
-}
-
-/// Opens the configured backend in `dir`.
-pub fn open_kv_store(backend: KvBackend, dir: &Path) -> Result<Arc<dyn KvStore>> {
-    std::fs::create_dir_all(dir)
-        .map_err(|e| store_error(format!("cannot create {}: {e}", dir.display())))?;
-    match backend {
-        #[cfg(feature = "fjall")]
-        KvBackend::Fjall => Ok(Arc::new(crate::fjall_store::FjallStore::open(dir)?)),
-        #[cfg(feature = "redb")]
-        KvBackend::Redb => Ok(Arc::new(crate::redb_store::RedbStore::open(dir)?)),
-        #[allow(unreachable_patterns)]
-        other => Err(MinkError::invalid(
-            "kv.backend",
-            format!("{other:?} is not compiled into this build"),
-        )),
-    }
 }

@@ -570,6 +570,10 @@ impl KvTablet {
     /// [`KvTablet::put`] as one part of a write over several buckets: `cork` (see
     /// [`mink_wal::Cork`]) is released as soon as the changelog is on its way (or
     /// will not be), so that the parts share one WAL upload.
+    #[expect(
+        clippy::too_many_lines,
+        reason = "to split into a pure decision and its action (issue 28, decide/act on the hot paths)"
+    )]
     pub async fn put_corked(
         &self,
         req: PutRequest,

@@ -79,6 +79,10 @@ impl Node {
         Self::start_inner(config, store, stores, accounting, None).await
     }
 
+    #[expect(
+        clippy::too_many_lines,
+        reason = "to split into a pure decision and its action (issue 28, decide/act on the hot paths)"
+    )]
     async fn start_inner(
         config: MinkConfig,
         store: Arc<dyn ObjectStore>,

@@ -349,7 +349,7 @@ impl Tablets {
         let log_opened = started.elapsed();
         let snapshots = SnapshotStore {
             store: streams.object_store_for(mink_wal::Purpose::KvSnapshot),
-            prefix: crate::service::snapshot_prefix(bucket),
+            prefix: snapshot_prefix(bucket),
             retain: self.config.kv.snapshots_retained as usize,
         };
         let ns = self.kv.namespace(&name)?;
@@ -612,4 +612,16 @@ fn record_kv_snapshot(
             }
         });
     }
+}
+
+/// Where a bucket's KV snapshots live.
+pub(crate) fn snapshot_prefix(bucket: TableBucket) -> String {
+    format!(
+        "kv/{}/{}/{}",
+        bucket.table_id,
+        bucket
+            .partition_id
+            .map_or("-".to_string(), |p| p.to_string()),
+        bucket.bucket
+    )
 }

@@ -441,6 +441,10 @@ pub fn encode_values(types: &[DataType], values: &[KeyValue], out: &mut Vec<u8>)
 
 /// Decodes a key of the given column types. Fails on truncation, a bad escape or
 /// trailing bytes.
+#[expect(
+    clippy::too_many_lines,
+    reason = "one arm per data type of the key encoding"
+)]
 pub fn decode_key(types: &[DataType], mut bytes: &[u8]) -> Result<Vec<KeyValue>> {
     let truncated = || MinkError::invalid("encoded key", "truncated");
     fn take<const N: usize>(bytes: &mut &[u8]) -> Option<[u8; N]> {

@@ -54,6 +54,10 @@ fn alive(pid: u32) -> bool {
             .unwrap_or(false)
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "to split into a pure decision and its action (issue 28, decide/act on the hot paths)"
+)]
 pub fn up(root: &Path, dir: &Path, nodes: usize, s3: bool, release: bool) -> Result<()> {
     if nodes == 0 || nodes > 16 {
         bail!("--nodes must be within 1..=16");

@@ -1,6 +1,7 @@
 //! `cargo xtask`: every developer task of the Mink workspace, in Rust.
 //!
-//! - `cargo xtask test`: formatting, lints, layering, the Rust test suite (nextest
+//! - `cargo xtask test`: formatting, lints (and a function-length gate on shipped code),
+//!   layering, the Rust test suite (nextest
 //!   when installed), and the interop suites under `tests/interop/` against real
 //!   clients, with a local S3 API server (moto) started for the run.
 //! - `cargo xtask check-layers`: fails when a workspace crate depends on one it may

@@ -78,6 +78,10 @@ fn encode(w: &Wanted, f: Fetched) -> Answer {
     }
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "to split into a pure decision and its action (issue 28, decide/act on the hot paths)"
+)]
 pub(crate) async fn fetch(ctx: &Ctx, r: FetchRequest, v: i16) -> FetchResponse {
     // Fetch sessions (KIP-227) are declined, as the KIP lets a broker: every response
     // names session 0, so clients keep sending full requests (session 0 with epoch 0

@@ -15,9 +15,9 @@ use kafka_protocol::protocol::{Decodable, StrBytes};
 use tokio::sync::oneshot;
 
 use crate::KafkaConfig;
+pub(crate) use crate::frame::{Body, Header, encode};
 use crate::groups::Coordinator;
 use crate::handler::KafkaHandler;
-use crate::server::{Header, encode};
 use crate::versions;
 
 mod fetch;
@@ -36,12 +36,6 @@ pub(crate) struct Ctx {
     pub groups: Coordinator,
     /// Idempotent producers' batches refused as not persisted (`crate::refused`).
     pub refused: crate::refused::RefusedBatches,
-}
-
-/// An encoded response body and the version it was encoded at.
-pub(crate) struct Body {
-    pub version: i16,
-    pub bytes: Bytes,
 }
 
 /// A decoded request.

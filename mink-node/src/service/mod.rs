@@ -33,7 +33,7 @@ use mink_types::{
 use mink_wal::StreamStore;
 
 use crate::MinkConfig;
-use crate::tablets::{Tablet, Tablets};
+use crate::tablets::{Tablet, Tablets, snapshot_prefix};
 pub(crate) use leader::Leader;
 
 mod actions;
@@ -214,18 +214,6 @@ impl NodeService {
             )),
         }
     }
-}
-
-/// Where a bucket's KV snapshots live.
-pub(crate) fn snapshot_prefix(bucket: TableBucket) -> String {
-    format!(
-        "kv/{}/{}/{}",
-        bucket.table_id,
-        bucket
-            .partition_id
-            .map_or("-".to_string(), |p| p.to_string()),
-        bucket.bucket
-    )
 }
 
 /// Columns of `batch` arranged as `schema` (by name; columns it lacks are null).
