@@ -647,3 +647,117 @@ async fn two_nodes_tier_one_table_and_either_answers_union() {
         node.stop().await;
     }
 }
+
+/// A `Union` read holds its lake snapshot's offsets while it streams the lake part;
+/// the log rows above them stay for `lake.trim_grace_ms` after a newer round. A reader
+/// slower than that finds them trimmed when it reaches the log part: it is told so
+/// (`OUT_OF_RANGE`), never handed a short answer as if it were whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_union_reader_slower_than_the_trim_grace_fails_loudly() {
+    use futures::StreamExt;
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path(), &dir.path().join("objects"), "n0");
+    c.lake.check_interval_ms = 50;
+    c.lake.trim_grace_ms = 200;
+    c.log.ttl_check_interval_ms = 50;
+    c.wal.compaction_interval_ms = 50;
+    let node = Node::start(c).await.unwrap();
+    let client = MinkClient::connect(&node.flight_addr.to_string())
+        .await
+        .unwrap();
+    client.create_database("db").await.unwrap();
+    let path = TablePath::parse("db.events").unwrap();
+    let mut d = lake_events(1);
+    d.properties.log_ttl = "1s".parse().unwrap();
+    // Rounds 3 s apart: the read below starts well between two.
+    d.properties.lake.freshness = Duration::from_secs(3);
+    client.create_table(&path, &d).await.unwrap();
+    // Enough rows that the lake part outgrows the stream's flow-control window, so
+    // that the node reads the log part only when the reader gets there.
+    let wide = |ids: std::ops::Range<i64>| {
+        arrow::array::RecordBatch::try_new(
+            common::events_in(1).schema.to_arrow(),
+            vec![
+                Arc::new(arrow::array::Int64Array::from_iter_values(ids.clone())),
+                Arc::new(arrow::array::StringArray::from_iter_values(
+                    ids.map(|i| format!("{i:0>200}")),
+                )),
+            ],
+        )
+        .unwrap()
+    };
+    // (About 13 MB in ~60 Parquet batches: the node sends up to 16 messages ahead into
+    // the response, and the client's HTTP/2 window holds 2 MiB more.)
+    let mut next = 0;
+    while next < 60_000 {
+        client
+            .append(&path, &wide(next..next + 4_000))
+            .await
+            .unwrap();
+        next += 4_000;
+    }
+    until_tiered(&client, &path, next).await;
+    // Rows the lake lacks: the read's log part, from the lake's offset.
+    client.append(&path, &rows(next..next + 10)).await.unwrap();
+    let tiered = next;
+    next += 10;
+    let mut flight = mink_flight::client::connect(&node.flight_addr.to_string())
+        .await
+        .unwrap();
+    let ticket = serde_json::to_vec(&ReadTicket::Union { path: path.clone() }).unwrap();
+    let mut stream = flight
+        .do_get(arrow_flight::Ticket {
+            ticket: ticket.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    // The schema and the first lake batch, then the reader stalls.
+    for _ in 0..2 {
+        stream.next().await.unwrap().unwrap();
+    }
+    assert_eq!(
+        lake_offsets(&client, &path)
+            .await
+            .map(|o| o.values().sum::<i64>()),
+        Some(tiered),
+        "a round ran before the read began: the test proves nothing"
+    );
+    // Meanwhile: a newer round tiers the log part's rows, and the TTL trims them once
+    // the grace has passed.
+    until_tiered(&client, &path, next).await;
+    let earliest = || async {
+        let answer: serde_json::Value = client
+            .action(
+                "list_offsets",
+                serde_json::json!({"path": path, "spec": "earliest"}),
+            )
+            .await
+            .unwrap();
+        answer[0]["offset"].as_i64().unwrap_or(0)
+    };
+    for _ in 0..400 {
+        if earliest().await > tiered {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        earliest().await > tiered,
+        "the TTL never trimmed past the first round"
+    );
+    // The reader comes back.
+    let mut outcome = Ok(());
+    while let Some(message) = stream.next().await {
+        if let Err(status) = message {
+            outcome = Err(status);
+            break;
+        }
+    }
+    let status = outcome.expect_err("a Union read past the trim grace ended as if whole");
+    assert_eq!(status.code(), tonic::Code::OutOfRange, "{status}");
+    // A new read is whole.
+    let union = read(&client, ReadTicket::Union { path: path.clone() }).await;
+    assert_eq!(read_ids(&union), (0..next).collect::<Vec<_>>());
+    node.stop().await;
+}
