@@ -658,7 +658,7 @@ impl LogTablet {
                         state.last_commit_timestamp = ts;
                         let outcome = Arc::new(watch::channel(None).0);
                         if req.writer_id != NO_WRITER {
-                            state.windows.push(
+                            state.windows.push_next(
                                 req.writer_id,
                                 Entry {
                                     first_sequence: req.first_sequence,
@@ -788,7 +788,7 @@ impl LogTablet {
         let ts = now_ms().max(state.last_commit_timestamp);
         let outcome = Arc::new(watch::channel(None).0);
         if writer_id != NO_WRITER {
-            state.windows.push(
+            state.windows.push_next(
                 writer_id,
                 Entry {
                     first_sequence: first,
@@ -1333,6 +1333,14 @@ impl Submitted {
         let mut rx = outcome.subscribe();
         loop {
             if let Some(result) = rx.borrow_and_update().clone() {
+                // The other side of the acknowledgement: readers see what was acked.
+                debug_assert!(
+                    result.is_err() || self.tablet.high_watermark() > appended.last_offset,
+                    "{}: acknowledged up to {} with the high watermark at {}",
+                    self.tablet.inner.bucket,
+                    appended.last_offset,
+                    self.tablet.high_watermark()
+                );
                 return result.map(|()| appended);
             }
             if rx.changed().await.is_err() {

@@ -112,6 +112,25 @@ impl Windows {
         self.writers.contains_key(&writer)
     }
 
+    /// [`Windows::push`] of a batch [`Windows::check`] took as new: it follows the
+    /// writer's last sequence (or starts the writer). Recovery, which replays the log
+    /// (where Puts that changed nothing left gaps), pushes with [`Windows::push`].
+    pub fn push_next(&mut self, writer: i64, entry: Entry) {
+        debug_assert!(
+            self.writers
+                .get(&writer)
+                .and_then(|w| w.back())
+                .is_none_or(|last| entry.first_sequence == last.last_sequence + 1),
+            "writer {writer}: sequence {} does not follow its window {:?}",
+            entry.first_sequence,
+            self.writers
+                .get(&writer)
+                .and_then(|w| w.back())
+                .map(|e| e.last_sequence)
+        );
+        self.push(writer, entry);
+    }
+
     pub fn push(&mut self, writer: i64, entry: Entry) {
         if !self.writers.contains_key(&writer) && self.writers.len() >= WRITERS_MAX {
             // Forget the writer whose latest batch is the oldest.

@@ -205,6 +205,9 @@ enum UploadError {
     /// The upload may have landed, but the writer was retired meanwhile
     /// ([`WriterShared::retire`]): it is not acknowledged.
     Retired,
+    /// It completed out of sequence (a broken writer): not acknowledged, and the writer
+    /// stops.
+    Hole { expected: u64 },
 }
 
 /// The pause before retry `attempt` (from 1) of an upload.
@@ -344,14 +347,16 @@ pub(crate) async fn run_writer(
                 // that landed.
                 let result = match (result, shared.failure()) {
                     (Ok(_), Some(_)) => Err(UploadError::Retired),
+                    // A hole under this acknowledgement would be a broken writer: it
+                    // stops (tests panic on it) rather than acknowledge past the hole.
+                    (Ok(_), None) if sealed.seq != next_ack => {
+                        debug_assert_eq!(sealed.seq, next_ack, "WAL {wal}: acknowledgements must follow the sequences with no hole");
+                        Err(UploadError::Hole { expected: next_ack })
+                    }
                     (result, _) => result,
                 };
                 match result {
                     Ok(_) => {
-                        assert_eq!(
-                            sealed.seq, next_ack,
-                            "WAL {wal}: acknowledgements must follow the sequences with no hole"
-                        );
                         next_ack += 1;
                         metrics::counter!("mink_wal_uploads_total").increment(1);
                         metrics::counter!("mink_wal_upload_bytes_total").increment(sealed.bytes as u64);
@@ -384,6 +389,10 @@ pub(crate) async fn run_writer(
                                 metrics::counter!("mink_wal_upload_failures_total").increment(1);
                                 WalError::Storage(format!("WAL {wal} upload {} failed: {other}", sealed.seq))
                             }
+                            UploadError::Hole { expected } => WalError::Corrupt(format!(
+                                "WAL {wal}: upload {} completed where {expected} was next",
+                                sealed.seq
+                            )),
                             UploadError::Retired => shared
                                 .failure()
                                 .unwrap_or_else(|| WalError::Fenced(format!("WAL {wal} was retired"))),
