@@ -20,6 +20,7 @@ use futures::stream;
 use futures::{StreamExt, TryStreamExt};
 use mink_types::{IpcEncoded, MinkError, TablePath};
 use tonic::{Request, Response, Status, Streaming};
+use tracing::Instrument;
 
 use crate::protocol::{
     ExchangeDescriptor, ReadTicket, Redirect, ScanBatch, SnapshotBatch, TailEnd, TailPoll,
@@ -513,6 +514,7 @@ impl<S: MinkService> FlightService for FlightServer<S> {
             self.before(&request).await?;
             let ticket: ReadTicket =
                 parse_json("ticket", &request.get_ref().ticket).map_err(status)?;
+            tracing::debug!(?ticket, "flight.do_get");
             if let ReadTicket::Scan {
                 bucket,
                 offset,
@@ -562,53 +564,69 @@ impl<S: MinkService> FlightService for FlightServer<S> {
             let mut decoder = FlightDataDecoder::new(
                 incoming.map_err(|e| arrow_flight::error::FlightError::Tonic(Box::new(e))),
             );
-            let results = async_stream(move |tx| async move {
-                while let Some(item) = decoder.next().await {
-                    let decoded = match item {
-                        Ok(d) => d,
-                        Err(e) => {
-                            let _ = tx
-                                .send(Err(Status::invalid_argument(format!("bad Arrow IPC: {e}"))))
-                                .await;
-                            return;
-                        }
-                    };
-                    let DecodedPayload::RecordBatch(batch) = decoded.payload else {
-                        continue;
-                    };
-                    let meta: WriteBatch = if decoded.inner.app_metadata.is_empty() {
-                        WriteBatch::default()
-                    } else {
-                        match parse_json("batch metadata", &decoded.inner.app_metadata) {
-                            Ok(m) => m,
+            // One span per DoPut stream, one inside it per batch: a slow write can be
+            // followed through the node's logs (the JSON log format keeps the fields).
+            let span = tracing::info_span!("flight.do_put", descriptor = ?descriptor);
+            let results = async_stream(move |tx| {
+                async move {
+                    while let Some(item) = decoder.next().await {
+                        let decoded = match item {
+                            Ok(d) => d,
                             Err(e) => {
-                                let _ = tx.send(Err(status(e))).await;
+                                let _ = tx
+                                    .send(Err(Status::invalid_argument(format!(
+                                        "bad Arrow IPC: {e}"
+                                    ))))
+                                    .await;
                                 return;
                             }
+                        };
+                        let DecodedPayload::RecordBatch(batch) = decoded.payload else {
+                            continue;
+                        };
+                        let meta: WriteBatch = if decoded.inner.app_metadata.is_empty() {
+                            WriteBatch::default()
+                        } else {
+                            match parse_json("batch metadata", &decoded.inner.app_metadata) {
+                                Ok(m) => m,
+                                Err(e) => {
+                                    let _ = tx.send(Err(status(e))).await;
+                                    return;
+                                }
+                            }
+                        };
+                        metrics::counter!("mink_flight_put_batches_total").increment(1);
+                        metrics::counter!("mink_flight_put_rows_total")
+                            .increment(batch.num_rows() as u64);
+                        // The bytes the batch was decoded from, without a copy.
+                        let ipc = IpcEncoded {
+                            message: Buffer::from(decoded.inner.data_header.clone()),
+                            body: Buffer::from(decoded.inner.data_body.clone()),
+                        };
+                        let batch_span = tracing::debug_span!(
+                            "batch",
+                            sequence = ?meta.batch_sequence,
+                            rows = batch.num_rows()
+                        );
+                        let result = service
+                            .write(&descriptor, batch, Some(ipc), meta)
+                            .instrument(batch_span)
+                            .await;
+                        let message = match result {
+                            Ok(r) => serde_json::to_vec(&r)
+                                .map(|m| PutResult {
+                                    app_metadata: m.into(),
+                                })
+                                .map_err(|e| Status::internal(e.to_string())),
+                            Err(e) => Err(status(e)),
+                        };
+                        let failed = message.is_err();
+                        if tx.send(message).await.is_err() || failed {
+                            return;
                         }
-                    };
-                    metrics::counter!("mink_flight_put_batches_total").increment(1);
-                    metrics::counter!("mink_flight_put_rows_total")
-                        .increment(batch.num_rows() as u64);
-                    // The bytes the batch was decoded from, without a copy.
-                    let ipc = IpcEncoded {
-                        message: Buffer::from(decoded.inner.data_header.clone()),
-                        body: Buffer::from(decoded.inner.data_body.clone()),
-                    };
-                    let result = service.write(&descriptor, batch, Some(ipc), meta).await;
-                    let message = match result {
-                        Ok(r) => serde_json::to_vec(&r)
-                            .map(|m| PutResult {
-                                app_metadata: m.into(),
-                            })
-                            .map_err(|e| Status::internal(e.to_string())),
-                        Err(e) => Err(status(e)),
-                    };
-                    let failed = message.is_err();
-                    if tx.send(message).await.is_err() || failed {
-                        return;
                     }
                 }
+                .instrument(span)
             });
             Ok(self.respond(self.stamp_stream(results)))
         })
@@ -627,7 +645,13 @@ impl<S: MinkService> FlightService for FlightServer<S> {
                 crate::actions::Action::parse(&request.r#type, &request.body).map_err(status)?;
             // Labelled only with known names: a client cannot grow the label set.
             observe.action = Some(action.name().to_string());
-            let body = self.service.action(action).await.map_err(status)?;
+            let span = tracing::info_span!("flight.do_action", action = action.name());
+            let body = self
+                .service
+                .action(action)
+                .instrument(span)
+                .await
+                .map_err(status)?;
             let result = arrow_flight::Result { body: body.into() };
             Ok(self.respond(stream::iter(vec![Ok(result)]).boxed()))
         })

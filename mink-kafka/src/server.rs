@@ -23,6 +23,7 @@ use kafka_protocol::protocol::{Decodable, Encodable};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
+use tracing::Instrument;
 
 use crate::KafkaConfig;
 use crate::api::{self, Ctx, Request};
@@ -175,12 +176,24 @@ async fn connection(
         } else {
             None
         };
-        let task = tokio::spawn(async move {
-            let (key, version, correlation_id) =
-                (header.key, header.version, header.header.correlation_id);
-            let body = api::handle(&ctx, header, request, turn).await?;
-            Some(respond(key, version, correlation_id, body, peer))
-        });
+        // One span per request: a slow one can be followed into the node's write path.
+        let span = tracing::info_span!(
+            "kafka",
+            api = ?header.key,
+            version = header.version,
+            correlation_id = header.header.correlation_id,
+            client_id = header.header.client_id.as_deref().unwrap_or(""),
+            %peer
+        );
+        let task = tokio::spawn(
+            async move {
+                let (key, version, correlation_id) =
+                    (header.key, header.version, header.header.correlation_id);
+                let body = api::handle(&ctx, header, request, turn).await?;
+                Some(respond(key, version, correlation_id, body, peer))
+            }
+            .instrument(span),
+        );
         if tx.send((task, permit)).await.is_err() {
             break None;
         }

@@ -157,6 +157,7 @@ impl NodeService {
     }
 
     #[allow(clippy::too_many_arguments)]
+    #[tracing::instrument(level = "debug", name = "put", skip_all, fields(%bucket, writer = ?writer, sequence = ?meta.batch_sequence))]
     pub(crate) async fn put(
         &self,
         bucket: TableBucket,
@@ -241,6 +242,7 @@ impl NodeService {
     }
 
     #[allow(clippy::too_many_arguments)]
+    #[tracing::instrument(level = "debug", name = "append", skip_all, fields(%bucket, writer = ?writer, sequence = ?meta.batch_sequence))]
     pub(crate) async fn append(
         &self,
         bucket: TableBucket,

@@ -325,7 +325,11 @@ pub(crate) async fn run_writer(
                 bytes: len,
             });
             let budget = Duration::from_millis(config.upload_retry_budget_ms);
-            inflight.push_back(upload(store, path, bytes, budget));
+            let span = tracing::debug_span!("wal.upload", %wal, seq, bytes = len, records = inflight_jobs.back().map_or(0, |s| s.jobs.len()));
+            inflight.push_back(tracing::Instrument::instrument(
+                upload(store, path, bytes, budget),
+                span,
+            ));
             continue;
         }
         if !open && inflight.is_empty() && group.jobs.is_empty() {
