@@ -609,24 +609,7 @@ impl MetaNode {
     /// Evens out bucket counts over live nodes with the fewest moves. Only the lease
     /// holder can; others get `NotLeader`-style `Unavailable` naming the holder.
     pub async fn rebalance(&self) -> Result<usize> {
-        let _duty = self.inner.duties.lock().await;
-        let (term, holder) = self.lease();
-        if holder.as_deref() != Some(self.inner.node.as_str()) {
-            return Err(MinkError::Unavailable(format!(
-                "rebalance runs on the lease holder ({})",
-                holder.unwrap_or_else(|| "none yet".into())
-            )));
-        }
-        let moves = self.read(plan_rebalance);
-        let count = moves.len();
-        for chunk in moves.chunks(ASSIGNMENTS_PER_PROPOSAL_MAX) {
-            self.propose(MetaCommand::AssignBuckets {
-                term,
-                assignments: chunk.to_vec(),
-            })
-            .await?;
-        }
-        Ok(count)
+        self.reassign("rebalance runs", plan_rebalance).await
     }
 
     /// Moves each bucket (by stream name) to the named live node, as an operator asks
@@ -634,15 +617,7 @@ impl MetaNode {
     /// it under a new epoch. Only the lease holder can. Returns the buckets moved (a
     /// bucket already led by its target is not).
     pub async fn move_buckets(&self, moves: Vec<(String, String)>) -> Result<usize> {
-        let _duty = self.inner.duties.lock().await;
-        let (term, holder) = self.lease();
-        if holder.as_deref() != Some(self.inner.node.as_str()) {
-            return Err(MinkError::Unavailable(format!(
-                "moving buckets runs on the lease holder ({})",
-                holder.unwrap_or_else(|| "none yet".into())
-            )));
-        }
-        let moves: Vec<(String, String)> = self.read(|s| {
+        self.reassign("moving buckets runs", |s| {
             moves
                 .into_iter()
                 .filter(|(bucket, to)| {
@@ -651,8 +626,26 @@ impl MetaNode {
                         .is_none_or(|b| b.leader.as_deref() != Some(to.as_str()))
                 })
                 .collect()
-        });
-        let count = moves.len();
+        })
+        .await
+    }
+
+    /// Proposes the moves `plan` makes from the view, under the duty lock and the
+    /// lease's term, on the lease holder only (`what` names the duty in the refusal).
+    async fn reassign(
+        &self,
+        what: &str,
+        plan: impl FnOnce(&MetaState) -> Vec<(String, String)>,
+    ) -> Result<usize> {
+        let _duty = self.inner.duties.lock().await;
+        let (term, holder) = self.lease();
+        if holder.as_deref() != Some(self.inner.node.as_str()) {
+            return Err(MinkError::Unavailable(format!(
+                "{what} on the lease holder ({})",
+                holder.unwrap_or_else(|| "none yet".into())
+            )));
+        }
+        let moves = self.read(plan);
         for chunk in moves.chunks(ASSIGNMENTS_PER_PROPOSAL_MAX) {
             self.propose(MetaCommand::AssignBuckets {
                 term,
@@ -660,7 +653,7 @@ impl MetaNode {
             })
             .await?;
         }
-        Ok(count)
+        Ok(moves.len())
     }
 
     /// Stops the background tasks without a goodbye (as a crash would), or, with

@@ -80,6 +80,16 @@ pub(crate) struct Admitted {
     bytes: u64,
 }
 
+impl Admitted {
+    fn new(permit: OwnedSemaphorePermit, bytes: u64) -> Self {
+        metrics::gauge!("mink_node_write_bytes_in_progress").increment(bytes as f64);
+        Self {
+            _permit: permit,
+            bytes,
+        }
+    }
+}
+
 impl Drop for Admitted {
     fn drop(&mut self) {
         metrics::gauge!("mink_node_write_bytes_in_progress").decrement(self.bytes as f64);
@@ -111,13 +121,7 @@ impl Admission {
     /// Admits a write request of `bytes`, waiting (bounded) while the node is full.
     pub(crate) async fn admit(&self, bytes: u64) -> Result<Admitted> {
         let permits = bytes.clamp(1, self.capacity as u64) as u32;
-        let admitted = |permit| {
-            metrics::gauge!("mink_node_write_bytes_in_progress").increment(bytes as f64);
-            Admitted {
-                _permit: permit,
-                bytes,
-            }
-        };
+        let admitted = |permit| Admitted::new(permit, bytes);
         if let Ok(permit) = self.permits.clone().try_acquire_many_owned(permits) {
             return Ok(admitted(permit));
         }
@@ -148,13 +152,7 @@ impl Admission {
     pub(crate) fn admit_now(&self, bytes: u64) -> Result<Admitted> {
         let permits = bytes.clamp(1, self.capacity as u64) as u32;
         match self.permits.clone().try_acquire_many_owned(permits) {
-            Ok(permit) => {
-                metrics::gauge!("mink_node_write_bytes_in_progress").increment(bytes as f64);
-                Ok(Admitted {
-                    _permit: permit,
-                    bytes,
-                })
-            }
+            Ok(permit) => Ok(Admitted::new(permit, bytes)),
             Err(_) => Err(self.overloaded(format!(
                 "a write of {bytes} bytes finds no room, and this path does not wait"
             ))),

@@ -62,6 +62,26 @@ async fn names(client: &MinkClient, path: &TablePath, ids: &[i64]) -> Vec<(i64, 
     out
 }
 
+/// Bucket 0 of the unpartitioned table at `path`, as `node` knows it.
+fn bucket_zero(node: &Node, path: &TablePath) -> TableBucket {
+    node.meta.read(|s| {
+        let t = s.tables.values().find(|t| &t.path == path).unwrap();
+        TableBucket::new(t.id, None, 0)
+    })
+}
+
+/// A database `db` and the primary-key table `db.users` with a 1 s `log_ttl`, through
+/// `client`.
+async fn users_with_a_short_ttl(client: &MinkClient) -> TablePath {
+    client.create_database("db").await.unwrap();
+    let path = TablePath::parse("db.users").unwrap();
+    client
+        .create_table(&path, &users(&[("log_ttl", "1s")]))
+        .await
+        .unwrap();
+    path
+}
+
 /// Asks the lease holder (through `client`'s node) to move `bucket` to `to`.
 async fn move_bucket(client: &MinkClient, bucket: TableBucket, to: &str) {
     let answer: serde_json::Value = client
@@ -114,20 +134,8 @@ async fn a_primary_key_table_past_its_ttl_moves_with_every_key() {
     let client = MinkClient::connect(&n0.flight_addr.to_string())
         .await
         .unwrap();
-    client.create_database("db").await.unwrap();
-    let path = TablePath::parse("db.users").unwrap();
-    client
-        .create_table(&path, &users(&[("log_ttl", "1s")]))
-        .await
-        .unwrap();
-    let table_id = n0.meta.read(|s| {
-        s.tables
-            .values()
-            .find(|t| t.path == path)
-            .map(|t| t.id)
-            .unwrap()
-    });
-    let bucket = TableBucket::new(table_id, None, 0);
+    let path = users_with_a_short_ttl(&client).await;
+    let bucket = bucket_zero(&n0, &path);
     let first = user_rows(0..50, "a");
     settle(|| client.put(&path, &first, None, None)).await;
     client
@@ -179,19 +187,6 @@ async fn a_primary_key_table_past_its_ttl_moves_with_every_key() {
     n0.stop().await;
 }
 
-fn scrape_metrics(admin: &str) -> String {
-    use std::io::{Read, Write};
-    let mut conn = std::net::TcpStream::connect(admin).unwrap();
-    write!(
-        conn,
-        "GET /metrics HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut page = String::new();
-    conn.read_to_string(&mut page).unwrap();
-    page
-}
-
 /// The sum of a counter over its labels in a Prometheus page.
 fn counter(page: &str, name: &str) -> f64 {
     page.lines()
@@ -231,14 +226,11 @@ async fn a_bucket_moved_back_to_an_idle_node_is_handed_over_without_a_fence() {
         .create_table(&path, &common::events_in(1))
         .await
         .unwrap();
-    let bucket = nodes[0].meta.read(|s| {
-        let t = s.tables.values().find(|t| t.path == path).unwrap();
-        TableBucket::new(t.id, None, 0)
-    });
+    let bucket = bucket_zero(&nodes[0], &path);
     let first = common::rows(0..10);
     settle(|| client.append(&path, &first)).await;
     let fenced_before = counter(
-        &scrape_metrics(&nodes[0].admin_addr.to_string()),
+        &common::scrape_metrics(&nodes[0].admin_addr.to_string()),
         "mink_wal_fenced_total",
     );
     let mut next = 10;
@@ -266,7 +258,7 @@ async fn a_bucket_moved_back_to_an_idle_node_is_handed_over_without_a_fence() {
         );
     }
     let fenced = counter(
-        &scrape_metrics(&nodes[0].admin_addr.to_string()),
+        &common::scrape_metrics(&nodes[0].admin_addr.to_string()),
         "mink_wal_fenced_total",
     );
     assert_eq!(
@@ -296,16 +288,8 @@ async fn a_snapshot_reader_past_the_trim_fails_loudly_and_a_new_snapshot_serves(
     let client = MinkClient::connect(&node.flight_addr.to_string())
         .await
         .unwrap();
-    client.create_database("db").await.unwrap();
-    let path = TablePath::parse("db.users").unwrap();
-    client
-        .create_table(&path, &users(&[("log_ttl", "1s")]))
-        .await
-        .unwrap();
-    let bucket = node.meta.read(|s| {
-        let t = s.tables.values().find(|t| t.path == path).unwrap();
-        TableBucket::new(t.id, None, 0)
-    });
+    let path = users_with_a_short_ttl(&client).await;
+    let bucket = bucket_zero(&node, &path);
     let first = user_rows(0..10, "a");
     settle(|| client.put(&path, &first, None, None)).await;
     let snapshot = client

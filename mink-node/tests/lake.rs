@@ -54,6 +54,18 @@ async fn until_tiered(client: &MinkClient, path: &TablePath, rows: i64) {
     panic!("the lake never held {rows} rows of {path}");
 }
 
+/// The first offset of bucket 0 of an unpartitioned table.
+async fn earliest(client: &MinkClient, path: &TablePath) -> i64 {
+    let answer: serde_json::Value = client
+        .action(
+            "list_offsets",
+            serde_json::json!({"path": path, "spec": "earliest"}),
+        )
+        .await
+        .unwrap();
+    answer[0]["offset"].as_i64().unwrap_or(0)
+}
+
 /// Checks a `Union` or `Lake` answer at the offset level: per bucket the batches cover
 /// `[0, end)` exactly once, in order; returns the ends.
 fn coverage(batches: &[(arrow::array::RecordBatch, ScanBatch)]) -> BTreeMap<String, i64> {
@@ -219,33 +231,20 @@ async fn the_ttl_never_trims_what_the_lake_lacks() {
     client.append(&p, &rows(0..10)).await.unwrap();
     client.append(&p, &rows(10..20)).await.unwrap();
     // Wait for the TTL to trim the plain table (segments are cut by compaction first).
-    let earliest = |path: TablePath| {
-        let client = &client;
-        async move {
-            let answer: serde_json::Value = client
-                .action(
-                    "list_offsets",
-                    serde_json::json!({"path": path, "spec": "earliest"}),
-                )
-                .await
-                .unwrap();
-            answer[0]["offset"].as_i64().unwrap_or(0)
-        }
-    };
     for _ in 0..600 {
-        if earliest(p.clone()).await > 0 {
+        if earliest(&client, &p).await > 0 {
             break;
         }
         node.streams().compact().await.ok();
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(
-        earliest(p.clone()).await > 0,
+        earliest(&client, &p).await > 0,
         "the TTL trimmed the table without a lake"
     );
     node.streams().compact().await.ok();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let start = earliest(t.clone()).await;
+    let start = earliest(&client, &t).await;
     let in_lake = lake_offsets(&client, &t)
         .await
         .map_or(0, |o| o.values().sum::<i64>());
@@ -726,24 +725,14 @@ async fn a_union_reader_slower_than_the_trim_grace_fails_loudly() {
     // Meanwhile: a newer round tiers the log part's rows, and the TTL trims them once
     // the grace has passed.
     until_tiered(&client, &path, next).await;
-    let earliest = || async {
-        let answer: serde_json::Value = client
-            .action(
-                "list_offsets",
-                serde_json::json!({"path": path, "spec": "earliest"}),
-            )
-            .await
-            .unwrap();
-        answer[0]["offset"].as_i64().unwrap_or(0)
-    };
     for _ in 0..400 {
-        if earliest().await > tiered {
+        if earliest(&client, &path).await > tiered {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(
-        earliest().await > tiered,
+        earliest(&client, &path).await > tiered,
         "the TTL never trimmed past the first round"
     );
     // The reader comes back.

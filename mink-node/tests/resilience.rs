@@ -136,20 +136,6 @@ async fn a_failed_wal_is_replaced_without_a_restart_and_loses_nothing() {
     node.stop().await;
 }
 
-/// The Prometheus page of an admin endpoint (a plain HTTP/1.1 GET).
-fn scrape(admin: &str) -> String {
-    use std::io::{Read, Write};
-    let mut conn = std::net::TcpStream::connect(admin).unwrap();
-    write!(
-        conn,
-        "GET /metrics HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut page = String::new();
-    conn.read_to_string(&mut page).unwrap();
-    page
-}
-
 fn cluster_config(dir: &std::path::Path, id: &str) -> MinkConfig {
     let mut c = config(dir);
     c.node_id = id.into();
@@ -227,7 +213,7 @@ async fn rebalance_under_load_hands_buckets_over_without_fencing() {
         "a handover fenced a live node: {fences:?}"
     );
     // And no WAL met a fence (the nodes of this process share one metrics recorder).
-    let metrics = scrape(&nodes[0].admin_addr.to_string());
+    let metrics = common::scrape_metrics(&nodes[0].admin_addr.to_string());
     let fenced: f64 = metrics
         .lines()
         .filter(|l| l.starts_with("mink_wal_fenced_total"))

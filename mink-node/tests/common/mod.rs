@@ -89,3 +89,17 @@ pub fn ids(batches: &[RecordBatch]) -> Vec<i64> {
     out.sort();
     out
 }
+
+/// The Prometheus page of a node's admin endpoint.
+pub fn scrape_metrics(admin: &str) -> String {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(admin).unwrap();
+    write!(
+        conn,
+        "GET /metrics HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut page = String::new();
+    conn.read_to_string(&mut page).unwrap();
+    page
+}
