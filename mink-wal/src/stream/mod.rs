@@ -20,6 +20,7 @@
 mod compact;
 pub mod meta;
 mod read;
+mod shared_reads;
 mod takeover;
 mod writer;
 
@@ -209,6 +210,8 @@ pub(crate) struct StoreInner {
     /// Segment merges recorded by this writer.
     merges: AtomicU64,
     segment_indexes: Mutex<HashMap<String, Arc<Vec<crate::format::IndexEntry>>>>,
+    /// WAL objects takeovers read, shared between the takeovers of one dead WAL.
+    recovery_reads: shared_reads::SharedReads,
 }
 
 impl StoreInner {
@@ -415,6 +418,7 @@ impl StreamStore {
             last_snapshot: AtomicU64::new(0),
             merges: AtomicU64::new(0),
             segment_indexes: Mutex::new(HashMap::new()),
+            recovery_reads: shared_reads::SharedReads::default(),
         });
         tokio::spawn(writer::run_writer(store, wal, config, writer, rx));
         tracing::info!(

@@ -334,10 +334,8 @@ async fn recover(
         .map(|seq| {
             let path = wal_path(owner, seq);
             async move {
-                let got = match store.store.get(&path).await {
-                    Ok(got) => got.bytes().await,
-                    Err(e) => Err(e),
-                };
+                // Shared with the other takeovers of this WAL on this node.
+                let got = store.recovery_reads.get(&store.store, &path).await;
                 (seq, path, got)
             }
         })
