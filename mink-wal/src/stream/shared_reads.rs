@@ -19,8 +19,8 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
-use object_store::{ObjectStore, ObjectStoreExt};
 use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt};
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
@@ -105,8 +105,8 @@ impl SharedReads {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use object_store::memory::InMemory;
     use object_store::PutPayload;
+    use object_store::memory::InMemory;
 
     use crate::fault::{FaultConfig, FaultyStore};
 
