@@ -157,6 +157,36 @@ pub struct TableMetadata {
     pub buckets: Vec<BucketMetadata>,
 }
 
+/// A table as `get_table` answers it (the node's catalog entry). Unknown fields are
+/// ignored, so that a reader keeps working when the node adds some.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TableInfo {
+    pub id: mink_types::TableId,
+    pub path: TablePath,
+    /// The current definition; `descriptor.schema` is the newest schema.
+    pub descriptor: TableDescriptor,
+    /// Every schema version, oldest first.
+    pub schemas: Vec<mink_types::Schema>,
+    /// By name.
+    pub partitions: BTreeMap<String, PartitionInfo>,
+    pub created_at_ms: i64,
+}
+
+/// A partition of a partitioned table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionInfo {
+    pub id: mink_types::PartitionId,
+    pub name: String,
+}
+
+impl TableInfo {
+    /// `get_table`'s answer, typed.
+    pub fn from_answer(answer: serde_json::Value) -> Result<Self> {
+        serde_json::from_value(answer)
+            .map_err(|e| MinkError::Internal(format!("get_table answered: {e}")))
+    }
+}
+
 json_answers!(
     Indexed,
     Exists,

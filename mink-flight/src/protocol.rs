@@ -153,6 +153,10 @@ pub struct ScanBatch {
     /// rows read from the lake.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub writer_id: Option<i64>,
+    /// When the leader committed the batch (milliseconds since the epoch, the same
+    /// clock `list_offsets` by timestamp searches). Absent for rows read from the lake.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit_timestamp: Option<i64>,
 }
 
 /// The app metadata of each DoGet batch of a `Snapshot` read: the rows are the

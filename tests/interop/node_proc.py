@@ -116,3 +116,53 @@ def wait_for(probe, timeout=15, what="a condition"):
         if time.monotonic() > deadline:
             raise AssertionError(f"never: {what}")
         time.sleep(0.1)
+
+
+class QueryProcess:
+    """A mink-query on a loopback port chosen by the OS, against `nodes` (host:port of
+    their Flight listeners), with its stderr collected."""
+
+    def __init__(self, binary, workdir, nodes, env=None):
+        self.lines = []
+        self.proc = subprocess.Popen(
+            [str(binary)],
+            cwd=workdir,
+            env=clean_env(
+                {
+                    "RUST_LOG": "info",
+                    "MINK_QUERY_LISTEN": "127.0.0.1:0",
+                    "MINK_QUERY_NODES": "[" + ",".join(f'"{n}"' for n in nodes) + "]",
+                    **(env or {}),
+                }
+            ),
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            text=True,
+        )
+        self.port = None
+
+        def pump():
+            for line in self.proc.stderr:
+                self.lines.append(line)
+                m = re.search(r"Flight SQL listening on 127\.0\.0\.1:(\d+)", line)
+                if m:
+                    self.port = int(m.group(1))
+
+        threading.Thread(target=pump, daemon=True).start()
+        deadline = time.monotonic() + 60
+        while self.port is None and time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        if self.port is None:
+            self.kill()
+            raise AssertionError("mink-query did not start:\n" + "".join(self.lines))
+
+    @property
+    def uri(self):
+        return f"grpc://127.0.0.1:{self.port}"
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)

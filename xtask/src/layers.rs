@@ -31,6 +31,8 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
             "mink-kafka",
         ],
     ),
+    // A client of the nodes: Flight only (their Arrow-free protocol types).
+    ("mink-query", &["mink-types", "mink-flight"]),
     ("xtask", &[]),
 ];
 

@@ -808,6 +808,7 @@ impl NodeService {
                         high_watermark,
                         change_types: None,
                         writer_id: None,
+                        commit_timestamp: None,
                     },
                 )
             })
@@ -888,6 +889,7 @@ impl NodeService {
                             high_watermark,
                             change_types: None,
                             writer_id: None,
+                            commit_timestamp: None,
                         },
                     )
                 })

@@ -48,6 +48,7 @@ impl NodeService {
                                 .then(|| b.header.change_types[..take].to_vec()),
                             writer_id: (b.header.writer_id != mink_log::NO_WRITER)
                                 .then_some(b.header.writer_id),
+                            commit_timestamp: Some(b.header.commit_timestamp),
                         };
                         out.push((as_schema(b.batch.slice(0, take), &schema)?, meta));
                     }
@@ -222,6 +223,7 @@ pub(super) fn read_batches(
                     .then(|| b.header.change_types.clone()),
                 writer_id: (b.header.writer_id != mink_log::NO_WRITER)
                     .then_some(b.header.writer_id),
+                commit_timestamp: Some(b.header.commit_timestamp),
             };
             Ok((as_schema(b.batch, schema)?, meta))
         })

@@ -1,0 +1,476 @@
+//! `MinkReadExec`: the leaf of every plan over a Mink table. One DataFusion
+//! partition per read part (a bucket, or one whole-table read any node answers),
+//! each streamed from the node as DataFusion pulls it, at most
+//! `query.read_parallelism` of them at once per query.
+
+use std::fmt;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{
+    ArrayRef, Int64Array, StringArray, TimestampMillisecondArray, new_null_array,
+};
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::common::{DataFusionError, Result};
+use datafusion::execution::TaskContext;
+use datafusion::execution::memory_pool::MemoryConsumer;
+use datafusion::physical_expr::EquivalenceProperties;
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
+    SendableRecordBatchStream,
+};
+use futures::{StreamExt, TryStreamExt};
+use mink_flight::actions::{BucketRef, LatestKvSnapshot, Lookup, PrefixLookup};
+use mink_flight::protocol::{ReadTicket, ScanBatch, SnapshotBatch};
+use mink_types::{MinkError, TableBucket, TablePath};
+use tokio::sync::Semaphore;
+
+use crate::engine::batches_of_ipc;
+use crate::merge::BucketState;
+use crate::nodes::Nodes;
+
+/// The system columns of a `$changelog` read, after the table's own.
+pub const CHANGELOG_COLUMNS: [&str; 3] = ["_change_type", "_log_offset", "_commit_timestamp"];
+
+/// One piece of a read: one DataFusion partition.
+#[derive(Debug, Clone)]
+pub enum Part {
+    /// Rows of a bucket's log at its leader (a log table; a `$changelog`).
+    Log { addr: String, ticket: ReadTicket },
+    /// A primary-key bucket's state at `end_offset`: its KV snapshot and the
+    /// changelog since, merged here.
+    State {
+        addr: String,
+        bucket: TableBucket,
+        end_offset: i64,
+    },
+    /// A read any node answers (`Union`, `Lake`).
+    Any { ticket: ReadTicket },
+    /// A primary-key point query.
+    Lookup { keys: Vec<Vec<serde_json::Value>> },
+    /// A primary-key prefix query.
+    PrefixLookup { prefix: Vec<serde_json::Value> },
+}
+
+/// How the read came to be, for `EXPLAIN`.
+#[derive(Debug, Clone)]
+pub struct Describe {
+    pub read: &'static str,
+    pub detail: String,
+}
+
+#[derive(Debug)]
+pub struct MinkReadExec {
+    nodes: Arc<Nodes>,
+    path: TablePath,
+    parts: Vec<Part>,
+    /// The rows as the read yields them (the table's columns, plus the changelog's).
+    full: SchemaRef,
+    projection: Option<Vec<usize>>,
+    /// Primary-key columns (in `full`), for state merges.
+    key_columns: Vec<usize>,
+    changelog: bool,
+    describe: Describe,
+    parallelism: Arc<Semaphore>,
+    batch_size: usize,
+    properties: Arc<PlanProperties>,
+}
+
+impl MinkReadExec {
+    #[expect(clippy::too_many_arguments, reason = "a plan node's fields, set once")]
+    pub fn new(
+        nodes: Arc<Nodes>,
+        path: TablePath,
+        parts: Vec<Part>,
+        full: SchemaRef,
+        projection: Option<Vec<usize>>,
+        key_columns: Vec<usize>,
+        changelog: bool,
+        describe: Describe,
+        read_parallelism: usize,
+        batch_size: usize,
+    ) -> Result<Self> {
+        let output = match &projection {
+            Some(p) => Arc::new(full.project(p)?),
+            None => full.clone(),
+        };
+        let properties = PlanProperties::new(
+            EquivalenceProperties::new(output),
+            Partitioning::UnknownPartitioning(parts.len().max(1)),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        );
+        Ok(Self {
+            nodes,
+            path,
+            parts,
+            full,
+            projection,
+            key_columns,
+            changelog,
+            describe,
+            parallelism: Arc::new(Semaphore::new(read_parallelism.max(1))),
+            batch_size,
+            properties: Arc::new(properties),
+        })
+    }
+
+    /// The parts of this read (tests and EXPLAIN).
+    pub fn parts(&self) -> &[Part] {
+        &self.parts
+    }
+}
+
+impl DisplayAs for MinkReadExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(
+            f,
+            "MinkReadExec: table={}, read={}, parts={}",
+            self.path,
+            self.describe.read,
+            self.parts.len()
+        )?;
+        if !self.describe.detail.is_empty() {
+            write!(f, ", {}", self.describe.detail)?;
+        }
+        Ok(())
+    }
+}
+
+pub fn mink_error(e: MinkError) -> DataFusionError {
+    DataFusionError::External(Box::new(e))
+}
+
+impl ExecutionPlan for MinkReadExec {
+    fn name(&self) -> &str {
+        "MinkReadExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![]
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if children.is_empty() {
+            Ok(self)
+        } else {
+            Err(DataFusionError::Internal(
+                "MinkReadExec has no children".into(),
+            ))
+        }
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let output = self.schema();
+        let Some(part) = self.parts.get(partition).cloned() else {
+            // A read of nothing (every partition pruned) still has one partition.
+            return Ok(Box::pin(RecordBatchStreamAdapter::new(
+                output,
+                futures::stream::empty(),
+            )));
+        };
+        let read = Read {
+            nodes: self.nodes.clone(),
+            path: self.path.clone(),
+            full: self.full.clone(),
+            projection: self.projection.clone(),
+            key_columns: self.key_columns.clone(),
+            changelog: self.changelog,
+            batch_size: self.batch_size,
+        };
+        let parallelism = self.parallelism.clone();
+        let stream = futures::stream::once(async move {
+            let permit = parallelism
+                .acquire_owned()
+                .await
+                .map_err(|_| DataFusionError::Internal("the read was closed".into()))?;
+            let rows = read.part(part, context).await?;
+            // The permit is held while the part streams.
+            Ok::<_, DataFusionError>(rows.map(move |b| {
+                let _held = &permit;
+                b
+            }))
+        })
+        .try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(output, stream)))
+    }
+}
+
+/// What a part needs to run, detached from the plan.
+struct Read {
+    nodes: Arc<Nodes>,
+    path: TablePath,
+    full: SchemaRef,
+    projection: Option<Vec<usize>>,
+    key_columns: Vec<usize>,
+    changelog: bool,
+    batch_size: usize,
+}
+
+type Rows = futures::stream::BoxStream<'static, Result<RecordBatch>>;
+
+impl Read {
+    async fn part(self, part: Part, context: Arc<TaskContext>) -> Result<Rows> {
+        match part {
+            Part::Log { addr, ticket } => {
+                let batches = self.nodes.read(&addr, &ticket).await.map_err(mink_error)?;
+                Ok(batches
+                    .map(move |item| {
+                        let (batch, meta) = item.map_err(mink_error)?;
+                        self.log_rows(batch, &meta)
+                    })
+                    .boxed())
+            }
+            Part::Any { ticket } => {
+                let addr = self.nodes.any().map_err(mink_error)?;
+                let batches = self.nodes.read(&addr, &ticket).await.map_err(mink_error)?;
+                Ok(batches
+                    .map(move |item| {
+                        let (batch, _) = item.map_err(mink_error)?;
+                        self.output(batch)
+                    })
+                    .boxed())
+            }
+            Part::Lookup { keys } => {
+                let found = self
+                    .nodes
+                    .call(&Lookup {
+                        path: self.path.clone(),
+                        keys,
+                    })
+                    .await
+                    .map_err(mink_error)?;
+                self.ipc_rows(found.0)
+            }
+            Part::PrefixLookup { prefix } => {
+                let found = self
+                    .nodes
+                    .call(&PrefixLookup {
+                        path: self.path.clone(),
+                        prefix,
+                        limit: None,
+                    })
+                    .await
+                    .map_err(mink_error)?;
+                self.ipc_rows(found.0)
+            }
+            Part::State {
+                addr,
+                bucket,
+                end_offset,
+            } => self.state(addr, bucket, end_offset, context).await,
+        }
+    }
+
+    fn ipc_rows(self, bytes: Vec<u8>) -> Result<Rows> {
+        let batches = batches_of_ipc(bytes).map_err(mink_error)?;
+        let out = batches
+            .into_iter()
+            .map(|b| self.output(b))
+            .collect::<Vec<_>>();
+        Ok(futures::stream::iter(out).boxed())
+    }
+
+    /// A bucket's state: the snapshot, then the changelog up to the cut, merged
+    /// under the query's memory pool.
+    async fn state(
+        self,
+        addr: String,
+        bucket: TableBucket,
+        end_offset: i64,
+        context: Arc<TaskContext>,
+    ) -> Result<Rows> {
+        let table_columns = self.full.fields().len();
+        let mut state = BucketState::new(self.full.clone(), self.key_columns.clone())?;
+        let reservation =
+            MemoryConsumer::new(format!("MinkState[{bucket}]")).register(context.memory_pool());
+        let mut snapshot = self
+            .nodes
+            .read(&addr, &ReadTicket::Snapshot { bucket })
+            .await
+            .map_err(mink_error)?;
+        let mut from: Option<i64> = None;
+        while let Some(item) = snapshot.next().await {
+            let (batch, meta) = item.map_err(mink_error)?;
+            let meta: SnapshotBatch = parse_meta(&meta)?;
+            from = Some(meta.log_offset);
+            let added = state.snapshot(align(batch, &self.full, table_columns)?)?;
+            reservation.try_grow(added)?;
+        }
+        // A snapshot of no rows may come without a batch to carry its offset: the
+        // `latest_kv_snapshot` action answers the same snapshot.
+        let from = match from {
+            Some(offset) => offset,
+            None => {
+                self.nodes
+                    .call_at(&addr, &LatestKvSnapshot(BucketRef { bucket }))
+                    .await
+                    .map_err(mink_error)?
+                    .log_offset
+            }
+        };
+        if from < end_offset {
+            let mut changes = self
+                .nodes
+                .read(
+                    &addr,
+                    &ReadTicket::Scan {
+                        bucket,
+                        offset: from,
+                        max_bytes: None,
+                        end_offset: Some(end_offset),
+                    },
+                )
+                .await
+                .map_err(mink_error)?;
+            while let Some(item) = changes.next().await {
+                let (batch, meta) = item.map_err(mink_error)?;
+                let meta: ScanBatch = parse_meta(&meta)?;
+                let types = meta.change_types.unwrap_or_default();
+                let added = state.changes(align(batch, &self.full, table_columns)?, &types)?;
+                reservation.try_grow(added)?;
+            }
+        }
+        let rows = state.finish(self.batch_size)?;
+        let out: Vec<Result<RecordBatch>> = rows.into_iter().map(|b| self.output(b)).collect();
+        // The reservation lives as long as the rows are being handed out.
+        Ok(futures::stream::iter(out)
+            .map(move |b| {
+                let _held = &reservation;
+                b
+            })
+            .boxed())
+    }
+
+    /// A log batch as rows of `full`: the table's columns, and for a `$changelog` the
+    /// change type, offset and commit time of each row.
+    fn log_rows(&self, batch: RecordBatch, meta: &[u8]) -> Result<RecordBatch> {
+        if !self.changelog {
+            return self.output(batch);
+        }
+        let meta: ScanBatch = parse_meta(meta)?;
+        let own = self.full.fields().len() - CHANGELOG_COLUMNS.len();
+        let batch = align(batch, &self.full, own)?;
+        let n = batch.num_rows();
+        let types = meta.change_types.unwrap_or_default();
+        let change: ArrayRef = Arc::new(StringArray::from_iter_values(
+            (0..n).map(|i| types.get(i).map_or("+A", |t| t.short_string())),
+        ));
+        let offsets: ArrayRef = Arc::new(Int64Array::from_iter_values(
+            (0..n as i64).map(|i| meta.base_offset + i),
+        ));
+        let committed: ArrayRef = Arc::new(
+            TimestampMillisecondArray::from(vec![meta.commit_timestamp; n]).with_timezone("UTC"),
+        );
+        let mut columns = batch.columns()[..own].to_vec();
+        columns.extend([change, offsets, committed]);
+        self.output(RecordBatch::try_new(self.full.clone(), columns)?)
+    }
+
+    /// `batch` in the full schema, then projected.
+    fn output(&self, batch: RecordBatch) -> Result<RecordBatch> {
+        let batch = align(batch, &self.full, self.full.fields().len())?;
+        match &self.projection {
+            Some(p) => Ok(batch.project(p)?),
+            None => Ok(batch),
+        }
+    }
+}
+
+fn parse_meta<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T> {
+    serde_json::from_slice(bytes)
+        .map_err(|e| DataFusionError::Internal(format!("a node's batch metadata: {e}")))
+}
+
+/// `batch` with the first `columns` fields of `schema`, found by name: a column the
+/// batch lacks (added to the table after the batch was written) is null, a type that
+/// differs is cast. A batch already in the schema passes as is.
+pub fn align(batch: RecordBatch, schema: &SchemaRef, columns: usize) -> Result<RecordBatch> {
+    let target: Vec<_> = schema.fields()[..columns].to_vec();
+    let same = batch.num_columns() == columns
+        && batch
+            .schema()
+            .fields()
+            .iter()
+            .zip(&target)
+            .all(|(a, b)| a.name() == b.name() && a.data_type() == b.data_type());
+    let target_schema = if columns == schema.fields().len() {
+        schema.clone()
+    } else {
+        Arc::new(datafusion::arrow::datatypes::Schema::new(target.clone()))
+    };
+    if same {
+        return Ok(RecordBatch::try_new(
+            target_schema,
+            batch.columns().to_vec(),
+        )?);
+    }
+    let arrays = target
+        .iter()
+        .map(|f| match batch.schema().index_of(f.name()) {
+            Ok(i) => Ok(datafusion::arrow::compute::cast(
+                batch.column(i),
+                f.data_type(),
+            )?),
+            Err(_) => Ok(new_null_array(f.data_type(), batch.num_rows())),
+        })
+        .collect::<Result<Vec<ArrayRef>>>()?;
+    let options = datafusion::arrow::record_batch::RecordBatchOptions::new()
+        .with_row_count(Some(batch.num_rows()));
+    Ok(RecordBatch::try_new_with_options(
+        target_schema,
+        arrays,
+        &options,
+    )?)
+}
+
+/// Makes operators that emit many batches per input batch (joins, unnest) yield to
+/// the runtime between batches, by wrapping them in DataFusion's `CooperativeExec`.
+/// DataFusion yields only at its leaves; a cross join emits for long after its inputs
+/// are read, and a query that never yields cannot be cancelled (a timeout, a client
+/// that went away) until it ends.
+#[derive(Debug, Default)]
+pub struct YieldInJoins;
+
+impl datafusion::physical_optimizer::PhysicalOptimizerRule for YieldInJoins {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        _config: &datafusion::config::ConfigOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        use datafusion::common::tree_node::{Transformed, TreeNode};
+        use datafusion::physical_plan::coop::CooperativeExec;
+        plan.transform_up(|node| {
+            let name = node.name();
+            if name.contains("Join") || name == "UnnestExec" {
+                Ok(Transformed::yes(
+                    Arc::new(CooperativeExec::new(node)) as Arc<dyn ExecutionPlan>
+                ))
+            } else {
+                Ok(Transformed::no(node))
+            }
+        })
+        .map(|t| t.data)
+    }
+
+    fn name(&self) -> &str {
+        "YieldInJoins"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}

@@ -1,0 +1,175 @@
+//! Statement tickets and prepared-statement handles: stateless, so any mink-query
+//! instance serves any of them.
+//!
+//! `MQ1` · applied index (u64 LE) · SQL length (u32 LE) · SQL (UTF-8) · the bound
+//! parameters as an Arrow IPC stream of one row (empty when none are bound).
+
+use std::io::Cursor;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::common::ScalarValue;
+use tonic::Status;
+
+use crate::engine::arrow::ipc::reader::StreamReader;
+use crate::engine::arrow::ipc::writer::StreamWriter;
+use crate::errors::QueryError;
+
+const MAGIC: &[u8; 3] = b"MQ1";
+/// The longest statement served (bytes of SQL).
+pub const SQL_BYTES_MAX: usize = 1 << 20;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Handle {
+    pub sql: String,
+    /// One row of parameter values, as Arrow IPC.
+    pub params: Option<Bytes>,
+    /// The metadata index the planner had seen: a DoGet elsewhere waits for it.
+    pub applied_index: u64,
+}
+
+impl Handle {
+    pub fn encode(&self) -> Bytes {
+        let params = self.params.as_deref().unwrap_or_default();
+        let mut b = BytesMut::with_capacity(15 + self.sql.len() + params.len());
+        b.put_slice(MAGIC);
+        b.put_u64_le(self.applied_index);
+        b.put_u32_le(self.sql.len() as u32);
+        b.put_slice(self.sql.as_bytes());
+        b.put_slice(params);
+        b.freeze()
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, Status> {
+        let bad = |why: &str| {
+            Status::invalid_argument(format!("not a statement handle mink-query issued ({why})"))
+        };
+        let rest = bytes
+            .strip_prefix(MAGIC)
+            .ok_or_else(|| bad("no MQ1 prefix"))?;
+        if rest.len() < 12 {
+            return Err(bad("cut short"));
+        }
+        let applied_index = u64::from_le_bytes(rest[..8].try_into().expect("8 bytes"));
+        let len = u32::from_le_bytes(rest[8..12].try_into().expect("4 bytes")) as usize;
+        if len > SQL_BYTES_MAX || rest.len() < 12 + len {
+            return Err(bad("a statement longer than the handle"));
+        }
+        let sql = std::str::from_utf8(&rest[12..12 + len])
+            .map_err(|_| bad("the statement is not UTF-8"))?
+            .to_string();
+        let params = &rest[12 + len..];
+        Ok(Self {
+            sql,
+            params: (!params.is_empty()).then(|| Bytes::copy_from_slice(params)),
+            applied_index,
+        })
+    }
+
+    /// The handle with `batches` (one row in all) bound as its parameters.
+    pub fn bind(self, batches: &[RecordBatch]) -> Result<Self, Status> {
+        let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+        if rows != 1 {
+            return Err(Status::invalid_argument(format!(
+                "bind exactly one row of parameters (got {rows}); run the statement once per row"
+            )));
+        }
+        let batch = batches
+            .iter()
+            .find(|b| b.num_rows() == 1)
+            .expect("one batch holds the row");
+        let mut out = Vec::new();
+        {
+            let mut w = StreamWriter::try_new(&mut out, &batch.schema())
+                .map_err(|e| Status::invalid_argument(format!("the parameters: {e}")))?;
+            w.write(batch)
+                .and_then(|_| w.finish())
+                .map_err(|e| Status::invalid_argument(format!("the parameters: {e}")))?;
+        }
+        Ok(Self {
+            params: Some(Bytes::from(out)),
+            ..self
+        })
+    }
+
+    /// The bound values, in parameter order (`$1`, `$2`, ...).
+    pub fn parameters(&self) -> Result<Option<Vec<ScalarValue>>, QueryError> {
+        let Some(bytes) = &self.params else {
+            return Ok(None);
+        };
+        let bad = |e: String| QueryError::InvalidArgument(format!("the bound parameters: {e}"));
+        let reader = StreamReader::try_new(Cursor::new(bytes.to_vec()), None)
+            .map_err(|e| bad(e.to_string()))?;
+        for batch in reader {
+            let batch = batch.map_err(|e| bad(e.to_string()))?;
+            if batch.num_rows() == 1 {
+                return Ok(Some(crate::flightsql::row_values(&batch)?));
+            }
+        }
+        Err(bad("no row".into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{Int64Array, StringArray};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use std::sync::Arc;
+
+    #[test]
+    fn a_handle_round_trips_with_and_without_parameters() {
+        let h = Handle {
+            sql: "SELECT * FROM db.t WHERE id = $1".into(),
+            params: None,
+            applied_index: 42,
+        };
+        assert_eq!(Handle::decode(&h.encode()).unwrap(), h);
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("$1", DataType::Int64, true),
+            Field::new("$2", DataType::Utf8, true),
+        ]));
+        let row = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(Int64Array::from(vec![7])),
+                Arc::new(StringArray::from(vec!["x"])),
+            ],
+        )
+        .unwrap();
+        let bound = h.clone().bind(&[row]).unwrap();
+        let back = Handle::decode(&bound.encode()).unwrap();
+        assert_eq!(back.sql, h.sql);
+        assert_eq!(
+            back.parameters().unwrap().unwrap(),
+            vec![
+                ScalarValue::Int64(Some(7)),
+                ScalarValue::Utf8(Some("x".into()))
+            ]
+        );
+    }
+
+    #[test]
+    fn garbage_and_cut_handles_are_invalid_arguments() {
+        for bytes in [
+            &b""[..],
+            b"XYZ",
+            b"MQ1\x01",
+            b"MQ1\0\0\0\0\0\0\0\0\xff\0\0\0abc",
+        ] {
+            let e = Handle::decode(bytes).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::InvalidArgument, "{bytes:?}");
+        }
+    }
+
+    #[test]
+    fn binding_needs_exactly_one_row() {
+        let h = Handle {
+            sql: "SELECT $1".into(),
+            params: None,
+            applied_index: 0,
+        };
+        let e = h.bind(&[]).unwrap_err();
+        assert!(e.message().contains("exactly one row"), "{e}");
+    }
+}

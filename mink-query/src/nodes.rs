@@ -1,0 +1,280 @@
+//! The nodes, as mink-query reaches them: Flight calls with Mink's JSON actions and
+//! tickets, rows decoded by arrow 58.
+//!
+//! Any node answers actions and `GetFlightInfo`; reads of a bucket go to its leader
+//! (the endpoint's location), and a leader that moved answers `NotLeader` with the new
+//! address, which [`Nodes::read`] follows. Every answer carries the node's
+//! `mink-applied-index`; the highest one seen is sent back as `mink-min-applied-index`
+//! on every call, so no node serves mink-query an older catalog than one it already
+//! saw (DDL through any node is visible to the next statement).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
+use mink_flight::actions::{ActionRequest, Answer, DescribeCluster, Empty};
+use mink_flight::client::status_to_error;
+use mink_flight::protocol::ReadTicket;
+use mink_types::{MinkError, Result, TablePath};
+use tokio::sync::Mutex;
+use tonic::transport::Channel;
+
+use crate::engine::arrow::record_batch::RecordBatch;
+use crate::engine::flight::decode::{DecodedPayload, FlightDataDecoder};
+use crate::engine::flight::error::FlightError;
+use crate::engine::flight::flight_service_client::FlightServiceClient;
+use crate::engine::flight::{Action, FlightDescriptor, FlightInfo, Ticket};
+
+const APPLIED_INDEX: &str = "mink-applied-index";
+const MIN_APPLIED_INDEX: &str = "mink-min-applied-index";
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Redirects one read follows before giving up (a bucket moving again and again).
+const REDIRECTS_MAX: usize = 5;
+
+/// A stream of a read's batches with their app metadata (JSON).
+pub type Batches = BoxStream<'static, Result<(RecordBatch, Bytes)>>;
+
+/// The cluster, through Flight.
+pub struct Nodes {
+    /// The configured nodes, then the ones `describe_cluster` named.
+    candidates: std::sync::Mutex<Vec<String>>,
+    connections: Mutex<HashMap<String, FlightServiceClient<Channel>>>,
+    /// The highest `mink-applied-index` seen.
+    applied: AtomicU64,
+}
+
+impl std::fmt::Debug for Nodes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Nodes")
+            .field("candidates", &self.candidates)
+            .field("applied", &self.applied)
+            .finish()
+    }
+}
+
+impl Nodes {
+    pub fn new(bootstrap: Vec<String>) -> Arc<Self> {
+        Arc::new(Self {
+            candidates: std::sync::Mutex::new(bootstrap),
+            connections: Mutex::new(HashMap::new()),
+            applied: AtomicU64::new(0),
+        })
+    }
+
+    /// The highest metadata index a node answered with.
+    pub fn applied_index(&self) -> u64 {
+        self.applied.load(Ordering::Acquire)
+    }
+
+    /// Waits, on later calls, for at least `index` (a statement handle planned
+    /// elsewhere carries the index its planner had seen).
+    pub fn saw_index(&self, index: u64) {
+        self.applied.fetch_max(index, Ordering::AcqRel);
+    }
+
+    async fn connection(&self, addr: &str) -> Result<FlightServiceClient<Channel>> {
+        if let Some(c) = self.connections.lock().await.get(addr) {
+            return Ok(c.clone());
+        }
+        let channel = Channel::from_shared(format!("http://{addr}"))
+            .map_err(|e| MinkError::invalid("address", format!("{addr}: {e}")))?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .connect()
+            .await
+            .map_err(|e| MinkError::Unavailable(format!("cannot connect to node {addr}: {e}")))?;
+        let client = FlightServiceClient::new(channel)
+            .max_decoding_message_size(usize::MAX)
+            .max_encoding_message_size(usize::MAX);
+        self.connections
+            .lock()
+            .await
+            .insert(addr.to_string(), client.clone());
+        Ok(client)
+    }
+
+    /// Forgets a connection that failed, so the next call dials again.
+    async fn forget(&self, addr: &str) {
+        self.connections.lock().await.remove(addr);
+    }
+
+    fn request<T>(&self, body: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(body);
+        let index = self.applied_index();
+        if index > 0 {
+            request.metadata_mut().insert(
+                MIN_APPLIED_INDEX,
+                index.to_string().parse().expect("digits are ASCII"),
+            );
+        }
+        request
+    }
+
+    fn saw(&self, metadata: &tonic::metadata::MetadataMap) {
+        if let Some(index) = metadata
+            .get(APPLIED_INDEX)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+        {
+            self.saw_index(index);
+        }
+    }
+
+    /// An action at `addr`.
+    pub async fn call_at<R: ActionRequest>(&self, addr: &str, request: &R) -> Result<R::Answer> {
+        let body = serde_json::to_vec(request).map_err(|e| MinkError::Internal(e.to_string()))?;
+        let mut client = self.connection(addr).await?;
+        let answer = client
+            .do_action(self.request(Action::new(R::NAME, body)))
+            .await;
+        let response = match answer {
+            Ok(r) => r,
+            Err(status) => {
+                self.saw(status.metadata());
+                let error = status_to_error(status);
+                if matches!(error, MinkError::Unavailable(_)) {
+                    self.forget(addr).await;
+                }
+                return Err(error);
+            }
+        };
+        self.saw(response.metadata());
+        let mut stream = response.into_inner();
+        let mut body = Vec::new();
+        while let Some(result) = stream.message().await.map_err(status_to_error)? {
+            body.extend_from_slice(&result.body);
+        }
+        R::Answer::from_body(R::NAME, body)
+    }
+
+    /// An action at any node: the configured ones in order, then those the cluster
+    /// names, until one answers with anything but `Unavailable`.
+    pub async fn call<R: ActionRequest>(&self, request: &R) -> Result<R::Answer> {
+        let candidates = self.candidates.lock().expect("not poisoned").clone();
+        let mut last = None;
+        for addr in &candidates {
+            match self.call_at(addr, request).await {
+                Err(e @ MinkError::Unavailable(_)) => last = Some(e),
+                other => return other,
+            }
+        }
+        Err(last.unwrap_or_else(|| MinkError::Unavailable("no node is configured".into())))
+    }
+
+    /// A node for a read any node answers: the first candidate.
+    pub fn any(&self) -> Result<String> {
+        self.candidates
+            .lock()
+            .expect("not poisoned")
+            .first()
+            .cloned()
+            .ok_or_else(|| MinkError::Unavailable("no node is configured".into()))
+    }
+
+    /// Adds the cluster's live nodes to the candidates (after the configured ones).
+    pub async fn discover(&self) -> Result<usize> {
+        let cluster = self.call(&DescribeCluster(Empty {})).await?;
+        let mut found: Vec<String> = cluster
+            .get("nodes")
+            .and_then(|n| n.as_object())
+            .map(|nodes| {
+                nodes
+                    .values()
+                    .filter(|n| n.get("alive").and_then(|a| a.as_bool()).unwrap_or(true))
+                    .filter_map(|n| n.get("flight_addr").and_then(|a| a.as_str()))
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default();
+        found.sort();
+        let mut candidates = self.candidates.lock().expect("not poisoned");
+        for addr in found {
+            if !candidates.contains(&addr) {
+                candidates.push(addr);
+            }
+        }
+        Ok(candidates.len())
+    }
+
+    /// `GetFlightInfo` of a table at any node: its schema and one endpoint per bucket,
+    /// whose ticket is a Scan up to the bucket's high watermark now.
+    pub async fn flight_info(&self, path: &TablePath) -> Result<FlightInfo> {
+        let candidates = self.candidates.lock().expect("not poisoned").clone();
+        let mut last = None;
+        for addr in &candidates {
+            let mut client = self.connection(addr).await?;
+            match client
+                .get_flight_info(self.request(FlightDescriptor::new_path(vec![path.to_string()])))
+                .await
+            {
+                Ok(r) => {
+                    self.saw(r.metadata());
+                    return Ok(r.into_inner());
+                }
+                Err(status) => {
+                    self.saw(status.metadata());
+                    match status_to_error(status) {
+                        e @ MinkError::Unavailable(_) => {
+                            self.forget(addr).await;
+                            last = Some(e)
+                        }
+                        other => return Err(other),
+                    }
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| MinkError::Unavailable("no node is configured".into())))
+    }
+
+    /// A DoGet at `addr`, following `NotLeader` redirects, streamed.
+    pub async fn read(self: &Arc<Self>, addr: &str, ticket: &ReadTicket) -> Result<Batches> {
+        let body = serde_json::to_vec(ticket).map_err(|e| MinkError::Internal(e.to_string()))?;
+        let mut addr = addr.to_string();
+        for _ in 0..=REDIRECTS_MAX {
+            let mut client = self.connection(&addr).await?;
+            match client.do_get(self.request(Ticket::new(body.clone()))).await {
+                Ok(response) => {
+                    self.saw(response.metadata());
+                    let stream = response
+                        .into_inner()
+                        .map_err(|s| FlightError::Tonic(Box::new(s)));
+                    let decoded = FlightDataDecoder::new(stream)
+                        .map_err(flight_error)
+                        .try_filter_map(|d| async move {
+                            Ok(match d.payload {
+                                DecodedPayload::RecordBatch(b) => Some((b, d.inner.app_metadata)),
+                                _ => None,
+                            })
+                        });
+                    return Ok(decoded.boxed());
+                }
+                Err(status) => {
+                    self.saw(status.metadata());
+                    match status_to_error(status) {
+                        MinkError::NotLeader {
+                            leader: Some(to), ..
+                        } => addr = to,
+                        e @ MinkError::Unavailable(_) => {
+                            self.forget(&addr).await;
+                            return Err(e);
+                        }
+                        other => return Err(other),
+                    }
+                }
+            }
+        }
+        Err(MinkError::Unavailable(format!(
+            "the read moved leaders more than {REDIRECTS_MAX} times"
+        )))
+    }
+}
+
+fn flight_error(e: FlightError) -> MinkError {
+    match e {
+        FlightError::Tonic(status) => status_to_error(*status),
+        other => MinkError::Internal(format!("a node's answer: {other}")),
+    }
+}

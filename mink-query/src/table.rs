@@ -1,0 +1,378 @@
+//! A Mink table as DataFusion sees it: [`MinkTable`], one per name a statement uses.
+//!
+//! | SQL name | what it reads |
+//! |---|---|
+//! | `db.t`, a log table | every retained row: each bucket's log from its start to the high watermark at planning (`GetFlightInfo`'s endpoints) |
+//! | `db.t`, a primary-key table | its state: per bucket the KV snapshot and the changelog since, merged up to the planned cut; point and prefix queries by `lookup` / `prefix_lookup` |
+//! | `db.t`, tiered to the lake | `Union`: the lake snapshot and each bucket's log past it, every row once (a primary-key table's merged state) |
+//! | `db."t$lake"` | `Lake`: the newest lake snapshot alone |
+//! | `db."t$changelog"` | every retained change of a primary-key table, with `_change_type`, `_log_offset` and `_commit_timestamp` |
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use datafusion::catalog::Session;
+use datafusion::common::Result;
+use datafusion::datasource::{TableProvider, TableType};
+use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
+use datafusion::physical_plan::ExecutionPlan;
+use mink_flight::actions::{ListPartitions, TableInfo, TableRef};
+use mink_flight::protocol::ReadTicket;
+use mink_types::{MinkError, PartitionId, TablePath};
+
+use crate::access::{Access, Shape, decide, partition_allowed, support};
+use crate::engine::schema_of;
+use crate::exec::{CHANGELOG_COLUMNS, Describe, MinkReadExec, Part, mink_error};
+use crate::merge::key_columns;
+use crate::nodes::Nodes;
+
+/// Which view of a table a name reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum View {
+    /// `t`: the table.
+    Table,
+    /// `t$lake`: the lake snapshot.
+    Lake,
+    /// `t$changelog`: a primary-key table's changes.
+    Changelog,
+}
+
+impl View {
+    /// A SQL table name as (Mink table name, view).
+    pub fn of(name: &str) -> (&str, View) {
+        if let Some(t) = name.strip_suffix("$lake") {
+            (t, View::Lake)
+        } else if let Some(t) = name.strip_suffix("$changelog") {
+            (t, View::Changelog)
+        } else {
+            (name, View::Table)
+        }
+    }
+}
+
+/// Limits a table's reads follow (from `[query]`).
+#[derive(Debug, Clone, Copy)]
+pub struct ReadLimits {
+    pub lookup_keys_max: usize,
+    pub read_parallelism: usize,
+    pub batch_size: usize,
+}
+
+#[derive(Debug)]
+pub struct MinkTable {
+    nodes: Arc<Nodes>,
+    info: TableInfo,
+    view: View,
+    schema: SchemaRef,
+    shape: Shape,
+    limits: ReadLimits,
+}
+
+impl MinkTable {
+    pub fn new(
+        nodes: Arc<Nodes>,
+        info: TableInfo,
+        view: View,
+        limits: ReadLimits,
+    ) -> mink_types::Result<Self> {
+        let path = &info.path;
+        let primary = info.descriptor.has_primary_key();
+        let lake = info.descriptor.properties.lake.enabled;
+        match view {
+            View::Changelog if !primary => {
+                return Err(MinkError::NotFound(format!(
+                    "table {path}$changelog: {path} is a log table (its rows are its changes; read {path})"
+                )));
+            }
+            View::Lake if !lake => {
+                return Err(MinkError::NotFound(format!(
+                    "table {path}$lake: {path} is not tiered to the lake (lake.enabled is off)"
+                )));
+            }
+            _ => {}
+        }
+        let own = schema_of(&info.descriptor.schema)?;
+        let schema = match view {
+            View::Changelog => {
+                let mut fields: Vec<Field> =
+                    own.fields().iter().map(|f| f.as_ref().clone()).collect();
+                fields.push(Field::new(CHANGELOG_COLUMNS[0], DataType::Utf8, false));
+                fields.push(Field::new(CHANGELOG_COLUMNS[1], DataType::Int64, false));
+                fields.push(Field::new(
+                    CHANGELOG_COLUMNS[2],
+                    DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into())),
+                    true,
+                ));
+                Arc::new(Schema::new(fields))
+            }
+            _ => own,
+        };
+        Ok(Self {
+            shape: Shape::of(&info.descriptor),
+            nodes,
+            info,
+            view,
+            schema,
+            limits,
+        })
+    }
+
+    pub fn info(&self) -> &TableInfo {
+        &self.info
+    }
+
+    /// Whether this read goes bucket by bucket (and can prune and look up).
+    fn per_bucket(&self) -> bool {
+        match self.view {
+            View::Table => !self.info.descriptor.properties.lake.enabled,
+            View::Changelog => true,
+            View::Lake => false,
+        }
+    }
+
+    fn primary_state(&self) -> bool {
+        self.view == View::Table && self.info.descriptor.has_primary_key()
+    }
+
+    /// The buckets to read and where their leaders are, from `GetFlightInfo`: each
+    /// endpoint's ticket is a Scan up to the high watermark now (the query's cut).
+    async fn endpoints(
+        &self,
+        partitions: &Option<std::collections::BTreeSet<String>>,
+    ) -> mink_types::Result<Vec<(String, ReadTicket)>> {
+        let info = self.nodes.flight_info(&self.info.path).await?;
+        let mut names: BTreeMap<PartitionId, String> = self
+            .info
+            .partitions
+            .values()
+            .map(|p| (p.id, p.name.clone()))
+            .collect();
+        let mut out = Vec::new();
+        for endpoint in info.endpoint {
+            let ticket = endpoint
+                .ticket
+                .as_ref()
+                .ok_or_else(|| MinkError::Internal("an endpoint without a ticket".into()))?;
+            let ticket: ReadTicket = serde_json::from_slice(&ticket.ticket)
+                .map_err(|e| MinkError::Internal(format!("an endpoint's ticket: {e}")))?;
+            let ReadTicket::Scan { bucket, .. } = &ticket else {
+                return Err(MinkError::Internal(format!(
+                    "an endpoint's ticket is not a Scan: {ticket:?}"
+                )));
+            };
+            if let (Some(patterns), Some(id)) = (partitions, bucket.partition_id) {
+                if !names.contains_key(&id) {
+                    // A partition created since the table was read.
+                    let listed: Vec<mink_flight::actions::PartitionInfo> = serde_json::from_value(
+                        self.nodes
+                            .call(&ListPartitions(TableRef {
+                                path: self.info.path.clone(),
+                            }))
+                            .await?,
+                    )
+                    .map_err(|e| MinkError::Internal(format!("list_partitions answered: {e}")))?;
+                    names.extend(listed.into_iter().map(|p| (p.id, p.name)));
+                }
+                let Some(name) = names.get(&id) else {
+                    return Err(MinkError::Internal(format!(
+                        "partition {id} of {} has no name",
+                        self.info.path
+                    )));
+                };
+                if !partition_allowed(patterns, name, self.shape.partition_keys.len()) {
+                    continue;
+                }
+            }
+            let location = endpoint
+                .location
+                .first()
+                .ok_or_else(|| MinkError::Unavailable(format!("{bucket} has no leader yet")))?;
+            let addr = location
+                .uri
+                .split_once("://")
+                .map_or(location.uri.as_str(), |(_, a)| a)
+                .to_string();
+            out.push((addr, ticket));
+        }
+        Ok(out)
+    }
+}
+
+#[async_trait]
+impl TableProvider for MinkTable {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    fn supports_filters_pushdown(
+        &self,
+        filters: &[&Expr],
+    ) -> Result<Vec<TableProviderFilterPushDown>> {
+        Ok(filters
+            .iter()
+            .map(|f| {
+                if self.per_bucket() {
+                    support(&self.shape, f)
+                } else {
+                    TableProviderFilterPushDown::Unsupported
+                }
+            })
+            .collect())
+    }
+
+    async fn scan(
+        &self,
+        _state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let path = self.info.path.clone();
+        let (parts, describe) = match self.view {
+            View::Lake => (
+                vec![Part::Any {
+                    ticket: ReadTicket::Lake {
+                        path: path.clone(),
+                        snapshot_id: None,
+                    },
+                }],
+                Describe {
+                    read: "lake",
+                    detail: String::new(),
+                },
+            ),
+            View::Table if !self.per_bucket() => (
+                vec![Part::Any {
+                    ticket: ReadTicket::Union { path: path.clone() },
+                }],
+                Describe {
+                    read: "union",
+                    detail: String::new(),
+                },
+            ),
+            _ => self
+                .bucket_parts(filters, limit)
+                .await
+                .map_err(mink_error)?,
+        };
+        let keys = if self.primary_state() {
+            key_columns(&self.schema, &self.info.descriptor.primary_key)?
+        } else {
+            vec![]
+        };
+        Ok(Arc::new(MinkReadExec::new(
+            self.nodes.clone(),
+            path,
+            parts,
+            self.schema.clone(),
+            projection.cloned(),
+            keys,
+            self.view == View::Changelog,
+            describe,
+            self.limits.read_parallelism,
+            self.limits.batch_size,
+        )?))
+    }
+}
+
+impl MinkTable {
+    async fn bucket_parts(
+        &self,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> mink_types::Result<(Vec<Part>, Describe)> {
+        let primary = self.primary_state();
+        match decide(
+            &self.shape,
+            primary,
+            filters,
+            limit,
+            self.limits.lookup_keys_max,
+        ) {
+            Access::Lookup { keys } => {
+                let detail = format!("keys={}", keys.len());
+                Ok((
+                    vec![Part::Lookup { keys }],
+                    Describe {
+                        read: "lookup",
+                        detail,
+                    },
+                ))
+            }
+            Access::PrefixLookup { prefix } => {
+                let detail = format!("prefix={}", serde_json::Value::from(prefix.clone()));
+                Ok((
+                    vec![Part::PrefixLookup { prefix }],
+                    Describe {
+                        read: "prefix_lookup",
+                        detail,
+                    },
+                ))
+            }
+            Access::Scan { partitions, limit } => {
+                let endpoints = self.endpoints(&partitions).await?;
+                let mut detail = format!("buckets={}", endpoints.len());
+                if let Some(p) = &partitions {
+                    detail.push_str(&format!(
+                        ", partitions=[{}]",
+                        p.iter().cloned().collect::<Vec<_>>().join(", ")
+                    ));
+                }
+                let read = if primary { "state" } else { "scan" };
+                let parts = endpoints
+                    .into_iter()
+                    .map(|(addr, ticket)| match (ticket, limit) {
+                        (
+                            ReadTicket::Scan {
+                                bucket, end_offset, ..
+                            },
+                            _,
+                        ) if primary => Part::State {
+                            addr,
+                            bucket,
+                            end_offset: end_offset.unwrap_or(i64::MAX),
+                        },
+                        (ReadTicket::Scan { bucket, .. }, Some(limit)) => Part::Log {
+                            addr,
+                            ticket: ReadTicket::LimitScan {
+                                bucket,
+                                limit: limit as u64,
+                            },
+                        },
+                        (ticket, _) => Part::Log { addr, ticket },
+                    })
+                    .collect();
+                if let Some(l) = limit {
+                    detail.push_str(&format!(", limit_scan={l}"));
+                }
+                Ok((parts, Describe { read, detail }))
+            }
+        }
+    }
+}
+
+/// A table of the catalog, fetched from a node.
+pub async fn fetch(
+    nodes: &Arc<Nodes>,
+    database: &str,
+    name: &str,
+    limits: ReadLimits,
+) -> mink_types::Result<MinkTable> {
+    let (table, view) = View::of(name);
+    let path = TablePath::parse(&format!("{database}.{table}")).map_err(|e| {
+        MinkError::NotFound(format!(
+            "table {database}.{name} (no Mink table has such a name: {e})"
+        ))
+    })?;
+    let answer = nodes
+        .call(&mink_flight::actions::GetTable(TableRef { path }))
+        .await?;
+    let info = TableInfo::from_answer(answer)?;
+    MinkTable::new(nodes.clone(), info, view, limits)
+}

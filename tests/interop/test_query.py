@@ -1,0 +1,464 @@
+"""mink-query, the Flight SQL door, through clients we did not write: the ADBC Flight
+SQL driver (its DB-API) and Polars on top of it. Against one node and against three:
+every answer is checked against what the node's own Flight reads return, and each
+pushdown against the same query without it (and in EXPLAIN, for the request it makes).
+"""
+
+import json
+import threading
+import time
+
+import adbc_driver_flightsql.dbapi as flightsql
+import adbc_driver_manager
+import polars as pl
+import pyarrow as pa
+import pyarrow.flight as flight
+import pytest
+from confluent_kafka import Producer
+
+from node_proc import NodeProcess, QueryProcess, retry, wait_for
+from test_flight import EVENTS, SCHEMA, USER_SCHEMA, USERS, action, append_table, put_table
+
+
+@pytest.fixture(scope="session")
+def mink_query(bin_dir):
+    binary = bin_dir / "mink-query"
+    assert binary.is_file(), f"{binary} is missing; build the workspace first"
+    return binary
+
+
+def connect(q):
+    return flightsql.connect(q.uri, autocommit=True)
+
+
+def sql(conn, query, parameters=None):
+    with conn.cursor() as cur:
+        cur.execute(query, parameters)
+        return cur.fetch_arrow_table()
+
+
+def explain(conn, query):
+    plan = sql(conn, "EXPLAIN " + query).to_pylist()
+    return "\n".join(r["plan"] for r in plan)
+
+
+def events_batch(ids):
+    return pa.record_batch([pa.array(ids, pa.int64()), pa.array([f"m{i % 5}" for i in ids])], schema=SCHEMA)
+
+
+def users_batch(rows):
+    ids, names, scores = zip(*rows)
+    return pa.record_batch(
+        [pa.array(ids, pa.int64()), pa.array(names), pa.array(scores, pa.int64())], schema=USER_SCHEMA
+    )
+
+
+def delete_users(client, ids):
+    batch = users_batch([(i, None, None) for i in ids])
+    return put_table(client, batch, meta={"changes": ["-D"] * len(ids)})
+
+
+@pytest.fixture()
+def single(mink_node, mink_query, tmp_path):
+    node = NodeProcess(mink_node, tmp_path, {"MINK_LAKE__CHECK_INTERVAL_MS": "100"})
+    client = flight.connect(node.location)
+    q = QueryProcess(mink_query, tmp_path, [f"127.0.0.1:{node.flight_port}"])
+    try:
+        yield node, client, q
+    finally:
+        client.close()
+        q.kill()
+        node.kill()
+
+
+def load_events_and_users(client):
+    action(client, "create_database", {"name": "db"})
+    action(client, "create_table", {"path": "db.events", "descriptor": EVENTS})
+    action(client, "create_table", {"path": "db.users", "descriptor": USERS})
+    for start in range(0, 300, 100):
+        retry(lambda: append_table(client, "db.events", events_batch(list(range(start, start + 100)))))
+    retry(lambda: put_table(client, users_batch([(i, f"u{i}", i * 10) for i in range(1, 11)])))
+    # Updates and deletes after the first image.
+    put_table(client, users_batch([(2, "two", 200), (3, "three", 300)]))
+    delete_users(client, [4, 5])
+
+
+def test_queries_over_log_and_primary_key_tables(single):
+    node, client, q = single
+    load_events_and_users(client)
+    with connect(q) as conn:
+        # Aggregates over every bucket of the log table.
+        t = sql(conn, "SELECT count(*) AS n, sum(id) AS s, min(id) AS lo, max(id) AS hi FROM db.events")
+        assert t.to_pylist() == [{"n": 300, "s": sum(range(300)), "lo": 0, "hi": 299}]
+        # GROUP BY, ORDER BY, a filter.
+        t = sql(conn, "SELECT msg, count(*) AS n FROM db.events WHERE id >= 100 GROUP BY msg ORDER BY msg")
+        assert t.to_pylist() == [{"msg": f"m{i}", "n": 40} for i in range(5)]
+        # LIMIT with ORDER BY.
+        t = sql(conn, "SELECT id FROM db.events ORDER BY id DESC LIMIT 3")
+        assert t.column("id").to_pylist() == [299, 298, 297]
+
+        # The primary-key table reads as its state: updates applied, deletes gone.
+        state = sql(conn, "SELECT id, name, score FROM db.users ORDER BY id").to_pylist()
+        expected = [
+            {"id": i, "name": {2: "two", 3: "three"}.get(i, f"u{i}"), "score": {2: 200, 3: 300}.get(i, i * 10)}
+            for i in range(1, 11)
+            if i not in (4, 5)
+        ]
+        assert state == expected
+        assert "read=state" in explain(conn, "SELECT * FROM db.users")
+
+        # A point query is a lookup, never a scan, and answers as the scan does.
+        for where in ["id = 2", "id IN (3, 4, 99)", "id = 5"]:
+            plan = explain(conn, f"SELECT * FROM db.users WHERE {where}")
+            assert "read=lookup" in plan, plan
+            looked = sql(conn, f"SELECT id, name FROM db.users WHERE {where} ORDER BY id").to_pylist()
+            # `id + 0` cannot be pushed: the same question answered by a state scan.
+            scanned_where = where.replace("id", "id + 0", 1)
+            assert "read=state" in explain(conn, f"SELECT * FROM db.users WHERE {scanned_where}")
+            scanned = sql(conn, f"SELECT id, name FROM db.users WHERE {scanned_where} ORDER BY id").to_pylist()
+            assert looked == scanned
+        assert sql(conn, "SELECT name FROM db.users WHERE id = 2").to_pylist() == [{"name": "two"}]
+        assert sql(conn, "SELECT name FROM db.users WHERE id = 4").num_rows == 0
+
+        # A join of the log table with the primary-key table.
+        t = sql(
+            conn,
+            "SELECT u.name, count(*) AS n FROM db.events e JOIN db.users u ON e.id = u.id "
+            "GROUP BY u.name ORDER BY u.name",
+        )
+        names = sorted(r["name"] for r in expected)
+        assert t.to_pylist() == [{"name": n, "n": 1} for n in names]
+
+        # A prepared statement with a parameter (the ADBC driver prepares everything).
+        assert sql(conn, "SELECT name FROM db.users WHERE id = $1", (3,)).to_pylist() == [{"name": "three"}]
+        assert sql(conn, "SELECT count(*) AS n FROM db.events WHERE id < $1", (10,)).to_pylist() == [{"n": 10}]
+
+        # The changelog: every change with its type, offset and commit time.
+        ch = sql(
+            conn,
+            'SELECT id, _change_type, _log_offset, _commit_timestamp FROM db."users$changelog" '
+            "WHERE id IN (2, 4) ORDER BY _log_offset",
+        ).to_pylist()
+        assert [(r["id"], r["_change_type"]) for r in ch] == [(2, "+I"), (4, "+I"), (2, "-U"), (2, "+U"), (4, "-D")]
+        assert all(r["_commit_timestamp"] is not None for r in ch)
+        assert [r["_log_offset"] for r in ch] == sorted(r["_log_offset"] for r in ch)
+
+        # LIMIT without a filter reads only the first rows of each bucket.
+        plan = explain(conn, "SELECT * FROM db.events LIMIT 5")
+        assert "limit_scan=5" in plan, plan
+        assert sql(conn, "SELECT * FROM db.events LIMIT 5").num_rows == 5
+
+        # Polars through the same driver.
+        df = pl.read_database("SELECT id, name FROM db.users WHERE id <= 3 ORDER BY id", connection=conn)
+        assert df["name"].to_list() == ["u1", "two", "three"]
+
+
+def test_catalog_browsing_and_ddl_visibility(single):
+    node, client, q = single
+    load_events_and_users(client)
+    with connect(q) as conn:
+        objects = conn.adbc_get_objects(depth="all").read_all().to_pylist()
+        [mink] = [c for c in objects if c["catalog_name"] == "mink"]
+        [db] = [s for s in mink["catalog_db_schemas"] if s["db_schema_name"] == "db"]
+        tables = {t["table_name"]: t for t in db["db_schema_tables"]}
+        assert set(tables) == {"events", "users"}
+        assert [c["column_name"] for c in tables["users"]["table_columns"]] == ["id", "name", "score"]
+
+        schema = conn.adbc_get_table_schema("users", db_schema_filter="db")
+        assert schema.names == ["id", "name", "score"]
+        assert schema.field("id").type == pa.int64()
+
+        assert conn.adbc_get_table_types() == ["TABLE"]
+        info = conn.adbc_get_info()
+        assert info["vendor_name"] == "mink-query"
+
+        # A table created through the node is visible to the next statement.
+        action(client, "create_table", {"path": "db.fresh", "descriptor": EVENTS})
+        assert sql(conn, "SELECT count(*) AS n FROM db.fresh").to_pylist() == [{"n": 0}]
+        names = sql(conn, "SELECT table_name FROM information_schema.tables WHERE table_schema = 'db'")
+        assert set(names.column("table_name").to_pylist()) == {"events", "users", "fresh"}
+
+        # Quoted names work.
+        assert sql(conn, 'SELECT count(*) AS n FROM "db"."events"').to_pylist() == [{"n": 300}]
+
+
+def test_bad_statements_get_precise_errors_and_disturb_nothing(single):
+    node, client, q = single
+    load_events_and_users(client)
+    with connect(q) as conn:
+        cases = [
+            ("SELEC 1", "SQL syntax"),
+            ("SELECT * FROM db.nope", "table db.nope"),
+            ("SELECT * FROM nodb.t", "table nodb.t"),
+            ("SELECT nope FROM db.events", "nope"),
+            ('SELECT * FROM db."events$changelog"', "is a log table"),
+            ('SELECT * FROM db."events$lake"', "not tiered to the lake"),
+            ("CREATE TABLE db.x (a INT)", "only reads"),
+            ("INSERT INTO db.events VALUES (1, 'a')", "only reads"),
+        ]
+        for query, words in cases:
+            with pytest.raises(adbc_driver_manager.Error) as e:
+                sql(conn, query)
+            assert words in str(e.value), (query, str(e.value))
+        # Everything still answers.
+        assert sql(conn, "SELECT count(*) AS n FROM db.events").to_pylist() == [{"n": 300}]
+
+    # A bad config value is refused at start, naming its key.
+    import subprocess
+
+    bad = subprocess.run(
+        [str(q.proc.args[0]), "--print-config"],
+        env={"MINK_QUERY_QUERY__CONCURRENT_MAX": "0", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 2 and "query.concurrent_max" in bad.stderr, bad.stderr
+
+
+def test_partitioned_tables_prune_by_partition_and_kafka_topics_answer_sql(single):
+    node, client, q = single
+    action(client, "create_database", {"name": "db"})
+    daily = {
+        "schema": {
+            "columns": [
+                {"name": "day", "type": "STRING", "nullable": False},
+                {"name": "id", "type": "BIGINT", "nullable": False},
+            ]
+        },
+        "partition_keys": ["day"],
+        "bucket_count": 2,
+    }
+    action(client, "create_table", {"path": "db.daily", "descriptor": daily})
+    schema = pa.schema([pa.field("day", pa.string(), nullable=False), pa.field("id", pa.int64(), nullable=False)])
+    days = ["2026-12-01", "2026-12-02", "2026-12-03"]
+    batch = pa.record_batch(
+        [pa.array([days[i % 3] for i in range(90)]), pa.array(list(range(90)), pa.int64())], schema=schema
+    )
+    retry(lambda: append_table(client, "db.daily", batch))
+
+    p = Producer({"bootstrap.servers": node.bootstrap, "linger.ms": 5})
+    for i in range(20):
+        p.produce("clicks", key=f"k{i}".encode(), value=f"v{i}".encode(), partition=0)
+    assert p.flush(30) == 0
+
+    with connect(q) as conn:
+        query = "SELECT count(*) AS n FROM db.daily WHERE day = '2026-12-02'"
+        plan = explain(conn, query)
+        assert "partitions=[2026-12-02]" in plan and "buckets=2" in plan, plan
+        assert sql(conn, query).to_pylist() == [{"n": 30}]
+        both = "SELECT count(*) AS n FROM db.daily WHERE day IN ('2026-12-01', '2026-12-03')"
+        assert sql(conn, both).to_pylist() == [{"n": 60}]
+        # The same question without the pushdown.
+        assert sql(conn, "SELECT count(*) AS n FROM db.daily WHERE day || '' = '2026-12-02'").to_pylist() == [
+            {"n": 30}
+        ]
+        assert sql(conn, "SELECT count(*) AS n FROM db.daily WHERE day = '1999-01-01'").to_pylist() == [{"n": 0}]
+
+        t = sql(conn, "SELECT CAST(key AS VARCHAR) AS k, CAST(value AS VARCHAR) AS v FROM kafka.clicks ORDER BY v")
+        assert t.num_rows == 20
+        assert set(t.column("k").to_pylist()) == {f"k{i}" for i in range(20)}
+
+
+def test_a_lake_tiered_table_reads_through_union_and_its_lake(single):
+    node, client, q = single
+    action(client, "create_database", {"name": "db"})
+    descriptor = dict(EVENTS, properties={"lake": {"enabled": True, "freshness": "1s"}})
+    action(client, "create_table", {"path": "db.tiered", "descriptor": descriptor})
+    retry(lambda: append_table(client, "db.tiered", events_batch(list(range(50)))))
+
+    def in_lake():
+        try:
+            snap = action(client, "lake_snapshot", {"path": "db.tiered"})
+        except pa.ArrowException:
+            return None
+        return snap if sum(snap["offsets"].values()) >= 50 else None
+
+    wait_for(in_lake, timeout=60, what="50 rows in the lake")
+    append_table(client, "db.tiered", events_batch(list(range(50, 60))))
+    with connect(q) as conn:
+        assert "read=union" in explain(conn, "SELECT * FROM db.tiered")
+        t = sql(conn, "SELECT count(*) AS n, count(DISTINCT id) AS d FROM db.tiered")
+        assert t.to_pylist() == [{"n": 60, "d": 60}]
+        lake = sql(conn, 'SELECT count(*) AS n FROM db."tiered$lake"').to_pylist()[0]["n"]
+        assert 50 <= lake <= 60
+
+
+def test_limits_concurrency_timeout_and_a_client_that_goes_away(mink_node, mink_query, tmp_path):
+    node = NodeProcess(mink_node, tmp_path)
+    client = flight.connect(node.location)
+    q = QueryProcess(
+        mink_query,
+        tmp_path,
+        [f"127.0.0.1:{node.flight_port}"],
+        {"MINK_QUERY_QUERY__CONCURRENT_MAX": "1", "MINK_QUERY_QUERY__TIMEOUT_MS": "4000"},
+    )
+    try:
+        load_events_and_users(client)
+        endless = "SELECT count(*) FROM db.events a, db.events b, db.events c, db.events d"
+        with connect(q) as conn:
+            t0 = time.monotonic()
+            with pytest.raises(adbc_driver_manager.Error) as e:
+                sql(conn, endless)
+            assert "query.timeout_ms" in str(e.value), str(e.value)
+            assert time.monotonic() - t0 < 30
+
+        # While one query runs, another is refused at once.
+        failures = []
+
+        def run_endless():
+            while True:
+                try:
+                    with connect(q) as c:
+                        sql(c, endless)
+                except adbc_driver_manager.Error as err:
+                    if "concurrent_max" in str(err):
+                        continue  # the probe below ran first
+                    failures.append(str(err))
+                    return
+
+        runner = threading.Thread(target=run_endless)
+        runner.start()
+        time.sleep(1.0)
+        with connect(q) as conn:
+
+            def refused():
+                try:
+                    sql(conn, "SELECT 1 AS one")
+                    return None
+                except adbc_driver_manager.Error as err:
+                    return str(err) if "concurrent_max" in str(err) else None
+
+            assert "query.concurrent_max" in wait_for(refused, timeout=10, what="a refusal")
+        runner.join(timeout=60)
+        assert failures and "query.timeout_ms" in failures[0]
+
+        # A client that goes away cancels its query: the slot frees long before the
+        # timeout would.
+        raw = flight.connect(q.uri)
+        info = raw.get_flight_info(
+            flight.FlightDescriptor.for_command(
+                _statement_query(endless)
+            )
+        )
+        reader = raw.do_get(info.endpoints[0].ticket)
+        time.sleep(0.5)
+        reader.cancel()
+        raw.close()
+        with connect(q) as conn:
+            ok = wait_for(lambda: _answers(conn), timeout=3.5, what="the slot freed by the cancel")
+            assert ok
+    finally:
+        client.close()
+        q.kill()
+        node.kill()
+
+
+def _statement_query(query):
+    """A Flight SQL CommandStatementQuery as an Any (protobuf by hand: two fields)."""
+
+    def field(number, payload):
+        key = bytes([(number << 3) | 2])
+        n, out = len(payload), b""
+        while True:
+            b = n & 0x7F
+            n >>= 7
+            out += bytes([b | (0x80 if n else 0)])
+            if not n:
+                break
+        return key + out + payload
+
+    command = field(1, query.encode())
+    url = b"type.googleapis.com/arrow.flight.protocol.sql.CommandStatementQuery"
+    return field(1, url) + field(2, command)
+
+
+def _answers(conn):
+    try:
+        return sql(conn, "SELECT 1 AS one").num_rows == 1
+    except adbc_driver_manager.Error:
+        return False
+
+
+def test_three_nodes_any_one_suffices(mink_node, mink_query, tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    nodes = []
+    q = None
+    try:
+        for i in range(3):
+            nodes.append(
+                NodeProcess(
+                    mink_node,
+                    tmp_path,
+                    {
+                        "MINK_NODE_ID": f"n{i}",
+                        "MINK_DATA_DIR": str(tmp_path / f"n{i}"),
+                        "MINK_OBJECT_STORE__URL": f"file://{shared}",
+                    },
+                )
+            )
+        client = flight.connect(nodes[0].location)
+        events6 = dict(EVENTS, bucket_count=6)
+        users4 = dict(USERS, bucket_count=4)
+        action(client, "create_database", {"name": "db"})
+        action(client, "create_table", {"path": "db.events", "descriptor": events6})
+        action(client, "create_table", {"path": "db.users", "descriptor": users4})
+
+        def leaders_spread():
+            meta = action(client, "metadata", {"path": "db.events"})
+            leaders = {b["leader"] for b in meta["buckets"]}
+            return leaders if None not in leaders and len(leaders) == 3 else None
+
+        wait_for(leaders_spread, timeout=30, what="buckets led by all three nodes")
+        retry(lambda: append_table(client, "db.events", events_batch(list(range(600)))), timeout=30)
+        retry(lambda: put_table(client, users_batch([(i, f"u{i}", i) for i in range(40)])), timeout=30)
+        delete_users(client, [0, 1])
+        # mink-query knows only the third node; it finds the rest.
+        q = QueryProcess(mink_query, tmp_path, [f"127.0.0.1:{nodes[2].flight_port}"])
+
+        def query_all(conn):
+            return (
+                sql(conn, "SELECT count(*) AS n, sum(id) AS s FROM db.events").to_pylist(),
+                sql(conn, "SELECT count(*) AS n FROM db.users").to_pylist(),
+                sql(conn, "SELECT name FROM db.users WHERE id IN (7, 0)").to_pylist(),
+            )
+
+        results = []
+        errors = []
+
+        def worker():
+            try:
+                with connect(q) as conn:
+                    for _ in range(3):
+                        results.append(query_all(conn))
+            except Exception as err:  # noqa: BLE001 - reported below
+                errors.append(repr(err))
+
+        threads = [threading.Thread(target=worker) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert not errors, errors
+        assert len(results) == 12
+        for r in results:
+            assert r == ([{"n": 600, "s": sum(range(600))}], [{"n": 38}], [{"name": "u7"}])
+
+        # A node going away: the buckets move, and queries answer again.
+        nodes[0].kill()
+
+        def answers_again():
+            try:
+                with connect(q) as conn:
+                    return query_all(conn)
+            except adbc_driver_manager.Error:
+                return None
+
+        got = wait_for(answers_again, timeout=60, what="answers after a node died")
+        assert got == ([{"n": 600, "s": sum(range(600))}], [{"n": 38}], [{"name": "u7"}])
+        client.close()
+    finally:
+        if q:
+            q.kill()
+        for n in nodes:
+            n.kill()
