@@ -109,6 +109,7 @@ impl FlightSqlServer {
             sql,
             params,
             applied_index: self.service.nodes().applied_index(),
+            schema: None,
         }
     }
 
@@ -212,6 +213,19 @@ impl FlightSqlService for FlightSqlServer {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let handle = Handle::decode(&cmd.prepared_statement_handle)?;
+        if let Some(schema) = handle.schema.clone() {
+            // Prepared without parameters: the schema planned then (DoGet plans again
+            // and fixes the cut).
+            let info = FlightInfo {
+                schema,
+                ..FlightInfo::new()
+            }
+            .with_endpoint(
+                FlightEndpoint::new().with_ticket(Ticket::new(cmd.as_any().encode_to_vec())),
+            )
+            .with_descriptor(request.into_inner());
+            return Ok(Response::new(info));
+        }
         let planned = self.plan(&handle).await?;
         self.info(
             &planned.schema(),
@@ -237,12 +251,17 @@ impl FlightSqlService for FlightSqlServer {
         if query.transaction_id.is_some() {
             return Err(unimplemented("transactions"));
         }
-        let handle = self.statement(query.query, None);
+        let mut handle = self.statement(query.query, None);
         let planned = self.plan(&handle).await?;
+        let dataset_schema = schema_bytes(&planned.schema())?;
+        let parameters = planned.parameters()?;
+        if parameters.fields().is_empty() {
+            handle.schema = Some(dataset_schema.clone());
+        }
         Ok(ActionCreatePreparedStatementResult {
             prepared_statement_handle: handle.encode(),
-            dataset_schema: schema_bytes(&planned.schema())?,
-            parameter_schema: schema_bytes(&planned.parameters()?)?,
+            dataset_schema,
+            parameter_schema: schema_bytes(&parameters)?,
         })
     }
 

@@ -1,8 +1,11 @@
 //! Statement tickets and prepared-statement handles: stateless, so any mink-query
 //! instance serves any of them.
 //!
-//! `MQ1` · applied index (u64 LE) · SQL length (u32 LE) · SQL (UTF-8) · the bound
-//! parameters as an Arrow IPC stream of one row (empty when none are bound).
+//! `MQ2` · applied index (u64 LE) · SQL length (u32 LE) · SQL (UTF-8) · parameters
+//! length (u32 LE) · the bound parameters as an Arrow IPC stream of one row (empty
+//! when none are bound) · the result schema as an IPC schema message, when the
+//! statement was prepared without parameters (empty otherwise): GetFlightInfo of such
+//! a handle answers it without planning again.
 
 use std::io::Cursor;
 
@@ -15,7 +18,7 @@ use crate::engine::arrow::ipc::reader::StreamReader;
 use crate::engine::arrow::ipc::writer::StreamWriter;
 use crate::errors::QueryError;
 
-const MAGIC: &[u8; 3] = b"MQ1";
+const MAGIC: &[u8; 3] = b"MQ2";
 /// The longest statement served (bytes of SQL).
 pub const SQL_BYTES_MAX: usize = 1 << 20;
 
@@ -26,17 +29,22 @@ pub struct Handle {
     pub params: Option<Bytes>,
     /// The metadata index the planner had seen: a DoGet elsewhere waits for it.
     pub applied_index: u64,
+    /// The result schema as planned at preparation (IPC), while no parameter is bound.
+    pub schema: Option<Bytes>,
 }
 
 impl Handle {
     pub fn encode(&self) -> Bytes {
         let params = self.params.as_deref().unwrap_or_default();
-        let mut b = BytesMut::with_capacity(15 + self.sql.len() + params.len());
+        let schema = self.schema.as_deref().unwrap_or_default();
+        let mut b = BytesMut::with_capacity(19 + self.sql.len() + params.len() + schema.len());
         b.put_slice(MAGIC);
         b.put_u64_le(self.applied_index);
         b.put_u32_le(self.sql.len() as u32);
         b.put_slice(self.sql.as_bytes());
+        b.put_u32_le(params.len() as u32);
         b.put_slice(params);
+        b.put_slice(schema);
         b.freeze()
     }
 
@@ -58,11 +66,22 @@ impl Handle {
         let sql = std::str::from_utf8(&rest[12..12 + len])
             .map_err(|_| bad("the statement is not UTF-8"))?
             .to_string();
-        let params = &rest[12 + len..];
+        let rest = &rest[12 + len..];
+        if rest.len() < 4 {
+            return Err(bad("cut short"));
+        }
+        let params_len = u32::from_le_bytes(rest[..4].try_into().expect("4 bytes")) as usize;
+        if rest.len() < 4 + params_len {
+            return Err(bad("parameters longer than the handle"));
+        }
+        let params = &rest[4..4 + params_len];
+        let schema = &rest[4 + params_len..];
+        let some = |b: &[u8]| (!b.is_empty()).then(|| Bytes::copy_from_slice(b));
         Ok(Self {
             sql,
-            params: (!params.is_empty()).then(|| Bytes::copy_from_slice(params)),
+            params: some(params),
             applied_index,
+            schema: some(schema),
         })
     }
 
@@ -86,8 +105,11 @@ impl Handle {
                 .and_then(|_| w.finish())
                 .map_err(|e| Status::invalid_argument(format!("the parameters: {e}")))?;
         }
+        // Bound values may type what the preparation could not (`SELECT $1`): the
+        // schema is planned again.
         Ok(Self {
             params: Some(Bytes::from(out)),
+            schema: None,
             ..self
         })
     }
@@ -123,6 +145,7 @@ mod tests {
             sql: "SELECT * FROM db.t WHERE id = $1".into(),
             params: None,
             applied_index: 42,
+            schema: Some(Bytes::from_static(b"schema bytes")),
         };
         assert_eq!(Handle::decode(&h.encode()).unwrap(), h);
         let schema = Arc::new(Schema::new(vec![
@@ -140,6 +163,7 @@ mod tests {
         let bound = h.clone().bind(&[row]).unwrap();
         let back = Handle::decode(&bound.encode()).unwrap();
         assert_eq!(back.sql, h.sql);
+        assert_eq!(back.schema, None, "binding drops the prepared schema");
         assert_eq!(
             back.parameters().unwrap().unwrap(),
             vec![
@@ -168,6 +192,7 @@ mod tests {
             sql: "SELECT $1".into(),
             params: None,
             applied_index: 0,
+            schema: None,
         };
         let e = h.bind(&[]).unwrap_err();
         assert!(e.message().contains("exactly one row"), "{e}");

@@ -17,9 +17,36 @@ from moto.server import ThreadedMotoServer
 BUCKET = "mink-test"
 
 
+def make_conditional_puts_atomic() -> None:
+    """moto checks `If-None-Match: *` and then stores the object, with nothing held in
+    between, and ThreadedMotoServer serves requests on many threads: two racing
+    conditional creates of one key can both succeed, the second overwriting the
+    first. Real S3 decides them atomically, and Mink's coordination rests on that
+    (DESIGN.md: conditional create is the one primitive), so every object write here
+    takes one lock: the check and the store become one step, as on S3. Seen as an
+    ObjectLog entry lost under four concurrent appenders
+    (`mink-wal/tests/objectlog.rs`, `s3::concurrent_appenders_agree_on_one_total_order`).
+    """
+    import moto.s3.responses as responses
+
+    lock = threading.Lock()
+
+    def serialized(method):
+        def locked(self, *args, **kwargs):
+            with lock:
+                return method(self, *args, **kwargs)
+
+        return locked
+
+    # PutObject, and POST (CompleteMultipartUpload, which takes If-None-Match too).
+    responses.S3Response.put_object = serialized(responses.S3Response.put_object)
+    responses.S3Response._key_response_post = serialized(responses.S3Response._key_response_post)
+
+
 def main() -> None:
     # One log line per request drowns the test output; keep errors only.
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    make_conditional_puts_atomic()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()

@@ -39,6 +39,9 @@ def test_the_quickstart_runs(tmp_path, bin_dir):
         assert "hello" in tail and "mink" in tail, tail
         assert "anne" in out.stdout, "the lookup sees the latest row of key 1"
         assert "consumed hello from kafka" in out.stdout
+        assert "sql says from mink" in out.stdout
+        assert "sql counts 3 clicks" in out.stdout
+        assert "sql looks up anne" in out.stdout
     finally:
         subprocess.run(["cargo", "xtask", "cluster", "down", "--dir", str(cluster)], cwd=ROOT,
                        env=clean_env(), capture_output=True, timeout=120)

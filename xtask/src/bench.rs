@@ -57,6 +57,12 @@ pub const BENCHES: &[(&str, &str, &str, &str)] = &[
         "object-store requests, ack latency and the monthly S3 request bill at 1, 10 and 50 MB/s for linger 0-250 ms",
     ),
     (
+        "query",
+        "mink-query",
+        "query_bench.py",
+        "SQL through mink-query against raw Flight scans and lookups; DuckDB over the lake as a peer",
+    ),
+    (
         "meta",
         "mink-meta",
         "meta",
@@ -70,9 +76,29 @@ pub fn run(root: &Path, name: &str, quick: bool) -> Result<()> {
         bail!("unknown benchmark {name:?}; known: {}", known.join(", "));
     };
     eprintln!("bench {name}: {what}");
-    let mut cmd = Command::new("cargo");
-    cmd.current_dir(root)
-        .args(["bench", "--quiet", "-p", package, "--bench", target, "--"]);
+    // A `.py` target drives release binaries from the test venv's clients (a bench
+    // of mink-query cannot link the node: DESIGN.md's layering).
+    let mut cmd = if target.ends_with(".py") {
+        crate::run_checked(Command::new("cargo").current_dir(root).args([
+            "build",
+            "--release",
+            "--bin",
+            "mink-node",
+            "--bin",
+            "mink-query",
+        ]))?;
+        let mut cmd = Command::new(crate::python::ensure_venv(root)?);
+        cmd.current_dir(root)
+            .arg(root.join(package).join("benches").join(target))
+            .arg("--bin-dir")
+            .arg(root.join("target/release"));
+        cmd
+    } else {
+        let mut cmd = Command::new("cargo");
+        cmd.current_dir(root)
+            .args(["bench", "--quiet", "-p", package, "--bench", target, "--"]);
+        cmd
+    };
     if quick {
         cmd.arg("--quick");
     }

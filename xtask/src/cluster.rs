@@ -25,11 +25,22 @@ struct NodeEntry {
     log: PathBuf,
 }
 
+/// The cluster's mink-query (Flight SQL).
+#[derive(Debug, Serialize, Deserialize)]
+struct QueryEntry {
+    pid: u32,
+    addr: String,
+    log: PathBuf,
+}
+
 #[derive(Debug, Serialize, Deserialize)]
 struct ClusterState {
     object_store: String,
     s3_pid: Option<u32>,
     nodes: Vec<NodeEntry>,
+    /// Absent in a state file written before clusters had one.
+    #[serde(default)]
+    query: Option<QueryEntry>,
 }
 
 fn state_file(dir: &Path) -> PathBuf {
@@ -71,7 +82,7 @@ pub fn up(root: &Path, dir: &Path, nodes: usize, s3: bool, release: bool) -> Res
     let mut build = Command::new("cargo");
     build
         .current_dir(root)
-        .args(["build", "--bin", "mink-node"]);
+        .args(["build", "--bin", "mink-node", "--bin", "mink-query"]);
     if release {
         build.arg("--release");
     }
@@ -182,10 +193,11 @@ pub fn up(root: &Path, dir: &Path, nodes: usize, s3: bool, release: bool) -> Res
             log,
         });
     }
-    let state = ClusterState {
+    let mut state = ClusterState {
         object_store,
         s3_pid,
         nodes: entries,
+        query: None,
     };
     std::fs::write(state_file(&dir), serde_json::to_vec_pretty(&state)?)?;
     for n in &state.nodes {
@@ -200,6 +212,12 @@ pub fn up(root: &Path, dir: &Path, nodes: usize, s3: bool, release: bool) -> Res
             std::thread::sleep(Duration::from_millis(100));
         }
     }
+    state.query = Some(start_query(
+        &binary.with_file_name("mink-query"),
+        &dir,
+        &state.nodes,
+    )?);
+    std::fs::write(state_file(&dir), serde_json::to_vec_pretty(&state)?)?;
     println!(
         "cluster up in {} (object store {})",
         dir.display(),
@@ -213,6 +231,39 @@ pub fn up(root: &Path, dir: &Path, nodes: usize, s3: bool, release: bool) -> Res
     Ok(())
 }
 
+/// Starts a mink-query against every node (any one would do), on a port the OS picks.
+fn start_query(binary: &Path, dir: &Path, nodes: &[NodeEntry]) -> Result<QueryEntry> {
+    let log = dir.join("query.log");
+    let list: Vec<String> = nodes.iter().map(|n| format!("\"{}\"", n.flight)).collect();
+    let child = Command::new(binary)
+        .current_dir(dir)
+        .envs(std::env::vars().filter(|(k, _)| !k.starts_with("MINK_")))
+        .env(
+            "RUST_LOG",
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+        )
+        .env("MINK_QUERY_LISTEN", "127.0.0.1:0")
+        .env("MINK_QUERY_NODES", format!("[{}]", list.join(",")))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log)?)
+        .process_group(0)
+        .spawn()
+        .with_context(|| format!("cannot start {}", binary.display()))?;
+    let pid = child.id();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if let Some(addr) = logged_addr(&text, "Flight SQL listening on ") {
+            return Ok(QueryEntry { pid, addr, log });
+        }
+        if Instant::now() > deadline || !alive(pid) {
+            bail!("mink-query did not start; see {}", log.display());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// The address after `marker` in a node's log (`Flight listening on 127.0.0.1:4711`).
 fn logged_addr(log: &str, marker: &str) -> Option<String> {
     let rest = &log[log.find(marker)? + marker.len()..];
@@ -224,6 +275,17 @@ fn logged_addr(log: &str, marker: &str) -> Option<String> {
 }
 
 fn print_nodes(state: &ClusterState) {
+    print_node_table(state);
+    if let Some(q) = &state.query {
+        let health = if alive(q.pid) { "serving" } else { "stopped" };
+        println!(
+            "sql    {:>8} grpc://{} (mink-query, Flight SQL) {health}",
+            q.pid, q.addr
+        );
+    }
+}
+
+fn print_node_table(state: &ClusterState) {
     println!(
         "{:<6} {:>8} {:<22} {:<22} {:<22} health",
         "node", "pid", "flight", "kafka", "admin"
@@ -251,12 +313,16 @@ fn load(dir: &Path) -> Result<ClusterState> {
     Ok(serde_json::from_slice(&text)?)
 }
 
-/// Prints `export MINK_ADDR=…` for the first node and `export KAFKA_BOOTSTRAP=…` with
+/// Prints `export MINK_ADDR=…` for the first node, `export MINK_SQL=grpc://…` for the
+/// cluster's mink-query, and `export KAFKA_BOOTSTRAP=…` with
 /// every node's Kafka address (`eval "$(cargo xtask cluster env)"`).
 pub fn env(dir: &Path) -> Result<()> {
     let state = load(dir)?;
     let first = state.nodes.first().context("the cluster has no node")?;
     println!("export MINK_ADDR={}", first.flight);
+    if let Some(q) = &state.query {
+        println!("export MINK_SQL=grpc://{}", q.addr);
+    }
     let kafka: Vec<&str> = state
         .nodes
         .iter()
@@ -278,7 +344,12 @@ pub fn status(dir: &Path) -> Result<()> {
 
 pub fn down(dir: &Path) -> Result<()> {
     let state = load(dir)?;
-    let pids: Vec<u32> = state.nodes.iter().map(|n| n.pid).collect();
+    let pids: Vec<u32> = state
+        .nodes
+        .iter()
+        .map(|n| n.pid)
+        .chain(state.query.as_ref().map(|q| q.pid))
+        .collect();
     for pid in &pids {
         let _ = Command::new("kill")
             .args(["-TERM", &pid.to_string()])
@@ -302,7 +373,7 @@ pub fn down(dir: &Path) -> Result<()> {
     println!(
         "cluster in {} is down ({} nodes stopped)",
         dir.display(),
-        pids.len()
+        state.nodes.len()
     );
     Ok(())
 }
