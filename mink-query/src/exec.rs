@@ -235,8 +235,7 @@ impl Read {
                     .boxed())
             }
             Part::Any { ticket } => {
-                let addr = self.nodes.any().map_err(mink_error)?;
-                let batches = self.nodes.read(&addr, &ticket).await.map_err(mink_error)?;
+                let batches = self.nodes.read_any(&ticket).await.map_err(mink_error)?;
                 Ok(batches
                     .map(move |item| {
                         let (batch, _) = item.map_err(mink_error)?;

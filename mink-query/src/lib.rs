@@ -54,7 +54,8 @@ impl QueryServer {
         let addr = listener.local_addr()?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let server = flightsql::FlightSqlServer::new(service).into_service();
-        let incoming = TcpIncoming::from(listener);
+        // Small answers (a point query's) must not wait out Nagle and delayed ACKs.
+        let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
         let task = tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(server)

@@ -150,28 +150,49 @@ impl Nodes {
         R::Answer::from_body(R::NAME, body)
     }
 
-    /// An action at any node: the configured ones in order, then those the cluster
-    /// names, until one answers with anything but `Unavailable`.
+    /// An action at any node (see [`Nodes::at_any`]).
     pub async fn call<R: ActionRequest>(&self, request: &R) -> Result<R::Answer> {
+        self.at_any(|addr| async move { self.call_at(&addr, request).await })
+            .await
+    }
+
+    /// Runs `op` at the candidates in order, from the one that answered last, until
+    /// one answers with anything but `Unavailable` (which is also what a node that
+    /// cannot be reached gives).
+    async fn at_any<T, F, Fut>(&self, mut op: F) -> Result<T>
+    where
+        F: FnMut(String) -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
         let candidates = self.candidates.lock().expect("not poisoned").clone();
         let mut last = None;
-        for addr in &candidates {
-            match self.call_at(addr, request).await {
+        for addr in candidates {
+            match op(addr.clone()).await {
                 Err(e @ MinkError::Unavailable(_)) => last = Some(e),
-                other => return other,
+                answered => {
+                    self.prefer(&addr);
+                    return answered;
+                }
             }
         }
         Err(last.unwrap_or_else(|| MinkError::Unavailable("no node is configured".into())))
     }
 
-    /// A node for a read any node answers: the first candidate.
-    pub fn any(&self) -> Result<String> {
-        self.candidates
-            .lock()
-            .expect("not poisoned")
-            .first()
-            .cloned()
-            .ok_or_else(|| MinkError::Unavailable("no node is configured".into()))
+    /// Puts `addr` first among the candidates.
+    fn prefer(&self, addr: &str) {
+        let mut candidates = self.candidates.lock().expect("not poisoned");
+        if let Some(i) = candidates.iter().position(|c| c == addr)
+            && i > 0
+        {
+            let a = candidates.remove(i);
+            candidates.insert(0, a);
+        }
+    }
+
+    /// A read any node answers (`Union`, `Lake`), at the first candidate that does.
+    pub async fn read_any(&self, ticket: &ReadTicket) -> Result<Batches> {
+        self.at_any(|addr| async move { self.read(&addr, ticket).await })
+            .await
     }
 
     /// Adds the cluster's live nodes to the candidates (after the configured ones).
@@ -202,35 +223,33 @@ impl Nodes {
     /// `GetFlightInfo` of a table at any node: its schema and one endpoint per bucket,
     /// whose ticket is a Scan up to the bucket's high watermark now.
     pub async fn flight_info(&self, path: &TablePath) -> Result<FlightInfo> {
-        let candidates = self.candidates.lock().expect("not poisoned").clone();
-        let mut last = None;
-        for addr in &candidates {
-            let mut client = self.connection(addr).await?;
-            match client
-                .get_flight_info(self.request(FlightDescriptor::new_path(vec![path.to_string()])))
-                .await
-            {
-                Ok(r) => {
-                    self.saw(r.metadata());
-                    return Ok(r.into_inner());
+        self.at_any(|addr| async move { self.flight_info_at(&addr, path).await })
+            .await
+    }
+
+    async fn flight_info_at(&self, addr: &str, path: &TablePath) -> Result<FlightInfo> {
+        let mut client = self.connection(addr).await?;
+        match client
+            .get_flight_info(self.request(FlightDescriptor::new_path(vec![path.to_string()])))
+            .await
+        {
+            Ok(r) => {
+                self.saw(r.metadata());
+                Ok(r.into_inner())
+            }
+            Err(status) => {
+                self.saw(status.metadata());
+                let error = status_to_error(status);
+                if matches!(error, MinkError::Unavailable(_)) {
+                    self.forget(addr).await;
                 }
-                Err(status) => {
-                    self.saw(status.metadata());
-                    match status_to_error(status) {
-                        e @ MinkError::Unavailable(_) => {
-                            self.forget(addr).await;
-                            last = Some(e)
-                        }
-                        other => return Err(other),
-                    }
-                }
+                Err(error)
             }
         }
-        Err(last.unwrap_or_else(|| MinkError::Unavailable("no node is configured".into())))
     }
 
     /// A DoGet at `addr`, following `NotLeader` redirects, streamed.
-    pub async fn read(self: &Arc<Self>, addr: &str, ticket: &ReadTicket) -> Result<Batches> {
+    pub async fn read(&self, addr: &str, ticket: &ReadTicket) -> Result<Batches> {
         let body = serde_json::to_vec(ticket).map_err(|e| MinkError::Internal(e.to_string()))?;
         let mut addr = addr.to_string();
         for _ in 0..=REDIRECTS_MAX {

@@ -462,3 +462,33 @@ def test_three_nodes_any_one_suffices(mink_node, mink_query, tmp_path):
             q.kill()
         for n in nodes:
             n.kill()
+
+
+def test_the_memory_limit_answers_resource_exhausted_and_the_server_goes_on(mink_node, mink_query, tmp_path):
+    node = NodeProcess(mink_node, tmp_path)
+    client = flight.connect(node.location)
+    q = QueryProcess(
+        mink_query,
+        tmp_path,
+        [f"127.0.0.1:{node.flight_port}"],
+        {"MINK_QUERY_QUERY__MEMORY_LIMIT_BYTES": str(16 << 20)},
+    )
+    try:
+        action(client, "create_database", {"name": "db"})
+        action(client, "create_table", {"path": "db.users", "descriptor": dict(USERS, bucket_count=1)})
+        # ~40 MB of state in one bucket: more than the 16 MiB all queries may hold.
+        pad = "x" * 400
+        for start in range(0, 100_000, 20_000):
+            ids = range(start, start + 20_000)
+            retry(lambda: put_table(client, users_batch([(i, pad, i) for i in ids])))
+        with connect(q) as conn:
+            with pytest.raises(adbc_driver_manager.Error) as e:
+                sql(conn, "SELECT count(*) AS n FROM db.users")
+            assert "RESOURCE_EXHAUSTED" in str(e.value) or "Resources exhausted" in str(e.value), str(e.value)
+            assert "query.memory_limit_bytes" in str(e.value), str(e.value)
+            # A point query needs no merge, and the server answers it.
+            assert sql(conn, "SELECT score FROM db.users WHERE id = 77").to_pylist() == [{"score": 77}]
+    finally:
+        client.close()
+        q.kill()
+        node.kill()
