@@ -71,6 +71,16 @@ def action(client, name, body=None):
     return r.body.to_pybytes()
 
 
+def put(client, command, path, batch):
+    """One DoPut of `batch` (`AppendTable` or `PutTable`), waiting for its answer."""
+    descriptor = flight.FlightDescriptor.for_command(json.dumps({command: {"path": path, "schema_id": 1}}))
+    writer, reader = client.do_put(descriptor, batch.schema)
+    writer.write_with_metadata(batch, pa.py_buffer(b"{}"))
+    writer.done_writing()
+    reader.read()
+    writer.close()
+
+
 def spread(values, unit="", digits=2):
     lo, mid, hi = min(values), statistics.median(values), max(values)
     return f"{lo:.{digits}f} / {mid:.{digits}f} / {hi:.{digits}f}{unit}"
@@ -154,12 +164,7 @@ def run(node, query, work, rows, runs, keys, points):
             [ids, pa.array([f"m{i % 100}" for i in range(start, start + len(ids))]), pa.array([i * 0.5 for i in range(len(ids))])],
             schema=schema,
         )
-        descriptor = flight.FlightDescriptor.for_command(json.dumps({"AppendTable": {"path": "bench.events", "schema_id": 1}}))
-        writer, reader = client.do_put(descriptor, schema)
-        writer.write_with_metadata(batch, pa.py_buffer(b"{}"))
-        writer.done_writing()
-        reader.read()
-        writer.close()
+        put(client, "AppendTable", "bench.events", batch)
     log(f"loaded in {time.monotonic() - t0:.1f} s")
 
     def raw_scan():
@@ -224,12 +229,7 @@ def run(node, query, work, rows, runs, keys, points):
     for start in range(0, keys, 50_000):
         ids = list(range(start, min(keys, start + 50_000)))
         batch = pa.record_batch([pa.array(ids, pa.int64()), pa.array([f"u{i}" for i in ids])], schema=uschema)
-        descriptor = flight.FlightDescriptor.for_command(json.dumps({"PutTable": {"path": "bench.users", "schema_id": 1}}))
-        writer, reader = client.do_put(descriptor, uschema)
-        writer.write_with_metadata(batch, pa.py_buffer(b"{}"))
-        writer.done_writing()
-        reader.read()
-        writer.close()
+        put(client, "PutTable", "bench.users", batch)
     rng = random.Random(7)
     raw_p50, raw_p99, sql_p50, sql_p99 = [], [], [], []
     for r in range(runs):
