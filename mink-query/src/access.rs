@@ -18,7 +18,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use datafusion::common::ScalarValue;
 use datafusion::logical_expr::{BinaryExpr, Expr, Operator, TableProviderFilterPushDown};
-use mink_types::TableDescriptor;
+use mink_types::{BucketId, BucketingRule, DataType, KeyValue, TableDescriptor};
+
+/// The most buckets a bucket-key filter is resolved to (an `IN` list beyond it reads
+/// every bucket).
+const PRUNED_BUCKETS_MAX: usize = 1024;
 
 /// The parts of a table's definition that decide how it is read.
 #[derive(Debug, Clone)]
@@ -26,14 +30,26 @@ pub struct Shape {
     pub primary_key: Vec<String>,
     pub partition_keys: Vec<String>,
     pub bucket_keys: Vec<String>,
+    /// The bucket keys' Mink types, in bucket-key order.
+    pub bucket_types: Vec<DataType>,
+    pub bucketing: BucketingRule,
+    pub bucket_count: u32,
 }
 
 impl Shape {
     pub fn of(descriptor: &TableDescriptor) -> Self {
+        let bucket_keys = descriptor.bucket_keys();
+        let bucket_types = bucket_keys
+            .iter()
+            .filter_map(|k| descriptor.schema.column(k).map(|c| c.data_type))
+            .collect();
         Self {
             primary_key: descriptor.primary_key.clone(),
             partition_keys: descriptor.partition_keys.clone(),
-            bucket_keys: descriptor.bucket_keys(),
+            bucket_types,
+            bucket_keys,
+            bucketing: descriptor.bucketing,
+            bucket_count: descriptor.bucket_count,
         }
     }
 
@@ -62,10 +78,12 @@ pub enum Access {
     Lookup { keys: Vec<Vec<serde_json::Value>> },
     /// `prefix_lookup` of these leading key values.
     PrefixLookup { prefix: Vec<serde_json::Value> },
-    /// Scans: of the partitions named (all when `None`), each bucket from its log
-    /// start (or only its first `limit` rows).
+    /// Scans: of the partitions named (all when `None`) and of the buckets named
+    /// (all when `None`), each bucket from its log start (or only its first `limit`
+    /// rows).
     Scan {
         partitions: Option<BTreeSet<String>>,
+        buckets: Option<BTreeSet<BucketId>>,
         limit: Option<usize>,
     },
 }
@@ -156,7 +174,7 @@ pub fn support(shape: &Shape, filter: &Expr) -> TableProviderFilterPushDown {
     {
         return TableProviderFilterPushDown::Exact;
     }
-    if shape.primary_key.contains(&column) {
+    if shape.primary_key.contains(&column) || shape.bucket_keys.contains(&column) {
         return TableProviderFilterPushDown::Inexact;
     }
     TableProviderFilterPushDown::Unsupported
@@ -201,8 +219,76 @@ pub fn decide(
     }
     Access::Scan {
         partitions: partitions(shape, &values),
+        buckets: buckets(shape, &values),
         limit: if primary_state { None } else { limit },
     }
+}
+
+/// A literal as the key value of a column of type `ty`, when it is exactly that type.
+fn key_value(v: &ScalarValue, ty: DataType) -> Option<KeyValue> {
+    let value = match v {
+        ScalarValue::Boolean(Some(b)) => KeyValue::Boolean(*b),
+        ScalarValue::Int8(Some(i)) => KeyValue::TinyInt(*i),
+        ScalarValue::Int16(Some(i)) => KeyValue::SmallInt(*i),
+        ScalarValue::Int32(Some(i)) => KeyValue::Int(*i),
+        ScalarValue::Int64(Some(i)) => KeyValue::BigInt(*i),
+        ScalarValue::Utf8(Some(s))
+        | ScalarValue::LargeUtf8(Some(s))
+        | ScalarValue::Utf8View(Some(s)) => KeyValue::String(s.clone()),
+        ScalarValue::Binary(Some(b)) | ScalarValue::LargeBinary(Some(b)) => {
+            KeyValue::Bytes(b.clone())
+        }
+        ScalarValue::Date32(Some(d)) => KeyValue::Date(*d),
+        _ => return None,
+    };
+    value.matches(ty).then_some(value)
+}
+
+/// The buckets the bucket-key filters allow under the `hash` rule (the one the nodes
+/// route by, `mink_types::bucketing`), or `None` when they allow every bucket: every
+/// bucket key needs `=` or `IN` values of exactly its type.
+fn buckets(
+    shape: &Shape,
+    values: &BTreeMap<String, Vec<ScalarValue>>,
+) -> Option<BTreeSet<BucketId>> {
+    if shape.bucketing != BucketingRule::Hash
+        || shape.bucket_keys.is_empty()
+        || shape.bucket_types.len() != shape.bucket_keys.len()
+    {
+        return None;
+    }
+    let mut keys: Vec<Vec<KeyValue>> = vec![vec![]];
+    for (column, ty) in shape.bucket_keys.iter().zip(&shape.bucket_types) {
+        let vs = values
+            .get(column)?
+            .iter()
+            .filter(|v| !v.is_null())
+            .map(|v| key_value(v, *ty))
+            .collect::<Option<Vec<_>>>()?;
+        if keys.len().checked_mul(vs.len())? > PRUNED_BUCKETS_MAX {
+            return None;
+        }
+        keys = keys
+            .into_iter()
+            .flat_map(|k| {
+                vs.iter().map(move |v| {
+                    let mut k = k.clone();
+                    k.push(v.clone());
+                    k
+                })
+            })
+            .collect();
+    }
+    let mut out = BTreeSet::new();
+    let mut encoded = Vec::new();
+    for key in keys {
+        mink_types::key::encode_values(&shape.bucket_types, &key, &mut encoded).ok()?;
+        out.insert(mink_types::bucketing::hash_bucket(
+            &encoded,
+            shape.bucket_count,
+        ));
+    }
+    Some(out)
 }
 
 /// Every combination of the key values, when each key column has values the node can
@@ -312,21 +398,30 @@ mod tests {
     use super::*;
     use datafusion::logical_expr::{col, lit};
 
-    fn users() -> Shape {
+    fn shape(pk: &[&str], partition: &[&str], bucket: &[&str], types: Vec<DataType>) -> Shape {
+        let owned = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         Shape {
-            primary_key: vec!["id".into()],
-            partition_keys: vec![],
-            bucket_keys: vec!["id".into()],
+            primary_key: owned(pk),
+            partition_keys: owned(partition),
+            bucket_keys: owned(bucket),
+            bucket_types: types,
+            bucketing: BucketingRule::Hash,
+            bucket_count: 8,
         }
+    }
+
+    fn users() -> Shape {
+        shape(&["id"], &[], &["id"], vec![DataType::BigInt])
     }
 
     fn orders() -> Shape {
         // Partitioned by day, bucketed by customer, keyed (day, customer, order).
-        Shape {
-            primary_key: vec!["day".into(), "customer".into(), "order".into()],
-            partition_keys: vec!["day".into()],
-            bucket_keys: vec!["customer".into()],
-        }
+        shape(
+            &["day", "customer", "order"],
+            &["day"],
+            &["customer"],
+            vec![DataType::String],
+        )
     }
 
     #[test]
@@ -428,13 +523,10 @@ mod tests {
 
     #[test]
     fn a_multi_key_partition_is_matched_per_component() {
-        let s = Shape {
-            primary_key: vec![],
-            partition_keys: vec!["region".into(), "day".into()],
-            bucket_keys: vec![],
-        };
-        let Access::Scan { partitions, limit } =
-            decide(&s, false, &[col("region").eq(lit("eu"))], Some(5), 100)
+        let s = shape(&[], &["region", "day"], &[], vec![]);
+        let Access::Scan {
+            partitions, limit, ..
+        } = decide(&s, false, &[col("region").eq(lit("eu"))], Some(5), 100)
         else {
             panic!("a scan")
         };
@@ -442,6 +534,55 @@ mod tests {
         let p = partitions.unwrap();
         assert!(partition_allowed(&p, "eu__2026-01-01", 2));
         assert!(!partition_allowed(&p, "us__2026-01-01", 2));
+    }
+
+    #[test]
+    fn bucket_key_equality_reads_the_buckets_the_nodes_route_those_rows_to() {
+        use arrow60::array::{Int64Array, StringArray};
+        let ids: Vec<i64> = (0..200).collect();
+        let batch = arrow60::record_batch::RecordBatch::try_from_iter([(
+            "id",
+            std::sync::Arc::new(Int64Array::from(ids.clone())) as arrow60::array::ArrayRef,
+        )])
+        .unwrap();
+        let routed =
+            mink_types::bucketing::bucket_per_row(&batch, &[0], BucketingRule::Hash, 8).unwrap();
+        let log = shape(&[], &[], &["id"], vec![DataType::BigInt]);
+        for (i, id) in ids.iter().enumerate() {
+            let Access::Scan { buckets, .. } =
+                decide(&log, false, &[col("id").eq(lit(*id))], None, 100)
+            else {
+                panic!("a scan")
+            };
+            assert_eq!(buckets, Some(BTreeSet::from([routed[i]])), "id {id}");
+        }
+        let names = ["ann", "bob", "cy"];
+        let batch = arrow60::record_batch::RecordBatch::try_from_iter([(
+            "name",
+            std::sync::Arc::new(StringArray::from(names.to_vec())) as arrow60::array::ArrayRef,
+        )])
+        .unwrap();
+        let routed =
+            mink_types::bucketing::bucket_per_row(&batch, &[0], BucketingRule::Hash, 8).unwrap();
+        let by_name = shape(&[], &[], &["name"], vec![DataType::String]);
+        let list: Vec<Expr> = names.iter().map(|n| lit(*n)).collect();
+        let Access::Scan { buckets, .. } = decide(
+            &by_name,
+            false,
+            &[col("name").in_list(list, false)],
+            None,
+            100,
+        ) else {
+            panic!("a scan")
+        };
+        assert_eq!(buckets, Some(routed.into_iter().collect()));
+        // A literal of another type than the column's prunes nothing.
+        let Access::Scan { buckets, .. } =
+            decide(&log, false, &[col("id").eq(lit(7i32))], None, 100)
+        else {
+            panic!("a scan")
+        };
+        assert_eq!(buckets, None);
     }
 
     #[test]

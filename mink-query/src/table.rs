@@ -141,6 +141,7 @@ impl MinkTable {
     async fn endpoints(
         &self,
         partitions: &Option<std::collections::BTreeSet<String>>,
+        buckets: &Option<std::collections::BTreeSet<mink_types::BucketId>>,
     ) -> mink_types::Result<Vec<(String, ReadTicket)>> {
         let info = self.nodes.flight_info(&self.info.path).await?;
         let mut names: BTreeMap<PartitionId, String> = self
@@ -162,6 +163,12 @@ impl MinkTable {
                     "an endpoint's ticket is not a Scan: {ticket:?}"
                 )));
             };
+            if buckets
+                .as_ref()
+                .is_some_and(|b| !b.contains(&bucket.bucket))
+            {
+                continue;
+            }
             if let (Some(patterns), Some(id)) = (partitions, bucket.partition_id) {
                 if !names.contains_key(&id) {
                     // A partition created since the table was read.
@@ -315,9 +322,22 @@ impl MinkTable {
                     },
                 ))
             }
-            Access::Scan { partitions, limit } => {
-                let endpoints = self.endpoints(&partitions).await?;
+            Access::Scan {
+                partitions,
+                buckets,
+                limit,
+            } => {
+                let endpoints = self.endpoints(&partitions, &buckets).await?;
                 let mut detail = format!("buckets={}", endpoints.len());
+                if let Some(b) = &buckets {
+                    detail.push_str(&format!(
+                        " (pruned to bucket {})",
+                        b.iter()
+                            .map(|b| b.to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ));
+                }
                 if let Some(p) = &partitions {
                     detail.push_str(&format!(
                         ", partitions=[{}]",

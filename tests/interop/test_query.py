@@ -143,6 +143,13 @@ def test_queries_over_log_and_primary_key_tables(single):
         assert all(r["_commit_timestamp"] is not None for r in ch)
         assert [r["_log_offset"] for r in ch] == sorted(r["_log_offset"] for r in ch)
 
+        # Equality on the bucket key reads only the bucket the rows were routed to.
+        plan = explain(conn, "SELECT * FROM db.events WHERE id IN (7, 8)")
+        assert "pruned to bucket" in plan, plan
+        pruned = sql(conn, "SELECT id, msg FROM db.events WHERE id IN (7, 8) ORDER BY id").to_pylist()
+        assert pruned == sql(conn, "SELECT id, msg FROM db.events WHERE id + 0 IN (7, 8) ORDER BY id").to_pylist()
+        assert [r["id"] for r in pruned] == [7, 8]
+
         # LIMIT without a filter reads only the first rows of each bucket.
         plan = explain(conn, "SELECT * FROM db.events LIMIT 5")
         assert "limit_scan=5" in plan, plan
