@@ -257,28 +257,20 @@ fn buckets(
     {
         return None;
     }
-    let mut keys: Vec<Vec<KeyValue>> = vec![vec![]];
-    for (column, ty) in shape.bucket_keys.iter().zip(&shape.bucket_types) {
-        let vs = values
-            .get(column)?
-            .iter()
-            .filter(|v| !v.is_null())
-            .map(|v| key_value(v, *ty))
-            .collect::<Option<Vec<_>>>()?;
-        if keys.len().checked_mul(vs.len())? > PRUNED_BUCKETS_MAX {
-            return None;
-        }
-        keys = keys
-            .into_iter()
-            .flat_map(|k| {
-                vs.iter().map(move |v| {
-                    let mut k = k.clone();
-                    k.push(v.clone());
-                    k
-                })
-            })
-            .collect();
-    }
+    let per_column = shape
+        .bucket_keys
+        .iter()
+        .zip(&shape.bucket_types)
+        .map(|(column, ty)| {
+            values
+                .get(column)?
+                .iter()
+                .filter(|v| !v.is_null())
+                .map(|v| key_value(v, *ty))
+                .collect::<Option<Vec<_>>>()
+        })
+        .collect::<Option<Vec<_>>>()?;
+    let keys = combinations(per_column, PRUNED_BUCKETS_MAX)?;
     let mut out = BTreeSet::new();
     let mut encoded = Vec::new();
     for key in keys {
@@ -298,20 +290,32 @@ fn lookup_keys(
     values: &BTreeMap<String, Vec<ScalarValue>>,
     max: usize,
 ) -> Option<Vec<Vec<serde_json::Value>>> {
-    let mut keys: Vec<Vec<serde_json::Value>> = vec![vec![]];
-    for column in &shape.primary_key {
-        let mut vs: Vec<serde_json::Value> = Vec::new();
-        for v in values.get(column)?.iter().filter(|v| !v.is_null()) {
-            let v = json_value(v)?;
-            if !vs.contains(&v) {
-                vs.push(v);
+    let per_column = shape
+        .primary_key
+        .iter()
+        .map(|column| {
+            let mut vs: Vec<serde_json::Value> = Vec::new();
+            for v in values.get(column)?.iter().filter(|v| !v.is_null()) {
+                let v = json_value(v)?;
+                if !vs.contains(&v) {
+                    vs.push(v);
+                }
             }
-        }
-        let count = keys.len().checked_mul(vs.len())?;
-        if count > max {
+            Some(vs)
+        })
+        .collect::<Option<Vec<_>>>()?;
+    combinations(per_column, max)
+}
+
+/// Every combination of one value per column, in column order; `None` when there
+/// would be more than `max`.
+fn combinations<T: Clone>(per_column: Vec<Vec<T>>, max: usize) -> Option<Vec<Vec<T>>> {
+    let mut out: Vec<Vec<T>> = vec![vec![]];
+    for vs in per_column {
+        if out.len().checked_mul(vs.len())? > max {
             return None;
         }
-        keys = keys
+        out = out
             .into_iter()
             .flat_map(|k| {
                 vs.iter().map(move |v| {
@@ -322,7 +326,7 @@ fn lookup_keys(
             })
             .collect();
     }
-    Some(keys)
+    Some(out)
 }
 
 /// The partitions the partition-key filters allow, as predicates on names: `None`
