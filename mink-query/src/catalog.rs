@@ -107,6 +107,16 @@ impl SchemaProvider for MinkSchema {
     async fn table(&self, name: &str) -> Result<Option<Arc<dyn TableProvider>>, DataFusionError> {
         let table = fetch(&self.nodes, &self.database, name, self.limits)
             .await
+            .map_err(|e| match e {
+                // An unqualified name: say where it was looked for.
+                MinkError::NotFound(what) if self.database == crate::service::DEFAULT_SCHEMA => {
+                    MinkError::NotFound(format!(
+                        "{what} (a name without a database is looked up in \"{}\"; write database.table)",
+                        crate::service::DEFAULT_SCHEMA
+                    ))
+                }
+                other => other,
+            })
             .map_err(mink_error)?;
         Ok(Some(Arc::new(table)))
     }

@@ -197,6 +197,7 @@ def test_bad_statements_get_precise_errors_and_disturb_nothing(single):
             ("SELEC 1", "SQL syntax"),
             ("SELECT * FROM db.nope", "table db.nope"),
             ("SELECT * FROM nodb.t", "table nodb.t"),
+            ("SELECT * FROM events", "write database.table"),
             ("SELECT nope FROM db.events", "nope"),
             ('SELECT * FROM db."events$changelog"', "is a log table"),
             ('SELECT * FROM db."events$lake"', "not tiered to the lake"),
