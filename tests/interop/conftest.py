@@ -23,6 +23,13 @@ def mink_node(bin_dir) -> pathlib.Path:
     return binary
 
 
+@pytest.fixture(scope="session")
+def mink_query(bin_dir) -> pathlib.Path:
+    binary = bin_dir / "mink-query"
+    assert binary.is_file(), f"{binary} is missing; build the workspace first"
+    return binary
+
+
 @pytest.fixture()
 def s3_url() -> dict:
     """Environment for a node on the local S3 server, under a fresh prefix."""

@@ -20,13 +20,6 @@ from node_proc import NodeProcess, QueryProcess, retry, wait_for
 from test_flight import EVENTS, SCHEMA, USER_SCHEMA, USERS, action, append_table, put_table
 
 
-@pytest.fixture(scope="session")
-def mink_query(bin_dir):
-    binary = bin_dir / "mink-query"
-    assert binary.is_file(), f"{binary} is missing; build the workspace first"
-    return binary
-
-
 def connect(q):
     return flightsql.connect(q.uri, autocommit=True)
 
