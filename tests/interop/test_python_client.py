@@ -10,6 +10,7 @@ import decimal
 import os
 import pathlib
 import random
+import shutil
 import subprocess
 import sys
 import threading
@@ -498,8 +499,11 @@ def test_the_type_hints_check_with_mypy():
 
 def test_the_wheel_builds_and_installs_into_a_fresh_venv(node, tmp_path):
     dist = tmp_path / "dist"
+    # Built from a copy, so that the build leaves nothing in the source tree.
+    source = tmp_path / "source"
+    shutil.copytree(CLIENT, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__", ".mypy_cache"))
     build = subprocess.run(
-        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(CLIENT)],
+        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(source)],
         capture_output=True,
         text=True,
         timeout=300,
