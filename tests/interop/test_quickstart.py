@@ -29,6 +29,11 @@ def test_the_quickstart_runs(tmp_path, bin_dir):
     script = "set -euo pipefail\n" + script.replace(
         'export PATH="$PWD/target/debug:$PATH"', f'export PATH="{bin_dir}:{venv_bin}:$PATH"'
     )
+    # The client from this checkout, as `pip install ./clients/python` would give it
+    # (the wheel itself is installed into a fresh venv by test_python_client.py).
+    script = script.replace(
+        "python3 -m pip install --quiet ./clients/python", f"export PYTHONPATH={ROOT / 'clients' / 'python' / 'src'}"
+    )
     try:
         out = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=clean_env(), capture_output=True,
                              text=True, timeout=600)
@@ -42,6 +47,10 @@ def test_the_quickstart_runs(tmp_path, bin_dir):
         assert "sql says from mink" in out.stdout
         assert "sql counts 3 clicks" in out.stdout
         assert "sql looks up anne" in out.stdout
+        assert "python looks up ann with 12 points" in out.stdout
+        assert "python reads hello from mink" in out.stdout
+        assert "python tails 3 rows" in out.stdout
+        assert "python asks sql: 19" in out.stdout
     finally:
         subprocess.run(["cargo", "xtask", "cluster", "down", "--dir", str(cluster)], cwd=ROOT,
                        env=clean_env(), capture_output=True, timeout=120)
