@@ -214,6 +214,10 @@ def test_every_type_round_trips_through_pandas_and_polars_routed_by_the_client(c
             part = t.scan(buckets=[b]).to_arrow()
             if part.num_rows:
                 assert set(bucket_of_rows(part, t.bucket_keys, t.bucket_count, t.bucketing)) == {b}
+    # Ranges of offsets.
+    b0 = keyed[0].scan(buckets=[0]).to_arrow().num_rows
+    assert keyed[0].scan(buckets=[0], from_offsets={0: 1}, until={0: 3}).to_arrow().num_rows == min(2, max(0, b0 - 1))
+    assert len(keyed[0].buckets()) == keyed[0].bucket_count
     # Round trips out through pandas and Polars keep every value (nulls included).
     t = keyed[0]
     frame = t.scan().to_pandas()

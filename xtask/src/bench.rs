@@ -63,6 +63,12 @@ pub const BENCHES: &[(&str, &str, &str, &str)] = &[
         "SQL through mink-query against raw Flight scans and lookups; DuckDB over the lake as a peer",
     ),
     (
+        "python",
+        "clients/python",
+        "bench_client.py",
+        "the Python client's Writer against the Rust client, and its scans against raw Flight DoGet",
+    ),
+    (
         "meta",
         "mink-meta",
         "meta",
@@ -77,15 +83,22 @@ pub fn run(root: &Path, name: &str, quick: bool) -> Result<()> {
     };
     eprintln!("bench {name}: {what}");
     // A `.py` target drives release binaries from the test venv's clients (a bench
-    // of mink-query cannot link the node: DESIGN.md's layering).
+    // of mink-query cannot link the node: DESIGN.md's layering; the Python client is
+    // Python).
     let mut cmd = if target.ends_with(".py") {
+        // The node, and the binary the benchmark compares against.
+        let other = if name == "query" {
+            "mink-query"
+        } else {
+            "mink"
+        };
         crate::run_checked(Command::new("cargo").current_dir(root).args([
             "build",
             "--release",
             "--bin",
             "mink-node",
             "--bin",
-            "mink-query",
+            other,
         ]))?;
         let mut cmd = Command::new(crate::python::ensure_venv(root)?);
         cmd.current_dir(root)

@@ -188,6 +188,11 @@ class Table:
         self._conn.action("drop_partition", {"path": self.path, "name": name})
         self._refresh()
 
+    def buckets(self) -> list[dict[str, Any]]:
+        """Every bucket (of every partition) with its leader, leader address and epoch."""
+        self._refresh()
+        return list(self._conn.action("metadata", {"path": self.path})["buckets"])
+
     def offsets(
         self,
         spec: str = "latest",
@@ -362,13 +367,17 @@ class Table:
         partitions: Sequence[str] | None = None,
         buckets: Sequence[int] | None = None,
         from_offsets: Mapping[Any, int] | None = None,
+        until: str | Mapping[Any, int] = "now",
     ) -> ScanResult:
         """The table's rows up to now (each bucket's high watermark when the call is
         made), bucket by bucket in offset order; for a primary-key table its changelog,
         with a ``_change_type`` column (``+I``, ``-U``, ``+U``, ``-D``).
 
         ``partitions`` and ``buckets`` narrow the read; ``from_offsets`` maps a bucket
-        (or ``(partition, bucket)``) to the offset to start from."""
+        (or ``(partition, bucket)``) to the offset to start from, ``until`` (``"now"``
+        or offsets mapped the same way) to the offset to stop before."""
+        if isinstance(until, str) and until != "now":
+            raise InvalidArgument(f"invalid until: {until!r}; 'now' or offsets by bucket", "until")
         self._check_columns(columns)
         endpoints = self._endpoints()
         wanted_pids = None
@@ -387,11 +396,13 @@ class Table:
             if buckets is not None and b not in buckets:
                 continue
             if from_offsets is not None:
-                start = from_offsets.get((names.get(pid), b) if pid is not None else b)
-                if start is None and pid is None:
-                    start = from_offsets.get((None, b))
+                start = _by_bucket(from_offsets, names.get(pid) if pid is not None else None, b)
                 if start is not None:
                     ticket = dict(ticket, offset=max(int(ticket["offset"]), int(start)))
+            if not isinstance(until, str):
+                stop = _by_bucket(until, names.get(pid) if pid is not None else None, b)
+                if stop is not None:
+                    ticket = dict(ticket, end_offset=min(int(ticket.get("end_offset") or 0), int(stop)))
             chosen.append((ticket, address))
         with_changes = self.has_primary_key
 
@@ -561,6 +572,15 @@ class Table:
         from .tail import Tail
 
         return Tail(self, from_, buckets, partitions, stop_after, max_rows, idle_timeout)
+
+
+def _by_bucket(offsets: Mapping[Any, int], partition: str | None, bucket: int) -> int | None:
+    """The offset ``offsets`` gives a bucket: keyed by ``(partition, bucket)``, or by the
+    bucket number alone."""
+    for key in ((partition, bucket), bucket):
+        if key in offsets:
+            return int(offsets[key])
+    return None
 
 
 def delete_rows(keys: Data, schema: pa.Schema, key: Sequence[str]) -> pa.Table:
