@@ -257,7 +257,7 @@ mod tests {
         // Well-formed JSON with a bad value: the error says what is wrong with it.
         let err = parse_json::<WriteDescriptor>(
             "descriptor",
-            br#"{"AppendTable": {"path": "db.no.pe", "schema_id": 1}}"#,
+            br#"{"AppendTable": {"path": "db.no/pe", "schema_id": 1}}"#,
         )
         .unwrap_err()
         .to_string();

@@ -30,7 +30,7 @@ pub use ipc::IpcEncoded;
 pub use key::{KeyEncoder, KeyValue, ValueEncoder, decode_key, encode_values};
 pub use names::{
     BucketId, DatabaseName, PartitionId, PartitionName, TableBucket, TableId, TableName, TablePath,
-    validate_name,
+    validate_name, validate_table_name,
 };
 pub use partition::{PartitionRows, split_by_partition};
 pub use schema::{Column, Schema, SchemaId};

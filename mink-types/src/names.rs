@@ -63,8 +63,49 @@ pub fn validate_name(what: &str, name: &str) -> Result<()> {
     Ok(())
 }
 
+/// The longest table name, in characters: Kafka's topic-name limit, so that every
+/// Kafka topic is a table under exactly its Kafka name.
+pub const TABLE_NAME_LEN_MAX: usize = 249;
+
+/// Checks a table name against Kafka's topic-name rule, `[A-Za-z0-9._-]{1,249}` but not
+/// `.` or `..` (docs/decisions.md, "Table names are Kafka's topic names"). A table path
+/// `database.table` still parses unambiguously: a database name has no `.`.
+pub fn validate_table_name(what: &str, name: &str) -> Result<()> {
+    let invalid = |reason: String| {
+        Err(MinkError::invalid(
+            what,
+            format!("{} {reason}", quote(name)),
+        ))
+    };
+    if name.is_empty() {
+        return Err(MinkError::invalid(what, "must not be empty"));
+    }
+    let len = name.chars().count();
+    if len > TABLE_NAME_LEN_MAX {
+        return invalid(format!(
+            "is {len} characters long; the limit is {TABLE_NAME_LEN_MAX}"
+        ));
+    }
+    if name == "." || name == ".." {
+        return invalid("is not a name; '.' and '..' are reserved".into());
+    }
+    if let Some((at, bad)) = name
+        .chars()
+        .enumerate()
+        .find(|(_, c)| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')))
+    {
+        return invalid(format!(
+            "contains {bad:?} at position {at}; only ASCII letters, digits, '_', '-' and '.' are allowed"
+        ));
+    }
+    Ok(())
+}
+
 macro_rules! name_type {
     ($(#[$doc:meta])* $ty:ident, $what:literal) => {
+        name_type!($(#[$doc])* $ty, $what, validate_name);
+    };
+    ($(#[$doc:meta])* $ty:ident, $what:literal, $validate:ident) => {
         $(#[$doc])*
         #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
         #[serde(try_from = "String", into = "String")]
@@ -74,7 +115,7 @@ macro_rules! name_type {
             /// Validates and wraps `name`.
             pub fn new(name: impl Into<String>) -> Result<Self> {
                 let name = name.into();
-                validate_name($what, &name)?;
+                $validate($what, &name)?;
                 Ok(Self(name))
             }
 
@@ -124,9 +165,10 @@ name_type!(
     "database name"
 );
 name_type!(
-    /// A validated table name.
+    /// A validated table name: Kafka's topic-name rule ([`validate_table_name`]).
     TableName,
-    "table name"
+    "table name",
+    validate_table_name
 );
 name_type!(
     /// A validated partition name (the rendered partition-key values).
@@ -258,6 +300,19 @@ mod tests {
             &"a".repeat(200),
         ] {
             TableName::new(name).unwrap();
+            DatabaseName::new(name).unwrap();
+        }
+        // Every Kafka topic name is a table name.
+        for name in [
+            "orders.v1",
+            "server.db.table",
+            "-lead",
+            "...",
+            ".hidden",
+            &"t".repeat(249),
+        ] {
+            TableName::new(name).unwrap();
+            assert!(DatabaseName::new(name).is_err(), "{name}");
         }
     }
 
@@ -284,15 +339,27 @@ mod tests {
             ("database name", "must not be empty")
         );
 
-        let (_, why) = reason(TableName::new("a".repeat(201)).unwrap_err());
+        let (_, why) = reason(DatabaseName::new("a".repeat(201)).unwrap_err());
         assert!(
             why.contains("201 characters long; the limit is 200"),
             "{why}"
         );
+        let (_, why) = reason(TableName::new("a".repeat(250)).unwrap_err());
+        assert!(
+            why.contains("250 characters long; the limit is 249"),
+            "{why}"
+        );
 
-        let (field, why) = reason(TableName::new("-orders").unwrap_err());
-        assert_eq!(field, "table name");
+        let (field, why) = reason(DatabaseName::new("-orders").unwrap_err());
+        assert_eq!(field, "database name");
         assert!(why.contains("starts with '-'"), "{why}");
+        for reserved in [".", ".."] {
+            let (field, why) = reason(TableName::new(reserved).unwrap_err());
+            assert_eq!(field, "table name");
+            assert!(why.contains("reserved"), "{why}");
+        }
+        let (_, why) = reason(TableName::new("a/b").unwrap_err());
+        assert!(why.contains("'/' at position 1"), "{why}");
 
         let (_, why) = reason(PartitionName::new("ab.c").unwrap_err());
         assert!(why.contains("contains '.' at position 2"), "{why}");
@@ -308,7 +375,12 @@ mod tests {
         assert_eq!(path.table.as_str(), "orders");
         assert_eq!(path.to_string(), "sales.orders");
         assert!(TablePath::parse("orders").is_err());
-        let (field, _) = reason(TablePath::parse("a.b.c").unwrap_err());
+        // The first '.' ends the database name; the table name may hold more.
+        let dotted = TablePath::parse("kafka.server.db.orders").unwrap();
+        assert_eq!(dotted.database.as_str(), "kafka");
+        assert_eq!(dotted.table.as_str(), "server.db.orders");
+        assert_eq!(dotted.to_string(), "kafka.server.db.orders");
+        let (field, _) = reason(TablePath::parse("a.b/c").unwrap_err());
         assert_eq!(field, "table name");
         let (field, _) = reason(TablePath::parse(".b").unwrap_err());
         assert_eq!(field, "database name");

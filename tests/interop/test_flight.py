@@ -117,7 +117,7 @@ def test_bad_input_gets_precise_errors_and_changes_nothing(node):
         list(client.do_action(flight.Action("make_coffee", b"{}")))
     # Well-formed JSON with a bad name: the error names what is wrong, not the JSON.
     with pytest.raises(pa.ArrowInvalid, match="table name") as bad_name:
-        action(client, "create_table", {"path": "db.no.pe", "descriptor": EVENTS})
+        action(client, "create_table", {"path": "db.no/pe", "descriptor": EVENTS})
     assert "malformed JSON" not in str(bad_name.value)
     # A huge name: the error quotes a bounded part of it and still reaches the client
     # (a status message over gRPC's header limit arrives as "Stream removed").

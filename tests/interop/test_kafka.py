@@ -187,14 +187,52 @@ def test_unknown_topics_without_auto_create_and_invalid_names(mink_node, tmp_pat
         md = admin(proc).list_topics("missing", timeout=TIMEOUT)
         assert md.topics["missing"].error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
 
-        # A dot is legal in Kafka, not in a Mink name.
+        # Kafka's own rule: a name outside it is INVALID_TOPIC_EXCEPTION.
         a = admin(proc)
-        futures = a.create_topics([NewTopic("has.dot", num_partitions=1)])
-        with pytest.raises(KafkaException) as err:
-            futures["has.dot"].result(TIMEOUT)
-        assert err.value.args[0].code() == KafkaError.TOPIC_EXCEPTION
+        for bad in ["has space", "a/b", "x" * 250, ".."]:
+            futures = a.create_topics([NewTopic(bad, num_partitions=1)])
+            with pytest.raises(KafkaException) as err:
+                futures[bad].result(TIMEOUT)
+            assert err.value.args[0].code() == KafkaError.TOPIC_EXCEPTION, bad
     finally:
         proc.kill()
+
+
+def test_every_kafka_topic_name_is_a_table_under_that_name(node, tmp_path):
+    """Dotted (Debezium's server.db.table), leading '-' and 249-character names: created
+    by CreateTopics and by a produce, listed and described under exactly their name,
+    produced, fetched, read through Flight as kafka.<name>, deleted."""
+    names = ["orders.v1", "server.db.table", "-lead", "_under", "x" * 249]
+    a = admin(node)
+    for f in a.create_topics([NewTopic(n, num_partitions=2) for n in names[:3]]).values():
+        f.result(TIMEOUT)
+    p = producer(node)
+    for n in names:  # the last two are created by the produce
+        p.produce(n, key=b"k", value=n[:20].encode())
+    assert p.flush(TIMEOUT) == 0
+    md = a.list_topics(timeout=TIMEOUT)
+    for n in names:
+        assert n in md.topics and md.topics[n].error is None, n
+    entries = list(a.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, "server.db.table")]).values())[0].result(TIMEOUT)
+    assert "retention.ms" in entries
+    c = Consumer({"bootstrap.servers": node.bootstrap, "group.id": "names", "auto.offset.reset": "earliest"})
+    c.subscribe(names)
+    seen = set()
+    deadline = time.monotonic() + 60
+    while len(seen) < len(names) and time.monotonic() < deadline:
+        m = c.poll(1)
+        if m is not None and m.error() is None:
+            seen.add(m.topic())
+    c.close()
+    assert seen == set(names)
+    client = flight.connect(node.location)
+    for n in names:
+        info = client.get_flight_info(flight.FlightDescriptor.for_path(f"kafka.{n}"))
+        assert info.total_records == 1, n
+    for f in a.delete_topics(names[:2]).values():
+        f.result(TIMEOUT)
+    remaining = a.list_topics(timeout=TIMEOUT).topics
+    assert "orders.v1" not in remaining and "-lead" in remaining
 
 
 def test_admin_creates_describes_and_deletes_topics(node):

@@ -91,10 +91,12 @@ def to_arrow_type(name: str) -> pa.DataType:
     }
     if base in plain and a is None:
         return plain[base]
-    if base == "DECIMAL" and a is not None:
-        return pa.decimal128(int(a), int(b or 0))
+    if base == "DECIMAL":
+        # DECIMAL alone is DECIMAL(10,0), as in SQL (docs/decisions.md).
+        return pa.decimal128(int(a) if a is not None else 10, int(b or 0))
     if base in ("TIME", "TIMESTAMP", "TIMESTAMP_LTZ"):
-        precision = int(a) if a is not None else (3 if base == "TIME" else 6)
+        # Without a precision: 0 for TIME, 6 for the timestamps, as in SQL.
+        precision = int(a) if a is not None else (0 if base == "TIME" else 6)
         unit = _unit(precision)
         if base == "TIME":
             return pa.time32(unit) if unit in ("s", "ms") else pa.time64(unit)

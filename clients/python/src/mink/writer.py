@@ -16,10 +16,14 @@ every acknowledged batch in the log exactly once:
   another leader than earlier ones in flight, waits for the earlier ones.
 - A batch the leader refused as out of order while an earlier one was in flight is sent
   again once the earlier ones are resolved.
+- A bucket's parts take their sequences in the order of their calls (a ticket per part,
+  taken when the call is submitted), so the log holds them in that order.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import json
 import threading
 import time
@@ -101,6 +105,10 @@ class _Lane:
         self.unresolved: dict[int, str | None] = {}
         self.acked_by: str | None = None
         self.retire = False
+        # Tickets (call order) of the parts waiting for a sequence, as a heap: a part is
+        # admitted only when its ticket is the smallest, so that sequences follow the
+        # calls and not the order in which pool threads happen to reach the lane.
+        self.waiting: list[int] = []
 
     def earlier(self, seq: int) -> list[str | None]:
         return [leader for s, leader in self.unresolved.items() if s < seq]
@@ -133,6 +141,7 @@ class Writer:
         self._round_robin: dict[int | None, int] = {}
         self._pending: set[Future[list[BucketWritten]]] = set()
         self._order = threading.Lock()
+        self._tickets = itertools.count()
         self._closed = False
 
     # -- the public calls ------------------------------------------------------------
@@ -168,9 +177,22 @@ class Writer:
         if self._closed:
             raise InvalidArgument("invalid writer: it is closed", "writer")
         parts = self._route(data, columns, changes)
-        # Sequences in call order: admission of every part happens under one lock.
+        # Sequences in call order: every part takes a ticket under one lock, and a lane
+        # hands out its sequences in ticket order (the pool's threads may start the parts
+        # in any order, and a condition wakes its waiters in any order).
+        futures = []
         with self._order:
-            futures = [self._pool.submit(self._write_part, *p) for p in parts]
+            for p in parts:
+                ticket = next(self._tickets)
+                lane = self._lane(p[0])
+                with lane.cond:
+                    heapq.heappush(lane.waiting, ticket)
+                try:
+                    futures.append(self._pool.submit(self._write_part, *p, ticket))
+                except BaseException:
+                    with lane.cond:
+                        self._leave(lane, ticket)
+                    raise
         result: Future[list[BucketWritten]] = Future()
         remaining = [len(futures)]
         done_lock = threading.Lock()
@@ -296,28 +318,48 @@ class Writer:
                 lane = self._lanes[key] = _Lane()
             return lane
 
-    def _admit(self, lane: _Lane, deadline: float) -> tuple[int, int]:
-        """A sequence for the next batch of ``lane``: waits for a writer id and for room
-        in the pipeline."""
+    def _admit(self, lane: _Lane, deadline: float, ticket: int) -> tuple[int, int]:
+        """A sequence for the next batch of ``lane``: waits for its turn (``ticket``), a
+        writer id and room in the pipeline."""
         with lane.cond:
-            while True:
-                if lane.retire and not lane.unresolved:
-                    lane.writer_id, lane.retire = None, False
-                if lane.writer_id is None and not lane.unresolved:
-                    lane.writer_id = int(self.table._conn.action("init_writer")["writer_id"])
-                    lane.next, lane.acked_by = 0, None
-                room = not lane.unresolved or (
-                    lane.acked_by is not None and len(lane.unresolved) < self.depth
-                )
-                if lane.writer_id is not None and not lane.retire and room:
-                    seq = lane.next
-                    lane.next += 1
-                    lane.unresolved[seq] = None
-                    return lane.writer_id, seq
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise Unavailable("unavailable: the bucket's earlier writes did not finish in time")
-                lane.cond.wait(left)
+            try:
+                while True:
+                    if lane.retire and not lane.unresolved:
+                        lane.writer_id, lane.retire = None, False
+                    if lane.writer_id is None and not lane.unresolved:
+                        lane.writer_id = int(self.table._conn.action("init_writer")["writer_id"])
+                        lane.next, lane.acked_by = 0, None
+                    # The sequences in flight span at most `depth` from the oldest one, not
+                    # just `depth` of them: the leader's window holds a writer's last five
+                    # batches, so with later ones completing past a slow oldest one, a
+                    # retry of the oldest would fall out of it and be refused as out of
+                    # order although it is in the log.
+                    oldest = min(lane.unresolved, default=lane.next)
+                    room = not lane.unresolved or (
+                        lane.acked_by is not None and lane.next < oldest + self.depth
+                    )
+                    turn = lane.waiting[0] == ticket
+                    if turn and lane.writer_id is not None and not lane.retire and room:
+                        seq = lane.next
+                        lane.next += 1
+                        lane.unresolved[seq] = None
+                        return lane.writer_id, seq
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise Unavailable("unavailable: the bucket's earlier writes did not finish in time")
+                    lane.cond.wait(left)
+            finally:
+                self._leave(lane, ticket)
+
+    @staticmethod
+    def _leave(lane: _Lane, ticket: int) -> None:
+        """Takes ``ticket`` off ``lane``'s waiting parts (under ``lane.cond``)."""
+        if lane.waiting and lane.waiting[0] == ticket:
+            heapq.heappop(lane.waiting)
+        else:
+            lane.waiting.remove(ticket)
+            heapq.heapify(lane.waiting)
+        lane.cond.notify_all()
 
     def _wait_earlier(self, lane: _Lane, seq: int, deadline: float) -> None:
         with lane.cond:
@@ -333,12 +375,15 @@ class Writer:
         partition: str | None,
         batch: pa.RecordBatch,
         changes: list[str] | None,
+        ticket: int,
     ) -> BucketWritten:
         lane = self._lane(key)
         deadline = time.monotonic() + WRITE_DEADLINE_S
         restarted = False
         while True:
-            writer_id, seq = self._admit(lane, deadline)
+            writer_id, seq = self._admit(lane, deadline, ticket)
+            refused: MinkError | None = None
+            restart = False
             try:
                 return self._attempts(lane, key, partition, batch, changes, writer_id, seq, deadline)
             except _Restart:
@@ -346,11 +391,30 @@ class Writer:
                     raise Unavailable(
                         "unavailable: the leader refused the batch as out of order twice"
                     ) from None
-                restarted = True
+                restarted = restart = True
+            except _Refused as r:
+                refused = r.error
             finally:
                 with lane.cond:
                     lane.unresolved.pop(seq, None)
+                    if refused is not None:
+                        # Refused before recording: the sequence is free again unless a
+                        # later one was handed out. Decided here, together with taking
+                        # the batch off `unresolved`: freed any earlier, another part could
+                        # be admitted at `seq` meanwhile and lose its entry to this pop
+                        # (untracked in flight, it would not hold back a retirement, a new
+                        # writer id or a later batch that must wait for it).
+                        later = any(s > seq for s in lane.unresolved)
+                        if lane.next == seq + 1 and not later and lane.writer_id == writer_id:
+                            lane.next = seq
+                        else:
+                            lane.retire = True
+                    if restart:
+                        # Sent again under a new writer, ahead of the calls after it.
+                        heapq.heappush(lane.waiting, ticket)
                     lane.cond.notify_all()
+            if refused is not None:
+                raise refused
 
     def _attempts(
         self,
@@ -373,9 +437,15 @@ class Writer:
                 others = lane.earlier(seq)
                 lane.unresolved[seq] = leader
                 must_wait = attempt > 0 or lane.acked_by != leader or any(o != leader for o in others)
+            sent_with_earlier = False
             try:
                 if must_wait and others:
                     self._wait_earlier(lane, seq, deadline)
+                # An out-of-order answer means "overtaken" if an earlier batch was in
+                # flight when this one was sent, even if that one is resolved by the time
+                # the answer comes back.
+                with lane.cond:
+                    sent_with_earlier = bool(lane.earlier(seq))
                 answer = self._send(key, batch, changes, writer_id, seq, leader)
             except _Unknown as e:
                 self._retire(lane)
@@ -388,24 +458,25 @@ class Writer:
                     t._refresh()
                 elif isinstance(e, OutOfOrderSequence):
                     with lane.cond:
-                        had_earlier = bool(lane.earlier(seq))
+                        had_earlier = sent_with_earlier or bool(lane.earlier(seq))
+                        # A retired writer had an earlier batch of unknown outcome, or
+                        # one refused with this one after it: then this refusal is that
+                        # batch's doing and is reported (docs/protocol.md), not a window
+                        # that lost the writer.
+                        unknown_before = lane.retire
                     if had_earlier:
                         self._wait_earlier_or_unknown(lane, seq, deadline)
                         attempt += 1
                         continue
-                    if not maybe_recorded:
+                    if not maybe_recorded and not unknown_before:
                         self._retire(lane)
                         raise _Restart() from e
                     self._retire(lane)
                     raise
                 elif isinstance(e, _REFUSED) and not maybe_recorded:
-                    with lane.cond:
-                        later = any(s > seq for s in lane.unresolved)
-                        if lane.next == seq + 1 and not later and lane.writer_id == writer_id:
-                            lane.next = seq
-                        else:
-                            lane.retire = True
-                    raise
+                    # The sequence is freed (or the writer retired) where the batch is
+                    # resolved, in _write_part.
+                    raise _Refused(e) from e
                 else:
                     self._retire(lane)
                     raise
@@ -420,7 +491,8 @@ class Writer:
                 backoff = min(backoff * 2, 2.0)
                 continue
             with lane.cond:
-                lane.acked_by = leader
+                if lane.writer_id == writer_id:
+                    lane.acked_by = leader
             return BucketWritten(
                 key[1],
                 partition,
@@ -480,6 +552,14 @@ class Writer:
 
 class _Restart(Exception):
     """Refused as out of order with nothing before it: send again under a new writer."""
+
+
+class _Refused(Exception):
+    """Refused before anything was recorded (``error``): the sequence may be free."""
+
+    def __init__(self, error: MinkError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 def put_descriptor(command: dict[str, Any]) -> flight.FlightDescriptor:
