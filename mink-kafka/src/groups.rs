@@ -14,6 +14,8 @@
 //! - A member that neither heartbeats nor waits in a join or sync for its session
 //!   timeout is removed, as is one that leaves; the rest rebalance.
 //! - MEMBER_ID_REQUIRED (KIP-394) only for JoinGroup v4+, whose clients expect it.
+//! - A group whose last member left stays Empty for [`EMPTY_GROUP_RETENTION`] (Kafka
+//!   describes it as Empty, not Dead, until its cleanup), at most [`EMPTY_GROUPS_MAX`].
 //!
 //! Static membership (`group.instance.id`) is not implemented: such members are
 //! treated as dynamic ones.
@@ -166,6 +168,10 @@ struct Group {
     pending: HashMap<String, Instant>,
     /// When a rebalance in progress completes without the members still missing.
     rebalance_deadline: Option<Instant>,
+    /// When the group's last member left: an Empty group is still described as Empty
+    /// (not Dead) for [`EMPTY_GROUP_RETENTION`] after, as Kafka keeps it until its
+    /// next cleanup.
+    empty_since: Option<Instant>,
 }
 
 impl Group {
@@ -179,7 +185,17 @@ impl Group {
             members: BTreeMap::new(),
             pending: HashMap::new(),
             rebalance_deadline: None,
+            empty_since: None,
         }
+    }
+
+    /// The last member is gone. The protocol type stays, for DescribeGroups (a member
+    /// of another type may still join an Empty group).
+    fn become_empty(&mut self, now: Instant) {
+        self.state = State::Empty;
+        self.protocol = None;
+        self.leader = None;
+        self.empty_since = Some(now);
     }
 
     fn prepare_rebalance(&mut self, now: Instant) {
@@ -200,6 +216,7 @@ impl Group {
                 .unwrap_or_default();
             self.rebalance_deadline = Some(now + longest);
             self.state = State::PreparingRebalance;
+            self.empty_since = None;
         }
     }
 
@@ -218,10 +235,7 @@ impl Group {
         self.rebalance_deadline = None;
         self.generation += 1;
         if self.members.is_empty() {
-            self.state = State::Empty;
-            self.protocol = None;
-            self.protocol_type = None;
-            self.leader = None;
+            self.become_empty(now);
             return;
         }
         let leader = match &self.leader {
@@ -278,9 +292,7 @@ impl Group {
             State::Stable | State::CompletingRebalance => {
                 if self.members.is_empty() {
                     self.generation += 1;
-                    self.state = State::Empty;
-                    self.protocol = None;
-                    self.protocol_type = None;
+                    self.become_empty(now);
                 } else {
                     self.prepare_rebalance(now);
                 }
@@ -605,15 +617,13 @@ impl Coordinator {
         })
     }
 
-    /// Forgets an Empty group; `Err` with NON_EMPTY_GROUP when it has members.
-    pub fn delete(&self, group_id: &str) -> Result<(), ResponseError> {
+    /// Forgets an Empty group: `Ok(true)` when it was known here, `Err` with
+    /// NON_EMPTY_GROUP when it has members.
+    pub fn delete(&self, group_id: &str) -> Result<bool, ResponseError> {
         let mut groups = self.lock();
         match groups.get(group_id) {
             Some(g) if !g.members.is_empty() => Err(ResponseError::NonEmptyGroup),
-            _ => {
-                groups.remove(group_id);
-                Ok(())
-            }
+            _ => Ok(groups.remove(group_id).is_some()),
         }
     }
 
@@ -639,11 +649,37 @@ impl Coordinator {
                 group.complete_join(now);
             }
         }
-        groups.retain(|_, g| {
-            !(g.state == State::Empty && g.members.is_empty() && g.pending.is_empty())
-        });
+        let gone = |g: &Group| {
+            g.state == State::Empty
+                && g.members.is_empty()
+                && g.pending.is_empty()
+                && g.empty_since
+                    .is_none_or(|t| now.duration_since(t) >= EMPTY_GROUP_RETENTION)
+        };
+        groups.retain(|_, g| !gone(g));
+        // A bound on what clients that come and go leave behind: the oldest Empty
+        // groups go first.
+        let mut empty: Vec<(Instant, String)> = groups
+            .iter()
+            .filter(|(_, g)| g.state == State::Empty && g.members.is_empty())
+            .filter_map(|(id, g)| g.empty_since.map(|t| (t, id.clone())))
+            .collect();
+        if empty.len() > EMPTY_GROUPS_MAX {
+            empty.sort();
+            for (_, id) in &empty[..empty.len() - EMPTY_GROUPS_MAX] {
+                groups.remove(id);
+            }
+        }
     }
 }
+
+/// How long a group whose last member left stays Empty before it is forgotten (its
+/// committed offsets, kept by the metadata log, make it Empty again after that): as
+/// Kafka's `offsets.retention.check.interval.ms` (10 minutes).
+pub const EMPTY_GROUP_RETENTION: Duration = Duration::from_secs(600);
+
+/// Empty groups kept in memory at most.
+pub const EMPTY_GROUPS_MAX: usize = 10_000;
 
 /// How often [`Coordinator::sweep`] runs: the resolution of session and rebalance
 /// timeouts (at least 6 s, spec/protocols.txt).
@@ -816,7 +852,33 @@ mod tests {
         c.sync("g", b.generation, &b.member_id, vec![]).await;
         tokio::time::advance(Duration::from_millis(10_001)).await;
         c.sweep(Instant::now());
+        // Empty, not Dead, for a while after (as Kafka), with its protocol type.
+        let empty = c.describe("g").expect("an Empty group is still known");
+        assert_eq!(empty.state, State::Empty);
+        assert!(empty.members.is_empty());
+        assert_eq!(empty.protocol_type, "consumer");
+        assert_eq!(c.list().len(), 1);
+        tokio::time::advance(EMPTY_GROUP_RETENTION).await;
+        c.sweep(Instant::now());
         assert!(c.describe("g").is_none());
+        // A group deleted while known says so; one never seen does not.
+        assert_eq!(c.delete("g"), Ok(false));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn empty_groups_are_bounded() {
+        let c = coordinator();
+        for i in 0..EMPTY_GROUPS_MAX + 5 {
+            let g = format!("g{i}");
+            let a = c.join(join(&g, "", false)).await;
+            c.sync(&g, 1, &a.member_id, vec![]).await;
+            c.leave(&g, std::slice::from_ref(&a.member_id));
+            tokio::time::advance(Duration::from_millis(1)).await;
+        }
+        c.sweep(Instant::now());
+        assert_eq!(c.list().len(), EMPTY_GROUPS_MAX);
+        assert!(c.describe("g0").is_none(), "the oldest went first");
+        assert!(c.describe(&format!("g{}", EMPTY_GROUPS_MAX + 4)).is_some());
     }
 
     #[test]

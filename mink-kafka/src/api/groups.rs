@@ -480,7 +480,11 @@ pub(crate) fn describe_groups(ctx: &Ctx, r: DescribeGroupsRequest) -> DescribeGr
                 return out.with_error_code(code);
             }
             match ctx.groups.describe(&id) {
-                // Unknown groups are Dead with no members, as Kafka answers.
+                // A group with committed offsets and no members is Empty; any other
+                // unknown group is Dead with no members, as Kafka answers.
+                None if ctx.handler.offset_groups().iter().any(|g| **g == *id.0) => out
+                    .with_group_state(s("Empty"))
+                    .with_protocol_type(s("consumer")),
                 None => out.with_group_state(s("Dead")),
                 Some(g) => {
                     let members = g
@@ -546,8 +550,10 @@ pub(crate) async fn delete_groups(ctx: &Ctx, r: DeleteGroupsRequest) -> DeleteGr
             Some(code) => code,
             None => match ctx.groups.delete(&id) {
                 Err(e) => e.code(),
-                Ok(()) => match ctx.handler.delete_group_offsets(&id).await {
+                Ok(known) => match ctx.handler.delete_group_offsets(&id).await {
                     Ok(()) => 0,
+                    // A group that had members and never committed is deleted too.
+                    Err(mink_types::MinkError::NotFound(_)) if known => 0,
                     Err(mink_types::MinkError::NotFound(_)) => {
                         ResponseError::GroupIdNotFound.code()
                     }
