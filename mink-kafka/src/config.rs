@@ -16,6 +16,13 @@ pub struct KafkaConfig {
     pub default_partitions: u32,
     /// The largest request frame, in bytes. Default 100 MiB.
     pub max_request_bytes: u64,
+    /// The largest record batch a Produce may carry, as sent (Kafka's
+    /// `max.message.bytes`, reported by DescribeConfigs and CreateTopics); a larger
+    /// one is MESSAGE_TOO_LARGE, which producers answer by splitting the batch.
+    /// Default 4 MiB; at most a third of `log.batch_bytes_max` (a batch of tiny records
+    /// takes up to about three times its Kafka size as Arrow rows), which the node
+    /// checks at start.
+    pub max_message_bytes: u64,
     /// The most bytes one Fetch response returns. Default 50 MiB.
     pub max_fetch_bytes: u64,
     /// Requests in flight per connection. Default 64.
@@ -47,6 +54,7 @@ impl Default for KafkaConfig {
             auto_create_topics: true,
             default_partitions: 1,
             max_request_bytes: 100 << 20,
+            max_message_bytes: 4 << 20,
             max_fetch_bytes: 50 << 20,
             max_in_flight: 64,
             fetch_max_wait_cap_ms: 30_000,
@@ -69,6 +77,12 @@ impl KafkaConfig {
             return Err(format!(
                 "kafka.default_partitions must be within 1..={}",
                 mink_types::table::BUCKET_COUNT_MAX
+            ));
+        }
+        if self.max_message_bytes < 1024 || self.max_message_bytes > self.max_request_bytes {
+            return Err(format!(
+                "kafka.max_message_bytes must be within 1024..=kafka.max_request_bytes ({})",
+                self.max_request_bytes
             ));
         }
         if !(1024..=i32::MAX as u64).contains(&self.max_request_bytes) {

@@ -232,6 +232,14 @@ impl MinkConfig {
         self.flight.validate().map_err(ConfigError)?;
         self.writes.validate().map_err(ConfigError)?;
         self.kafka.validate().map_err(ConfigError)?;
+        // Every batch within kafka.max_message_bytes must fit a log batch once it is
+        // Arrow rows (up to about three times its Kafka size for tiny records).
+        if self.kafka.max_message_bytes.saturating_mul(3) > self.log.batch_bytes_max {
+            return Err(ConfigError(format!(
+                "kafka.max_message_bytes ({}) must be at most a third of log.batch_bytes_max ({})",
+                self.kafka.max_message_bytes, self.log.batch_bytes_max
+            )));
+        }
         self.lake.validate().map_err(ConfigError)?;
         Ok(())
     }
@@ -344,6 +352,15 @@ mod tests {
                 .to_string();
             assert!(
                 err.contains("kafka.max_in_flight must be at least 1"),
+                "{err}"
+            );
+
+            jail.create_file("bad4.toml", "[kafka]\nmax_message_bytes = 8388608\n")?;
+            let err = MinkConfig::load(Some(Path::new("bad4.toml")))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("must be at most a third of log.batch_bytes_max"),
                 "{err}"
             );
 

@@ -235,6 +235,27 @@ def test_every_kafka_topic_name_is_a_table_under_that_name(node, tmp_path):
     assert "orders.v1" not in remaining and "-lead" in remaining
 
 
+def test_a_batch_over_max_message_bytes_is_message_too_large(node):
+    """DescribeConfigs reports the limit the node enforces, and a batch over it is
+    MESSAGE_TOO_LARGE (which producers answer by splitting), not a policy violation."""
+    create_topic(node, "big")
+    a = admin(node)  # the futures need their client alive
+    entries = list(a.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, "big")]).values())[0].result(TIMEOUT)
+    limit = int(entries["max.message.bytes"].value)
+    assert limit == 4 << 20
+    p = producer(node, **{"message.max.bytes": 3 * limit, "batch.size": 3 * limit, "compression.type": "none"})
+    reports = []
+    p.produce("big", value=b"x" * (limit + 1), on_delivery=lambda err, msg: reports.append(err))
+    p.flush(TIMEOUT)
+    assert len(reports) == 1 and reports[0] is not None
+    assert reports[0].code() == KafkaError.MSG_SIZE_TOO_LARGE, reports[0]
+    # Just under the limit is written.
+    reports.clear()
+    p.produce("big", value=b"y" * (limit - 4096), on_delivery=lambda err, msg: reports.append(err))
+    p.flush(TIMEOUT)
+    assert reports == [None]
+
+
 def test_admin_creates_describes_and_deletes_topics(node):
     a = admin(node)
     create_topic(node, "admin1", partitions=4, config={"retention.ms": "3600000"})

@@ -91,7 +91,7 @@ pub(crate) async fn produce(
                     out
                 }
                 Err(e) => {
-                    let code = error_code(&e);
+                    let code = produce_error_code(&e);
                     if let Some(b) = producer {
                         if is_retriable_refusal(code) {
                             ctx.refused.unwritten(
@@ -114,6 +114,16 @@ pub(crate) async fn produce(
     ProduceResponse::default().with_responses(topics)
 }
 
+/// A write's error as a Produce answers it: a batch over a size limit of the log
+/// (encoded bytes, rows, a WAL payload) is MESSAGE_TOO_LARGE, which producers answer
+/// by splitting the batch.
+fn produce_error_code(e: &MinkError) -> ResponseError {
+    match e {
+        MinkError::LimitExceeded { .. } => ResponseError::MessageTooLarge,
+        other => error_code(other),
+    }
+}
+
 #[expect(
     clippy::too_many_lines,
     reason = "to split into a pure decision and its action (issue 28, decide/act on the hot paths)"
@@ -127,6 +137,18 @@ async fn one(ctx: &Ctx, topic: &str, index: i32, records: Option<bytes::Bytes>, 
             v,
         ));
     };
+    if records.len() as u64 > ctx.config.max_message_bytes {
+        return Step::Done(failed(
+            index,
+            ResponseError::MessageTooLarge,
+            format!(
+                "the record batch is {} bytes, more than max.message.bytes ({})",
+                records.len(),
+                ctx.config.max_message_bytes
+            ),
+            v,
+        ));
+    }
     let now = now_ms();
     let latest = now.saturating_add(ctx.config.timestamp_after_max_ms.min(i64::MAX as u64) as i64);
     let max = usize::try_from(ctx.config.max_request_bytes).unwrap_or(usize::MAX);
@@ -195,7 +217,7 @@ async fn one(ctx: &Ctx, topic: &str, index: i32, records: Option<bytes::Bytes>, 
                 MinkError::InvalidArgument { field, .. } if field == "topic" => {
                     ResponseError::InvalidTopicException
                 }
-                other => error_code(other),
+                other => produce_error_code(other),
             };
             let Some(b) = producer else {
                 return Step::Done(failed(index, code, e.to_string(), v));
