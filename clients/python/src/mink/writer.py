@@ -105,8 +105,9 @@ class _Lane:
         self.unresolved: dict[int, str | None] = {}
         self.acked_by: str | None = None
         self.retire = False
-        # Tickets (call order) of the parts waiting for a sequence, as a heap: a part is
-        # admitted only when its ticket is the smallest, so that sequences follow the
+        # Tickets (call order) of the parts waiting for a sequence, as a heap under the
+        # Writer's `_lock` (not `cond`, which `_admit` holds across `init_writer`): a part
+        # is admitted only when its ticket is the smallest, so that sequences follow the
         # calls and not the order in which pool threads happen to reach the lane.
         self.waiting: list[int] = []
 
@@ -173,7 +174,8 @@ class Writer:
         changes: Sequence[str] | None = None,
     ) -> "Future[list[BucketWritten]]":
         """Like :meth:`write`, but returns a future; the rows are checked, routed and
-        given their sequences before it returns."""
+        given their place in each bucket's order (its sequences follow the calls) before
+        it returns."""
         if self._closed:
             raise InvalidArgument("invalid writer: it is closed", "writer")
         parts = self._route(data, columns, changes)
@@ -183,9 +185,9 @@ class Writer:
         futures = []
         with self._order:
             for p in parts:
-                ticket = next(self._tickets)
                 lane = self._lane(p[0])
-                with lane.cond:
+                with self._lock:
+                    ticket = next(self._tickets)
                     heapq.heappush(lane.waiting, ticket)
                 try:
                     futures.append(self._pool.submit(self._write_part, *p, ticket))
@@ -338,7 +340,8 @@ class Writer:
                     room = not lane.unresolved or (
                         lane.acked_by is not None and lane.next < oldest + self.depth
                     )
-                    turn = lane.waiting[0] == ticket
+                    with self._lock:
+                        turn = lane.waiting[0] == ticket
                     if turn and lane.writer_id is not None and not lane.retire and room:
                         seq = lane.next
                         lane.next += 1
@@ -351,14 +354,14 @@ class Writer:
             finally:
                 self._leave(lane, ticket)
 
-    @staticmethod
-    def _leave(lane: _Lane, ticket: int) -> None:
-        """Takes ``ticket`` off ``lane``'s waiting parts (under ``lane.cond``)."""
-        if lane.waiting and lane.waiting[0] == ticket:
-            heapq.heappop(lane.waiting)
-        else:
-            lane.waiting.remove(ticket)
-            heapq.heapify(lane.waiting)
+    def _leave(self, lane: _Lane, ticket: int) -> None:
+        """Takes ``ticket`` off ``lane``'s waiting parts (called under ``lane.cond``)."""
+        with self._lock:
+            if lane.waiting[0] == ticket:
+                heapq.heappop(lane.waiting)
+            else:
+                lane.waiting.remove(ticket)
+                heapq.heapify(lane.waiting)
         lane.cond.notify_all()
 
     def _wait_earlier(self, lane: _Lane, seq: int, deadline: float) -> None:
@@ -411,7 +414,8 @@ class Writer:
                             lane.retire = True
                     if restart:
                         # Sent again under a new writer, ahead of the calls after it.
-                        heapq.heappush(lane.waiting, ticket)
+                        with self._lock:
+                            heapq.heappush(lane.waiting, ticket)
                     lane.cond.notify_all()
             if refused is not None:
                 raise refused
