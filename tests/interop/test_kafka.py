@@ -477,6 +477,68 @@ def test_a_partition_named_twice_in_a_fetch_is_read_and_answered_once(node):
         s.close()
 
 
+def fetch_v4(sock, correlation_id, topic, partitions, max_wait_ms, min_bytes):
+    """A raw Fetch v4 of `partitions` (from offset 0); returns ({partition: (error, high
+    watermark, record bytes)}, seconds the answer took)."""
+    parts = b"".join(struct.pack(">iqi", p, 0, 1 << 20) for p in partitions)
+    body = struct.pack(">iiiib", -1, max_wait_ms, min_bytes, 8 << 20, 0)
+    body += struct.pack(">i", 1) + struct.pack(">h", len(topic)) + topic.encode() + struct.pack(">i", len(partitions)) + parts
+    start = time.monotonic()
+    sock.sendall(request(1, 4, correlation_id, body))
+    payload = read_response(sock)
+    took = time.monotonic() - start
+    at = 8  # correlation id, throttle time
+    (topics,) = struct.unpack(">i", payload[at:at + 4])
+    assert topics == 1
+    (name_len,) = struct.unpack(">h", payload[at + 4:at + 6])
+    at += 6 + name_len
+    (count,) = struct.unpack(">i", payload[at:at + 4])
+    at += 4
+    out = {}
+    for _ in range(count):
+        index, error, high_watermark, _lso, aborted = struct.unpack(">ihqqi", payload[at:at + 26])
+        at += 26 + max(aborted, 0) * 16
+        (size,) = struct.unpack(">i", payload[at:at + 4])
+        at += 4 + max(size, 0)
+        out[index] = (error, high_watermark, max(size, 0))
+    return out, took
+
+
+def test_fetch_waits_for_min_bytes_across_partitions_and_not_with_min_bytes_zero(node):
+    """The answer waits until the total over its partitions reaches min_bytes or max_wait
+    passes (checked as a lower bound: never earlier), re-reading a partition that
+    trickles; min_bytes 0 answers at once (a loose upper bound far below max_wait)."""
+    create_topic(node, "waits", partitions=2)
+    p = producer(node)
+    produce_all(p, "waits", [(None, b"x" * 100, None, None)], partition=0)
+    s = connect(node)
+    try:
+        # 100 bytes in partition 0, nothing in 1, min_bytes 1 MiB: waits out max_wait.
+        got, took = fetch_v4(s, 1, "waits", [0, 1], 1500, 1 << 20)
+        assert took >= 1.4, took
+        assert got[0][0] == 0 and got[0][1] == 1 and got[0][2] > 100 and got[1][2] == 0
+        # One partition alone: the same (it used to answer at once).
+        got, took = fetch_v4(s, 2, "waits", [0], 1500, 1 << 20)
+        assert took >= 1.4 and got[0][2] > 100, took
+        # min_bytes 0 on an empty partition with a 20 s max_wait: at once.
+        got, took = fetch_v4(s, 3, "waits", [1], 20_000, 0)
+        assert took < 10 and got[1] == (0, 0, 0), (took, got)
+        # A partition that trickles: each arrival re-arms its wait, until the total
+        # reaches min_bytes (3 records of ~1 KB), well before max_wait.
+        def trickle():
+            for _ in range(3):
+                time.sleep(0.3)
+                produce_all(producer(node), "waits", [(None, b"y" * 1000, None, None)], partition=1)
+
+        t = threading.Thread(target=trickle)
+        t.start()
+        got, took = fetch_v4(s, 4, "waits", [1], 20_000, 2900)
+        t.join()
+        assert got[1][2] >= 2900 and took < 15, (took, got)
+    finally:
+        s.close()
+
+
 def test_garbage_and_oversized_frames_close_only_their_connection(mink_node, tmp_path):
     proc = NodeProcess(mink_node, tmp_path, {"MINK_KAFKA__MAX_REQUEST_BYTES": "65536"})
     try:

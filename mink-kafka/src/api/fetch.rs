@@ -1,9 +1,10 @@
 //! Fetch (4-12): a long poll over many partitions without a thread per partition.
 //!
-//! Every partition is read once at once. When that is less than `min_bytes` and the
-//! client would wait, the partitions that had nothing are tailed together (futures
-//! on this task, each woken by its high watermark, never by polling) until enough
-//! arrived or `max_wait_ms` (capped by `kafka.fetch_max_wait_cap_ms`) passed. Rows are
+//! Every partition is read once at once. When the total across partitions is less than
+//! `min_bytes` (0 answers at once), every partition is tailed from where its read
+//! ended (futures on this task, each woken by its high watermark, never by polling),
+//! and each that brings rows is tailed again from its new end, until the total reaches
+//! `min_bytes` or `max_wait_ms` (capped by `kafka.fetch_max_wait_cap_ms`) passed. Rows are
 //! re-encoded as record batches v2; the response stops growing at the request's
 //! `max_bytes` (capped by `kafka.max_fetch_bytes`), but always carries the first
 //! partition that has data, whatever its size (KIP-74).
@@ -31,12 +32,14 @@ struct Wanted {
     max_bytes: usize,
 }
 
-/// What one partition answered: its records, encoded, or its error.
+/// What one partition answered: its records, encoded, and the offset after them; or
+/// its error.
 enum Answer {
     Records {
         bytes: BytesMut,
         high_watermark: i64,
         log_start_offset: i64,
+        next_offset: i64,
     },
     Error(MinkError),
 }
@@ -48,21 +51,52 @@ impl Answer {
             Answer::Error(_) => 0,
         }
     }
+
+    /// Adds a later read of the same partition (from this answer's `next_offset`);
+    /// returns the bytes it added.
+    fn extend(&mut self, later: Answer) -> usize {
+        let added = later.size();
+        match (self, later) {
+            (
+                Answer::Records {
+                    bytes,
+                    high_watermark,
+                    log_start_offset,
+                    next_offset,
+                },
+                Answer::Records {
+                    bytes: more,
+                    high_watermark: hw,
+                    log_start_offset: start,
+                    next_offset: next,
+                },
+            ) => {
+                bytes.extend_from_slice(&more);
+                *high_watermark = hw;
+                *log_start_offset = start;
+                *next_offset = next;
+            }
+            (this, later @ Answer::Error(_)) => *this = later,
+            (Answer::Error(_), _) => {}
+        }
+        added
+    }
 }
 
-async fn read(ctx: &Ctx, w: &Wanted, wait: Duration) -> Answer {
+async fn read(ctx: &Ctx, w: &Wanted, offset: i64, max_bytes: usize, wait: Duration) -> Answer {
     match ctx
         .handler
-        .fetch(&w.name, w.partition, w.offset, wait, w.max_bytes)
+        .fetch(&w.name, w.partition, offset, wait, max_bytes)
         .await
     {
-        Ok(f) => encode(w, f),
+        Ok(f) => encode(w, offset, f),
         Err(e) => Answer::Error(e),
     }
 }
 
-fn encode(w: &Wanted, f: Fetched) -> Answer {
+fn encode(w: &Wanted, offset: i64, f: Fetched) -> Answer {
     let mut bytes = BytesMut::new();
+    let mut next_offset = offset;
     for (base, rows) in &f.batches {
         if let Err(e) = encode_fetched(*base, rows, f.leader_epoch, &mut bytes) {
             return Answer::Error(MinkError::Internal(format!(
@@ -70,18 +104,60 @@ fn encode(w: &Wanted, f: Fetched) -> Answer {
                 &*w.name, w.partition
             )));
         }
+        next_offset = base + rows.num_rows() as i64;
     }
     Answer::Records {
         bytes,
         high_watermark: f.high_watermark,
         log_start_offset: f.log_start_offset,
+        next_offset,
     }
 }
 
-#[expect(
-    clippy::too_many_lines,
-    reason = "to split into a pure decision and its action (issue 28, decide/act on the hot paths)"
-)]
+/// Tails the partitions until their total reaches `min_bytes` or `deadline` passes:
+/// every partition from where its answer ends, and again after each read that brought
+/// rows (so one partition trickling rows also fills the answer), none beyond its
+/// `max_bytes`.
+async fn wait_for_min_bytes(
+    ctx: &Ctx,
+    wanted: &[Wanted],
+    answers: &mut [Answer],
+    min_bytes: usize,
+    deadline: tokio::time::Instant,
+) {
+    let mut total: usize = answers.iter().map(Answer::size).sum();
+    let tail = |i: usize, answers: &[Answer]| {
+        let w = &wanted[i];
+        let room = w.max_bytes.saturating_sub(answers[i].size());
+        let from = match &answers[i] {
+            Answer::Records { next_offset, .. } if room > 0 => Some(*next_offset),
+            _ => None,
+        };
+        from.map(|offset| async move {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            (i, read(ctx, w, offset, room, left).await)
+        })
+    };
+    let mut tails: FuturesUnordered<_> = (0..wanted.len())
+        .filter_map(|i| tail(i, answers))
+        .collect();
+    while let Some((i, later)) = tails.next().await {
+        let error = matches!(later, Answer::Error(_));
+        let added = answers[i].extend(later);
+        total += added;
+        if error || total >= min_bytes {
+            return;
+        }
+        // A read with nothing returns at the deadline: that partition is done.
+        if added > 0
+            && tokio::time::Instant::now() < deadline
+            && let Some(next) = tail(i, answers)
+        {
+            tails.push(next);
+        }
+    }
+}
+
 pub(crate) async fn fetch(ctx: &Ctx, r: FetchRequest, v: i16) -> FetchResponse {
     // Fetch sessions (KIP-227) are declined, as the KIP lets a broker: every response
     // names session 0, so clients keep sending full requests (session 0 with epoch 0
@@ -119,29 +195,16 @@ pub(crate) async fn fetch(ctx: &Ctx, r: FetchRequest, v: i16) -> FetchResponse {
         }
     }
     // Everything that is there now, all partitions at once.
-    let mut answers: Vec<Answer> =
-        futures::future::join_all(wanted.iter().map(|w| read(ctx, w, Duration::ZERO))).await;
-    let mut total: usize = answers.iter().map(Answer::size).sum();
-    let errors = answers.iter().any(|a| matches!(a, Answer::Error(_)));
-    if total < min_bytes.max(1) && !errors && wait_ms > 0 {
-        // Tail the partitions that had nothing until enough arrives.
-        let mut tails: FuturesUnordered<_> = wanted
+    let mut answers: Vec<Answer> = futures::future::join_all(
+        wanted
             .iter()
-            .enumerate()
-            .filter(|(i, _)| answers[*i].size() == 0)
-            .map(|(i, w)| async move {
-                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-                (i, read(ctx, w, left).await)
-            })
-            .collect();
-        while let Some((i, answer)) = tails.next().await {
-            total += answer.size();
-            let error = matches!(answer, Answer::Error(_));
-            answers[i] = answer;
-            if total >= min_bytes.max(1) || error {
-                break;
-            }
-        }
+            .map(|w| read(ctx, w, w.offset, w.max_bytes, Duration::ZERO)),
+    )
+    .await;
+    let total: usize = answers.iter().map(Answer::size).sum();
+    let errors = answers.iter().any(|a| matches!(a, Answer::Error(_)));
+    if total < min_bytes && !errors && wait_ms > 0 {
+        wait_for_min_bytes(ctx, &wanted, &mut answers, min_bytes, deadline).await;
     }
     let mut used = 0usize;
     for (w, answer) in wanted.iter().zip(answers) {
@@ -151,6 +214,7 @@ pub(crate) async fn fetch(ctx: &Ctx, r: FetchRequest, v: i16) -> FetchResponse {
                 bytes,
                 high_watermark,
                 log_start_offset,
+                ..
             } => {
                 // Past max_bytes, partitions answer without records (the client asks
                 // again from the same offset), except the first one with data.
