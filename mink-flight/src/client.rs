@@ -313,6 +313,30 @@ pub struct MinkClient {
 }
 
 /// A gRPC status back into Mink's error.
+/// `LimitExceeded` from its text (`limit exceeded: {what} is {actual}, the limit is
+/// {limit}`), so that it prints as the server said it; another text is kept whole.
+fn limit_exceeded(message: &str) -> MinkError {
+    let parsed = message
+        .strip_prefix("limit exceeded: ")
+        .and_then(|m| m.rsplit_once(", the limit is "))
+        .and_then(|(head, limit)| {
+            let (what, actual) = head.rsplit_once(" is ")?;
+            Some((what, actual.parse().ok()?, limit.parse().ok()?))
+        });
+    match parsed {
+        Some((what, actual, limit)) => MinkError::LimitExceeded {
+            what: what.to_string(),
+            limit,
+            actual,
+        },
+        None => MinkError::LimitExceeded {
+            what: message.to_string(),
+            limit: 0,
+            actual: 0,
+        },
+    }
+}
+
 pub fn status_to_error(status: tonic::Status) -> MinkError {
     let message = status.message().to_string();
     // The server's message is a MinkError's text; drop the prefix the variant adds back.
@@ -344,11 +368,7 @@ pub fn status_to_error(status: tonic::Status) -> MinkError {
         tonic::Code::AlreadyExists => MinkError::AlreadyExists(strip("already exists: ")),
         tonic::Code::Unimplemented => MinkError::Unimplemented(strip("not implemented: ")),
         tonic::Code::Aborted => MinkError::Fenced(strip("fenced: ")),
-        tonic::Code::ResourceExhausted => MinkError::LimitExceeded {
-            what: message,
-            limit: 0,
-            actual: 0,
-        },
+        tonic::Code::ResourceExhausted => limit_exceeded(&message),
         tonic::Code::Internal | tonic::Code::OutOfRange => {
             MinkError::Internal(strip("internal error: "))
         }
@@ -1331,5 +1351,25 @@ impl MinkClient {
         reader
             .map(|b| b.map_err(|e| MinkError::Internal(e.to_string())))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_limit_error_reads_back_as_the_server_wrote_it() {
+        let sent = MinkError::LimitExceeded {
+            what: "table 1 bucket 0: encoded batch bytes".into(),
+            limit: 16_777_216,
+            actual: 50_413_134,
+        };
+        let status = tonic::Status::resource_exhausted(sent.to_string());
+        let back = status_to_error(status);
+        assert_eq!(back, sent);
+        assert_eq!(back.to_string(), sent.to_string());
+        let odd = status_to_error(tonic::Status::resource_exhausted("too many"));
+        assert!(matches!(odd, MinkError::LimitExceeded { ref what, .. } if what == "too many"));
     }
 }

@@ -82,8 +82,15 @@ pub fn read_file(
                 .map_err(|e| bad(&e))?
         }
     };
+    // Every format in batches of at most `batch_rows` (an Arrow file's batches are as
+    // its writer made them: one of millions of rows would exceed a log batch).
+    let rows = batch_rows.max(1);
     batches
         .into_iter()
+        .flat_map(|b| {
+            (0..b.num_rows().div_ceil(rows))
+                .map(move |i| b.slice(i * rows, rows.min(b.num_rows() - i * rows)))
+        })
         .map(|b| conform(b, schema).map_err(|e| bad(&e)))
         .collect()
 }
