@@ -138,9 +138,8 @@ async fn wait_for_min_bytes(
             (i, read(ctx, w, offset, room, left).await)
         })
     };
-    let mut tails: FuturesUnordered<_> = (0..wanted.len())
-        .filter_map(|i| tail(i, answers))
-        .collect();
+    let mut tails: FuturesUnordered<_> =
+        (0..wanted.len()).filter_map(|i| tail(i, answers)).collect();
     while let Some((i, later)) = tails.next().await {
         let error = matches!(later, Answer::Error(_));
         let added = answers[i].extend(later);
