@@ -79,12 +79,6 @@ impl KafkaConfig {
                 mink_types::table::BUCKET_COUNT_MAX
             ));
         }
-        if self.max_message_bytes < 1024 || self.max_message_bytes > self.max_request_bytes {
-            return Err(format!(
-                "kafka.max_message_bytes must be within 1024..=kafka.max_request_bytes ({})",
-                self.max_request_bytes
-            ));
-        }
         if !(1024..=i32::MAX as u64).contains(&self.max_request_bytes) {
             // A Kafka frame's length is an i32, and so is an Arrow column's offset into
             // the keys or values of one produced batch (bounded by this too).
@@ -97,6 +91,12 @@ impl KafkaConfig {
             return Err(format!(
                 "kafka.max_fetch_bytes must be within 1..={}",
                 i32::MAX
+            ));
+        }
+        if self.max_message_bytes < 1024 || self.max_message_bytes > self.max_request_bytes {
+            return Err(format!(
+                "kafka.max_message_bytes must be within 1024..=kafka.max_request_bytes ({})",
+                self.max_request_bytes
             ));
         }
         if self.max_in_flight == 0 {
@@ -138,6 +138,14 @@ mod tests {
             };
             let err = c.validate().unwrap_err();
             assert!(err.starts_with(field), "{request} {fetch}: {err}");
+        }
+        for message in [1023, (100 << 20) + 1] {
+            let c = KafkaConfig {
+                max_message_bytes: message,
+                ..KafkaConfig::default()
+            };
+            let err = c.validate().unwrap_err();
+            assert!(err.starts_with("kafka.max_message_bytes"), "{err}");
         }
         let c = KafkaConfig {
             max_request_bytes: i32::MAX as u64,
