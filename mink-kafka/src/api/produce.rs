@@ -137,14 +137,14 @@ async fn one(ctx: &Ctx, topic: &str, index: i32, records: Option<bytes::Bytes>, 
             v,
         ));
     };
-    if records.len() as u64 > ctx.config.max_message_bytes {
+    if records.len() as u64 > ctx.config.message_bytes_max() {
         return Step::Done(failed(
             index,
             ResponseError::MessageTooLarge,
             format!(
                 "the record batch is {} bytes, more than max.message.bytes ({})",
                 records.len(),
-                ctx.config.max_message_bytes
+                ctx.config.message_bytes_max()
             ),
             v,
         ));

@@ -135,7 +135,7 @@ pub(crate) async fn create_topics(
                         partitions: vec![],
                         retention_ms: retention_ms.filter(|ms| *ms > 0),
                     };
-                    let configs = topic_configs(&view, ctx.config.max_message_bytes)
+                    let configs = topic_configs(&view, ctx.config.message_bytes_max())
                         .into_iter()
                         .map(|(name, value, source, _)| {
                             CreatableTopicConfigs::default()
@@ -208,7 +208,7 @@ pub(crate) async fn describe_configs(
         match resource.resource_type {
             RESOURCE_TOPIC => match ctx.handler.topic(&resource.resource_name, None).await {
                 Ok(view) => {
-                    let configs = topic_configs(&view, ctx.config.max_message_bytes)
+                    let configs = topic_configs(&view, ctx.config.message_bytes_max())
                         .into_iter()
                         .filter(|(name, ..)| wanted(name))
                         .map(|(name, value, source, kind)| {
