@@ -33,12 +33,19 @@ class ScanResult:
         return pa.Table.from_batches(batches, schema=batches[0].schema)
 
     def to_pandas(self, **kwargs: Any) -> Any:
-        """A pandas DataFrame (needs pandas)."""
+        """A pandas DataFrame (needs pandas: ``pip install 'mink-client[pandas]'``)."""
+        try:
+            import pandas  # noqa: F401
+        except ImportError as e:
+            raise ImportError("to_pandas() needs pandas: pip install 'mink-client[pandas]'") from e
         return self.to_arrow().to_pandas(**kwargs)
 
     def to_polars(self) -> Any:
-        """A Polars DataFrame (needs polars)."""
-        import polars
+        """A Polars DataFrame (needs polars: ``pip install 'mink-client[polars]'``)."""
+        try:
+            import polars
+        except ImportError as e:
+            raise ImportError("to_polars() needs polars: pip install 'mink-client[polars]'") from e
 
         return polars.from_arrow(self.to_arrow())
 
