@@ -188,6 +188,8 @@ impl TableInfo {
 }
 
 json_answers!(
+    Vec<BucketStat>,
+    Vec<KafkaGroup>,
     Indexed,
     Exists,
     TableCreated,
@@ -349,6 +351,85 @@ pub struct Rebalance {
     pub moves: Option<Vec<BucketMove>>,
 }
 
+/// `bucket_stats`: the offsets of the buckets this node leads, of one table or of
+/// every table. With `open`, a bucket whose tablet is not open yet is opened; without,
+/// it is left out (a cheap look that wakes nothing).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BucketStats {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<TablePath>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub open: bool,
+}
+
+/// `kafka_groups`: every consumer group, from the lease holder (which coordinates
+/// them); any other node forwards it there, marked, as `rebalance`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaGroups {
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub forwarded: bool,
+}
+
+// ---- answers of the console's actions ---------------------------------------------
+
+/// One bucket as its leader sees it (`bucket_stats`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BucketStat {
+    pub bucket: TableBucket,
+    /// The leader epoch the tablet is open under.
+    pub epoch: u64,
+    /// The first retained offset.
+    pub log_start: i64,
+    /// The next offset to be written: every offset below it is acknowledged.
+    pub high_watermark: i64,
+}
+
+/// A consumer group (`kafka_groups`): members from the coordinator's memory, offsets
+/// from the metadata log, lag against each partition's high watermark.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KafkaGroup {
+    pub group_id: String,
+    /// Kafka's names: `Empty`, `PreparingRebalance`, `CompletingRebalance`, `Stable`.
+    pub state: String,
+    pub protocol_type: String,
+    pub protocol: String,
+    pub members: Vec<KafkaGroupMember>,
+    pub offsets: Vec<KafkaGroupOffset>,
+}
+
+/// A member of a consumer group and what it was assigned.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KafkaGroupMember {
+    pub member_id: String,
+    pub client_id: String,
+    pub client_host: String,
+    /// By topic; empty until the member's first SyncGroup, or for a protocol other
+    /// than `consumer`.
+    pub assignment: Vec<KafkaTopicPartitions>,
+}
+
+/// Partitions of one topic.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KafkaTopicPartitions {
+    pub topic: String,
+    pub partitions: Vec<i32>,
+}
+
+/// A committed offset and the partition's lag behind it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KafkaGroupOffset {
+    pub topic: String,
+    pub partition: i32,
+    pub committed: i64,
+    /// `None` when the topic or partition no longer exists, or its leader did not
+    /// answer.
+    pub high_watermark: Option<i64>,
+    /// `high_watermark - committed`, at least 0.
+    pub lag: Option<i64>,
+}
+
 // ---- the list -------------------------------------------------------------------
 
 /// Declares every action once: its variant of [`Action`], its request type and answer,
@@ -459,6 +540,8 @@ actions! {
     NodeStats(NodeStats) -> serde_json::Value, "node_stats", "The node's counters";
     Rebalance(Rebalance) -> Moved, "rebalance", "Even out bucket leadership, or move named buckets";
     Health(HealthCheck) -> Health, "health", "Whether the node serves";
+    BucketStats(BucketStats) -> Vec<BucketStat>, "bucket_stats", "Log start and high watermark of the buckets this node leads";
+    KafkaGroups(KafkaGroups) -> Vec<KafkaGroup>, "kafka_groups", "Consumer groups with members, assignments and lag";
 }
 
 #[cfg(test)]
@@ -484,6 +567,8 @@ mod tests {
             Action::LatestKvSnapshot(r) => serde_json::to_value(r),
             Action::CreatePartition(r) => serde_json::to_value(r),
             Action::InitWriter(r) => serde_json::to_value(r),
+            Action::BucketStats(r) => serde_json::to_value(r),
+            Action::KafkaGroups(r) => serde_json::to_value(r),
             other => panic!("add {} to the round trip", other.name()),
         }
         .unwrap();
@@ -497,6 +582,9 @@ mod tests {
         round_trip("drop_database", r#"{"name": "db", "cascade": true}"#);
         round_trip("init_writer", "{}");
         round_trip("list_tables", r#"{"database": "db"}"#);
+        round_trip("bucket_stats", r#"{"path": "db.t", "open": true}"#);
+        round_trip("bucket_stats", "{}");
+        round_trip("kafka_groups", "{}");
         round_trip(
             "list_offsets",
             r#"{"path": "db.t", "spec": "timestamp", "timestamp": 1700000000000, "buckets": [0, 2]}"#,
@@ -547,7 +635,7 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), count, "a name listed twice");
-        assert_eq!(count, 28);
+        assert_eq!(count, 30);
         assert_eq!(<CreateTable as ActionRequest>::NAME, "create_table");
     }
 }

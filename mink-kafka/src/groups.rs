@@ -108,6 +108,28 @@ impl Synced {
     }
 }
 
+/// The partitions of a `consumer`-protocol assignment (the bytes a SyncGroup leader
+/// hands each member: a version, then topics and partitions), or `None` when the
+/// bytes are not one (another protocol type, or empty before the first sync).
+pub fn decode_assignment(bytes: &[u8]) -> Option<Vec<(String, Vec<i32>)>> {
+    use kafka_protocol::messages::ConsumerProtocolAssignment;
+    use kafka_protocol::protocol::Decodable;
+    let mut buf = Bytes::copy_from_slice(bytes);
+    if buf.len() < 2 {
+        return None;
+    }
+    let version = i16::from_be_bytes([buf[0], buf[1]]);
+    let _ = bytes::Buf::get_i16(&mut buf);
+    // Versions above the codec's read as its newest: newer versions only add fields.
+    let a = ConsumerProtocolAssignment::decode(&mut buf, version.clamp(0, 3)).ok()?;
+    Some(
+        a.assigned_partitions
+            .into_iter()
+            .map(|tp| (tp.topic.0.to_string(), tp.partitions))
+            .collect(),
+    )
+}
+
 /// A member as DescribeGroups shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MemberView {
@@ -594,6 +616,15 @@ impl Coordinator {
             .collect()
     }
 
+    /// Every group in memory, described (the console's view; Kafka clients use
+    /// ListGroups and DescribeGroups).
+    pub fn describe_all(&self) -> Vec<(String, GroupView)> {
+        let ids: Vec<String> = self.lock().keys().cloned().collect();
+        ids.into_iter()
+            .filter_map(|id| self.describe(&id).map(|g| (id, g)))
+            .collect()
+    }
+
     /// A group's state and members (`None`: no such group in memory).
     pub fn describe(&self, group_id: &str) -> Option<GroupView> {
         let groups = self.lock();
@@ -912,5 +943,29 @@ mod tests {
             c.may_commit("g", 3, "m"),
             Some(ResponseError::UnknownMemberId)
         );
+    }
+
+    #[test]
+    fn consumer_assignments_decode_and_other_bytes_do_not() {
+        use kafka_protocol::messages::consumer_protocol_assignment::TopicPartition;
+        use kafka_protocol::messages::{ConsumerProtocolAssignment, TopicName};
+        use kafka_protocol::protocol::{Encodable, StrBytes};
+        for version in [0i16, 1, 3] {
+            let a = ConsumerProtocolAssignment::default().with_assigned_partitions(vec![
+                TopicPartition::default()
+                    .with_topic(TopicName(StrBytes::from_static_str("orders.v1")))
+                    .with_partitions(vec![0, 2]),
+            ]);
+            let mut buf = bytes::BytesMut::new();
+            buf.extend_from_slice(&version.to_be_bytes());
+            a.encode(&mut buf, version).unwrap();
+            assert_eq!(
+                decode_assignment(&buf),
+                Some(vec![("orders.v1".to_string(), vec![0, 2])]),
+                "version {version}"
+            );
+        }
+        assert_eq!(decode_assignment(b""), None);
+        assert_eq!(decode_assignment(b"\x00\x00\xff"), None);
     }
 }

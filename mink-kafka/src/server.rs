@@ -31,14 +31,16 @@ use crate::frame::{Body, FrameError, Header, frame, read_frame};
 use crate::groups::{Coordinator, SWEEP_EVERY};
 use crate::handler::KafkaHandler;
 
-/// Serves Kafka clients on `listener` until `shutdown` resolves.
+/// Serves Kafka clients on `listener` until `shutdown` resolves. `groups` is the
+/// consumer-group coordinator (the caller keeps a handle to show the groups elsewhere:
+/// the node's console).
 pub async fn serve(
     listener: TcpListener,
     handler: Arc<dyn KafkaHandler>,
     config: KafkaConfig,
+    groups: Arc<Coordinator>,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
-    let groups = Coordinator::new(config.session_timeout_min_ms, config.session_timeout_max_ms);
     let ctx = Arc::new(Ctx {
         handler,
         config,

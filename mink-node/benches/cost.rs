@@ -31,8 +31,8 @@ const SENDERS: usize = 4;
 /// (reported as the achieved MB/s).
 const SENDER_IN_FLIGHT_MAX: usize = 16;
 const SECONDS_PER_MONTH: f64 = 30.0 * 24.0 * 3600.0;
-const PUT_PRICE: f64 = 0.005 / 1000.0;
-const GET_PRICE: f64 = 0.0004 / 1000.0;
+const PUT_PRICE: f64 = mink_wal::accounting::Op::Put.list_price_usd();
+const GET_PRICE: f64 = mink_wal::accounting::Op::Get.list_price_usd();
 
 fn descriptor() -> TableDescriptor {
     TableDescriptor {

@@ -1,5 +1,6 @@
 //! The admin HTTP endpoint: `/health` (200 when the node serves, 503 while it starts
-//! or when it has lost the object store) and Prometheus `/metrics`; with
+//! or when it has lost the object store), Prometheus `/metrics`, the console at `/`
+//! and its JSON API under `/api/v1` (`crate::console`); with
 //! `testing.fault_injection`, `POST /fault` (a test facility of the chaos harness).
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -51,6 +52,10 @@ pub struct AdminState {
     pub fault: OnceLock<mink_wal::fault::FaultyStore>,
     pub service: OnceLock<Arc<NodeService>>,
     pub prometheus: PrometheusHandle,
+    /// The console's cost samples.
+    pub cost: crate::console::cost::CostHistory,
+    /// The console's Flight client to this node.
+    pub client: tokio::sync::OnceCell<mink_flight::MinkClient>,
 }
 
 impl AdminState {
@@ -60,6 +65,8 @@ impl AdminState {
             fault: OnceLock::new(),
             service: OnceLock::new(),
             prometheus: prometheus(),
+            cost: Default::default(),
+            client: tokio::sync::OnceCell::new(),
         })
     }
 }
@@ -149,10 +156,12 @@ pub async fn serve(
     state: Arc<AdminState>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) {
+    let sampler = tokio::spawn(crate::console::sample_costs(state.clone()));
     let app = Router::new()
         .route("/health", get(health))
         .route("/metrics", get(metrics_page))
         .route("/fault", axum::routing::post(set_fault))
+        .merge(crate::console::routes())
         .with_state(state);
     if let Err(e) = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
@@ -160,4 +169,5 @@ pub async fn serve(
     {
         tracing::error!("the admin endpoint stopped: {e}");
     }
+    sampler.abort();
 }

@@ -11,6 +11,7 @@
 pub mod admin;
 pub mod admission;
 pub mod config;
+pub mod console;
 pub mod forward;
 pub mod node;
 pub mod service;

@@ -247,6 +247,7 @@ impl Node {
                 listener,
                 handler,
                 config.kafka.clone(),
+                service.kafka_coordinator(),
                 stopped(&shutdown),
             )));
         }

@@ -162,6 +162,17 @@ impl Tablets {
             .count()
     }
 
+    /// The open tablets' logs, without opening anything (for stats).
+    pub(crate) fn open_logs(&self) -> Vec<(TableBucket, LogTablet)> {
+        self.slots()
+            .iter()
+            .filter_map(|(bucket, slot)| match slot {
+                Slot::Open { tablet, .. } => Some((*bucket, tablet.log().clone())),
+                Slot::Opening { .. } => None,
+            })
+            .collect()
+    }
+
     /// The tablet of `bucket` under `epoch` (the caller checked that this node leads
     /// it), opening it when needed; `table` is the bucket's table as this node knows it.
     pub(crate) async fn get(

@@ -91,6 +91,17 @@ impl Op {
             Op::Delete => "delete",
         }
     }
+
+    /// What one request of this kind costs at S3 Standard's list prices (us-east-1),
+    /// in US dollars: PUT (and COPY) and LIST $0.005 per 1,000, GET and HEAD $0.0004
+    /// per 1,000, DELETE free.
+    pub const fn list_price_usd(self) -> f64 {
+        match self {
+            Op::Put | Op::List => 0.005 / 1000.0,
+            Op::Get | Op::GetRange | Op::Head => 0.0004 / 1000.0,
+            Op::Delete => 0.0,
+        }
+    }
 }
 
 /// Why a request was made: which component made it.

@@ -33,7 +33,7 @@ pub(crate) struct Ctx {
     pub handler: Arc<dyn KafkaHandler>,
     pub config: KafkaConfig,
     /// Consumer groups, while this node holds the lease.
-    pub groups: Coordinator,
+    pub groups: Arc<Coordinator>,
     /// Idempotent producers' batches refused as not persisted (`crate::refused`).
     pub refused: crate::refused::RefusedBatches,
 }

@@ -417,10 +417,10 @@ mod tests {
         let config = crate::KafkaConfig::default();
         let ctx = Arc::new(Ctx {
             handler,
-            groups: crate::groups::Coordinator::new(
+            groups: Arc::new(crate::groups::Coordinator::new(
                 config.session_timeout_min_ms,
                 config.session_timeout_max_ms,
-            ),
+            )),
             config,
             refused: Default::default(),
         });

@@ -39,7 +39,7 @@ fn host_port(addr: &str) -> Option<(String, i32)> {
 
 impl NodeService {
     /// The table path of a topic; an invalid Mink name is `InvalidArgument` on `topic`.
-    fn topic_path(&self, topic: &str) -> Result<TablePath> {
+    pub(super) fn topic_path(&self, topic: &str) -> Result<TablePath> {
         let invalid = |e: MinkError| {
             MinkError::invalid(
                 "topic",

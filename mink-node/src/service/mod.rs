@@ -4,6 +4,7 @@
 //! - [`reads`]: scans, tails, KV snapshot reads, a table's endpoints;
 //! - [`lookups`]: `lookup` and `prefix_lookup`;
 //! - [`actions`]: catalog and cluster actions, writers and offsets;
+//! - [`console`]: the views the console draws (cluster, tables, one table);
 //! - [`flight`] and [`kafka`]: the two protocol adapters, thin, over the above;
 //! - this file: the service itself, its tablets and the lookups of tables and buckets.
 //!
@@ -37,6 +38,7 @@ use crate::tablets::{Tablet, Tablets, snapshot_prefix};
 pub(crate) use leader::Leader;
 
 mod actions;
+mod console;
 mod flight;
 mod kafka;
 mod lake;
@@ -56,6 +58,9 @@ pub struct NodeService {
     forwarder: crate::forward::Forwarder,
     /// The node-wide bound on write requests in progress.
     admission: crate::admission::Admission,
+    /// Kafka's consumer groups (membership lives in memory on the lease holder): the
+    /// Kafka listener serves them, `kafka_groups` shows them.
+    kafka_coordinator: Arc<mink_kafka::groups::Coordinator>,
 }
 
 pub(crate) fn now_ms() -> i64 {
@@ -71,7 +76,12 @@ impl NodeService {
         streams: StreamStore,
         kv: Arc<dyn KvStore>,
     ) -> Self {
+        let kafka_coordinator = Arc::new(mink_kafka::groups::Coordinator::new(
+            config.kafka.session_timeout_min_ms,
+            config.kafka.session_timeout_max_ms,
+        ));
         Self {
+            kafka_coordinator,
             tablets: Arc::new(Tablets::new(config.clone(), meta.clone(), streams, kv)),
             admission: crate::admission::Admission::new(&config.writes),
             config,
@@ -80,6 +90,11 @@ impl NodeService {
             writer_ids: tokio::sync::Mutex::new(0..0),
             forwarder: crate::forward::Forwarder::default(),
         }
+    }
+
+    /// The consumer-group coordinator the Kafka listener serves.
+    pub fn kafka_coordinator(&self) -> Arc<mink_kafka::groups::Coordinator> {
+        self.kafka_coordinator.clone()
     }
 
     /// The current s3stream service.

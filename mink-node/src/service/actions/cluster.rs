@@ -49,7 +49,7 @@ impl NodeService {
         serde_json::json!({"nodes": nodes, "lease": lease})
     }
 
-    pub(super) fn node_stats(&self) -> serde_json::Value {
+    pub(crate) fn node_stats(&self) -> serde_json::Value {
         serde_json::json!({
             "node_id": self.meta.node_id(),
             "incarnation": self.meta.incarnation(),
@@ -62,7 +62,7 @@ impl NodeService {
         })
     }
 
-    pub(super) fn health(&self) -> Health {
+    pub(crate) fn health(&self) -> Health {
         let problem = self.health_problem();
         Health {
             status: if problem.is_some() {

@@ -5,6 +5,7 @@
 //! - [`cluster`]: metadata, describe_cluster, get_config, node_stats, rebalance, health;
 //! - [`writers`]: init_writer, list_offsets, producer offsets;
 //! - [`snapshots`]: latest_kv_snapshot, lake_snapshot;
+//! - [`console`]: bucket_stats, kafka_groups (what the console shows of other nodes);
 //! - `lookup` and `prefix_lookup` in [`super::lookups`].
 //!
 //! Each function takes its request type and returns its answer type; only this
@@ -16,6 +17,7 @@ use super::*;
 
 mod catalog;
 mod cluster;
+mod console;
 mod snapshots;
 mod writers;
 
@@ -49,6 +51,8 @@ impl NodeService {
             Action::NodeStats(_) => answer(Ok(self.node_stats())),
             Action::Rebalance(r) => answer(self.rebalance(r).await),
             Action::Health(_) => answer(Ok(self.health())),
+            Action::BucketStats(r) => answer(self.bucket_stats(r).await),
+            Action::KafkaGroups(r) => answer(self.kafka_groups(r).await),
             // Writers and offsets.
             Action::InitWriter(_) => answer(self.init_writer().await),
             Action::ListOffsets(r) => answer(self.list_offsets(r).await),
@@ -79,6 +83,6 @@ impl NodeService {
 }
 
 /// A value as JSON (for answers the protocol keeps as JSON: the catalog's own shapes).
-fn json_value<T: serde::Serialize>(value: &T) -> Result<serde_json::Value> {
+pub(super) fn json_value<T: serde::Serialize>(value: &T) -> Result<serde_json::Value> {
     serde_json::to_value(value).map_err(|e| MinkError::Internal(e.to_string()))
 }
