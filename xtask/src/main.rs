@@ -13,6 +13,7 @@
 //! - `cargo xtask cluster up|down|status`: a local cluster of mink-node processes.
 
 mod bench;
+mod browser;
 mod chaos;
 mod cluster;
 mod layers;

@@ -6,7 +6,7 @@ use std::process::Command;
 use anyhow::Result;
 
 use crate::s3::{BUCKET, S3Server};
-use crate::{cargo_has, layers, python, run_checked};
+use crate::{browser, cargo_has, layers, python, run_checked};
 
 pub fn run(root: &Path, interop: bool, rest: &[String]) -> Result<()> {
     let cargo = || {
@@ -68,6 +68,7 @@ pub fn run(root: &Path, interop: bool, rest: &[String]) -> Result<()> {
     }
 
     if interop {
+        browser::ensure_chromium()?;
         run_checked(cargo().args(["build", "--workspace", "--bins"]))?;
         let mut pytest = Command::new(&python);
         pytest
