@@ -20,11 +20,36 @@ pub fn prometheus() -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE
         .get_or_init(|| {
-            object_store_buckets(PrometheusBuilder::new())
+            let handle = object_store_buckets(PrometheusBuilder::new())
                 .install_recorder()
-                .unwrap_or_else(|_| PrometheusBuilder::new().build_recorder().handle())
+                .unwrap_or_else(|_| PrometheusBuilder::new().build_recorder().handle());
+            zero_counters();
+            handle
         })
         .clone()
+}
+
+/// Counters of things that should not happen are reported from the start, at 0, so
+/// that a dashboard (deploy/grafana) and an alert see a series before the first event.
+fn zero_counters() {
+    use mink_wal::accounting::{Op, Purpose};
+    for name in [
+        "mink_wal_upload_retries_total",
+        "mink_wal_upload_failures_total",
+        "mink_node_writes_refused_overloaded_total",
+    ] {
+        metrics::counter!(name).increment(0);
+    }
+    for op in Op::ALL {
+        for purpose in Purpose::ALL {
+            metrics::counter!(
+                "mink_object_store_failures_total",
+                "op" => op.as_str(),
+                "purpose" => purpose.as_str()
+            )
+            .increment(0);
+        }
+    }
 }
 
 /// Object-store latency as a histogram (aggregatable across nodes), from 1 ms to 10 s;

@@ -395,3 +395,46 @@ def test_every_page_in_a_real_browser_on_three_nodes(three):
         page.shot("table-after-kill-moved")
     finally:
         driver.quit()
+
+
+def test_every_metric_the_grafana_dashboard_names_is_scraped(mink_node, tmp_path):
+    """deploy/grafana/mink.json queries only metrics a live node exports."""
+    import re
+
+    dashboard = json.loads((ROOT / "deploy/grafana/mink.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    names = {re.sub(r"_bucket$", "", m) for e in exprs for m in re.findall(r"\bmink_[a-z_]+", e)}
+    assert len(names) >= 10, names
+    node = NodeProcess(
+        mink_node,
+        tmp_path,
+        {"MINK_DATA_DIR": str(tmp_path / "data"), "MINK_LAKE__CHECK_INTERVAL_MS": "100"},
+    )
+    try:
+        client = mink.connect(f"127.0.0.1:{node.flight_port}")
+        client.create_database("g")
+        t = client.create_table(
+            "g.tiered",
+            pa.schema([("id", pa.int64())]),
+            buckets=1,
+            properties={"lake": {"enabled": True, "freshness": "1s"}},
+        )
+        t.append(pa.table({"id": list(range(10))}))
+
+        def scraped():
+            with urllib.request.urlopen(f"http://127.0.0.1:{node.admin_port}/metrics", timeout=10) as r:
+                text = r.read().decode()
+            present = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line.startswith("mink_")}
+            present |= {re.sub(r"_(bucket|sum|count)$", "", n) for n in present}
+            missing = names - present
+            return None if missing else present
+
+        try:
+            wait_until(scraped, timeout=60, what="every dashboard metric in /metrics")
+        except AssertionError:
+            with urllib.request.urlopen(f"http://127.0.0.1:{node.admin_port}/metrics", timeout=10) as r:
+                text = r.read().decode()
+            present = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line.startswith("mink_")}
+            raise AssertionError(f"not scraped: {sorted(names - present)}")
+    finally:
+        node.kill()
