@@ -19,6 +19,7 @@ import pytest
 from confluent_kafka import Consumer, Producer
 
 from node_proc import NodeProcess
+from test_cluster import cluster  # noqa: F401 - the three-node fixture
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "clients/python/src"))
@@ -79,11 +80,11 @@ def test_the_api_answers_every_view_and_refuses_bad_input_with_json(node):
 
     status, index = get(port, "/api/v1")
     assert status == 200 and "/api/v1/cluster" in index["endpoints"]
-    status, cluster = get(port, "/api/v1/cluster")
+    status, overview = get(port, "/api/v1/cluster")
     assert status == 200
-    assert [n["state"] for n in cluster["nodes"]] == ["serving"]
-    assert cluster["nodes"][0]["lease_holder"] and cluster["nodes"][0]["buckets_led"] == 5
-    assert cluster["tables"] == 2 and cluster["buckets_without_leader"] == 0
+    assert [n["state"] for n in overview["nodes"]] == ["serving"]
+    assert overview["nodes"][0]["lease_holder"] and overview["nodes"][0]["buckets_led"] == 5
+    assert overview["tables"] == 2 and overview["buckets_without_leader"] == 0
     status, nodes = get(port, "/api/v1/nodes")
     assert status == 200 and nodes["nodes"][0]["wal"]
 
@@ -243,32 +244,8 @@ class Page:
         assert not errors, f"{name}: console errors: {errors}"
 
 
-@pytest.fixture()
-def three(mink_node, tmp_path):
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    nodes = []
-    try:
-        for i in range(3):
-            nodes.append(
-                NodeProcess(
-                    mink_node,
-                    tmp_path,
-                    {
-                        "MINK_NODE_ID": f"n{i}",
-                        "MINK_DATA_DIR": str(tmp_path / f"n{i}"),
-                        "MINK_OBJECT_STORE__URL": f"file://{shared}",
-                    },
-                )
-            )
-        yield nodes
-    finally:
-        for n in nodes:
-            n.kill()
-
-
-def test_every_page_in_a_real_browser_on_three_nodes(three):
-    nodes = three
+def test_every_page_in_a_real_browser_on_three_nodes(cluster):
+    nodes, _ = cluster
     watcher = nodes[0]
     client = mink.connect(f"127.0.0.1:{watcher.flight_port}")
     wait_until(
