@@ -37,6 +37,12 @@ pub struct KafkaConfig {
     pub session_timeout_min_ms: u64,
     /// The longest group session timeout accepted, in milliseconds. Default 1,800,000.
     pub session_timeout_max_ms: u64,
+    /// How long a group that was Empty waits for more members before its first
+    /// rebalance completes, and again each time one arrived meanwhile (within the
+    /// members' rebalance timeout), in milliseconds: consumers that start together
+    /// make one rebalance (Kafka's `group.initial.rebalance.delay.ms`). Default 3,000;
+    /// at most 300,000.
+    pub initial_rebalance_delay_ms: u64,
     /// How long committed group offsets are kept without a new commit, in
     /// milliseconds. Default 604,800,000 (7 days).
     pub group_offsets_ttl_ms: u64,
@@ -61,6 +67,7 @@ impl Default for KafkaConfig {
             connection_idle_ms: 600_000,
             session_timeout_min_ms: 6_000,
             session_timeout_max_ms: 30 * 60 * 1000,
+            initial_rebalance_delay_ms: 3_000,
             group_offsets_ttl_ms: 7 * 24 * 3600 * 1000,
             timestamp_after_max_ms: 3_600_000,
         }
@@ -112,6 +119,9 @@ impl KafkaConfig {
             return Err(
                 "kafka.session_timeout_min_ms must not exceed kafka.session_timeout_max_ms".into(),
             );
+        }
+        if self.initial_rebalance_delay_ms > 300_000 {
+            return Err("kafka.initial_rebalance_delay_ms must be at most 300000".into());
         }
         if self.group_offsets_ttl_ms == 0 {
             return Err("kafka.group_offsets_ttl_ms must be at least 1".into());

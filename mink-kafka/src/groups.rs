@@ -5,20 +5,38 @@
 //! moves (members get UNKNOWN_MEMBER_ID and join again).
 //!
 //! States: Empty, PreparingRebalance, CompletingRebalance, Stable.
-//! - A JoinGroup (a new member, or a known one rejoining) moves the group to
-//!   PreparingRebalance; the join waits until every member has rejoined, or until the
-//!   longest rebalance timeout of the members passed (members that did not rejoin are
-//!   removed). Then the generation grows, a protocol every member supports is chosen,
-//!   the leader gets every member's metadata, and the group is CompletingRebalance.
+//! - A JoinGroup (a new member, or a known one rejoining with other metadata) moves the
+//!   group to PreparingRebalance; the join waits until every member has rejoined, or
+//!   until the longest rebalance timeout of the members passed (members that did not
+//!   rejoin are removed). Then the generation grows, a protocol every member supports
+//!   is chosen, the leader gets every member's metadata, and the group is
+//!   CompletingRebalance.
+//! - A group that was Empty waits `initial_rebalance_delay` (Kafka's
+//!   `group.initial.rebalance.delay.ms`) before it completes its first join, and as
+//!   long again each time a new member arrived meanwhile (within the rebalance
+//!   timeout): consumers that start together make one rebalance, not one each.
 //! - The leader's SyncGroup hands out the assignments: Stable.
+//! - A member that rejoins with the metadata it joined with while the group is Stable
+//!   or CompletingRebalance is answered at once with the current generation, as Kafka
+//!   does: clients rejoin after losing track of a join they already completed (a
+//!   consumer whose poll returned before its join did), and must not restart the
+//!   group's rebalance each time. The leader is answered with every member's
+//!   metadata; its SyncGroup in a Stable group is the current assignment again, or,
+//!   when it hands out a different one (the topics' partitions changed), a
+//!   rebalance.
 //! - A member that neither heartbeats nor waits in a join or sync for its session
 //!   timeout is removed, as is one that leaves; the rest rebalance.
 //! - MEMBER_ID_REQUIRED (KIP-394) only for JoinGroup v4+, whose clients expect it.
 //! - A group whose last member left stays Empty for [`EMPTY_GROUP_RETENTION`] (Kafka
 //!   describes it as Empty, not Dead, until its cleanup), at most [`EMPTY_GROUPS_MAX`].
 //!
-//! Static membership (`group.instance.id`) is not implemented: such members are
-//! treated as dynamic ones.
+//! - Static membership (KIP-345, JoinGroup v5+ with `group.instance.id`): a member
+//!   that joins without a member id under an instance id the group knows is that
+//!   member restarted. It takes the old member's place under a new member id, with its
+//!   assignment; in a Stable group with the metadata it had, that is no rebalance.
+//!   The old member id is fenced: its requests (and those of a second live process
+//!   under the same instance id) are FENCED_INSTANCE_ID. Static members skip
+//!   MEMBER_ID_REQUIRED, as in Kafka; LeaveGroup v3+ removes one by its instance id.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -64,6 +82,17 @@ pub struct Join {
     pub protocols: Vec<(String, Bytes)>,
     /// JoinGroup v4+: a member without an id is given one and asked to join again.
     pub member_id_required: bool,
+    /// JoinGroup v5+: a static member's `group.instance.id`.
+    pub group_instance_id: Option<String>,
+}
+
+/// A member as the leader's JoinGroup answer shows it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct JoinedMember {
+    pub member_id: String,
+    pub group_instance_id: Option<String>,
+    /// Its metadata for the chosen protocol.
+    pub metadata: Bytes,
 }
 
 /// The answer to a JoinGroup.
@@ -76,7 +105,7 @@ pub struct Joined {
     pub leader: String,
     pub member_id: String,
     /// For the leader: every member with its metadata for the chosen protocol.
-    pub members: Vec<(String, Bytes)>,
+    pub members: Vec<JoinedMember>,
 }
 
 impl Joined {
@@ -134,6 +163,7 @@ pub fn decode_assignment(bytes: &[u8]) -> Option<Vec<(String, Vec<i32>)>> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MemberView {
     pub member_id: String,
+    pub group_instance_id: Option<String>,
     pub client_id: String,
     pub client_host: String,
     pub metadata: Bytes,
@@ -150,6 +180,8 @@ pub struct GroupView {
 }
 
 struct Member {
+    /// A static member's instance id.
+    instance_id: Option<String>,
     client_id: String,
     client_host: String,
     session_timeout: Duration,
@@ -194,6 +226,20 @@ struct Group {
     /// (not Dead) for [`EMPTY_GROUP_RETENTION`] after, as Kafka keeps it until its
     /// next cleanup.
     empty_since: Option<Instant>,
+    /// While a group that was Empty waits for more members before its join completes.
+    initial_delay: Option<InitialDelay>,
+    /// It became Empty since [`Coordinator::take_emptied`] last looked.
+    emptied: bool,
+    /// Static members: instance id → member id.
+    instances: HashMap<String, String>,
+}
+
+/// The wait of a group that was Empty before it completes its join.
+struct InitialDelay {
+    /// The join completes then, unless members arrived meanwhile.
+    until: Instant,
+    /// The members when the wait (re)started: more at `until` means wait again.
+    members: usize,
 }
 
 impl Group {
@@ -208,7 +254,88 @@ impl Group {
             pending: HashMap::new(),
             rebalance_deadline: None,
             empty_since: None,
+            initial_delay: None,
+            emptied: false,
+            instances: HashMap::new(),
         }
+    }
+
+    /// A static member restarted (a join without a member id under a known instance
+    /// id): `old` gives way to `new`, keeping its assignment and leadership. Waits of
+    /// the old process are answered FENCED_INSTANCE_ID.
+    fn replace_static(&mut self, instance: &str, old: &str, new: &str) {
+        if let Some(mut m) = self.members.remove(old) {
+            if let Some(tx) = m.join.take() {
+                let _ = tx.send(Joined::error(ResponseError::FencedInstanceId, old));
+            }
+            if let Some(tx) = m.sync.take() {
+                let _ = tx.send(Synced::error(ResponseError::FencedInstanceId));
+            }
+            self.members.insert(new.to_string(), m);
+        }
+        if self.leader.as_deref() == Some(old) {
+            self.leader = Some(new.to_string());
+        }
+        self.instances.insert(instance.to_string(), new.to_string());
+    }
+
+    /// The answer to a join of member `id` in the current generation: the leader gets
+    /// every member's metadata for the chosen protocol.
+    fn joined(&self, id: &str) -> Joined {
+        let protocol = self.protocol.clone().unwrap_or_default();
+        let leader = self.leader.clone().unwrap_or_default();
+        Joined {
+            error: 0,
+            generation: self.generation,
+            protocol_type: self.protocol_type.clone(),
+            protocol_name: Some(protocol.clone()),
+            members: if id == leader {
+                self.members
+                    .iter()
+                    .map(|(id, m)| JoinedMember {
+                        member_id: id.clone(),
+                        group_instance_id: m.instance_id.clone(),
+                        metadata: m.metadata(&protocol),
+                    })
+                    .collect()
+            } else {
+                vec![]
+            },
+            leader,
+            member_id: id.to_string(),
+        }
+    }
+
+    /// A join's protocols against the members': the same type, and one every other
+    /// member supports.
+    #[allow(clippy::result_large_err)]
+    fn check_protocols(&self, req: &Join) -> Result<(), Joined> {
+        if self.members.is_empty() {
+            return Ok(());
+        }
+        let same_type = self.protocol_type.as_deref() == Some(req.protocol_type.as_str());
+        let common = req.protocols.iter().any(|(name, _)| {
+            self.members
+                .iter()
+                .filter(|(id, _)| **id != req.member_id)
+                .all(|(_, m)| m.supports(name))
+        });
+        if same_type && common {
+            Ok(())
+        } else {
+            Err(Joined::error(
+                ResponseError::InconsistentGroupProtocol,
+                &req.member_id,
+            ))
+        }
+    }
+
+    /// Whether `assignments` (a leader's SyncGroup) hands every member what it holds.
+    fn assigns_as_now(&self, assignments: &[(String, Bytes)]) -> bool {
+        self.members.iter().all(|(id, m)| {
+            let given = assignments.iter().find(|(to, _)| to == id);
+            given.map_or(m.assignment.is_empty(), |(_, a)| *a == m.assignment)
+        })
     }
 
     /// The last member is gone. The protocol type stays, for DescribeGroups (a member
@@ -218,6 +345,8 @@ impl Group {
         self.protocol = None;
         self.leader = None;
         self.empty_since = Some(now);
+        self.initial_delay = None;
+        self.emptied = true;
     }
 
     fn prepare_rebalance(&mut self, now: Instant) {
@@ -244,6 +373,7 @@ impl Group {
 
     fn try_complete_join(&mut self, now: Instant) {
         if self.state == State::PreparingRebalance
+            && self.initial_delay.is_none()
             && self.members.values().all(|m| m.join.is_some())
         {
             self.complete_join(now);
@@ -254,7 +384,10 @@ impl Group {
     /// grows, the protocol and the leader are chosen, and every join is answered.
     fn complete_join(&mut self, now: Instant) {
         self.members.retain(|_, m| m.join.is_some());
+        let members = &self.members;
+        self.instances.retain(|_, id| members.contains_key(id));
         self.rebalance_deadline = None;
+        self.initial_delay = None;
         self.generation += 1;
         if self.members.is_empty() {
             self.become_empty(now);
@@ -275,38 +408,31 @@ impl Group {
             .or(candidates.first())
             .cloned()
             .unwrap_or_default();
-        let everyone: Vec<(String, Bytes)> = self
-            .members
-            .iter()
-            .map(|(id, m)| (id.clone(), m.metadata(&protocol)))
-            .collect();
-        self.leader = Some(leader.clone());
-        self.protocol = Some(protocol.clone());
+        self.leader = Some(leader);
+        self.protocol = Some(protocol);
         self.state = State::CompletingRebalance;
-        for (id, m) in self.members.iter_mut() {
-            m.expires = now + m.session_timeout;
-            m.assignment = Bytes::new();
-            if let Some(tx) = m.join.take() {
-                let _ = tx.send(Joined {
-                    error: 0,
-                    generation: self.generation,
-                    protocol_type: self.protocol_type.clone(),
-                    protocol_name: Some(protocol.clone()),
-                    leader: leader.clone(),
-                    member_id: id.clone(),
-                    members: if *id == leader {
-                        everyone.clone()
-                    } else {
-                        vec![]
-                    },
-                });
-            }
+        let answers: Vec<(oneshot::Sender<Joined>, Joined)> = self
+            .members
+            .iter_mut()
+            .filter_map(|(id, m)| {
+                m.expires = now + m.session_timeout;
+                m.assignment = Bytes::new();
+                m.join.take().map(|tx| (tx, id.clone()))
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|(tx, id)| (tx, self.joined(&id)))
+            .collect();
+        for (tx, answer) in answers {
+            let _ = tx.send(answer);
         }
     }
 
     /// A member left or expired: the others rebalance.
     fn remove(&mut self, id: &str, now: Instant) {
-        self.members.remove(id);
+        if let Some(instance) = self.members.remove(id).and_then(|m| m.instance_id) {
+            self.instances.remove(&instance);
+        }
         if self.leader.as_deref() == Some(id) {
             self.leader = None;
         }
@@ -330,6 +456,7 @@ pub struct Coordinator {
     groups: Mutex<BTreeMap<String, Group>>,
     session_timeout_min_ms: u64,
     session_timeout_max_ms: u64,
+    initial_rebalance_delay: Duration,
     next_member: std::sync::atomic::AtomicU64,
 }
 
@@ -337,11 +464,13 @@ pub struct Coordinator {
 pub const GROUP_ID_BYTES_MAX: usize = 256;
 
 impl Coordinator {
-    pub fn new(session_timeout_min_ms: u64, session_timeout_max_ms: u64) -> Self {
+    /// A coordinator with the group settings of `config`.
+    pub fn new(config: &crate::KafkaConfig) -> Self {
         Self {
             groups: Mutex::new(BTreeMap::new()),
-            session_timeout_min_ms,
-            session_timeout_max_ms,
+            session_timeout_min_ms: config.session_timeout_min_ms,
+            session_timeout_max_ms: config.session_timeout_max_ms,
+            initial_rebalance_delay: Duration::from_millis(config.initial_rebalance_delay_ms),
             next_member: std::sync::atomic::AtomicU64::new(1),
         }
     }
@@ -375,9 +504,9 @@ impl Coordinator {
             .unwrap_or_else(|_| Joined::error(ResponseError::RebalanceInProgress, ""))
     }
 
-    // The error is the answer itself, built once per join: not worth a box.
+    // The errors are the answers themselves, built once per join: not worth a box.
     #[allow(clippy::result_large_err)]
-    fn join_now(&self, req: Join, now: Instant) -> Result<oneshot::Receiver<Joined>, Joined> {
+    fn check_join(&self, req: &Join) -> Result<(), Joined> {
         let session = req.session_timeout_ms.max(0) as u64;
         if req.group.is_empty() || req.group.len() > GROUP_ID_BYTES_MAX {
             return Err(Joined::error(ResponseError::InvalidGroupId, &req.member_id));
@@ -394,43 +523,62 @@ impl Coordinator {
                 &req.member_id,
             ));
         }
-        let mut groups = self.lock();
-        let group = groups.entry(req.group.clone()).or_insert_with(Group::new);
-        if !group.members.is_empty() {
-            let same_type = group.protocol_type.as_deref() == Some(req.protocol_type.as_str());
-            let common = req.protocols.iter().any(|(name, _)| {
-                group
-                    .members
-                    .iter()
-                    .filter(|(id, _)| **id != req.member_id)
-                    .all(|(_, m)| m.supports(name))
-            });
-            if !same_type || !common {
-                return Err(Joined::error(
-                    ResponseError::InconsistentGroupProtocol,
-                    &req.member_id,
-                ));
+        Ok(())
+    }
+
+    /// The member id a join is for: a new one (or MEMBER_ID_REQUIRED first), the
+    /// one it names, or, for a static member that restarted, a new one in the old
+    /// member's place (then `true`).
+    #[allow(clippy::result_large_err)]
+    fn member_for(
+        &self,
+        group: &mut Group,
+        req: &Join,
+        now: Instant,
+    ) -> Result<(String, bool), Joined> {
+        let known = req
+            .group_instance_id
+            .as_ref()
+            .and_then(|i| group.instances.get(i).cloned());
+        match (&req.group_instance_id, known) {
+            (Some(_), Some(known)) if !req.member_id.is_empty() && known != req.member_id => Err(
+                Joined::error(ResponseError::FencedInstanceId, &req.member_id),
+            ),
+            (Some(instance), Some(old)) if req.member_id.is_empty() => {
+                let id = self.new_member_id(&req.client_id);
+                tracing::info!(group = %req.group, %instance, %old, new = %id, "kafka static member rejoined");
+                group.replace_static(instance, &old, &id);
+                Ok((id, true))
             }
-        }
-        let member_id = if req.member_id.is_empty() {
-            let id = self.new_member_id(&req.client_id);
-            if req.member_id_required {
-                group
-                    .pending
-                    .insert(id.clone(), now + Duration::from_millis(session));
-                return Err(Joined::error(ResponseError::MemberIdRequired, &id));
+            _ if req.member_id.is_empty() => {
+                let id = self.new_member_id(&req.client_id);
+                if req.member_id_required && req.group_instance_id.is_none() {
+                    let session = Duration::from_millis(req.session_timeout_ms.max(0) as u64);
+                    group.pending.insert(id.clone(), now + session);
+                    return Err(Joined::error(ResponseError::MemberIdRequired, &id));
+                }
+                Ok((id, false))
             }
-            id
-        } else if group.members.contains_key(&req.member_id)
-            || group.pending.contains_key(&req.member_id)
-        {
-            req.member_id.clone()
-        } else {
-            return Err(Joined::error(
+            _ if group.members.contains_key(&req.member_id)
+                || group.pending.contains_key(&req.member_id) =>
+            {
+                Ok((req.member_id.clone(), false))
+            }
+            _ => Err(Joined::error(
                 ResponseError::UnknownMemberId,
                 &req.member_id,
-            ));
-        };
+            )),
+        }
+    }
+
+    #[allow(clippy::result_large_err)]
+    fn join_now(&self, req: Join, now: Instant) -> Result<oneshot::Receiver<Joined>, Joined> {
+        self.check_join(&req)?;
+        let session = req.session_timeout_ms.max(0) as u64;
+        let mut groups = self.lock();
+        let group = groups.entry(req.group.clone()).or_insert_with(Group::new);
+        group.check_protocols(&req)?;
+        let (member_id, restarted) = self.member_for(group, &req, now)?;
         group.pending.remove(&member_id);
         let (tx, rx) = oneshot::channel();
         let session_timeout = Duration::from_millis(session);
@@ -440,7 +588,32 @@ impl Coordinator {
                 .filter(|ms| *ms > 0)
                 .unwrap_or(session),
         );
+        // A member rejoining with what it joined with while no rebalance is under
+        // way: the current generation, at once (see the module's notes). A restarted
+        // static member only in a Stable group: while CompletingRebalance the leader
+        // assigns to the old member id, so the group rebalances.
+        let settled = match group.state {
+            State::Stable => true,
+            State::CompletingRebalance => !restarted,
+            _ => false,
+        };
+        if let Some(m) = group.members.get_mut(&member_id)
+            && settled
+            && m.protocols == req.protocols
+        {
+            m.client_id = req.client_id;
+            m.client_host = req.client_host;
+            m.session_timeout = session_timeout;
+            m.rebalance_timeout = rebalance_timeout;
+            m.expires = now + session_timeout;
+            let _ = tx.send(group.joined(&member_id));
+            return Ok(rx);
+        }
+        if let Some(instance) = &req.group_instance_id {
+            group.instances.insert(instance.clone(), member_id.clone());
+        }
         let member = group.members.entry(member_id).or_insert_with(|| Member {
+            instance_id: req.group_instance_id.clone(),
             client_id: String::new(),
             client_host: String::new(),
             session_timeout,
@@ -458,6 +631,12 @@ impl Coordinator {
         member.protocols = req.protocols;
         member.join = Some(tx);
         group.protocol_type = Some(req.protocol_type);
+        if group.state == State::Empty && !self.initial_rebalance_delay.is_zero() {
+            group.initial_delay = Some(InitialDelay {
+                until: now + self.initial_rebalance_delay,
+                members: group.members.len(),
+            });
+        }
         group.prepare_rebalance(now);
         group.try_complete_join(now);
         Ok(rx)
@@ -490,6 +669,13 @@ impl Coordinator {
                     return Synced::error(ResponseError::RebalanceInProgress);
                 }
                 State::Stable => {
+                    // A leader handing out something new (it rejoined because the
+                    // topics' partitions changed): every member must learn it.
+                    let leads = group.leader.as_deref() == Some(member_id);
+                    if leads && !assignments.is_empty() && !group.assigns_as_now(&assignments) {
+                        group.prepare_rebalance(now);
+                        return Synced::error(ResponseError::RebalanceInProgress);
+                    }
                     let m = &mut group.members.get_mut(member_id).expect("checked above");
                     m.expires = now + m.session_timeout;
                     return Synced {
@@ -559,6 +745,43 @@ impl Coordinator {
         }
     }
 
+    /// Whether a request naming `instance` (a static member's instance id) comes from
+    /// a process that was replaced: FENCED_INSTANCE_ID when the instance now belongs
+    /// to another member id.
+    pub fn fenced(
+        &self,
+        group_id: &str,
+        member_id: &str,
+        instance: Option<&str>,
+    ) -> Option<ResponseError> {
+        let instance = instance?;
+        let groups = self.lock();
+        let known = groups.get(group_id)?.instances.get(instance)?;
+        (known != member_id).then_some(ResponseError::FencedInstanceId)
+    }
+
+    /// The member a LeaveGroup v3+ entry names: by instance id when it has one (an
+    /// empty member id is allowed then), else by member id.
+    pub fn leaving_member(
+        &self,
+        group_id: &str,
+        member_id: &str,
+        instance: Option<&str>,
+    ) -> Result<String, ResponseError> {
+        let Some(instance) = instance else {
+            return Ok(member_id.to_string());
+        };
+        let groups = self.lock();
+        let known = groups
+            .get(group_id)
+            .and_then(|g| g.instances.get(instance))
+            .ok_or(ResponseError::UnknownMemberId)?;
+        if !member_id.is_empty() && known != member_id {
+            return Err(ResponseError::FencedInstanceId);
+        }
+        Ok(known.clone())
+    }
+
     /// Members leave; each answered on its own (UNKNOWN_MEMBER_ID when not a member).
     pub fn leave(&self, group_id: &str, member_ids: &[String]) -> Vec<Option<ResponseError>> {
         let mut groups = self.lock();
@@ -602,6 +825,26 @@ impl Coordinator {
         None
     }
 
+    /// The groups with members: their committed offsets do not expire (KIP-211).
+    pub fn live_groups(&self) -> std::collections::BTreeSet<String> {
+        self.lock()
+            .iter()
+            .filter(|(_, g)| !g.members.is_empty())
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
+    /// The groups whose last member left since the previous call (their offsets'
+    /// retention counts from now).
+    pub fn take_emptied(&self) -> Vec<String> {
+        self.lock()
+            .iter_mut()
+            .filter_map(|(id, g)| {
+                (std::mem::take(&mut g.emptied) && g.members.is_empty()).then(|| id.clone())
+            })
+            .collect()
+    }
+
     /// Every group with members, and its state.
     pub fn list(&self) -> Vec<(String, State, String)> {
         self.lock()
@@ -639,6 +882,7 @@ impl Coordinator {
                 .iter()
                 .map(|(id, m)| MemberView {
                     member_id: id.clone(),
+                    group_instance_id: m.instance_id.clone(),
                     client_id: m.client_id.clone(),
                     client_host: m.client_host.clone(),
                     metadata: m.metadata(&protocol),
@@ -674,6 +918,18 @@ impl Coordinator {
                 group.remove(&id, now);
             }
             group.pending.retain(|_, expires| *expires > now);
+            if let Some(wait) = &mut group.initial_delay
+                && wait.until <= now
+            {
+                let deadline = group.rebalance_deadline.unwrap_or(now);
+                if group.members.len() > wait.members && now < deadline {
+                    wait.until = (now + self.initial_rebalance_delay).min(deadline);
+                    wait.members = group.members.len();
+                } else {
+                    group.initial_delay = None;
+                    group.try_complete_join(now);
+                }
+            }
             if group.state == State::PreparingRebalance
                 && group.rebalance_deadline.is_some_and(|d| d <= now)
             {
@@ -731,11 +987,15 @@ mod tests {
             protocol_type: "consumer".into(),
             protocols: vec![("range".into(), Bytes::from_static(b"meta"))],
             member_id_required: required,
+            group_instance_id: None,
         }
     }
 
     fn coordinator() -> Coordinator {
-        Coordinator::new(6_000, 1_800_000)
+        Coordinator::new(&crate::KafkaConfig {
+            initial_rebalance_delay_ms: 0,
+            ..Default::default()
+        })
     }
 
     #[tokio::test(start_paused = true)]
@@ -751,7 +1011,11 @@ mod tests {
         assert_eq!(joined.protocol_name.as_deref(), Some("range"));
         assert_eq!(
             joined.members,
-            vec![(id.clone(), Bytes::from_static(b"meta"))]
+            vec![JoinedMember {
+                member_id: id.clone(),
+                group_instance_id: None,
+                metadata: Bytes::from_static(b"meta"),
+            }]
         );
         let synced = c
             .sync("g", 1, &id, vec![(id.clone(), Bytes::from_static(b"all"))])
@@ -859,6 +1123,223 @@ mod tests {
             c.leave("g", std::slice::from_ref(&a.member_id)),
             vec![Some(ResponseError::UnknownMemberId)]
         );
+    }
+
+    /// A and B in one Stable group of generation 2, A leading, each assigned `a`/`b`.
+    async fn two_stable_members(c: &std::sync::Arc<Coordinator>) -> (String, String) {
+        let a = c.join(join("g", "", false)).await;
+        c.sync("g", 1, &a.member_id, vec![]).await;
+        let c2 = c.clone();
+        let b = tokio::spawn(async move { c2.join(join("g", "", false)).await });
+        tokio::task::yield_now().await;
+        let a2 = c.join(join("g", &a.member_id, false)).await;
+        let b = b.await.unwrap();
+        assert_eq!((a2.generation, b.generation), (2, 2));
+        let c3 = c.clone();
+        let b_id = b.member_id.clone();
+        let b_sync = tokio::spawn(async move { c3.sync("g", 2, &b_id, vec![]).await });
+        tokio::task::yield_now().await;
+        c.sync(
+            "g",
+            2,
+            &a.member_id,
+            assignments(&a.member_id, &b.member_id),
+        )
+        .await;
+        assert_eq!(b_sync.await.unwrap().assignment, Bytes::from_static(b"b"));
+        (a.member_id, b.member_id)
+    }
+
+    fn assignments(a: &str, b: &str) -> Vec<(String, Bytes)> {
+        vec![
+            (a.to_string(), Bytes::from_static(b"a")),
+            (b.to_string(), Bytes::from_static(b"b")),
+        ]
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_rejoin_with_the_same_metadata_does_not_rebalance() {
+        let c = std::sync::Arc::new(coordinator());
+        let (a, b) = two_stable_members(&c).await;
+        // The follower rejoins (kafka-python does when its poll returned before its
+        // join did): the current generation at once, and nobody else is disturbed.
+        let again = c.join(join("g", &b, false)).await;
+        assert_eq!((again.error, again.generation), (0, 2));
+        assert_eq!(again.leader, a);
+        assert!(again.members.is_empty());
+        assert_eq!(c.heartbeat("g", 2, &a), None);
+        let synced = c.sync("g", 2, &b, vec![]).await;
+        assert_eq!(
+            (synced.error, synced.assignment),
+            (0, Bytes::from_static(b"b"))
+        );
+        // The leader rejoins: every member's metadata, so it can assign again; the
+        // same assignment keeps the group as it is.
+        let led = c.join(join("g", &a, false)).await;
+        assert_eq!((led.generation, led.members.len()), (2, 2));
+        let synced = c.sync("g", 2, &a, assignments(&a, &b)).await;
+        assert_eq!(
+            (synced.error, synced.assignment),
+            (0, Bytes::from_static(b"a"))
+        );
+        assert_eq!(c.describe("g").unwrap().state, State::Stable);
+        // A different one (the partitions changed) is a rebalance everyone joins.
+        c.join(join("g", &a, false)).await;
+        let moved = vec![
+            (a.clone(), Bytes::from_static(b"ab")),
+            (b.clone(), Bytes::new()),
+        ];
+        let refused = c.sync("g", 2, &a, moved).await;
+        assert_eq!(refused.error, ResponseError::RebalanceInProgress.code());
+        assert_eq!(
+            c.heartbeat("g", 2, &b),
+            Some(ResponseError::RebalanceInProgress)
+        );
+        let c2 = c.clone();
+        let b2 = tokio::spawn({
+            let b = b.clone();
+            async move { c2.join(join("g", &b, false)).await }
+        });
+        let a3 = c.join(join("g", &a, false)).await;
+        assert_eq!((a3.generation, b2.await.unwrap().generation), (3, 3));
+        // New metadata (another subscription) rebalances too.
+        let mut other = join("g", &b, false);
+        other.protocols = vec![("range".into(), Bytes::from_static(b"other"))];
+        let c3 = c.clone();
+        let b3 = tokio::spawn(async move { c3.join(other).await });
+        tokio::task::yield_now().await;
+        assert_eq!(c.describe("g").unwrap().state, State::PreparingRebalance);
+        let a4 = c.join(join("g", &a, false)).await;
+        assert_eq!((a4.generation, b3.await.unwrap().generation), (4, 4));
+    }
+
+    fn static_join(member: &str, instance: &str) -> Join {
+        Join {
+            group_instance_id: Some(instance.into()),
+            ..join("g", member, true)
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_restarted_static_member_takes_its_place_without_a_rebalance() {
+        let c = std::sync::Arc::new(coordinator());
+        // Two static members, no MEMBER_ID_REQUIRED round for them.
+        let a = c.join(static_join("", "i-a")).await;
+        assert_eq!((a.error, a.generation), (0, 1));
+        c.sync("g", 1, &a.member_id, vec![]).await;
+        let c2 = c.clone();
+        let b = tokio::spawn(async move { c2.join(static_join("", "i-b")).await });
+        tokio::task::yield_now().await;
+        let a2 = c.join(static_join(&a.member_id, "i-a")).await;
+        let b = b.await.unwrap();
+        assert_eq!((a2.generation, b.generation), (2, 2));
+        let instances: Vec<_> = a2
+            .members
+            .iter()
+            .map(|m| m.group_instance_id.clone())
+            .collect();
+        assert_eq!(instances, [Some("i-a".into()), Some("i-b".into())]);
+        let c3 = c.clone();
+        let b_id = b.member_id.clone();
+        let b_sync = tokio::spawn(async move { c3.sync("g", 2, &b_id, vec![]).await });
+        tokio::task::yield_now().await;
+        c.sync(
+            "g",
+            2,
+            &a.member_id,
+            assignments(&a.member_id, &b.member_id),
+        )
+        .await;
+        b_sync.await.unwrap();
+        // B's process restarts: a join without a member id, under its instance id.
+        let b2 = c.join(static_join("", "i-b")).await;
+        assert_eq!((b2.error, b2.generation), (0, 2), "no rebalance");
+        assert_ne!(b2.member_id, b.member_id);
+        let synced = c.sync("g", 2, &b2.member_id, vec![]).await;
+        assert_eq!(
+            synced.assignment,
+            Bytes::from_static(b"b"),
+            "its old assignment"
+        );
+        assert_eq!(c.heartbeat("g", 2, &a.member_id), None);
+        assert_eq!(c.describe("g").unwrap().members.len(), 2, "no ghost member");
+        // The old process is fenced; so is a second live process joining with the
+        // old id.
+        assert_eq!(
+            c.fenced("g", &b.member_id, Some("i-b")),
+            Some(ResponseError::FencedInstanceId)
+        );
+        assert_eq!(c.fenced("g", &b2.member_id, Some("i-b")), None);
+        let dup = c.join(static_join(&b.member_id, "i-b")).await;
+        assert_eq!(dup.error, ResponseError::FencedInstanceId.code());
+        // LeaveGroup by instance id removes it; the group rebalances.
+        assert_eq!(
+            c.leaving_member("g", "", Some("i-b")),
+            Ok(b2.member_id.clone())
+        );
+        assert_eq!(
+            c.leaving_member("g", &b.member_id, Some("i-b")),
+            Err(ResponseError::FencedInstanceId)
+        );
+        assert_eq!(
+            c.leave("g", std::slice::from_ref(&b2.member_id)),
+            vec![None]
+        );
+        assert_eq!(
+            c.leaving_member("g", "", Some("i-b")),
+            Err(ResponseError::UnknownMemberId)
+        );
+        assert_eq!(
+            c.heartbeat("g", 2, &a.member_id),
+            Some(ResponseError::RebalanceInProgress)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn consumers_starting_together_make_one_rebalance() {
+        let c = std::sync::Arc::new(Coordinator::new(&crate::KafkaConfig::default()));
+        let delay = Duration::from_millis(3_000);
+        let step = SWEEP_EVERY;
+        let sweep_for = |c: std::sync::Arc<Coordinator>, d: Duration| async move {
+            let end = Instant::now() + d;
+            while Instant::now() < end {
+                tokio::time::advance(step).await;
+                c.sweep(Instant::now());
+            }
+        };
+        let c1 = c.clone();
+        let a = tokio::spawn(async move { c1.join(join("g", "", false)).await });
+        sweep_for(c.clone(), Duration::from_millis(1_000)).await;
+        assert!(!a.is_finished(), "a new group waits for more members");
+        let c2 = c.clone();
+        let b = tokio::spawn(async move { c2.join(join("g", "", false)).await });
+        // At the first delay's end B had arrived: the group waits once more.
+        sweep_for(c.clone(), delay).await;
+        assert!(!a.is_finished() && !b.is_finished());
+        sweep_for(c.clone(), delay).await;
+        let (a, b) = (a.await.unwrap(), b.await.unwrap());
+        assert_eq!(
+            (a.generation, b.generation),
+            (1, 1),
+            "one rebalance for both"
+        );
+        assert_eq!(a.members.len() + b.members.len(), 2);
+        // A group that is not new does not wait: a third member rebalances at once
+        // when the others rejoin.
+        let leader = if a.members.is_empty() { &b } else { &a };
+        let follower = if a.members.is_empty() { &a } else { &b };
+        c.sync("g", 1, &leader.member_id, vec![]).await;
+        c.sync("g", 1, &follower.member_id, vec![]).await;
+        let c3 = c.clone();
+        let third = tokio::spawn(async move { c3.join(join("g", "", false)).await });
+        tokio::task::yield_now().await;
+        let c4 = c.clone();
+        let f = follower.member_id.clone();
+        let f = tokio::spawn(async move { c4.join(join("g", &f, false)).await });
+        let l = c.join(join("g", &leader.member_id, false)).await;
+        assert_eq!(l.generation, 2);
+        assert_eq!(third.await.unwrap().generation, 2);
+        assert_eq!(f.await.unwrap().generation, 2);
     }
 
     #[tokio::test(start_paused = true)]

@@ -69,14 +69,23 @@ pub struct Produced {
 /// A produce that has its offsets and resolves once it is durable.
 pub type PendingProduce = BoxFuture<'static, Result<Produced, MinkError>>;
 
-/// Rows read from a partition: each batch with the offset of its first row.
+/// Rows read from a partition.
 #[derive(Debug, Clone)]
 pub struct Fetched {
-    pub batches: Vec<(i64, RecordBatch)>,
+    pub batches: Vec<FetchedBatch>,
     pub high_watermark: i64,
     pub log_start_offset: i64,
-    /// The bucket's leader epoch, stamped on the record batches.
+}
+
+/// One batch of a partition's rows.
+#[derive(Debug, Clone)]
+pub struct FetchedBatch {
+    /// The offset of its first row.
+    pub base_offset: i64,
+    /// The leader epoch it was written under, stamped on the record batch (what a
+    /// client asks OffsetForLeaderEpoch about after a leader change).
     pub leader_epoch: i32,
+    pub rows: RecordBatch,
 }
 
 /// Which offset ListOffsets asks for.
@@ -162,6 +171,19 @@ pub trait KafkaHandler: Send + Sync + 'static {
         partition: i32,
         query: OffsetQuery,
     ) -> Result<ListedOffset, MinkError>;
+    /// The leader epoch of a partition this node leads (what a request's
+    /// `current_leader_epoch` is checked against).
+    async fn leader_epoch(&self, topic: &str, partition: i32) -> Result<i32, MinkError>;
+    /// Where `epoch` ended in a partition this node leads, as OffsetForLeaderEpoch
+    /// answers: the newest epoch at or below it that wrote a retained batch, and the
+    /// offset where the next epoch began (the high watermark for the current one).
+    /// `None` when `epoch` is newer than the leader's.
+    async fn epoch_end(
+        &self,
+        topic: &str,
+        partition: i32,
+        epoch: i32,
+    ) -> Result<Option<(i32, i64)>, MinkError>;
     /// A new producer id (a writer id from the shared allocator).
     async fn init_producer_id(&self) -> Result<i64, MinkError>;
     /// Whether this node coordinates consumer groups now (it holds the lease).
@@ -177,6 +199,9 @@ pub trait KafkaHandler: Send + Sync + 'static {
     fn committed_offsets(&self, group: &str) -> Vec<CommittedOffset>;
     /// The groups that have committed offsets.
     fn offset_groups(&self) -> Vec<String>;
+    /// A group's last member left: its committed offsets are kept for their retention
+    /// from now (KIP-211; while it had members they did not expire).
+    async fn group_emptied(&self, group: &str) -> Result<(), MinkError>;
     /// Deletes a group's committed offsets (`NotFound` when it has none).
     async fn delete_group_offsets(&self, group: &str) -> Result<(), MinkError>;
 }

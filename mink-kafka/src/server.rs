@@ -47,7 +47,8 @@ pub async fn serve(
         groups,
         refused: Default::default(),
     });
-    // Session and rebalance timeouts of consumer groups.
+    // Session and rebalance timeouts of consumer groups; groups that became Empty
+    // start their offsets' retention (KIP-211).
     let sweeper = {
         let ctx = ctx.clone();
         tokio::spawn(async move {
@@ -56,6 +57,14 @@ pub async fn serve(
             loop {
                 every.tick().await;
                 ctx.groups.sweep(tokio::time::Instant::now());
+                for group in ctx.groups.take_emptied() {
+                    let handler = ctx.handler.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = handler.group_emptied(&group).await {
+                            tracing::warn!(%group, "kafka group emptied: its offsets' retention did not restart: {e}");
+                        }
+                    });
+                }
             }
         })
     };

@@ -1015,6 +1015,62 @@ impl LogTablet {
         }
     }
 
+    /// Where `epoch` ended in this log, as Kafka's OffsetForLeaderEpoch answers: the
+    /// newest epoch at or below `epoch` that wrote a retained batch (`epoch` itself
+    /// when none did), and the offset where the next epoch's first batch begins (the
+    /// high watermark when no later epoch wrote one). `None` when `epoch` is newer
+    /// than the one this tablet is open under.
+    ///
+    /// A batch carries the epoch it was written under, and epochs only grow along
+    /// the log (a new leader appends after its predecessor's end), so the first
+    /// offset of a later epoch is found by bisection: one small read per step, about
+    /// log2 of the retained batches. Clients ask after a leader change, not per fetch.
+    pub async fn epoch_end(&self, epoch: u64) -> Result<Option<(u64, i64)>> {
+        if epoch > self.inner.epoch {
+            return Ok(None);
+        }
+        let hw = self.high_watermark();
+        if epoch == self.inner.epoch {
+            return Ok(Some((epoch, hw)));
+        }
+        // The epoch of the batch holding `offset` (trimmed meanwhile: from the start).
+        let epoch_at = |offset: i64| async move {
+            let scan = match self.scan(offset, 1).await {
+                Err(MinkError::OffsetOutOfRange { log_start, .. }) if log_start > offset => {
+                    self.scan(log_start, 1).await?
+                }
+                scan => scan?,
+            };
+            Ok::<_, MinkError>(scan.batches.first().map(|b| {
+                (
+                    b.header.leader_epoch.max(0) as u64,
+                    b.header.base_offset,
+                    b.header.end_offset(),
+                )
+            }))
+        };
+        // The first offset written under an epoch above `epoch`: in [lo, hi).
+        let (mut lo, mut hi) = (self.log_start(), hw);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            match epoch_at(mid).await? {
+                Some((e, base, _)) if e > epoch => hi = base.min(mid),
+                Some((_, _, end)) => lo = end.max(mid + 1),
+                None => break,
+            }
+        }
+        let end = lo.min(hw);
+        let floor = if end > self.log_start() {
+            match epoch_at(end - 1).await? {
+                Some((e, _, _)) if e <= epoch => e,
+                _ => epoch,
+            }
+        } else {
+            epoch
+        };
+        Ok(Some((floor, end)))
+    }
+
     /// Lets trims move the log start up to `offset` (never lowers what was allowed).
     /// A primary-key table's KV tablet calls it once a durable snapshot covers every
     /// row below `offset`.

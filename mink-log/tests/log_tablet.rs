@@ -1002,3 +1002,44 @@ async fn record_time_lookups_and_ttl_race_compaction_and_appends() {
         );
     }
 }
+
+/// OffsetForLeaderEpoch's answer: where each epoch ended, found from the epochs the
+/// batches were written under, across epochs that wrote nothing.
+#[tokio::test]
+async fn each_epoch_ends_where_the_next_began() {
+    let mut env = Env::new().await;
+    let mut seq = 0;
+    let mut next = 0;
+    // Epoch 1 writes 0..6 in three batches; epoch 2 nothing; epoch 3 writes 6..10;
+    // epoch 4 (the current one) writes 10..11.
+    let tablet = env.tablet(false).await;
+    for rows in [2, 2, 2] {
+        tablet.append(req(7, seq, next..next + rows)).await.unwrap();
+        (seq, next) = (seq + 1, next + rows);
+    }
+    drop(tablet);
+    drop(env.tablet(false).await); // epoch 2, which writes nothing
+    let mut tablet = env.tablet(false).await;
+    for rows in [1, 3] {
+        tablet.append(req(7, seq, next..next + rows)).await.unwrap();
+        (seq, next) = (seq + 1, next + rows);
+    }
+    tablet = env.tablet(true).await;
+    tablet.append(req(7, seq, next..next + 1)).await.unwrap();
+    assert_eq!(tablet.epoch(), 4);
+    let ends = [
+        (0, Some((0, 0))),
+        (1, Some((1, 6))),
+        (2, Some((1, 6))),
+        (3, Some((3, 10))),
+        (4, Some((4, 11))),
+        (5, None),
+    ];
+    for (epoch, want) in ends {
+        assert_eq!(
+            tablet.epoch_end(epoch).await.unwrap(),
+            want,
+            "epoch {epoch}"
+        );
+    }
+}

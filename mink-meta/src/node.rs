@@ -20,7 +20,7 @@
 //!   and move their buckets (new epochs), expire group and producer offsets, write
 //!   snapshots of the metadata log, and `rebalance` on request.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -98,7 +98,13 @@ struct Inner {
     queue: Mutex<Vec<Proposal>>,
     /// Whether a committer task is draining `queue`.
     committing: std::sync::atomic::AtomicBool,
+    /// The consumer groups with members on this node's coordinator, whose offsets do
+    /// not expire (KIP-211); set by the node that runs the Kafka listener.
+    live_groups: std::sync::OnceLock<LiveGroups>,
 }
+
+/// Names the consumer groups that have members now.
+pub type LiveGroups = Arc<dyn Fn() -> BTreeSet<String> + Send + Sync>;
 
 type Proposal = (MetaCommand, tokio::sync::oneshot::Sender<Result<u64>>);
 
@@ -166,6 +172,7 @@ impl MetaNode {
                 heartbeat_error: Mutex::new(None),
                 queue: Mutex::new(Vec::new()),
                 committing: std::sync::atomic::AtomicBool::new(false),
+                live_groups: std::sync::OnceLock::new(),
             }),
         };
         meta.beat().await;
@@ -564,8 +571,25 @@ impl MetaNode {
         Ok(start..start + count as i64)
     }
 
-    /// Commits group offsets, kept for `retention_ms` after this commit (the Kafka
-    /// layer passes the requested retention or `group_offsets_ttl_ms`).
+    /// Tells the lease holder's offset expiry which consumer groups have members:
+    /// their offsets are kept (KIP-211). Set once; later calls are ignored.
+    pub fn set_live_groups(&self, groups: LiveGroups) {
+        let _ = self.inner.live_groups.set(groups);
+    }
+
+    /// A group's last member left: its offsets are kept for their retention from now
+    /// (KIP-211).
+    pub async fn touch_group_offsets(&self, group: &str) -> Result<u64> {
+        self.propose(MetaCommand::TouchGroupOffsets {
+            group: group.to_string(),
+            at_ms: now_ms(),
+        })
+        .await
+    }
+
+    /// Commits group offsets, kept for `retention_ms` after this commit, or, while the
+    /// group has members, after it became empty (the Kafka layer passes the requested
+    /// retention or `group_offsets_ttl_ms`).
     pub async fn commit_group_offsets(
         &self,
         group: &str,
@@ -857,8 +881,18 @@ impl MetaNode {
             *last_expire = Instant::now();
             let now_ms = now_ms();
             if self.read(|s| s.has_expired_offsets(now_ms)) {
-                self.propose(MetaCommand::ExpireOffsets { term, now_ms })
-                    .await?;
+                let live_groups = self
+                    .inner
+                    .live_groups
+                    .get()
+                    .map(|f| f())
+                    .unwrap_or_default();
+                self.propose(MetaCommand::ExpireOffsets {
+                    term,
+                    now_ms,
+                    live_groups,
+                })
+                .await?;
             }
         }
         // Snapshots of the metadata log.

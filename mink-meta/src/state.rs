@@ -3,7 +3,7 @@
 //! are appended ([`LogState::validate`]), so the log holds no invalid entry, and
 //! applying one never fails.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use mink_types::{
     Column, MinkError, PartitionId, Result, Schema, SchemaId, TableBucket, TableDescriptor,
@@ -78,6 +78,20 @@ pub struct GroupOffset {
     pub metadata: String,
     pub committed_at_ms: i64,
     pub expires_at_ms: i64,
+    /// How long the offset is kept once its group has no members (KIP-211); 0 in
+    /// entries written before it was kept, which count it from the commit.
+    #[serde(default)]
+    pub retention_ms: i64,
+}
+
+impl GroupOffset {
+    fn retention(&self) -> i64 {
+        if self.retention_ms > 0 {
+            self.retention_ms
+        } else {
+            self.expires_at_ms.saturating_sub(self.committed_at_ms)
+        }
+    }
 }
 
 /// Offsets a producer registered (exactly-once sinks).
@@ -198,10 +212,20 @@ pub enum MetaCommand {
     DeleteGroup {
         group: String,
     },
+    /// A group's last member left at `at_ms`: its offsets are kept for their
+    /// retention from then (KIP-211), not from their commits.
+    TouchGroupOffsets {
+        group: String,
+        at_ms: i64,
+    },
     /// The lease holder drops group and producer offsets that expired by `now_ms`.
+    /// The offsets of `live_groups` (groups with members on the coordinator) never
+    /// expire: those due are kept for their retention from `now_ms` (KIP-211).
     ExpireOffsets {
         term: u64,
         now_ms: i64,
+        #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+        live_groups: BTreeSet<String>,
     },
     SetKvSnapshot {
         bucket: String,
@@ -248,8 +272,9 @@ fn not_found(what: impl Into<String>) -> MinkError {
 }
 
 impl MetaState {
-    /// Whether `ExpireOffsets` at `now_ms` would remove anything (the holder proposes
+    /// Whether `ExpireOffsets` at `now_ms` would change anything (the holder proposes
     /// it only then: an entry that changes nothing still costs requests on every node).
+    /// A due offset of a live group counts: its expiry moves.
     pub fn has_expired_offsets(&self, now_ms: i64) -> bool {
         self.group_offsets
             .values()
@@ -547,6 +572,8 @@ impl LogState for MetaState {
                 }
                 Ok(())
             }
+            // A group whose offsets expired meanwhile: nothing to keep, no error.
+            MetaCommand::TouchGroupOffsets { .. } => Ok(()),
             MetaCommand::ExpireOffsets { term, .. } => self.check_term(*term),
             MetaCommand::SetKvSnapshot { bucket, pointer } => {
                 if !self.buckets.contains_key(bucket) {
@@ -779,6 +806,7 @@ impl LogState for MetaState {
                             metadata: metadata.clone(),
                             committed_at_ms: *at_ms,
                             expires_at_ms: at_ms.saturating_add(*retention_ms),
+                            retention_ms: *retention_ms,
                         },
                     );
                 }
@@ -786,8 +814,26 @@ impl LogState for MetaState {
             MetaCommand::DeleteGroup { group } => {
                 self.group_offsets.remove(group);
             }
-            MetaCommand::ExpireOffsets { now_ms, .. } => {
-                for offsets in self.group_offsets.values_mut() {
+            MetaCommand::TouchGroupOffsets { group, at_ms } => {
+                for o in self.group_offsets.get_mut(group).into_iter().flatten() {
+                    let o = o.1;
+                    o.expires_at_ms = o.expires_at_ms.max(at_ms.saturating_add(o.retention()));
+                }
+            }
+            MetaCommand::ExpireOffsets {
+                now_ms,
+                live_groups,
+                ..
+            } => {
+                for (group, offsets) in self.group_offsets.iter_mut() {
+                    if live_groups.contains(group) {
+                        for o in offsets.values_mut() {
+                            if o.expires_at_ms <= *now_ms {
+                                o.expires_at_ms = now_ms.saturating_add(o.retention());
+                            }
+                        }
+                        continue;
+                    }
                     offsets.retain(|_, o| o.expires_at_ms > *now_ms);
                 }
                 self.group_offsets.retain(|_, o| !o.is_empty());
@@ -806,5 +852,88 @@ impl LogState for MetaState {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use mink_wal::objectlog::LogState;
+
+    use super::*;
+
+    const DAY: i64 = 24 * 3600 * 1000;
+
+    fn commit(state: &mut MetaState, group: &str, at_ms: i64) {
+        let offsets = BTreeMap::from([("t/0".to_string(), (7, String::new()))]);
+        state.apply(
+            1,
+            &MetaCommand::CommitGroupOffsets {
+                group: group.into(),
+                offsets,
+                at_ms,
+                retention_ms: 7 * DAY,
+            },
+        );
+    }
+
+    fn expire(state: &mut MetaState, now_ms: i64, live: &[&str]) {
+        let command = MetaCommand::ExpireOffsets {
+            term: 0,
+            now_ms,
+            live_groups: live.iter().map(|g| g.to_string()).collect(),
+        };
+        if state.has_expired_offsets(now_ms) {
+            state.apply(2, &command);
+        }
+    }
+
+    /// KIP-211: a group's offsets never expire while it has members, and their
+    /// retention counts from the moment it became empty.
+    #[test]
+    fn offsets_of_a_group_with_members_are_kept_and_expire_after_it_empties() {
+        let mut s = MetaState::default();
+        commit(&mut s, "quiet", 0);
+        commit(&mut s, "gone", 0);
+        // Day 7: both due; "quiet" still has members, "gone" has none.
+        expire(&mut s, 7 * DAY, &["quiet"]);
+        assert!(s.group_offsets.contains_key("quiet"));
+        assert!(!s.group_offsets.contains_key("gone"));
+        // Its expiry moved a retention ahead, not the retention itself.
+        let o = &s.group_offsets["quiet"]["t/0"];
+        assert_eq!((o.expires_at_ms, o.retention_ms), (14 * DAY, 7 * DAY));
+        assert!(!s.has_expired_offsets(13 * DAY));
+        // It empties on day 10: kept until day 17, then gone.
+        s.apply(
+            3,
+            &MetaCommand::TouchGroupOffsets {
+                group: "quiet".into(),
+                at_ms: 10 * DAY,
+            },
+        );
+        expire(&mut s, 16 * DAY, &[]);
+        assert!(s.group_offsets.contains_key("quiet"));
+        expire(&mut s, 17 * DAY, &[]);
+        assert!(s.group_offsets.is_empty());
+        // Touching a group without offsets is no error and changes nothing.
+        let touch = MetaCommand::TouchGroupOffsets {
+            group: "never".into(),
+            at_ms: 0,
+        };
+        assert!(s.validate(&touch).is_ok());
+        s.apply(4, &touch);
+        assert!(s.group_offsets.is_empty());
+    }
+
+    /// Entries written before offsets kept their retention count it from the commit.
+    #[test]
+    fn old_offsets_without_a_retention_keep_the_one_they_were_written_with() {
+        let old = r#"{"offset": 3, "metadata": "", "committed_at_ms": 100, "expires_at_ms": 600}"#;
+        let o: GroupOffset = serde_json::from_str(old).unwrap();
+        assert_eq!((o.retention_ms, o.retention()), (0, 500));
+        let old_expire = r#"{"expire_offsets": {"term": 2, "now_ms": 5}}"#;
+        let c: MetaCommand = serde_json::from_str(old_expire).unwrap();
+        assert!(
+            matches!(c, MetaCommand::ExpireOffsets { live_groups, .. } if live_groups.is_empty())
+        );
     }
 }

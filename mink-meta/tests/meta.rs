@@ -154,7 +154,11 @@ async fn the_lease_fails_over_and_the_old_holder_is_fenced() {
     assert_ne!(holder2, holder);
     // The old holder's proposals under its term are rejected.
     let err = old
-        .propose(MetaCommand::ExpireOffsets { term: 1, now_ms: 0 })
+        .propose(MetaCommand::ExpireOffsets {
+            term: 1,
+            now_ms: 0,
+            live_groups: Default::default(),
+        })
         .await
         .unwrap_err();
     assert!(matches!(err, MinkError::Fenced(_)), "{err:?}");

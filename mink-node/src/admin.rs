@@ -117,10 +117,13 @@ async fn health(State(state): State<Arc<AdminState>>) -> (StatusCode, String) {
 }
 
 async fn metrics_page(State(state): State<Arc<AdminState>>) -> String {
-    if let Some(service) = state.service.get() {
-        service.record_gauges().await;
-    }
-    state.prometheus.render()
+    let Some(service) = state.service.get() else {
+        return state.prometheus.render();
+    };
+    service.record_gauges().await;
+    let mut text = state.prometheus.render();
+    text.push_str(&service.consumer_lag_metrics().await);
+    text
 }
 
 /// What `POST /fault` sets: every field optional, absent means off.

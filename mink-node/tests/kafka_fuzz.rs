@@ -26,6 +26,9 @@ use kafka_protocol::messages::offset_commit_request::{
 use kafka_protocol::messages::offset_fetch_request::{
     OffsetFetchRequestGroup, OffsetFetchRequestTopic, OffsetFetchRequestTopics,
 };
+use kafka_protocol::messages::offset_for_leader_epoch_request::{
+    OffsetForLeaderPartition, OffsetForLeaderTopic,
+};
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::sync_group_request::SyncGroupRequestAssignment;
 use kafka_protocol::messages::*;
@@ -51,6 +54,8 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn config(dir: &std::path::Path) -> MinkConfig {
     let mut c = common::config(dir, &dir.join("objects"), "n0");
     c.kafka.fetch_max_wait_cap_ms = 200;
+    // A mutated JoinGroup names new groups: none waits for more members.
+    c.kafka.initial_rebalance_delay_ms = 0;
     c
 }
 
@@ -244,6 +249,26 @@ fn templates(live: &Live) -> Vec<Template> {
                             ListOffsetsPartition::default()
                                 .with_partition_index(0)
                                 .with_timestamp(-2),
+                        ]),
+                ])
+        },
+    );
+    each_version(
+        o,
+        ApiKey::OffsetForLeaderEpoch,
+        served(ApiKey::OffsetForLeaderEpoch),
+        false,
+        |_| {
+            OffsetForLeaderEpochRequest::default()
+                .with_replica_id(BrokerId(-1))
+                .with_topics(vec![
+                    OffsetForLeaderTopic::default()
+                        .with_topic(topic())
+                        .with_partitions(vec![
+                            OffsetForLeaderPartition::default()
+                                .with_partition(0)
+                                .with_current_leader_epoch(-1)
+                                .with_leader_epoch(0),
                         ]),
                 ])
         },

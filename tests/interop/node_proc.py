@@ -30,6 +30,9 @@ class NodeProcess:
                     "MINK_META__LEASE_TIMEOUT_MS": "2000",
                     "MINK_META__NODE_SESSION_TIMEOUT_MS": "3000",
                     "MINK_META__TAIL_IDLE_INTERVAL_MAX_MS": "200",
+                    # A new group does not wait 3 s for more members (the tests
+                    # that need the wait set it).
+                    "MINK_KAFKA__INITIAL_REBALANCE_DELAY_MS": "0",
                     **(env or {}),
                 }
             ),

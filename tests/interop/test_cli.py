@@ -147,3 +147,48 @@ def test_errors_are_one_line_and_a_nonzero_exit(cli):
     assert "(no rows)" in mink("scan", "demo.events").stdout, "nothing was written"
     typo = mink("table", "create", "demo.x", "--column", "id:INTEGERR", check=False)
     assert typo.returncode != 0 and "unknown type" in typo.stderr
+
+
+def test_kafka_groups_and_lag_as_kafka_consumer_groups_shows_them(cli):
+    """`mink kafka groups` and `mink kafka lag GROUP` against a group that consumed
+    part of a topic (confluent-kafka), and the same lag as a Prometheus gauge."""
+    import urllib.request
+
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    mink, _ = cli
+    node = mink.node
+    p = Producer({"bootstrap.servers": node.bootstrap})
+    for i in range(10):
+        p.produce("clicks.v1", value=b"%d" % i, partition=0)
+    p.flush(30)
+    c = Consumer({"bootstrap.servers": node.bootstrap, "group.id": "reporting", "auto.offset.reset": "earliest",
+                  "enable.auto.commit": False})
+    c.subscribe(["clicks.v1"])
+    got = 0
+    deadline = time.monotonic() + 60
+    while got < 4 and time.monotonic() < deadline:
+        m = c.poll(1)
+        if m is not None and m.error() is None:
+            got += 1
+    assert got == 4
+    c.commit(offsets=[TopicPartition("clicks.v1", 0, 4)], asynchronous=False)
+
+    groups = [json.loads(line) for line in mink("kafka", "groups", "--format", "json").stdout.splitlines()]
+    assert groups == [{"group": "reporting", "state": "Stable", "members": 1, "partitions": 1, "lag": 6}]
+    table = mink("kafka", "lag", "reporting").stdout
+    header = next(line for line in table.splitlines() if "topic" in line)
+    assert [h.strip() for h in header.strip("|").split("|")] == [
+        "topic", "partition", "current_offset", "log_end_offset", "lag", "consumer_id", "client_id", "host"]
+    row = next(line for line in table.splitlines() if "clicks.v1" in line)
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert cells[:5] == ["clicks.v1", "0", "4", "10", "6"], table
+    assert cells[5] != "-", "the partition's member is shown"
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{node.admin_port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    assert 'mink_kafka_consumer_lag{group="reporting",topic="clicks.v1",partition="0"} 6' in text
+    c.close()
+    # Gone with the group: the lag of a deleted group is not reported.
+    unknown = mink("kafka", "lag", "nobody", check=False)
+    assert unknown.returncode != 0 and "does not exist" in unknown.stderr

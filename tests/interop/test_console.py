@@ -397,6 +397,21 @@ def test_every_metric_the_grafana_dashboard_names_is_scraped(mink_node, tmp_path
             properties={"lake": {"enabled": True, "freshness": "1s"}},
         )
         t.append(pa.table({"id": list(range(10))}))
+        # A consumer group with a commit behind the end: the lag series.
+        p = Producer({"bootstrap.servers": node.bootstrap})
+        p.produce("lagging", value=b"x")
+        p.produce("lagging", value=b"y")
+        p.flush(30)
+        c = Consumer({"bootstrap.servers": node.bootstrap, "group.id": "dash", "auto.offset.reset": "earliest",
+                      "enable.auto.commit": False})
+        c.subscribe(["lagging"])
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            m = c.poll(1)
+            if m is not None and m.error() is None:
+                c.commit(message=m, asynchronous=False)
+                break
+        c.close()
 
         def scraped():
             with urllib.request.urlopen(f"http://127.0.0.1:{node.admin_port}/metrics", timeout=10) as r:

@@ -1,16 +1,25 @@
 """Kafka clients that share no code with librdkafka (issue 26): kafka-python and
-aiokafka, pure Python implementations of the protocol, against one node. Names as
-Kafka allows them, group states as Kafka reports them, deletes of groups that never
-committed."""
+aiokafka, pure Python implementations of the protocol. Names as Kafka allows them,
+group states as Kafka reports them, deletes of groups that never committed, a group
+of polling consumers that settles, and leader epochs across a leader move on three
+nodes."""
 
 import asyncio
+import json
+import logging
+import socket
+import struct
 import time
 
 import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka.admin import NewTopic
 
+import pyarrow.flight as flight
+
 from node_proc import NodeProcess
+from test_cluster import cluster, wait_until  # noqa: F401 - the three-node fixture
+from test_flight import action
 
 TIMEOUT_MS = 30_000
 
@@ -124,3 +133,174 @@ def test_aiokafka_produces_and_consumes_a_dotted_topic_in_a_group(mink_node, tmp
         assert asyncio.run(run()) == list(range(10))
     finally:
         node.kill()
+
+
+def generation(consumer):
+    """The group generation a kafka-python consumer is in (-1 before it joined)."""
+    return consumer._coordinator._generation.generation_id  # noqa: SLF001 - what we observe
+
+
+def test_kafka_python_consumers_polling_in_turn_settle_in_one_group(mink_node, tmp_path):
+    """Two kafka-python consumers started together poll in turn (200 ms each). Each
+    completes joins its poll no longer waits for, and joins again; a coordinator
+    that rebalanced on every such rejoin made this group climb a generation a second
+    with every commit refused. With the initial rebalance delay (the default 3 s
+    here), both land in one first rebalance."""
+    node = NodeProcess(
+        mink_node,
+        tmp_path,
+        {"MINK_DATA_DIR": str(tmp_path / "data"), "MINK_KAFKA__INITIAL_REBALANCE_DELAY_MS": "3000"},
+    )
+    consumers = []
+    try:
+        admin = KafkaAdminClient(bootstrap_servers=node.bootstrap, request_timeout_ms=TIMEOUT_MS)
+        admin.create_topics([NewTopic("four", num_partitions=4, replication_factor=1)])
+        p = KafkaProducer(bootstrap_servers=node.bootstrap, acks="all")
+        for i in range(40):
+            p.send("four", key=b"%d" % i, value=b"%d" % i, partition=i % 4)
+        p.flush()
+        p.close()
+        consumers = [
+            KafkaConsumer(
+                "four",
+                bootstrap_servers=node.bootstrap,
+                group_id="polling",
+                client_id=f"c{i}",
+                auto_offset_reset="earliest",
+                enable_auto_commit=False,
+            )
+            for i in range(2)
+        ]
+        seen = []
+
+        def round_of_polls():
+            ok = 0
+            for c in consumers:
+                for records in c.poll(timeout_ms=200).values():
+                    seen.extend(int(r.value) for r in records)
+                try:
+                    c.commit()
+                    ok += 1
+                except Exception:  # noqa: BLE001 - refused while the group rebalances
+                    pass
+            return ok
+
+        deadline = time.monotonic() + 60
+        while not (round_of_polls() == 2 and all(len(c.assignment()) == 2 for c in consumers)):
+            assert time.monotonic() < deadline, "the group never settled"
+        settled_at = [generation(c) for c in consumers]
+        assert settled_at[0] == settled_at[1] and settled_at[0] <= 3, settled_at
+        # Two heartbeat intervals (3 s each) and more: every commit is taken and
+        # nobody rebalances.
+        end = time.monotonic() + 8
+        while time.monotonic() < end:
+            assert round_of_polls() == 2
+        assert [generation(c) for c in consumers] == settled_at
+        assert sorted(seen) == list(range(40))
+        parts = sorted(tp.partition for c in consumers for tp in c.assignment())
+        assert parts == [0, 1, 2, 3]
+        admin.close()
+    finally:
+        for c in consumers:
+            c.close()
+        node.kill()
+
+
+def offset_for_leader_epoch(node, topic, current_epoch, epoch):
+    """(error code, leader epoch, end offset) of a raw OffsetForLeaderEpoch v3 for
+    partition 0 of `topic`, sent to `node`."""
+    name = topic.encode()
+    body = struct.pack(">ii", -1, 1) + struct.pack(">h", len(name)) + name
+    body += struct.pack(">iiii", 1, 0, current_epoch, epoch)
+    client_id = b"raw"
+    header = struct.pack(">hhih", 23, 3, 7, len(client_id)) + client_id
+    frame = header + body
+    with socket.create_connection(("127.0.0.1", node.kafka_port), timeout=30) as s:
+        s.sendall(struct.pack(">i", len(frame)) + frame)
+        (size,) = struct.unpack(">i", s.recv(4))
+        payload = b""
+        while len(payload) < size:
+            payload += s.recv(size - len(payload))
+    # correlation id, throttle, 1 topic (name), 1 partition.
+    at = 4 + 4 + 4
+    (length,) = struct.unpack(">h", payload[at: at + 2])
+    at += 2 + length + 4
+    error, partition, leader_epoch, end = struct.unpack(">hiiq", payload[at: at + 18])
+    assert partition == 0
+    return error, leader_epoch, end
+
+
+def test_leader_epochs_across_a_leader_move_with_kafka_python(cluster):
+    """A kafka-python consumer reads a partition, its leader moves to another node,
+    and it goes on after validating its position with OffsetForLeaderEpoch (it stalls
+    forever without it); the answers are Kafka's for the old epoch, the current one,
+    and a stale or unknown current_leader_epoch."""
+    nodes, clients = cluster
+    boot = ",".join(n.bootstrap for n in nodes)
+    admin = KafkaAdminClient(bootstrap_servers=boot, request_timeout_ms=TIMEOUT_MS)
+    admin.create_topics([NewTopic("epochs", num_partitions=1, replication_factor=1)])
+    admin.close()
+    producer = KafkaProducer(bootstrap_servers=boot, acks="all", retries=20)
+    for i in range(10):
+        producer.send("epochs", value=b"%d" % i).get(timeout=30)
+    validations = []
+
+    class Seen(logging.Handler):
+        def emit(self, record):
+            if "OffsetForLeaderEpoch" in record.getMessage():
+                validations.append(record.getMessage())
+
+    fetcher_log = logging.getLogger("kafka.consumer.fetcher")
+    fetcher_log.setLevel(logging.DEBUG)
+    seen_handler = Seen()
+    fetcher_log.addHandler(seen_handler)
+    from kafka import TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=boot, auto_offset_reset="earliest", enable_auto_commit=False)
+    tp = TopicPartition("epochs", 0)
+    consumer.assign([tp])
+    try:
+        got = []
+        deadline = time.monotonic() + 30
+        while len(got) < 10 and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=500).values():
+                got += [(r.offset, r.leader_epoch) for r in records]
+        assert [o for o, _ in got] == list(range(10))
+        old_epoch = got[-1][1]
+        assert old_epoch >= 0
+
+        meta = action(clients[0], "metadata", {"path": "kafka.epochs"})
+        [bucket] = meta["buckets"]
+        other = next(f"n{i}" for i in range(3) if f"n{i}" != bucket["leader"])
+        assert action(clients[0], "rebalance", {"moves": [{"bucket": bucket["bucket"], "to": other}]}) == {"moved": 1}
+
+        def moved():
+            m = action(clients[0], "metadata", {"path": "kafka.epochs"})["buckets"][0]
+            return m if m["leader"] == other and m["epoch"] > old_epoch else None
+
+        new = wait_until(moved, timeout=30)
+        assert new is not None, "the bucket moved"
+        for i in range(10, 20):
+            producer.send("epochs", value=b"%d" % i).get(timeout=30)
+        deadline = time.monotonic() + 60
+        while len(got) < 20 and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=500).values():
+                got += [(r.offset, r.leader_epoch) for r in records]
+        assert [o for o, _ in got] == list(range(20)), got
+        # Each batch carries the epoch it was written under.
+        assert {e for o, e in got if o < 10} == {old_epoch}
+        assert {e for o, e in got if o >= 10} == {new["epoch"]}
+        assert any("Sending OffsetForLeaderEpoch" in v for v in validations), validations
+
+        leader = nodes[int(other[1:])]
+        current = new["epoch"]
+        assert offset_for_leader_epoch(leader, "epochs", current, old_epoch) == (0, old_epoch, 10)
+        assert offset_for_leader_epoch(leader, "epochs", current, current) == (0, current, 20)
+        assert offset_for_leader_epoch(leader, "epochs", -1, current + 1) == (0, -1, -1)
+        fenced, unknown = 74, 75
+        assert offset_for_leader_epoch(leader, "epochs", current - 1, current)[0] == fenced
+        assert offset_for_leader_epoch(leader, "epochs", current + 1, current)[0] == unknown
+    finally:
+        fetcher_log.removeHandler(seen_handler)
+        consumer.close()
+        producer.close()

@@ -7,7 +7,10 @@
 //! `min_bytes` or `max_wait_ms` (capped by `kafka.fetch_max_wait_cap_ms`) passed. Rows are
 //! re-encoded as record batches v2; the response stops growing at the request's
 //! `max_bytes` (capped by `kafka.max_fetch_bytes`), but always carries the first
-//! partition that has data, whatever its size (KIP-74).
+//! partition that has data, whatever its size (KIP-74). A partition whose
+//! `current_leader_epoch` (v9+) is not the leader's answers FENCED_LEADER_EPOCH or
+//! UNKNOWN_LEADER_EPOCH and is not read. Each record batch carries the leader epoch it
+//! was written under.
 
 use std::time::Duration;
 
@@ -30,6 +33,8 @@ struct Wanted {
     partition: i32,
     offset: i64,
     max_bytes: usize,
+    /// The leader epoch the client believes in (-1: not checked).
+    current_leader_epoch: i32,
 }
 
 /// What one partition answered: its records, encoded, and the offset after them; or
@@ -42,13 +47,15 @@ enum Answer {
         next_offset: i64,
     },
     Error(MinkError),
+    /// Refused before reading (a leader epoch the leader does not have).
+    Refused(ResponseError),
 }
 
 impl Answer {
     fn size(&self) -> usize {
         match self {
             Answer::Records { bytes, .. } => bytes.len(),
-            Answer::Error(_) => 0,
+            Answer::Error(_) | Answer::Refused(_) => 0,
         }
     }
 
@@ -76,10 +83,20 @@ impl Answer {
                 *log_start_offset = start;
                 *next_offset = next;
             }
-            (this, later @ Answer::Error(_)) => *this = later,
-            (Answer::Error(_), _) => {}
+            (this, later @ (Answer::Error(_) | Answer::Refused(_))) => *this = later,
+            (Answer::Error(_) | Answer::Refused(_), _) => {}
         }
         added
+    }
+}
+
+/// The first read of a partition: its leader epoch checked, then what is there now.
+async fn first_read(ctx: &Ctx, w: &Wanted) -> Answer {
+    match super::offsets::check_leader_epoch(ctx, &w.name, w.partition, w.current_leader_epoch)
+        .await
+    {
+        Ok(()) => read(ctx, w, w.offset, w.max_bytes, Duration::ZERO).await,
+        Err(code) => Answer::Refused(code),
     }
 }
 
@@ -97,14 +114,15 @@ async fn read(ctx: &Ctx, w: &Wanted, offset: i64, max_bytes: usize, wait: Durati
 fn encode(w: &Wanted, offset: i64, f: Fetched) -> Answer {
     let mut bytes = BytesMut::new();
     let mut next_offset = offset;
-    for (base, rows) in &f.batches {
-        if let Err(e) = encode_fetched(*base, rows, f.leader_epoch, &mut bytes) {
+    for b in &f.batches {
+        let base = b.base_offset;
+        if let Err(e) = encode_fetched(base, &b.rows, b.leader_epoch, &mut bytes) {
             return Answer::Error(MinkError::Internal(format!(
                 "{} partition {} at {base}: {e}",
                 &*w.name, w.partition
             )));
         }
-        next_offset = base + rows.num_rows() as i64;
+        next_offset = base + b.rows.num_rows() as i64;
     }
     Answer::Records {
         bytes,
@@ -141,7 +159,7 @@ async fn wait_for_min_bytes(
     let mut tails: FuturesUnordered<_> =
         (0..wanted.len()).filter_map(|i| tail(i, answers)).collect();
     while let Some((i, later)) = tails.next().await {
-        let error = matches!(later, Answer::Error(_));
+        let error = matches!(later, Answer::Error(_) | Answer::Refused(_));
         let added = answers[i].extend(later);
         total += added;
         if error || total >= min_bytes {
@@ -190,18 +208,17 @@ pub(crate) async fn fetch(ctx: &Ctx, r: FetchRequest, v: i16) -> FetchResponse {
                 partition: p.partition,
                 offset: p.fetch_offset,
                 max_bytes: (p.partition_max_bytes.max(0) as usize).min(max_bytes.max(1)),
+                current_leader_epoch: if v >= 9 { p.current_leader_epoch } else { -1 },
             });
         }
     }
     // Everything that is there now, all partitions at once.
-    let mut answers: Vec<Answer> = futures::future::join_all(
-        wanted
-            .iter()
-            .map(|w| read(ctx, w, w.offset, w.max_bytes, Duration::ZERO)),
-    )
-    .await;
+    let mut answers: Vec<Answer> =
+        futures::future::join_all(wanted.iter().map(|w| first_read(ctx, w))).await;
     let total: usize = answers.iter().map(Answer::size).sum();
-    let errors = answers.iter().any(|a| matches!(a, Answer::Error(_)));
+    let errors = answers
+        .iter()
+        .any(|a| matches!(a, Answer::Error(_) | Answer::Refused(_)));
     if total < min_bytes && !errors && wait_ms > 0 {
         wait_for_min_bytes(ctx, &wanted, &mut answers, min_bytes, deadline).await;
     }
@@ -230,6 +247,12 @@ pub(crate) async fn fetch(ctx: &Ctx, r: FetchRequest, v: i16) -> FetchResponse {
                 if v >= 5 {
                     out = out.with_log_start_offset(log_start_offset);
                 }
+            }
+            Answer::Refused(code) => {
+                out = out
+                    .with_error_code(code.code())
+                    .with_high_watermark(-1)
+                    .with_records(Some(bytes::Bytes::new()));
             }
             Answer::Error(e) => {
                 tracing::debug!(

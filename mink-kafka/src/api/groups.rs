@@ -144,15 +144,25 @@ pub(crate) async fn join_group(
                 .map(|p| (p.name.to_string(), p.metadata))
                 .collect(),
             member_id_required: v >= 4,
+            group_instance_id: if v >= 5 {
+                r.group_instance_id.map(|i| i.to_string())
+            } else {
+                None
+            },
         })
         .await;
     let members = joined
         .members
         .into_iter()
-        .map(|(id, metadata)| {
-            join_group_response::JoinGroupResponseMember::default()
-                .with_member_id(s(id))
-                .with_metadata(metadata)
+        .map(|m| {
+            let out = join_group_response::JoinGroupResponseMember::default()
+                .with_member_id(s(m.member_id))
+                .with_metadata(m.metadata);
+            if v >= 5 {
+                out.with_group_instance_id(m.group_instance_id.map(s))
+            } else {
+                out
+            }
         })
         .collect();
     let mut out = JoinGroupResponse::default()
@@ -171,6 +181,10 @@ pub(crate) async fn join_group(
 pub(crate) async fn sync_group(ctx: &Ctx, r: SyncGroupRequest, v: i16) -> SyncGroupResponse {
     if let Some(code) = not_coordinator(ctx) {
         return SyncGroupResponse::default().with_error_code(code);
+    }
+    let instance = r.group_instance_id.as_deref().filter(|_| v >= 3);
+    if let Some(e) = ctx.groups.fenced(&r.group_id, &r.member_id, instance) {
+        return SyncGroupResponse::default().with_error_code(e.code());
     }
     let synced = ctx
         .groups
@@ -195,10 +209,15 @@ pub(crate) async fn sync_group(ctx: &Ctx, r: SyncGroupRequest, v: i16) -> SyncGr
     out
 }
 
-pub(crate) fn heartbeat(ctx: &Ctx, r: HeartbeatRequest) -> HeartbeatResponse {
+pub(crate) fn heartbeat(ctx: &Ctx, r: HeartbeatRequest, v: i16) -> HeartbeatResponse {
+    let instance = r.group_instance_id.as_deref().filter(|_| v >= 3);
     let code = not_coordinator(ctx).unwrap_or_else(|| {
         ctx.groups
-            .heartbeat(&r.group_id, r.generation_id, &r.member_id)
+            .fenced(&r.group_id, &r.member_id, instance)
+            .or_else(|| {
+                ctx.groups
+                    .heartbeat(&r.group_id, r.generation_id, &r.member_id)
+            })
             .map_or(0, |e| e.code())
     });
     HeartbeatResponse::default().with_error_code(code)
@@ -209,8 +228,21 @@ pub(crate) fn leave_group(ctx: &Ctx, r: LeaveGroupRequest, v: i16) -> LeaveGroup
         return LeaveGroupResponse::default().with_error_code(code);
     }
     if v >= 3 {
-        let ids: Vec<String> = r.members.iter().map(|m| m.member_id.to_string()).collect();
-        let results = ctx.groups.leave(&r.group_id, &ids);
+        // By instance id where one is named (a static member).
+        let results: Vec<Option<ResponseError>> = r
+            .members
+            .iter()
+            .map(|m| {
+                let instance = m.group_instance_id.as_deref();
+                match ctx
+                    .groups
+                    .leaving_member(&r.group_id, &m.member_id, instance)
+                {
+                    Ok(id) => ctx.groups.leave(&r.group_id, &[id])[0],
+                    Err(e) => Some(e),
+                }
+            })
+            .collect();
         let members = r
             .members
             .into_iter()
@@ -230,37 +262,48 @@ pub(crate) fn leave_group(ctx: &Ctx, r: LeaveGroupRequest, v: i16) -> LeaveGroup
     }
 }
 
+/// An OffsetCommit answered with one error for every partition it names.
+fn refuse_commit(
+    code: i16,
+    topics: Vec<offset_commit_request::OffsetCommitRequestTopic>,
+) -> OffsetCommitResponse {
+    let topics = topics
+        .into_iter()
+        .map(|t| {
+            OffsetCommitResponseTopic::default()
+                .with_name(t.name)
+                .with_partitions(
+                    t.partitions
+                        .iter()
+                        .map(|p| {
+                            OffsetCommitResponsePartition::default()
+                                .with_partition_index(p.partition_index)
+                                .with_error_code(code)
+                        })
+                        .collect(),
+                )
+        })
+        .collect();
+    OffsetCommitResponse::default().with_topics(topics)
+}
+
 pub(crate) async fn offset_commit(
     ctx: &Ctx,
     r: OffsetCommitRequest,
     v: i16,
 ) -> OffsetCommitResponse {
-    let refuse = |code: i16, topics: Vec<offset_commit_request::OffsetCommitRequestTopic>| {
-        let topics = topics
-            .into_iter()
-            .map(|t| {
-                OffsetCommitResponseTopic::default()
-                    .with_name(t.name)
-                    .with_partitions(
-                        t.partitions
-                            .iter()
-                            .map(|p| {
-                                OffsetCommitResponsePartition::default()
-                                    .with_partition_index(p.partition_index)
-                                    .with_error_code(code)
-                            })
-                            .collect(),
-                    )
-            })
-            .collect();
-        OffsetCommitResponse::default().with_topics(topics)
-    };
+    let refuse = refuse_commit;
     if let Some(code) = not_coordinator(ctx) {
         return refuse(code, r.topics);
     }
-    if let Some(e) =
-        ctx.groups
-            .may_commit(&r.group_id, r.generation_id_or_member_epoch, &r.member_id)
+    let instance = r.group_instance_id.as_deref().filter(|_| v >= 7);
+    if let Some(e) = ctx
+        .groups
+        .fenced(&r.group_id, &r.member_id, instance)
+        .or_else(|| {
+            ctx.groups
+                .may_commit(&r.group_id, r.generation_id_or_member_epoch, &r.member_id)
+        })
     {
         return refuse(e.code(), r.topics);
     }
@@ -469,7 +512,11 @@ pub(crate) fn offset_fetch(ctx: &Ctx, r: OffsetFetchRequest, v: i16) -> OffsetFe
     OffsetFetchResponse::default().with_topics(found)
 }
 
-pub(crate) fn describe_groups(ctx: &Ctx, r: DescribeGroupsRequest) -> DescribeGroupsResponse {
+pub(crate) fn describe_groups(
+    ctx: &Ctx,
+    r: DescribeGroupsRequest,
+    v: i16,
+) -> DescribeGroupsResponse {
     let coordinator_error = not_coordinator(ctx);
     let groups = r
         .groups
@@ -491,12 +538,18 @@ pub(crate) fn describe_groups(ctx: &Ctx, r: DescribeGroupsRequest) -> DescribeGr
                         .members
                         .into_iter()
                         .map(|m| {
-                            DescribedGroupMember::default()
+                            let out = DescribedGroupMember::default()
                                 .with_member_id(s(m.member_id))
                                 .with_client_id(s(m.client_id))
                                 .with_client_host(s(m.client_host))
                                 .with_member_metadata(m.metadata)
-                                .with_member_assignment(m.assignment)
+                                .with_member_assignment(m.assignment);
+                            // The field exists from v4 on.
+                            if v >= 4 {
+                                out.with_group_instance_id(m.group_instance_id.map(s))
+                            } else {
+                                out
+                            }
                         })
                         .collect();
                     out.with_group_state(s(g.state.name()))

@@ -9,7 +9,7 @@ use kafka_protocol::messages::{
     DescribeClusterRequest, DescribeConfigsRequest, DescribeGroupsRequest, FetchRequest,
     FindCoordinatorRequest, HeartbeatRequest, InitProducerIdRequest, JoinGroupRequest,
     LeaveGroupRequest, ListGroupsRequest, ListOffsetsRequest, MetadataRequest, OffsetCommitRequest,
-    OffsetFetchRequest, ProduceRequest, SyncGroupRequest,
+    OffsetFetchRequest, OffsetForLeaderEpochRequest, ProduceRequest, SyncGroupRequest,
 };
 use kafka_protocol::protocol::{Decodable, StrBytes};
 use tokio::sync::oneshot;
@@ -46,6 +46,7 @@ pub(crate) enum Request {
     Produce(ProduceRequest),
     Fetch(FetchRequest),
     ListOffsets(ListOffsetsRequest),
+    OffsetForLeaderEpoch(OffsetForLeaderEpochRequest),
     InitProducerId(InitProducerIdRequest),
     CreateTopics(CreateTopicsRequest),
     DeleteTopics(DeleteTopicsRequest),
@@ -108,6 +109,9 @@ pub(crate) fn decode_body(key: ApiKey, version: i16, buf: &mut Bytes) -> Result<
         ApiKey::ListOffsets => {
             Request::ListOffsets(ListOffsetsRequest::decode(buf, version).map_err(m)?)
         }
+        ApiKey::OffsetForLeaderEpoch => Request::OffsetForLeaderEpoch(
+            OffsetForLeaderEpochRequest::decode(buf, version).map_err(m)?,
+        ),
         ApiKey::InitProducerId => {
             Request::InitProducerId(InitProducerIdRequest::decode(buf, version).map_err(m)?)
         }
@@ -174,6 +178,9 @@ pub(crate) async fn handle(
         }
         Request::Fetch(r) => encode(key, &fetch::fetch(ctx, r, v).await, v),
         Request::ListOffsets(r) => encode(key, &offsets::list_offsets(ctx, r, v).await, v),
+        Request::OffsetForLeaderEpoch(r) => {
+            encode(key, &offsets::offset_for_leader_epoch(ctx, r).await, v)
+        }
         Request::InitProducerId(r) => encode(key, &offsets::init_producer_id(ctx, r, v).await, v),
         Request::CreateTopics(r) => encode(key, &topics::create_topics(ctx, r, v).await, v),
         Request::DeleteTopics(r) => encode(key, &topics::delete_topics(ctx, r, v).await, v),
@@ -190,11 +197,11 @@ pub(crate) async fn handle(
             encode(key, &response, v)
         }
         Request::SyncGroup(r) => encode(key, &groups::sync_group(ctx, r, v).await, v),
-        Request::Heartbeat(r) => encode(key, &groups::heartbeat(ctx, r), v),
+        Request::Heartbeat(r) => encode(key, &groups::heartbeat(ctx, r, v), v),
         Request::LeaveGroup(r) => encode(key, &groups::leave_group(ctx, r, v), v),
         Request::OffsetCommit(r) => encode(key, &groups::offset_commit(ctx, r, v).await, v),
         Request::OffsetFetch(r) => encode(key, &groups::offset_fetch(ctx, r, v), v),
-        Request::DescribeGroups(r) => encode(key, &groups::describe_groups(ctx, r), v),
+        Request::DescribeGroups(r) => encode(key, &groups::describe_groups(ctx, r, v), v),
         Request::ListGroups(r) => encode(key, &groups::list_groups(ctx, r, v), v),
         Request::DeleteGroups(r) => encode(key, &groups::delete_groups(ctx, r).await, v),
         Request::Refused(body) => body,

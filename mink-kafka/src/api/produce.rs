@@ -339,6 +339,17 @@ mod tests {
         ) -> Result<ListedOffset, MinkError> {
             Err(unused())
         }
+        async fn leader_epoch(&self, _: &str, _: i32) -> Result<i32, MinkError> {
+            Err(unused())
+        }
+        async fn epoch_end(
+            &self,
+            _: &str,
+            _: i32,
+            _: i32,
+        ) -> Result<Option<(i32, i64)>, MinkError> {
+            Err(unused())
+        }
         async fn init_producer_id(&self) -> Result<i64, MinkError> {
             Err(unused())
         }
@@ -358,6 +369,9 @@ mod tests {
         }
         fn offset_groups(&self) -> Vec<String> {
             Vec::new()
+        }
+        async fn group_emptied(&self, _: &str) -> Result<(), MinkError> {
+            Err(unused())
         }
         async fn delete_group_offsets(&self, _: &str) -> Result<(), MinkError> {
             Err(unused())
@@ -417,10 +431,7 @@ mod tests {
         let config = crate::KafkaConfig::default();
         let ctx = Arc::new(Ctx {
             handler,
-            groups: Arc::new(crate::groups::Coordinator::new(
-                config.session_timeout_min_ms,
-                config.session_timeout_max_ms,
-            )),
+            groups: Arc::new(crate::groups::Coordinator::new(&config)),
             config,
             refused: Default::default(),
         });

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use mink_kafka::KafkaHandler;
 use mink_kafka::handler::{
-    Broker, ClusterView, CommittedOffset, Fetched, ListedOffset, OffsetQuery, PartitionView,
-    PendingProduce, Produced, ProducerBatch, TopicView,
+    Broker, ClusterView, CommittedOffset, Fetched, FetchedBatch, ListedOffset, OffsetQuery,
+    PartitionView, PendingProduce, Produced, ProducerBatch, TopicView,
 };
 use mink_kafka::records::{is_topic, topic_columns};
 use mink_types::{DatabaseName, LogTtl, Schema, TableName};
@@ -309,14 +309,42 @@ impl KafkaHandler for NodeService {
         let batches = scan
             .batches
             .into_iter()
-            .map(|b| Ok((b.header.base_offset, as_schema(b.batch, &schema)?)))
+            .map(|b| {
+                Ok(FetchedBatch {
+                    base_offset: b.header.base_offset,
+                    leader_epoch: b.header.leader_epoch.clamp(0, i32::MAX as i64) as i32,
+                    rows: as_schema(b.batch, &schema)?,
+                })
+            })
             .collect::<Result<_>>()?;
         Ok(Fetched {
             batches,
             high_watermark: scan.high_watermark,
             log_start_offset: scan.log_start,
-            leader_epoch: tablet.epoch().min(i32::MAX as u64) as i32,
         })
+    }
+
+    async fn leader_epoch(&self, topic: &str, partition: i32) -> Result<i32> {
+        let bucket = self.topic_bucket(topic, partition).await?;
+        let tablet = self.log_tablet(bucket).await?;
+        Ok(tablet.epoch().min(i32::MAX as u64) as i32)
+    }
+
+    async fn epoch_end(
+        &self,
+        topic: &str,
+        partition: i32,
+        epoch: i32,
+    ) -> Result<Option<(i32, i64)>> {
+        let bucket = self.topic_bucket(topic, partition).await?;
+        let tablet = self.log_tablet(bucket).await?;
+        if epoch < 0 {
+            return Ok(None);
+        }
+        Ok(tablet
+            .epoch_end(epoch as u64)
+            .await?
+            .map(|(e, end)| (e.min(i32::MAX as u64) as i32, end)))
     }
 
     async fn list_offset(
@@ -397,6 +425,16 @@ impl KafkaHandler for NodeService {
     fn offset_groups(&self) -> Vec<String> {
         self.meta
             .read(|s| s.group_offsets.keys().cloned().collect())
+    }
+
+    async fn group_emptied(&self, group: &str) -> Result<()> {
+        // Only the coordinator's view of a group counts, and only offsets to keep.
+        if !self.meta.is_lease_holder() || !self.meta.read(|s| s.group_offsets.contains_key(group))
+        {
+            return Ok(());
+        }
+        self.meta.touch_group_offsets(group).await?;
+        Ok(())
     }
 
     async fn delete_group_offsets(&self, group: &str) -> Result<()> {

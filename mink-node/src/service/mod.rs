@@ -76,10 +76,10 @@ impl NodeService {
         streams: StreamStore,
         kv: Arc<dyn KvStore>,
     ) -> Self {
-        let kafka_coordinator = Arc::new(mink_kafka::groups::Coordinator::new(
-            config.kafka.session_timeout_min_ms,
-            config.kafka.session_timeout_max_ms,
-        ));
+        let kafka_coordinator = Arc::new(mink_kafka::groups::Coordinator::new(&config.kafka));
+        // Offsets of groups with members do not expire (KIP-211).
+        let live = kafka_coordinator.clone();
+        meta.set_live_groups(Arc::new(move || live.live_groups()));
         Self {
             kafka_coordinator,
             tablets: Arc::new(Tablets::new(config.clone(), meta.clone(), streams, kv)),

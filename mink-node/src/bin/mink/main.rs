@@ -4,6 +4,7 @@
 //! - [`catalog`]: `db`, `table`;
 //! - [`data`]: `write`, `scan`, `tail`, `lookup`, `offsets`;
 //! - [`cluster`]: `cluster`, `node`, `lake`;
+//! - [`kafka`]: `kafka groups`, `kafka lag`;
 //! - [`input`] and [`output`]: the files `write` reads, how rows are printed.
 
 use std::process::ExitCode;
@@ -16,6 +17,7 @@ mod catalog;
 mod cluster;
 mod data;
 mod input;
+mod kafka;
 mod output;
 
 /// The command line of a Mink cluster.
@@ -75,6 +77,9 @@ enum Command {
     /// The table's lake (Apache Iceberg) tiering. Example: mink lake status demo.events
     #[command(subcommand)]
     Lake(cluster::LakeCommand),
+    /// Kafka consumer groups and their lag. Example: mink kafka lag orders-app
+    #[command(subcommand)]
+    Kafka(kafka::KafkaCommand),
 }
 
 type CliResult<T> = std::result::Result<T, String>;
@@ -109,6 +114,7 @@ async fn run(cli: Cli) -> CliResult<()> {
         Command::Cluster(c) => cluster::cluster(&client, c).await,
         Command::Node(c) => cluster::node(&client, c).await,
         Command::Lake(c) => cluster::lake(&client, c).await,
+        Command::Kafka(c) => kafka::kafka(&client, c).await,
     }
 }
 

@@ -160,6 +160,81 @@ impl NodeService {
     }
 }
 
+/// The most consumer-lag series one scrape reports (a group per partition each).
+pub const LAG_SERIES_MAX: usize = 10_000;
+
+impl NodeService {
+    /// `mink_kafka_consumer_lag{group, topic, partition}`, in the Prometheus text
+    /// format: on the lease holder, every committed offset's distance to its
+    /// partition's high watermark, as `kafka-consumer-groups --describe` shows it
+    /// (nothing on other nodes, so that a cluster reports each series once). Computed
+    /// at scrape time from the metadata view and the leaders' offsets, so a deleted
+    /// group's series go with it; at most [`LAG_SERIES_MAX`].
+    pub async fn consumer_lag_metrics(&self) -> String {
+        if !self.meta.is_lease_holder() {
+            return String::new();
+        }
+        let groups = match tokio::time::timeout(
+            LAG_SCRAPE_TIMEOUT,
+            self.kafka_groups(KafkaGroups { forwarded: true }),
+        )
+        .await
+        {
+            Ok(Ok(groups)) => groups,
+            Ok(Err(e)) => {
+                tracing::debug!("consumer lag for /metrics: {e}");
+                return String::new();
+            }
+            Err(_) => {
+                tracing::debug!("consumer lag for /metrics: the leaders did not answer in time");
+                return String::new();
+            }
+        };
+        lag_text(&groups)
+    }
+}
+
+/// How long a scrape waits for the partitions' high watermarks.
+const LAG_SCRAPE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The lag series of `groups` in the Prometheus text format.
+fn lag_text(groups: &[KafkaGroup]) -> String {
+    use std::fmt::Write;
+    let series: Vec<(&str, &KafkaGroupOffset, i64)> = groups
+        .iter()
+        .flat_map(|g| {
+            g.offsets
+                .iter()
+                .filter_map(move |o| o.lag.map(|lag| (g.group_id.as_str(), o, lag)))
+        })
+        .take(LAG_SERIES_MAX)
+        .collect();
+    if series.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from(
+        "# HELP mink_kafka_consumer_lag Records between a consumer group's committed offset and the partition's high watermark.\n# TYPE mink_kafka_consumer_lag gauge\n",
+    );
+    for (group, o, lag) in series {
+        let _ = writeln!(
+            out,
+            "mink_kafka_consumer_lag{{group=\"{}\",topic=\"{}\",partition=\"{}\"}} {lag}",
+            label(group),
+            label(&o.topic),
+            o.partition
+        );
+    }
+    out
+}
+
+/// A Prometheus label value: backslash, double quote and newline escaped.
+fn label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
 fn group_answer(
     group_id: String,
     view: Option<mink_kafka::groups::GroupView>,
@@ -200,5 +275,37 @@ fn group_answer(
         protocol: view.protocol,
         members,
         offsets,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lag_series_escape_their_labels_and_skip_unknown_lag() {
+        let offset = |partition, lag: Option<i64>| KafkaGroupOffset {
+            topic: "orders.v1".into(),
+            partition,
+            committed: 5,
+            high_watermark: lag.map(|l| 5 + l),
+            lag,
+        };
+        let group = KafkaGroup {
+            group_id: "a\"b\\c\nd".into(),
+            state: "Empty".into(),
+            protocol_type: "consumer".into(),
+            protocol: String::new(),
+            members: Vec::new(),
+            offsets: vec![offset(0, Some(3)), offset(1, None)],
+        };
+        let text = lag_text(&[group]);
+        let series: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+        assert_eq!(
+            series,
+            [r#"mink_kafka_consumer_lag{group="a\"b\\c\nd",topic="orders.v1",partition="0"} 3"#]
+        );
+        assert!(text.contains("# TYPE mink_kafka_consumer_lag gauge"));
+        assert_eq!(lag_text(&[]), "");
     }
 }
