@@ -304,3 +304,60 @@ def test_leader_epochs_across_a_leader_move_with_kafka_python(cluster):
         fetcher_log.removeHandler(seen_handler)
         consumer.close()
         producer.close()
+
+
+def test_kafka_python_static_members_restart_without_a_rebalance(mink_node, tmp_path):
+    """Static members (group.instance.id): a restarted one takes its old place and
+    assignment under a new member id, the other member sees no rebalance, and the group
+    has no ghost member."""
+    node = start(mink_node, tmp_path)
+    consumers = {}
+    try:
+        admin = KafkaAdminClient(bootstrap_servers=node.bootstrap, request_timeout_ms=TIMEOUT_MS)
+        admin.create_topics([NewTopic("static", num_partitions=2, replication_factor=1)])
+
+        def member(instance):
+            return KafkaConsumer(
+                "static",
+                bootstrap_servers=node.bootstrap,
+                group_id="statics",
+                group_instance_id=instance,
+                client_id=instance,
+                session_timeout_ms=30_000,
+                auto_offset_reset="earliest",
+                enable_auto_commit=False,
+            )
+
+        def settle(timeout=60):
+            deadline = time.monotonic() + timeout
+            while True:
+                for c in consumers.values():
+                    c.poll(timeout_ms=200)
+                if all(len(c.assignment()) == 1 for c in consumers.values()):
+                    gens = {generation(c) for c in consumers.values()}
+                    if len(gens) == 1:
+                        return gens.pop()
+                assert time.monotonic() < deadline, "the group never settled"
+
+        consumers["a"] = member("a")
+        consumers["b"] = member("b")
+        before = settle()
+        b_parts = consumers["b"].assignment()
+        old_b = consumers["b"]._coordinator._generation.member_id  # noqa: SLF001
+        # B's process goes away without leaving (static members never send LeaveGroup)
+        # and comes back under the same instance id.
+        consumers.pop("b").close()
+        consumers["b"] = member("b")
+        after = settle()
+        assert after == before, "a static member's restart is no rebalance"
+        assert consumers["b"].assignment() == b_parts
+        assert consumers["b"]._coordinator._generation.member_id != old_b  # noqa: SLF001
+        group = admin.describe_groups(["statics"])["statics"]
+        members = group.get("members") or []
+        assert len(members) == 2, group
+        assert sorted(m.get("group_instance_id") for m in members) == ["a", "b"], members
+        admin.close()
+    finally:
+        for c in consumers.values():
+            c.close()
+        node.kill()
