@@ -430,8 +430,17 @@ impl Group {
 
     /// A member left or expired: the others rebalance.
     fn remove(&mut self, id: &str, now: Instant) {
-        if let Some(instance) = self.members.remove(id).and_then(|m| m.instance_id) {
-            self.instances.remove(&instance);
+        if let Some(mut m) = self.members.remove(id) {
+            // A join or sync it waits in ends now, as Kafka answers a removed member.
+            if let Some(tx) = m.join.take() {
+                let _ = tx.send(Joined::error(ResponseError::UnknownMemberId, id));
+            }
+            if let Some(tx) = m.sync.take() {
+                let _ = tx.send(Synced::error(ResponseError::UnknownMemberId));
+            }
+            if let Some(instance) = m.instance_id {
+                self.instances.remove(&instance);
+            }
         }
         if self.leader.as_deref() == Some(id) {
             self.leader = None;
@@ -597,10 +606,17 @@ impl Coordinator {
             State::CompletingRebalance => !restarted,
             _ => false,
         };
+        // A restarted static member's metadata differs from its old process's (the
+        // Java client's carries its generation and owned partitions): in a Stable
+        // group it takes its place without a rebalance as long as it speaks the
+        // group's protocol, as Kafka decides it.
+        let chosen = group.protocol.clone().unwrap_or_default();
         if let Some(m) = group.members.get_mut(&member_id)
             && settled
-            && m.protocols == req.protocols
+            && (m.protocols == req.protocols
+                || (restarted && req.protocols.iter().any(|(name, _)| *name == chosen)))
         {
+            m.protocols = req.protocols;
             m.client_id = req.client_id;
             m.client_host = req.client_host;
             m.session_timeout = session_timeout;
@@ -611,6 +627,15 @@ impl Coordinator {
         }
         if let Some(instance) = &req.group_instance_id {
             group.instances.insert(instance.clone(), member_id.clone());
+        }
+        // A member that now names another instance id (or none) gives up the old one.
+        let previous = group
+            .members
+            .get(&member_id)
+            .and_then(|m| m.instance_id.clone())
+            .filter(|old| Some(old) != req.group_instance_id.as_ref());
+        if let Some(old) = previous {
+            group.instances.remove(&old);
         }
         let member = group.members.entry(member_id).or_insert_with(|| Member {
             instance_id: req.group_instance_id.clone(),
@@ -629,6 +654,7 @@ impl Coordinator {
         member.session_timeout = session_timeout;
         member.rebalance_timeout = rebalance_timeout;
         member.protocols = req.protocols;
+        member.instance_id = req.group_instance_id;
         member.join = Some(tx);
         group.protocol_type = Some(req.protocol_type);
         if group.state == State::Empty && !self.initial_rebalance_delay.is_zero() {
@@ -1251,8 +1277,11 @@ mod tests {
         )
         .await;
         b_sync.await.unwrap();
-        // B's process restarts: a join without a member id, under its instance id.
-        let b2 = c.join(static_join("", "i-b")).await;
+        // B's process restarts: a join without a member id, under its instance id,
+        // with other metadata (the Java client's carries its generation).
+        let mut restart = static_join("", "i-b");
+        restart.protocols = vec![("range".into(), Bytes::from_static(b"meta, gen -1"))];
+        let b2 = c.join(restart).await;
         assert_eq!((b2.error, b2.generation), (0, 2), "no rebalance");
         assert_ne!(b2.member_id, b.member_id);
         let synced = c.sync("g", 2, &b2.member_id, vec![]).await;

@@ -47,6 +47,8 @@ pub struct TopicView {
     pub partitions: Vec<PartitionView>,
     /// The table's `log_ttl` in milliseconds; `None` keeps rows forever.
     pub retention_ms: Option<i64>,
+    /// Its other configs, as created (`crate::topic_config`).
+    pub configs: std::collections::BTreeMap<String, String>,
 }
 
 /// An idempotent producer's batch: `producer_id` is the writer id (the producer id
@@ -64,6 +66,8 @@ pub struct Produced {
     pub base_offset: i64,
     pub log_start_offset: i64,
     pub duplicated: bool,
+    /// The commit time, for a topic whose `message.timestamp.type` is LogAppendTime.
+    pub log_append_time: Option<i64>,
 }
 
 /// A produce that has its offsets and resolves once it is durable.
@@ -75,6 +79,9 @@ pub struct Fetched {
     pub batches: Vec<FetchedBatch>,
     pub high_watermark: i64,
     pub log_start_offset: i64,
+    /// The topic's `message.timestamp.type` is LogAppendTime: batches carry their
+    /// commit time.
+    pub log_append_time: bool,
 }
 
 /// One batch of a partition's rows.
@@ -85,6 +92,8 @@ pub struct FetchedBatch {
     /// The leader epoch it was written under, stamped on the record batch (what a
     /// client asks OffsetForLeaderEpoch about after a leader change).
     pub leader_epoch: i32,
+    /// When the log committed it (ms).
+    pub commit_timestamp: i64,
     pub rows: RecordBatch,
 }
 
@@ -138,7 +147,7 @@ pub trait KafkaHandler: Send + Sync + 'static {
         &self,
         name: &str,
         partitions: u32,
-        retention_ms: Option<i64>,
+        configs: &crate::topic_config::TopicConfigs,
         validate_only: bool,
     ) -> Result<(), MinkError>;
     /// Deletes a topic.
@@ -146,12 +155,15 @@ pub trait KafkaHandler: Send + Sync + 'static {
     /// Appends one batch of rows to a partition this node leads. Returns once the rows
     /// have their offsets (calls made one after another get ascending offsets); the
     /// returned future resolves when they are durable.
+    /// `sent_bytes` is the record batch's size as sent: over the topic's
+    /// `max.message.bytes` it is `LimitExceeded` (MESSAGE_TOO_LARGE).
     async fn produce(
         &self,
         topic: &str,
         partition: i32,
         rows: RecordBatch,
         producer: Option<ProducerBatch>,
+        sent_bytes: usize,
     ) -> Result<PendingProduce, MinkError>;
     /// Reads a partition this node leads from `offset`: about `max_bytes`, waiting up to
     /// `max_wait` for anything to arrive (woken by the high watermark).

@@ -24,6 +24,7 @@ pub mod handler;
 pub mod records;
 pub mod refused;
 pub mod server;
+pub mod topic_config;
 pub mod versions;
 
 pub use config::KafkaConfig;

@@ -645,11 +645,16 @@ fn get_varint(bytes: &mut &[u8]) -> Result<i64, String> {
 }
 
 /// Encodes rows of a topic (as [`topic_schema`]) read from offset `base_offset` as one
-/// record batch v2, uncompressed, appended to `out`. `leader_epoch` is the bucket's.
+/// record batch v2, uncompressed, appended to `out`. `leader_epoch` is the one the
+/// batch was written under. With `log_append_time` (a topic whose
+/// `message.timestamp.type` is LogAppendTime) the batch says so in its attributes and
+/// carries that time as its max timestamp, which clients give every record, as Kafka
+/// brokers write it.
 pub fn encode_fetched(
     base_offset: i64,
     rows: &RecordBatch,
     leader_epoch: i32,
+    log_append_time: Option<i64>,
     out: &mut BytesMut,
 ) -> Result<(), String> {
     let n = rows.num_rows();
@@ -679,7 +684,10 @@ pub fn encode_fetched(
         }
     };
     let first_timestamp = (0..n).map(timestamp).min().unwrap_or(-1);
-    let max_timestamp = (0..n).map(timestamp).max().unwrap_or(-1);
+    let max_timestamp =
+        log_append_time.unwrap_or_else(|| (0..n).map(timestamp).max().unwrap_or(-1));
+    // Bit 3: the timestamp type is LogAppendTime.
+    let attributes: i16 = if log_append_time.is_some() { 0x08 } else { 0 };
     fn field(a: &BinaryArray, i: usize) -> Option<&[u8]> {
         a.is_valid(i).then(|| a.value(i))
     }
@@ -689,7 +697,7 @@ pub fn encode_fetched(
     out.put_i32(leader_epoch);
     out.put_i8(2); // magic
     out.put_u32(0); // the CRC, set below
-    out.put_i16(0); // attributes: uncompressed, CreateTime, no producer state
+    out.put_i16(attributes); // uncompressed, the timestamp type, no producer state
     out.put_i32(n as i32 - 1); // last offset delta
     out.put_i64(first_timestamp);
     out.put_i64(max_timestamp);
@@ -825,7 +833,7 @@ pub(crate) mod tests {
             assert_eq!(batch.rows.schema(), topic_schema());
             // Back out as a fetched batch at offset 100.
             let mut out = BytesMut::new();
-            encode_fetched(100, &batch.rows, 3, &mut out).unwrap();
+            encode_fetched(100, &batch.rows, 3, None, &mut out).unwrap();
             let set = RecordBatchDecoder::decode(&mut out.freeze()).unwrap();
             assert_eq!(set.records.len(), 3);
             let r = &set.records;
@@ -1031,7 +1039,7 @@ pub(crate) mod tests {
             // their offsets; and the produce decoder reads the fetched batch as the
             // same rows.
             let mut fetched = BytesMut::new();
-            encode_fetched(100, rows, 3, &mut fetched).unwrap();
+            encode_fetched(100, rows, 3, None, &mut fetched).unwrap();
             let fetched = fetched.freeze();
             let back = RecordBatchDecoder::decode(&mut fetched.clone()).unwrap().records;
             prop_assert_eq!(back.len(), theirs.len());
@@ -1149,7 +1157,7 @@ pub(crate) mod tests {
         );
         // And fetched as they were sent.
         let mut fetched = BytesMut::new();
-        encode_fetched(0, &decoded.rows, 0, &mut fetched).unwrap();
+        encode_fetched(0, &decoded.rows, 0, None, &mut fetched).unwrap();
         let again = decode_produce(&fetched.freeze(), 0, i64::MAX, 1 << 20).unwrap();
         assert_eq!(again.rows, decoded.rows);
     }
@@ -1172,7 +1180,7 @@ pub(crate) mod tests {
         )
         .unwrap();
         let mut out = BytesMut::new();
-        encode_fetched(0, &rows, 0, &mut out).unwrap();
+        encode_fetched(0, &rows, 0, None, &mut out).unwrap();
         let back = decode_produce(&out.freeze(), 42, i64::MAX, 1 << 20).unwrap();
         let stamps = back
             .rows
@@ -1182,6 +1190,44 @@ pub(crate) mod tests {
             .unwrap();
         // Negative timestamps are stamped on produce; the others come back exactly.
         assert_eq!(stamps.values().to_vec(), vec![42, 0, i64::MAX]);
+    }
+
+    #[test]
+    fn a_log_append_time_topic_sends_the_commit_time_as_kafka_brokers_do() {
+        let rows = RecordBatch::try_new(
+            topic_schema(),
+            vec![
+                Arc::new(BinaryArray::from_iter([None::<&[u8]>, None])),
+                Arc::new(BinaryArray::from_iter_values([b"a", b"b"])),
+                Arc::new(BinaryArray::from_iter([None::<&[u8]>, None])),
+                Arc::new(TimestampMillisecondArray::from(vec![5, 9]).with_timezone("UTC")),
+            ],
+        )
+        .unwrap();
+        let mut out = BytesMut::new();
+        encode_fetched(0, &rows, 0, Some(1_000), &mut out).unwrap();
+        let batches = kafka_protocol::records::RecordBatchDecoder::decode(&mut out.freeze())
+            .unwrap()
+            .records;
+        for r in &batches {
+            assert_eq!(
+                r.timestamp_type,
+                kafka_protocol::records::TimestampType::LogAppend
+            );
+        }
+        let mut plain = BytesMut::new();
+        encode_fetched(0, &rows, 0, None, &mut plain).unwrap();
+        let records = kafka_protocol::records::RecordBatchDecoder::decode(&mut plain.freeze())
+            .unwrap()
+            .records;
+        assert_eq!(
+            records[1].timestamp_type,
+            kafka_protocol::records::TimestampType::Creation
+        );
+        assert_eq!(
+            records.iter().map(|r| r.timestamp).collect::<Vec<_>>(),
+            [5, 9]
+        );
     }
 
     #[test]
@@ -1201,7 +1247,7 @@ pub(crate) mod tests {
             ],
         )
         .unwrap();
-        let err = encode_fetched(7, &rows, 0, &mut BytesMut::new()).unwrap_err();
+        let err = encode_fetched(7, &rows, 0, None, &mut BytesMut::new()).unwrap_err();
         assert!(err.contains("offset 7: headers"), "{err}");
     }
 

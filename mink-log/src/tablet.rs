@@ -1059,7 +1059,8 @@ impl LogTablet {
                 None => break,
             }
         }
-        let end = lo.min(hw);
+        // A trim meanwhile may have left `lo` below the new log start.
+        let end = lo.max(self.log_start()).min(hw);
         let floor = if end > self.log_start() {
             match epoch_at(end - 1).await? {
                 Some((e, _, _)) if e <= epoch => e,

@@ -812,6 +812,12 @@ impl MetaNode {
 
     async fn lease_round(&self, last_expire: &mut Instant) -> Result<()> {
         let (term, holder) = self.lease();
+        if holder.as_deref() != Some(self.inner.node.as_str()) {
+            // A new holder waits a whole round before it expires offsets: its Kafka
+            // coordinator starts empty, and the groups' members need a moment to find
+            // it and rejoin before their offsets count as live ones (KIP-211).
+            *last_expire = Instant::now();
+        }
         match holder {
             Some(h) if h == self.inner.node => self.duties(last_expire).await,
             Some(h) => {

@@ -817,7 +817,9 @@ impl LogState for MetaState {
             MetaCommand::TouchGroupOffsets { group, at_ms } => {
                 for o in self.group_offsets.get_mut(group).into_iter().flatten() {
                     let o = o.1;
-                    o.expires_at_ms = o.expires_at_ms.max(at_ms.saturating_add(o.retention()));
+                    // Fixed before the expiry moves (old entries derive it from both).
+                    o.retention_ms = o.retention();
+                    o.expires_at_ms = o.expires_at_ms.max(at_ms.saturating_add(o.retention_ms));
                 }
             }
             MetaCommand::ExpireOffsets {
@@ -829,7 +831,8 @@ impl LogState for MetaState {
                     if live_groups.contains(group) {
                         for o in offsets.values_mut() {
                             if o.expires_at_ms <= *now_ms {
-                                o.expires_at_ms = now_ms.saturating_add(o.retention());
+                                o.retention_ms = o.retention();
+                                o.expires_at_ms = now_ms.saturating_add(o.retention_ms);
                             }
                         }
                         continue;
@@ -930,6 +933,25 @@ mod tests {
         let old = r#"{"offset": 3, "metadata": "", "committed_at_ms": 100, "expires_at_ms": 600}"#;
         let o: GroupOffset = serde_json::from_str(old).unwrap();
         assert_eq!((o.retention_ms, o.retention()), (0, 500));
+        // Kept alive or touched, it keeps that retention: the expiry moves, the
+        // retention does not grow with it.
+        let mut s = MetaState::default();
+        s.group_offsets
+            .entry("g".into())
+            .or_default()
+            .insert("t/0".into(), o);
+        for now in [600, 1_100, 1_600] {
+            expire(&mut s, now, &["g"]);
+        }
+        assert_eq!(s.group_offsets["g"]["t/0"].expires_at_ms, 2_100);
+        s.apply(
+            5,
+            &MetaCommand::TouchGroupOffsets {
+                group: "g".into(),
+                at_ms: 2_000,
+            },
+        );
+        assert_eq!(s.group_offsets["g"]["t/0"].expires_at_ms, 2_500);
         let old_expire = r#"{"expire_offsets": {"term": 2, "now_ms": 5}}"#;
         let c: MetaCommand = serde_json::from_str(old_expire).unwrap();
         assert!(

@@ -309,7 +309,21 @@ pub struct TableProperties {
     /// Tiering to the lake (Apache Iceberg on the same object store).
     #[serde(default, skip_serializing_if = "LakeProperties::is_off_by_default")]
     pub lake: LakeProperties,
+    /// Settings kept with the table for the layers above storage, which storage does
+    /// not read: the Kafka listener keeps a topic's Kafka configs here (`kafka.` and
+    /// the config's name). At most [`CUSTOM_PROPERTIES_MAX`] entries, keys of
+    /// `[a-zA-Z0-9._-]` up to [`CUSTOM_KEY_BYTES_MAX`] bytes, values up to
+    /// [`CUSTOM_VALUE_BYTES_MAX`].
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub custom: BTreeMap<String, String>,
 }
+
+/// The most custom properties a table keeps.
+pub const CUSTOM_PROPERTIES_MAX: usize = 64;
+/// The longest custom property key, in bytes.
+pub const CUSTOM_KEY_BYTES_MAX: usize = 128;
+/// The longest custom property value, in bytes.
+pub const CUSTOM_VALUE_BYTES_MAX: usize = 1024;
 
 /// Names of the columns every lake table carries besides the table's own: the bucket
 /// a row came from, its log offset and its commit timestamp. A table tiered to the lake
@@ -700,8 +714,42 @@ impl TableDescriptor {
         Ok(())
     }
 
+    fn validate_custom(&self) -> Result<()> {
+        let custom = &self.properties.custom;
+        if custom.len() > CUSTOM_PROPERTIES_MAX {
+            return Err(MinkError::invalid(
+                "properties.custom",
+                format!("{} entries; at most {CUSTOM_PROPERTIES_MAX}", custom.len()),
+            ));
+        }
+        for (key, value) in custom {
+            let good_key = !key.is_empty()
+                && key.len() <= CUSTOM_KEY_BYTES_MAX
+                && key
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+            if !good_key {
+                return Err(MinkError::invalid(
+                    "properties.custom",
+                    format!("key {key:?}: 1 to {CUSTOM_KEY_BYTES_MAX} bytes of [a-zA-Z0-9._-]"),
+                ));
+            }
+            if value.len() > CUSTOM_VALUE_BYTES_MAX {
+                return Err(MinkError::invalid(
+                    "properties.custom",
+                    format!(
+                        "the value of {key} is {} bytes; at most {CUSTOM_VALUE_BYTES_MAX}",
+                        value.len()
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     fn validate_properties(&self) -> Result<()> {
         self.validate_lake()?;
+        self.validate_custom()?;
         let props = &self.properties;
         let engine = &props.merge_engine;
         if !self.has_primary_key() {
@@ -1066,5 +1114,39 @@ mod tests {
                 .to_string()
                 .contains("lake.freshness")
         );
+    }
+}
+
+#[cfg(test)]
+mod custom_property_tests {
+    use super::*;
+    use crate::{Column, DataType, Schema};
+
+    fn with_custom(custom: BTreeMap<String, String>) -> Result<()> {
+        let mut d = TableDescriptor::log_table(Schema::new(
+            1,
+            vec![Column::new("id", DataType::BigInt, false)],
+        ));
+        d.properties.custom = custom;
+        d.validate()
+    }
+
+    #[test]
+    fn custom_properties_are_bounded() {
+        let one = |k: &str, v: &str| BTreeMap::from([(k.to_string(), v.to_string())]);
+        assert!(with_custom(one("kafka.segment.bytes", "1073741824")).is_ok());
+        for bad in [
+            "",
+            "has space",
+            "slash/es",
+            &"k".repeat(CUSTOM_KEY_BYTES_MAX + 1),
+        ] {
+            assert!(with_custom(one(bad, "v")).is_err(), "{bad:?}");
+        }
+        assert!(with_custom(one("k", &"v".repeat(CUSTOM_VALUE_BYTES_MAX + 1))).is_err());
+        let many = (0..=CUSTOM_PROPERTIES_MAX)
+            .map(|i| (format!("k{i}"), String::new()))
+            .collect();
+        assert!(with_custom(many).is_err());
     }
 }

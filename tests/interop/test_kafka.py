@@ -10,6 +10,7 @@ import time
 import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
+import confluent_kafka
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
@@ -254,6 +255,58 @@ def test_a_batch_over_max_message_bytes_is_message_too_large(node):
     p.produce("big", value=b"y" * (limit - 4096), on_delivery=lambda err, msg: reports.append(err))
     p.flush(TIMEOUT)
     assert reports == [None]
+
+
+def test_topic_configs_frameworks_send_are_kept_applied_or_refused_by_name(node):
+    """What Kafka Connect, Flink and Debezium send with CreateTopics is accepted and
+    shown by DescribeConfigs; max.message.bytes and message.timestamp.type apply; a
+    value Mink cannot honour is INVALID_CONFIG naming its key."""
+    framework = {
+        "min.insync.replicas": "2",
+        "retention.bytes": "-1",
+        "segment.bytes": "1073741824",
+        "compression.type": "producer",
+        "message.timestamp.type": "LogAppendTime",
+        "max.message.bytes": "2048",
+        "unclean.leader.election.enable": "false",
+    }
+    create_topic(node, "connect.configs", config=framework)
+    a = admin(node)
+    entries = list(a.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, "connect.configs")]).values())[0]
+    entries = entries.result(TIMEOUT)
+    for name, value in framework.items():
+        assert entries[name].value == value, name
+    assert entries["cleanup.policy"].value == "delete"
+
+    # LogAppendTime: records carry their commit time, whatever the producer said.
+    before_ms = int(time.time() * 1000)
+    p = producer(node, **{"message.max.bytes": 1 << 20, "batch.size": 1 << 20})
+    reports = []
+    p.produce("connect.configs", value=b"small", timestamp=1_000, on_delivery=lambda err, msg: reports.append((err, msg)))
+    p.flush(TIMEOUT)
+    # Over the topic's 2048 bytes, within the listener's 4 MiB: MESSAGE_TOO_LARGE.
+    p.produce("connect.configs", value=b"x" * 4096, on_delivery=lambda err, msg: reports.append((err, msg)))
+    p.flush(TIMEOUT)
+    errors = [err for err, _ in reports]
+    assert errors[0] is None and errors[1].code() == KafkaError.MSG_SIZE_TOO_LARGE, errors
+    kind, produced_at = reports[0][1].timestamp()
+    assert kind == confluent_kafka.TIMESTAMP_LOG_APPEND_TIME and produced_at >= before_ms
+    [m] = consume(node, "connect.configs", [0], 1)
+    assert m.timestamp() == (confluent_kafka.TIMESTAMP_LOG_APPEND_TIME, produced_at)
+
+    for name, value in [
+        ("cleanup.policy", "compact"),
+        ("retention.bytes", "1000000"),
+        ("compression.type", "zstd"),
+        ("max.message.bytes", str(64 << 20)),
+        ("follower.replication.throttled.replicas", "*"),
+    ]:
+        futures = a.create_topics([NewTopic("refused.configs", num_partitions=1, config={name: value})])
+        with pytest.raises(KafkaException) as err:
+            futures["refused.configs"].result(TIMEOUT)
+        assert err.value.args[0].code() == KafkaError.INVALID_CONFIG, (name, err.value)
+        assert name in err.value.args[0].str(), (name, err.value)
+    assert "refused.configs" not in a.list_topics(timeout=TIMEOUT).topics
 
 
 def test_admin_creates_describes_and_deletes_topics(node):

@@ -116,7 +116,8 @@ fn encode(w: &Wanted, offset: i64, f: Fetched) -> Answer {
     let mut next_offset = offset;
     for b in &f.batches {
         let base = b.base_offset;
-        if let Err(e) = encode_fetched(base, &b.rows, b.leader_epoch, &mut bytes) {
+        let appended_at = f.log_append_time.then_some(b.commit_timestamp);
+        if let Err(e) = encode_fetched(base, &b.rows, b.leader_epoch, appended_at, &mut bytes) {
             return Answer::Error(MinkError::Internal(format!(
                 "{} partition {} at {base}: {e}",
                 &*w.name, w.partition

@@ -85,6 +85,9 @@ pub(crate) async fn produce(
                     let mut out = PartitionProduceResponse::default()
                         .with_index(index)
                         .with_base_offset(p.base_offset);
+                    if let Some(at) = p.log_append_time {
+                        out = out.with_log_append_time_ms(at);
+                    }
                     if v >= 5 {
                         out = out.with_log_start_offset(p.log_start_offset);
                     }
@@ -186,7 +189,7 @@ async fn one(ctx: &Ctx, topic: &str, index: i32, records: Option<bytes::Bytes>, 
     };
     let mut attempt = ctx
         .handler
-        .produce(topic, index, batch.rows.clone(), producer)
+        .produce(topic, index, batch.rows.clone(), producer, records.len())
         .await;
     if matches!(attempt, Err(MinkError::NotFound(_))) && ctx.config.auto_create_topics {
         // Created on first use; a partition it lacks stays unknown.
@@ -198,7 +201,7 @@ async fn one(ctx: &Ctx, topic: &str, index: i32, records: Option<bytes::Bytes>, 
             Ok(_) => {
                 attempt = ctx
                     .handler
-                    .produce(topic, index, batch.rows, producer)
+                    .produce(topic, index, batch.rows, producer, records.len())
                     .await
             }
             Err(e) => attempt = Err(e),
@@ -300,7 +303,7 @@ mod tests {
             &self,
             _: &str,
             _: u32,
-            _: Option<i64>,
+            _: &crate::topic_config::TopicConfigs,
             _: bool,
         ) -> Result<(), MinkError> {
             Err(unused())
@@ -314,6 +317,7 @@ mod tests {
             _: i32,
             _: RecordBatch,
             _: Option<ProducerBatch>,
+            _: usize,
         ) -> Result<PendingProduce, MinkError> {
             self.answers
                 .lock()

@@ -1,6 +1,7 @@
 //! CreateTopics (2-7), DeleteTopics (1-6) and DescribeConfigs (1-4). A topic is a
-//! log table of the Kafka database; `retention.ms` is its `log_ttl`. Replication
-//! factors are accepted and ignored: durability is the object store's.
+//! log table of the Kafka database; `retention.ms` is its `log_ttl`, its other configs
+//! are `crate::topic_config`'s. Replication factors are accepted and ignored:
+//! durability is the object store's.
 
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::create_topics_response::{
@@ -18,6 +19,7 @@ use kafka_protocol::messages::{
 use super::metadata::topic_error;
 use super::{Ctx, s};
 use crate::handler::TopicView;
+use crate::topic_config::ConfigType;
 
 /// DescribeConfigs resource types.
 const RESOURCE_TOPIC: i8 = 2;
@@ -26,61 +28,27 @@ const RESOURCE_BROKER: i8 = 4;
 const SOURCE_TOPIC: i8 = 1;
 const SOURCE_DEFAULT: i8 = 5;
 
-/// A topic's settings in Kafka's terms: name, value, source, type (2 string, 5 long).
-fn topic_configs(t: &TopicView, max_message_bytes: u64) -> Vec<(&'static str, String, i8, i8)> {
-    vec![
-        (
-            "retention.ms",
-            t.retention_ms.unwrap_or(-1).to_string(),
-            SOURCE_TOPIC,
-            5,
-        ),
-        ("cleanup.policy", "delete".into(), SOURCE_DEFAULT, 2),
-        (
-            "message.timestamp.type",
-            "CreateTime".into(),
-            SOURCE_DEFAULT,
-            2,
-        ),
-        (
-            "max.message.bytes",
-            max_message_bytes.to_string(),
-            SOURCE_DEFAULT,
-            3,
-        ),
-        ("min.insync.replicas", "1".into(), SOURCE_DEFAULT, 3),
-    ]
-}
-
-/// `retention.ms` from a CreateTopics config list; an unknown or bad config is an
-/// INVALID_CONFIG with its reason.
-fn retention(
-    configs: &[kafka_protocol::messages::create_topics_request::CreatableTopicConfig],
-) -> Result<Option<i64>, String> {
-    let mut retention = None;
-    for c in configs {
-        let value = c.value.as_ref().map(|v| v.as_str().to_string());
-        match (c.name.as_str(), value.as_deref()) {
-            ("retention.ms", Some(v)) => {
-                let ms: i64 = v
-                    .parse()
-                    .map_err(|_| format!("retention.ms={v} is not a number of milliseconds"))?;
-                if ms == 0 || ms < -1 {
-                    return Err(format!(
-                        "retention.ms={v}: give a positive number of milliseconds or -1 (forever)"
-                    ));
-                }
-                retention = Some(ms);
-            }
-            ("cleanup.policy", Some("delete")) | (_, None) => {}
-            (name, Some(v)) => {
-                return Err(format!(
-                    "{name}={v} is not supported (retention.ms and cleanup.policy=delete are)"
-                ));
-            }
+/// A topic's settings in Kafka's terms: name, value, source, type. `retention.ms`
+/// and every config the topic was created with are its own; the rest show their
+/// defaults (crate::topic_config).
+fn topic_configs(t: &TopicView, message_bytes_max: u64) -> Vec<(String, String, i8, i8)> {
+    let kind =
+        |name: &str| crate::topic_config::config_type(name).map_or(ConfigType::String, |k| k) as i8;
+    let mut out = vec![(
+        "retention.ms".to_string(),
+        t.retention_ms.unwrap_or(-1).to_string(),
+        SOURCE_TOPIC,
+        ConfigType::Long as i8,
+    )];
+    for (name, value) in &t.configs {
+        out.push((name.clone(), value.clone(), SOURCE_TOPIC, kind(name)));
+    }
+    for (name, value) in crate::topic_config::defaults(message_bytes_max) {
+        if !t.configs.contains_key(name) {
+            out.push((name.to_string(), value, SOURCE_DEFAULT, kind(name)));
         }
     }
-    Ok(retention)
+    out
 }
 
 pub(crate) async fn create_topics(
@@ -115,8 +83,14 @@ pub(crate) async fn create_topics(
             ));
             continue;
         }
-        let retention_ms = match retention(&t.configs) {
-            Ok(r) => r,
+        let configs = t.configs.iter().map(|c| {
+            (
+                c.name.to_string(),
+                c.value.as_ref().map(|v| v.as_str().to_string()),
+            )
+        });
+        let configs = match crate::topic_config::parse(configs, ctx.config.message_bytes_max()) {
+            Ok(c) => c,
             Err(e) => {
                 results.push(fail(ResponseError::InvalidConfig, e));
                 continue;
@@ -124,7 +98,7 @@ pub(crate) async fn create_topics(
         };
         match ctx
             .handler
-            .create_topic(&t.name, partitions as u32, retention_ms, r.validate_only)
+            .create_topic(&t.name, partitions as u32, &configs, r.validate_only)
             .await
         {
             Ok(()) => {
@@ -133,7 +107,8 @@ pub(crate) async fn create_topics(
                     let view = TopicView {
                         name: t.name.to_string(),
                         partitions: vec![],
-                        retention_ms: retention_ms.filter(|ms| *ms > 0),
+                        retention_ms: configs.retention_ms.filter(|ms| *ms > 0),
+                        configs: configs.kept.clone(),
                     };
                     let configs = topic_configs(&view, ctx.config.message_bytes_max())
                         .into_iter()

@@ -11,6 +11,7 @@ use mink_kafka::handler::{
     PartitionView, PendingProduce, Produced, ProducerBatch, TopicView,
 };
 use mink_kafka::records::{is_topic, topic_columns};
+use mink_kafka::topic_config::{self, TopicConfigs};
 use mink_types::{DatabaseName, LogTtl, Schema, TableName};
 
 use super::*;
@@ -92,6 +93,7 @@ impl NodeService {
                 .log_ttl
                 .0
                 .map(|d| d.as_millis() as i64),
+            configs: topic_configs(table),
         }
     }
 
@@ -107,10 +109,15 @@ impl NodeService {
         Ok(TableBucket::new(table.id, None, partition as u32))
     }
 
-    fn topic_descriptor(partitions: u32, retention_ms: Option<i64>) -> Result<TableDescriptor> {
+    fn topic_descriptor(partitions: u32, configs: &TopicConfigs) -> Result<TableDescriptor> {
         let mut d = TableDescriptor::log_table(Schema::new(1, topic_columns()));
         d.bucket_count = partitions;
-        match retention_ms {
+        d.properties.custom = configs
+            .kept
+            .iter()
+            .map(|(k, v)| (format!("{}{k}", topic_config::PREFIX), v.clone()))
+            .collect();
+        match configs.retention_ms {
             None => {}
             Some(-1) => d.properties.log_ttl = LogTtl(None),
             Some(ms) if ms > 0 => {
@@ -138,6 +145,32 @@ impl NodeService {
             Err(e) => Err(e),
         }
     }
+}
+
+/// A topic's Kafka configs, kept with its table (`mink_kafka::topic_config`).
+fn topic_configs(table: &TableInfo) -> std::collections::BTreeMap<String, String> {
+    table
+        .descriptor
+        .properties
+        .custom
+        .iter()
+        .filter_map(|(k, v)| Some((k.strip_prefix(topic_config::PREFIX)?.to_string(), v.clone())))
+        .collect()
+}
+
+/// Whether a topic's records carry their commit time (`message.timestamp.type`).
+fn is_log_append_time(table: &TableInfo) -> bool {
+    topic_config_value(table, "message.timestamp.type") == Some(topic_config::LOG_APPEND_TIME)
+}
+
+/// A topic config of a table, when it was created with one.
+pub(crate) fn topic_config_value<'a>(table: &'a TableInfo, name: &str) -> Option<&'a str> {
+    table
+        .descriptor
+        .properties
+        .custom
+        .get(&format!("{}{name}", topic_config::PREFIX))
+        .map(String::as_str)
 }
 
 /// Whether a table is a topic: an unpartitioned log table with the topic columns.
@@ -197,7 +230,10 @@ impl KafkaHandler for NodeService {
         match (self.topic_table(name).await, create_partitions) {
             (Ok(table), _) => Ok(self.topic_view(&table)),
             (Err(MinkError::NotFound(why)), Some(partitions)) if why == format!("topic {name}") => {
-                match self.create_topic(name, partitions, None, false).await {
+                match self
+                    .create_topic(name, partitions, &TopicConfigs::default(), false)
+                    .await
+                {
                     Ok(()) | Err(MinkError::AlreadyExists(_)) => {}
                     Err(e) => return Err(e),
                 }
@@ -212,11 +248,11 @@ impl KafkaHandler for NodeService {
         &self,
         name: &str,
         partitions: u32,
-        retention_ms: Option<i64>,
+        configs: &TopicConfigs,
         validate_only: bool,
     ) -> Result<()> {
         let path = self.topic_path(name)?;
-        let descriptor = Self::topic_descriptor(partitions, retention_ms)?;
+        let descriptor = Self::topic_descriptor(partitions, configs)?;
         if self.meta.read(|s| s.table(&path).is_some()) {
             return Err(MinkError::AlreadyExists(format!("topic {name}")));
         }
@@ -243,6 +279,7 @@ impl KafkaHandler for NodeService {
         partition: i32,
         rows: RecordBatch,
         producer: Option<ProducerBatch>,
+        sent_bytes: usize,
     ) -> Result<PendingProduce> {
         // Held until the append resolves (see `crate::admission`). Not waited for: a
         // produce request admits its partitions one after another and holds each until
@@ -254,6 +291,18 @@ impl KafkaHandler for NodeService {
             .admit_now(rows.get_array_memory_size() as u64)?;
         let bucket = self.topic_bucket(topic, partition).await?;
         let table = self.table_by_id(bucket.table_id).await?;
+        // The topic's own max.message.bytes (the listener's limit was checked before).
+        if let Some(max) = topic_config_value(&table, "max.message.bytes")
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|max| sent_bytes > *max)
+        {
+            return Err(MinkError::LimitExceeded {
+                what: format!("record batch bytes (topic {topic}'s max.message.bytes)"),
+                limit: max as u64,
+                actual: sent_bytes as u64,
+            });
+        }
+        let log_append_time = is_log_append_time(&table);
         let tablet = match self.log_tablet(bucket).await {
             Ok(t) => t,
             Err(e) => return Err(self.redirect_stale(bucket, e).await),
@@ -289,6 +338,7 @@ impl KafkaHandler for NodeService {
                 base_offset: appended.first_offset,
                 log_start_offset: tablet.log_start(),
                 duplicated: appended.duplicated,
+                log_append_time: log_append_time.then_some(appended.commit_timestamp),
             })
         }))
     }
@@ -313,6 +363,7 @@ impl KafkaHandler for NodeService {
                 Ok(FetchedBatch {
                     base_offset: b.header.base_offset,
                     leader_epoch: b.header.leader_epoch.clamp(0, i32::MAX as i64) as i32,
+                    commit_timestamp: b.header.commit_timestamp,
                     rows: as_schema(b.batch, &schema)?,
                 })
             })
@@ -321,6 +372,7 @@ impl KafkaHandler for NodeService {
             batches,
             high_watermark: scan.high_watermark,
             log_start_offset: scan.log_start,
+            log_append_time: is_log_append_time(&table),
         })
     }
 

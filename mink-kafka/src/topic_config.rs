@@ -1,0 +1,242 @@
+//! Topic configs as CreateTopics sends them and DescribeConfigs shows them.
+//!
+//! Frameworks create their topics with configs (Kafka Connect, Flink, Debezium send
+//! `min.insync.replicas`, `retention.bytes=-1`, `segment.bytes`, `compression.type`,
+//! `message.timestamp.type`, ...). Each config Kafka defines for a topic is one of:
+//! - **applied**: `retention.ms` (the table's `log_ttl`), `max.message.bytes` (the
+//!   topic's batch limit, within the listener's), `message.timestamp.type`
+//!   (`LogAppendTime` stamps fetched batches with their commit time);
+//! - **kept**: accepted when its value is one Mink honours, and shown by
+//!   DescribeConfigs: replication and durability settings (the object store's: every
+//!   acknowledged write is durable), segment, flush and index settings (Mink has none
+//!   of these files), `retention.bytes=-1`, `compression.type` `producer` or
+//!   `uncompressed` (fetched batches are uncompressed);
+//! - **refused**: anything else, and values Mink cannot honour, as INVALID_CONFIG
+//!   naming the key (`cleanup.policy=compact` among them until compacted topics are
+//!   built).
+//!
+//! Applied and kept configs other than `retention.ms` are stored with the table as
+//! custom properties (`kafka.` + name: `mink_types::table::TableProperties::custom`).
+
+use std::collections::BTreeMap;
+
+/// The prefix of a topic config among a table's custom properties.
+pub const PREFIX: &str = "kafka.";
+
+/// `message.timestamp.type`'s value that stamps batches with their commit time.
+pub const LOG_APPEND_TIME: &str = "LogAppendTime";
+
+/// A config value's type, as DescribeConfigs names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfigType {
+    Boolean = 1,
+    String = 2,
+    Int = 3,
+    Long = 5,
+    Double = 6,
+    List = 7,
+}
+
+/// What CreateTopics' configs mean for a new topic.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TopicConfigs {
+    /// `retention.ms`: the table's `log_ttl` (-1: forever).
+    pub retention_ms: Option<i64>,
+    /// Every other accepted config, as given.
+    pub kept: BTreeMap<String, String>,
+}
+
+fn int(name: &str, value: &str, min: i64, max: i64) -> Result<(), String> {
+    match value.parse::<i64>() {
+        Ok(n) if (min..=max).contains(&n) => Ok(()),
+        _ => Err(format!(
+            "{name}={value}: give a whole number within {min}..={max}"
+        )),
+    }
+}
+
+fn one_of(name: &str, value: &str, allowed: &[&str], why: &str) -> Result<(), String> {
+    if allowed.contains(&value) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name}={value} is not supported ({}; {why})",
+            allowed.join(" or ")
+        ))
+    }
+}
+
+/// The type of a config Mink accepts, or `None` for one it refuses whatever the
+/// value.
+pub fn config_type(name: &str) -> Option<ConfigType> {
+    Some(match name {
+        "retention.ms"
+        | "segment.ms"
+        | "segment.jitter.ms"
+        | "flush.ms"
+        | "flush.messages"
+        | "file.delete.delay.ms"
+        | "retention.bytes"
+        | "delete.retention.ms"
+        | "min.compaction.lag.ms"
+        | "max.compaction.lag.ms"
+        | "local.retention.ms"
+        | "local.retention.bytes" => ConfigType::Long,
+        "max.message.bytes"
+        | "min.insync.replicas"
+        | "segment.bytes"
+        | "segment.index.bytes"
+        | "index.interval.bytes" => ConfigType::Int,
+        "unclean.leader.election.enable" | "preallocate" | "message.downconversion.enable" => {
+            ConfigType::Boolean
+        }
+        "min.cleanable.dirty.ratio" => ConfigType::Double,
+        "cleanup.policy" => ConfigType::List,
+        "message.timestamp.type" | "compression.type" => ConfigType::String,
+        _ => return None,
+    })
+}
+
+/// Checks one config's value; the error names the key.
+fn check(name: &str, value: &str, message_bytes_max: u64) -> Result<(), String> {
+    const I32: i64 = i32::MAX as i64;
+    match name {
+        "retention.ms" => match value.parse::<i64>() {
+            Ok(ms) if ms > 0 || ms == -1 => Ok(()),
+            _ => Err(format!(
+                "retention.ms={value}: give a positive number of milliseconds or -1 (forever)"
+            )),
+        },
+        "max.message.bytes" => int(name, value, 1, message_bytes_max.min(I32 as u64) as i64),
+        "message.timestamp.type" => one_of(
+            name,
+            value,
+            &["CreateTime", LOG_APPEND_TIME],
+            "the records' own time or the commit time",
+        ),
+        "cleanup.policy" => one_of(
+            name,
+            value,
+            &["delete"],
+            "compacted topics are not implemented yet",
+        ),
+        "compression.type" => one_of(
+            name,
+            value,
+            &["producer", "uncompressed"],
+            "fetched batches are sent uncompressed",
+        ),
+        "retention.bytes" | "local.retention.bytes" => one_of(
+            name,
+            value,
+            &["-1"],
+            "retention is by time (retention.ms), not by size",
+        ),
+        "min.insync.replicas" => int(name, value, 1, I32),
+        "segment.bytes" => int(name, value, 14, I32),
+        "segment.index.bytes" => int(name, value, 8, I32),
+        "index.interval.bytes" => int(name, value, 0, I32),
+        "segment.ms" | "flush.ms" | "flush.messages" => int(name, value, 1, i64::MAX),
+        "segment.jitter.ms"
+        | "file.delete.delay.ms"
+        | "delete.retention.ms"
+        | "min.compaction.lag.ms" => int(name, value, 0, i64::MAX),
+        "max.compaction.lag.ms" => int(name, value, 1, i64::MAX),
+        "local.retention.ms" => int(name, value, -2, i64::MAX),
+        "unclean.leader.election.enable" | "preallocate" | "message.downconversion.enable" => {
+            one_of(name, value, &["true", "false"], "a boolean")
+        }
+        "min.cleanable.dirty.ratio" => match value.parse::<f64>() {
+            Ok(r) if (0.0..=1.0).contains(&r) => Ok(()),
+            _ => Err(format!("{name}={value}: give a ratio within 0..=1")),
+        },
+        _ => Err(format!(
+            "{name} is not a topic config Mink keeps (docs/kafka.md lists those it does)"
+        )),
+    }
+}
+
+/// The configs of a CreateTopics topic (a null value means the default: skipped).
+pub fn parse(
+    configs: impl IntoIterator<Item = (String, Option<String>)>,
+    message_bytes_max: u64,
+) -> Result<TopicConfigs, String> {
+    let mut out = TopicConfigs::default();
+    for (name, value) in configs {
+        let Some(value) = value else { continue };
+        check(&name, &value, message_bytes_max)?;
+        if name == "retention.ms" {
+            out.retention_ms = Some(value.parse().map_err(|_| name.clone())?);
+        } else {
+            out.kept.insert(name, value);
+        }
+    }
+    Ok(out)
+}
+
+/// Configs DescribeConfigs shows with their default when a topic has not set them.
+pub fn defaults(message_bytes_max: u64) -> [(&'static str, String); 4] {
+    [
+        ("cleanup.policy", "delete".into()),
+        ("message.timestamp.type", "CreateTime".into()),
+        ("max.message.bytes", message_bytes_max.to_string()),
+        ("min.insync.replicas", "1".into()),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn configs(pairs: &[(&str, &str)]) -> Result<TopicConfigs, String> {
+        parse(
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), Some(v.to_string()))),
+            4 << 20,
+        )
+    }
+
+    #[test]
+    fn what_frameworks_send_is_accepted_and_kept() {
+        let got = configs(&[
+            ("retention.ms", "86400000"),
+            ("min.insync.replicas", "2"),
+            ("retention.bytes", "-1"),
+            ("segment.bytes", "1073741824"),
+            ("compression.type", "producer"),
+            ("message.timestamp.type", "LogAppendTime"),
+            ("max.message.bytes", "1048576"),
+            ("unclean.leader.election.enable", "false"),
+        ])
+        .unwrap();
+        assert_eq!(got.retention_ms, Some(86_400_000));
+        assert_eq!(got.kept.len(), 7);
+        assert_eq!(got.kept["segment.bytes"], "1073741824");
+        assert!(!got.kept.contains_key("retention.ms"));
+        for name in got.kept.keys() {
+            assert!(config_type(name).is_some(), "{name} has a type");
+        }
+    }
+
+    #[test]
+    fn values_mink_cannot_honour_are_refused_naming_the_key() {
+        for (name, value) in [
+            ("cleanup.policy", "compact"),
+            ("retention.bytes", "1000"),
+            ("compression.type", "zstd"),
+            ("max.message.bytes", "8388608"),
+            ("max.message.bytes", "0"),
+            ("retention.ms", "0"),
+            ("min.insync.replicas", "zero"),
+            ("message.timestamp.type", "Sometimes"),
+            ("leader.replication.throttled.replicas", "*"),
+        ] {
+            let err = configs(&[(name, value)]).unwrap_err();
+            assert!(err.starts_with(name), "{name}={value}: {err}");
+        }
+        // A null value is the default: nothing to check.
+        let skipped = parse([("cleanup.policy".to_string(), None)], 1024).unwrap();
+        assert_eq!(skipped, TopicConfigs::default());
+    }
+}
