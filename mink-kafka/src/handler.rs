@@ -152,6 +152,24 @@ pub trait KafkaHandler: Send + Sync + 'static {
     ) -> Result<(), MinkError>;
     /// Deletes a topic.
     async fn delete_topic(&self, name: &str) -> Result<(), MinkError>;
+    /// Grows a topic to `partitions` partitions (`validate_only`: checks only);
+    /// `InvalidArgument` with the reason when the table cannot grow so.
+    async fn create_partitions(
+        &self,
+        topic: &str,
+        partitions: u32,
+        validate_only: bool,
+    ) -> Result<(), MinkError>;
+    /// Deletes the records of a partition this node leads below `offset` (-1: the
+    /// high watermark) by moving its log start there (a lake-tiered topic's no
+    /// further than its lake). Returns the new log start. `OffsetOutOfRange` above
+    /// the high watermark.
+    async fn delete_records(
+        &self,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+    ) -> Result<i64, MinkError>;
     /// Appends one batch of rows to a partition this node leads. Returns once the rows
     /// have their offsets (calls made one after another get ascending offsets); the
     /// returned future resolves when they are durable.

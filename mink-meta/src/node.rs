@@ -506,6 +506,22 @@ impl MetaNode {
         Ok((table, index))
     }
 
+    /// Adds buckets to an unpartitioned log table without bucket keys (see
+    /// `MetaCommand::AddBuckets`) and waits (bounded) for their leaders.
+    pub async fn add_buckets(&self, path: &TablePath, bucket_count: u32) -> Result<u64> {
+        let index = self
+            .propose(MetaCommand::AddBuckets {
+                path: path.clone(),
+                bucket_count,
+            })
+            .await?;
+        if let Some(id) = self.read(|s| s.table(path).map(|t| t.id)) {
+            self.assign_now().await;
+            self.await_leaders(id).await;
+        }
+        Ok(index)
+    }
+
     /// Waits (bounded) until every bucket of table `id` has a leader. The lease holder
     /// assigns at once; another node's new table reaches the holder at the holder's
     /// next metadata listing, up to `tail_idle_interval_max_ms` later on an idle

@@ -173,6 +173,13 @@ pub enum MetaCommand {
     DropTable {
         path: TablePath,
     },
+    /// More buckets for an unpartitioned log table that spreads its rows round-robin
+    /// (no bucket keys: a Kafka topic's partitions, which producers choose): buckets
+    /// `old..bucket_count` are added, without leaders until the holder assigns them.
+    AddBuckets {
+        path: TablePath,
+        bucket_count: u32,
+    },
     /// Creating a partition that exists is a no-op, so two nodes creating one on
     /// demand both succeed.
     CreatePartition {
@@ -478,6 +485,35 @@ impl LogState for MetaState {
                 next.validate()
             }
             MetaCommand::DropTable { path } => self.table_or_err(path).map(|_| ()),
+            MetaCommand::AddBuckets { path, bucket_count } => {
+                let d = &self.table_or_err(path)?.descriptor;
+                let why = if d.has_primary_key() {
+                    Some("a primary-key table's keys are hashed over its buckets".to_string())
+                } else if d.is_partitioned() {
+                    Some("a partitioned table's buckets are per partition".to_string())
+                } else if d.bucket_keys.as_ref().is_some_and(|k| !k.is_empty()) {
+                    Some("its rows are hashed over its buckets by bucket keys".to_string())
+                } else if *bucket_count <= d.bucket_count {
+                    Some(format!(
+                        "it has {} buckets; give more than that",
+                        d.bucket_count
+                    ))
+                } else if *bucket_count > mink_types::table::BUCKET_COUNT_MAX {
+                    Some(format!(
+                        "{bucket_count} buckets; at most {}",
+                        mink_types::table::BUCKET_COUNT_MAX
+                    ))
+                } else {
+                    None
+                };
+                match why {
+                    Some(why) => Err(MinkError::invalid(
+                        "bucket_count",
+                        format!("{path} cannot have {bucket_count} buckets: {why}"),
+                    )),
+                    None => Ok(()),
+                }
+            }
             MetaCommand::CreatePartition { path, name } => {
                 let table = self.table_or_err(path)?;
                 if !table.descriptor.is_partitioned() {
@@ -716,6 +752,28 @@ impl LogState for MetaState {
                     }
                 }
             }
+            MetaCommand::AddBuckets { path, bucket_count } => {
+                let Some(id) = self.table_ids.get(&path.to_string()).copied() else {
+                    return;
+                };
+                let Some(old) = self.tables.get(&id).map(|t| t.descriptor.bucket_count) else {
+                    return;
+                };
+                for b in old..*bucket_count {
+                    let bucket = TableBucket::new(id, None, b);
+                    self.buckets.insert(
+                        bucket.stream_name(),
+                        BucketState {
+                            bucket,
+                            leader: None,
+                            epoch: 0,
+                        },
+                    );
+                }
+                if let Some(t) = self.tables.get_mut(&id) {
+                    t.descriptor.bucket_count = *bucket_count;
+                }
+            }
             MetaCommand::DropTable { path } => {
                 if let Some(id) = self.table_ids.remove(&path.to_string()) {
                     self.tables.remove(&id);
@@ -925,6 +983,54 @@ mod tests {
         assert!(s.validate(&touch).is_ok());
         s.apply(4, &touch);
         assert!(s.group_offsets.is_empty());
+    }
+
+    #[test]
+    fn only_tables_whose_rows_do_not_move_get_more_buckets() {
+        use mink_types::{Column, DataType, Schema, TableDescriptor};
+        let mut s = MetaState::default();
+        let schema = Schema::new(1, vec![Column::new("id", DataType::BigInt, false)]);
+        let create = |s: &mut MetaState, name: &str, d: TableDescriptor| {
+            s.apply(1, &MetaCommand::CreateDatabase { name: "db".into() });
+            let path = TablePath::parse(&format!("db.{name}")).unwrap();
+            s.apply(
+                2,
+                &MetaCommand::CreateTable {
+                    path: path.clone(),
+                    descriptor: d,
+                    at_ms: 0,
+                },
+            );
+            path
+        };
+        let log = create(&mut s, "log", TableDescriptor::log_table(schema.clone()));
+        let mut keyed = TableDescriptor::log_table(schema.clone());
+        keyed.bucket_keys = Some(vec!["id".into()]);
+        let keyed = create(&mut s, "keyed", keyed);
+        let grow = |path: &TablePath, n| MetaCommand::AddBuckets {
+            path: path.clone(),
+            bucket_count: n,
+        };
+        assert!(
+            s.validate(&grow(&keyed, 4)).is_err(),
+            "hashed rows would move"
+        );
+        assert!(s.validate(&grow(&log, 1)).is_err(), "it has one already");
+        assert!(
+            s.validate(&grow(&log, mink_types::table::BUCKET_COUNT_MAX + 1))
+                .is_err()
+        );
+        s.validate(&grow(&log, 3)).unwrap();
+        s.apply(3, &grow(&log, 3));
+        assert_eq!(s.table(&log).unwrap().descriptor.bucket_count, 3);
+        let id = s.table(&log).unwrap().id;
+        let buckets: Vec<u32> = s
+            .buckets
+            .values()
+            .filter(|b| b.bucket.table_id == id)
+            .map(|b| b.bucket.bucket)
+            .collect();
+        assert_eq!(buckets, [0, 1, 2]);
     }
 
     /// Entries written before offsets kept their retention count it from the commit.

@@ -12,7 +12,11 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::create_partitions_request::CreatePartitionsTopic;
 use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableTopicConfig};
+use kafka_protocol::messages::delete_records_request::{
+    DeleteRecordsPartition, DeleteRecordsTopic,
+};
 use kafka_protocol::messages::delete_topics_request::DeleteTopicState;
 use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
@@ -461,6 +465,41 @@ fn templates(live: &Live) -> Vec<Template> {
                     DeleteTopicState::default().with_name(Some(TopicName(name("made")))),
                 ])
             }
+        },
+    );
+    each_version(
+        o,
+        ApiKey::CreatePartitions,
+        served(ApiKey::CreatePartitions),
+        false,
+        |_| {
+            CreatePartitionsRequest::default()
+                .with_timeout_ms(5_000)
+                .with_validate_only(true)
+                .with_topics(vec![
+                    CreatePartitionsTopic::default()
+                        .with_name(topic())
+                        .with_count(3),
+                ])
+        },
+    );
+    each_version(
+        o,
+        ApiKey::DeleteRecords,
+        served(ApiKey::DeleteRecords),
+        false,
+        |_| {
+            DeleteRecordsRequest::default()
+                .with_timeout_ms(5_000)
+                .with_topics(vec![
+                    DeleteRecordsTopic::default()
+                        .with_name(topic())
+                        .with_partitions(vec![
+                            DeleteRecordsPartition::default()
+                                .with_partition_index(0)
+                                .with_offset(1),
+                        ]),
+                ])
         },
     );
     each_version(

@@ -435,6 +435,8 @@ def test_api_versions_lists_the_spec_ranges_and_falls_back_for_newer_clients(nod
             # OffsetForLeaderEpoch (23) beyond the spec's table: clients validate their
             # positions with it after a leader change (issue 26).
             23: (2, 4),
+            # DeleteRecords (21) and CreatePartitions (37), the admin calls people run.
+            21: (0, 2), 37: (0, 3),
             18: (0, 3), 3: (1, 12), 60: (0, 1), 0: (3, 9), 1: (4, 12), 2: (1, 7), 22: (0, 4),
             19: (2, 7), 20: (1, 6), 32: (1, 4),
             8: (2, 8), 9: (1, 8), 10: (0, 4), 11: (0, 9), 12: (0, 4), 13: (0, 5), 14: (0, 5),

@@ -361,3 +361,54 @@ def test_kafka_python_static_members_restart_without_a_rebalance(mink_node, tmp_
         for c in consumers.values():
             c.close()
         node.kill()
+
+
+def test_kafka_python_deletes_records_and_adds_partitions(mink_node, tmp_path):
+    """DeleteRecords moves the log start (fetching below it is OFFSET_OUT_OF_RANGE),
+    CreatePartitions grows a topic that producers and consumers then use, and what
+    cannot be done is refused with Kafka's error."""
+    from kafka import TopicPartition
+    from kafka.errors import InvalidPartitionsError
+
+    node = start(mink_node, tmp_path)
+    try:
+        admin = KafkaAdminClient(bootstrap_servers=node.bootstrap, request_timeout_ms=TIMEOUT_MS)
+        admin.create_topics([NewTopic("trimmed", num_partitions=1, replication_factor=1)])
+        p = KafkaProducer(bootstrap_servers=node.bootstrap, acks="all")
+        for i in range(10):
+            p.send("trimmed", value=b"%d" % i, partition=0).get(timeout=30)
+        tp = TopicPartition("trimmed", 0)
+        deleted = admin.delete_records({tp: 6})
+        assert deleted[tp]["low_watermark"] == 6, deleted
+        c = KafkaConsumer(bootstrap_servers=node.bootstrap, auto_offset_reset="none", enable_auto_commit=False)
+        c.assign([tp])
+        assert c.beginning_offsets([tp]) == {tp: 6}
+        c.seek(tp, 2)
+        with pytest.raises(Exception) as below:
+            for _ in range(20):
+                c.poll(timeout_ms=500)
+        assert "OffsetOutOfRange" in type(below.value).__name__ or "out of range" in str(below.value).lower(), below.value
+        c.seek(tp, 6)
+        got = []
+        deadline = time.monotonic() + 30
+        while len(got) < 4 and time.monotonic() < deadline:
+            for records in c.poll(timeout_ms=500).values():
+                got += [int(r.value) for r in records]
+        assert got == [6, 7, 8, 9]
+        c.close()
+
+        # Two more partitions, used at once.
+        admin.create_partitions({"trimmed": 3})
+        deadline = time.monotonic() + 30
+        while len(admin.describe_topics(["trimmed"])[0]["partitions"]) != 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        p.close()
+        p = KafkaProducer(bootstrap_servers=node.bootstrap, acks="all")
+        assert p.send("trimmed", value=b"new", partition=2).get(timeout=30).offset == 0
+        with pytest.raises(InvalidPartitionsError):
+            admin.create_partitions({"trimmed": 2})
+        p.close()
+        admin.close()
+    finally:
+        node.kill()

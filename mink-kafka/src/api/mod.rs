@@ -5,11 +5,12 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use kafka_protocol::messages::{
-    ApiKey, ApiVersionsRequest, CreateTopicsRequest, DeleteGroupsRequest, DeleteTopicsRequest,
-    DescribeClusterRequest, DescribeConfigsRequest, DescribeGroupsRequest, FetchRequest,
-    FindCoordinatorRequest, HeartbeatRequest, InitProducerIdRequest, JoinGroupRequest,
-    LeaveGroupRequest, ListGroupsRequest, ListOffsetsRequest, MetadataRequest, OffsetCommitRequest,
-    OffsetFetchRequest, OffsetForLeaderEpochRequest, ProduceRequest, SyncGroupRequest,
+    ApiKey, ApiVersionsRequest, CreatePartitionsRequest, CreateTopicsRequest, DeleteGroupsRequest,
+    DeleteRecordsRequest, DeleteTopicsRequest, DescribeClusterRequest, DescribeConfigsRequest,
+    DescribeGroupsRequest, FetchRequest, FindCoordinatorRequest, HeartbeatRequest,
+    InitProducerIdRequest, JoinGroupRequest, LeaveGroupRequest, ListGroupsRequest,
+    ListOffsetsRequest, MetadataRequest, OffsetCommitRequest, OffsetFetchRequest,
+    OffsetForLeaderEpochRequest, ProduceRequest, SyncGroupRequest,
 };
 use kafka_protocol::protocol::{Decodable, StrBytes};
 use tokio::sync::oneshot;
@@ -50,6 +51,8 @@ pub(crate) enum Request {
     InitProducerId(InitProducerIdRequest),
     CreateTopics(CreateTopicsRequest),
     DeleteTopics(DeleteTopicsRequest),
+    CreatePartitions(CreatePartitionsRequest),
+    DeleteRecords(DeleteRecordsRequest),
     DescribeConfigs(DescribeConfigsRequest),
     FindCoordinator(FindCoordinatorRequest),
     JoinGroup(JoinGroupRequest),
@@ -121,6 +124,12 @@ pub(crate) fn decode_body(key: ApiKey, version: i16, buf: &mut Bytes) -> Result<
         ApiKey::DeleteTopics => {
             Request::DeleteTopics(DeleteTopicsRequest::decode(buf, version).map_err(m)?)
         }
+        ApiKey::CreatePartitions => {
+            Request::CreatePartitions(CreatePartitionsRequest::decode(buf, version).map_err(m)?)
+        }
+        ApiKey::DeleteRecords => {
+            Request::DeleteRecords(DeleteRecordsRequest::decode(buf, version).map_err(m)?)
+        }
         ApiKey::DescribeConfigs => {
             Request::DescribeConfigs(DescribeConfigsRequest::decode(buf, version).map_err(m)?)
         }
@@ -185,6 +194,8 @@ pub(crate) async fn handle(
         Request::CreateTopics(r) => encode(key, &topics::create_topics(ctx, r, v).await, v),
         Request::DeleteTopics(r) => encode(key, &topics::delete_topics(ctx, r, v).await, v),
         Request::DescribeConfigs(r) => encode(key, &topics::describe_configs(ctx, r, v).await, v),
+        Request::CreatePartitions(r) => encode(key, &topics::create_partitions(ctx, r).await, v),
+        Request::DeleteRecords(r) => encode(key, &topics::delete_records(ctx, r).await, v),
         Request::FindCoordinator(r) => encode(key, &groups::find_coordinator(ctx, r, v), v),
         Request::JoinGroup(r) => {
             let client_id = header

@@ -311,6 +311,12 @@ mod tests {
         async fn delete_topic(&self, _: &str) -> Result<(), MinkError> {
             Err(unused())
         }
+        async fn create_partitions(&self, _: &str, _: u32, _: bool) -> Result<(), MinkError> {
+            Err(unused())
+        }
+        async fn delete_records(&self, _: &str, _: i32, _: i64) -> Result<i64, MinkError> {
+            Err(unused())
+        }
         async fn produce(
             &self,
             _: &str,

@@ -1,20 +1,27 @@
-//! CreateTopics (2-7), DeleteTopics (1-6) and DescribeConfigs (1-4). A topic is a
+//! CreateTopics (2-7), DeleteTopics (1-6), CreatePartitions (0-3), DeleteRecords
+//! (0-2) and DescribeConfigs (1-4). A topic is a
 //! log table of the Kafka database; `retention.ms` is its `log_ttl`, its other configs
 //! are `crate::topic_config`'s. Replication factors are accepted and ignored:
 //! durability is the object store's.
 
 use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::create_partitions_response::CreatePartitionsTopicResult;
 use kafka_protocol::messages::create_topics_response::{
     CreatableTopicConfigs, CreatableTopicResult,
+};
+use kafka_protocol::messages::delete_records_response::{
+    DeleteRecordsPartitionResult, DeleteRecordsTopicResult,
 };
 use kafka_protocol::messages::delete_topics_response::DeletableTopicResult;
 use kafka_protocol::messages::describe_configs_response::{
     DescribeConfigsResourceResult, DescribeConfigsResult,
 };
 use kafka_protocol::messages::{
-    CreateTopicsRequest, CreateTopicsResponse, DeleteTopicsRequest, DeleteTopicsResponse,
+    CreatePartitionsRequest, CreatePartitionsResponse, CreateTopicsRequest, CreateTopicsResponse,
+    DeleteRecordsRequest, DeleteRecordsResponse, DeleteTopicsRequest, DeleteTopicsResponse,
     DescribeConfigsRequest, DescribeConfigsResponse, TopicName,
 };
+use mink_types::MinkError;
 
 use super::metadata::topic_error;
 use super::{Ctx, s};
@@ -216,4 +223,91 @@ pub(crate) async fn describe_configs(
         }
     }
     DescribeConfigsResponse::default().with_results(results)
+}
+
+/// CreatePartitions (0-3): a topic grows by buckets (`MetaCommand::AddBuckets`); a
+/// count at or below the current one, or replica assignments, are refused as Kafka
+/// refuses them.
+pub(crate) async fn create_partitions(
+    ctx: &Ctx,
+    r: CreatePartitionsRequest,
+) -> CreatePartitionsResponse {
+    let mut results = Vec::with_capacity(r.topics.len());
+    for t in r.topics {
+        let out = CreatePartitionsTopicResult::default().with_name(t.name.clone());
+        let fail = |code: ResponseError, message: String| {
+            out.clone()
+                .with_error_code(code.code())
+                .with_error_message(Some(s(message)))
+        };
+        if t.assignments.as_ref().is_some_and(|a| !a.is_empty()) {
+            results.push(fail(
+                ResponseError::InvalidReplicaAssignment,
+                "replica assignments are not supported: the metadata log assigns leaders".into(),
+            ));
+            continue;
+        }
+        let current = match ctx.handler.topic(&t.name, None).await {
+            Ok(view) => view.partitions.len() as i32,
+            Err(e) => {
+                results.push(fail(topic_error(&e), e.to_string()));
+                continue;
+            }
+        };
+        if t.count <= current {
+            results.push(fail(
+                ResponseError::InvalidPartitions,
+                format!(
+                    "topic {} has {current} partitions; it can only grow (asked for {})",
+                    &*t.name, t.count
+                ),
+            ));
+            continue;
+        }
+        match ctx
+            .handler
+            .create_partitions(&t.name, t.count as u32, r.validate_only)
+            .await
+        {
+            Ok(()) => results.push(out),
+            Err(e @ MinkError::InvalidArgument { .. }) => {
+                results.push(fail(ResponseError::InvalidPartitions, e.to_string()));
+            }
+            Err(e) => results.push(fail(topic_error(&e), e.to_string())),
+        }
+    }
+    CreatePartitionsResponse::default().with_results(results)
+}
+
+/// DeleteRecords (0-2): each partition's log start moves to the offset asked for
+/// (-1: the high watermark); the answer is the new log start (its low watermark).
+pub(crate) async fn delete_records(ctx: &Ctx, r: DeleteRecordsRequest) -> DeleteRecordsResponse {
+    let mut topics = Vec::with_capacity(r.topics.len());
+    for t in r.topics {
+        let mut partitions = Vec::with_capacity(t.partitions.len());
+        for p in t.partitions {
+            let out = DeleteRecordsPartitionResult::default()
+                .with_partition_index(p.partition_index)
+                .with_low_watermark(-1);
+            let out = if p.offset < -1 {
+                out.with_error_code(ResponseError::OffsetOutOfRange.code())
+            } else {
+                match ctx
+                    .handler
+                    .delete_records(&t.name, p.partition_index, p.offset)
+                    .await
+                {
+                    Ok(start) => out.with_low_watermark(start),
+                    Err(e) => out.with_error_code(crate::handler::error_code(&e).code()),
+                }
+            };
+            partitions.push(out);
+        }
+        topics.push(
+            DeleteRecordsTopicResult::default()
+                .with_name(t.name)
+                .with_partitions(partitions),
+        );
+    }
+    DeleteRecordsResponse::default().with_topics(topics)
 }

@@ -265,6 +265,67 @@ impl KafkaHandler for NodeService {
         Ok(())
     }
 
+    async fn create_partitions(
+        &self,
+        topic: &str,
+        partitions: u32,
+        validate_only: bool,
+    ) -> Result<()> {
+        let table = self.topic_table(topic).await?;
+        if validate_only {
+            // The checks the metadata log makes, without the entry.
+            let command = mink_meta::MetaCommand::AddBuckets {
+                path: table.path.clone(),
+                bucket_count: partitions,
+            };
+            return self.meta.read(|s| {
+                use mink_wal::LogState;
+                s.validate(&command)
+            });
+        }
+        self.meta.add_buckets(&table.path, partitions).await?;
+        Ok(())
+    }
+
+    async fn delete_records(&self, topic: &str, partition: i32, offset: i64) -> Result<i64> {
+        let bucket = self.topic_bucket(topic, partition).await?;
+        let table = self.table_by_id(bucket.table_id).await?;
+        let tablet = match self.log_tablet(bucket).await {
+            Ok(t) => t,
+            Err(e) => return Err(self.redirect_stale(bucket, e).await),
+        };
+        let hw = tablet.high_watermark();
+        let offset = if offset == -1 { hw } else { offset };
+        if offset > hw {
+            return Err(MinkError::OffsetOutOfRange {
+                bucket,
+                offset,
+                log_start: tablet.log_start(),
+                high_watermark: hw,
+            });
+        }
+        // Nothing the lake lacks goes.
+        let stream = bucket.stream_name();
+        let lake = table.descriptor.properties.lake.enabled.then(|| {
+            self.meta.read(|s| {
+                s.lake_snapshots
+                    .get(&table.id)
+                    .and_then(|p| p.log_offsets.get(&stream).copied())
+                    .unwrap_or(0)
+            })
+        });
+        let target = lake.map_or(offset, |l| offset.min(l));
+        // A trim goes no further than what is compacted into segments: rows still in
+        // the WAL are compacted first (every open stream's: a rare admin request).
+        if target > tablet.log_start() {
+            self.streams()
+                .compact()
+                .await
+                .map_err(|e| MinkError::StorageFailure(format!("compacting before a trim: {e}")))?;
+        }
+        tablet.trim_before(target).await
+    }
+
     async fn delete_topic(&self, name: &str) -> Result<()> {
         let table = self.topic_table(name).await?;
         self.meta
