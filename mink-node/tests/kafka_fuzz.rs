@@ -502,19 +502,25 @@ fn templates(live: &Live) -> Vec<Template> {
                 ])
         },
     );
-    each_version(
-        o,
-        ApiKey::DescribeConfigs,
-        served(ApiKey::DescribeConfigs),
-        false,
-        |_| {
-            DescribeConfigsRequest::default().with_resources(vec![
-                DescribeConfigsResource::default()
-                    .with_resource_type(2)
-                    .with_resource_name(name("fuzz")),
-            ])
-        },
-    );
+    let describe = || {
+        DescribeConfigsRequest::default().with_resources(vec![
+            DescribeConfigsResource::default()
+                .with_resource_type(2)
+                .with_resource_name(name("fuzz")),
+        ])
+    };
+    each_version(o, ApiKey::DescribeConfigs, 1..=4, false, |_| describe());
+    // v0 (which kafka-protocol cannot write): v1's body without include_synonyms.
+    let mut v0 = frame(ApiKey::DescribeConfigs, 1, &describe());
+    v0.pop();
+    let at = 2; // the header's api version, after the key
+    v0[at..at + 2].copy_from_slice(&0i16.to_be_bytes());
+    o.push(Template {
+        key: ApiKey::DescribeConfigs,
+        v: 0,
+        body: v0,
+        live: false,
+    });
     each_version(
         o,
         ApiKey::DescribeCluster,

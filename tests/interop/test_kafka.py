@@ -438,7 +438,7 @@ def test_api_versions_lists_the_spec_ranges_and_falls_back_for_newer_clients(nod
             # DeleteRecords (21) and CreatePartitions (37), the admin calls people run.
             21: (0, 2), 37: (0, 3),
             18: (0, 3), 3: (1, 12), 60: (0, 1), 0: (3, 9), 1: (4, 12), 2: (1, 7), 22: (0, 4),
-            19: (2, 7), 20: (1, 6), 32: (1, 4),
+            19: (2, 7), 20: (1, 6), 32: (0, 4),
             8: (2, 8), 9: (1, 8), 10: (0, 4), 11: (0, 9), 12: (0, 4), 13: (0, 5), 14: (0, 5),
             15: (0, 5), 16: (0, 4), 42: (0, 2),
         }
@@ -450,6 +450,48 @@ def test_api_versions_lists_the_spec_ranges_and_falls_back_for_newer_clients(nod
         assert apis[18] == (0, 3)
         s.sendall(request(18, 0, 9))
         assert api_versions_v0(read_response(s))[:2] == (9, 0)
+    finally:
+        s.close()
+
+
+def test_describe_configs_v0_is_answered_in_its_own_format(node):
+    """DescribeConfigs v0 (older admin tools): is_default where v1 has the source."""
+    create_topic(node, "old.admin", config={"retention.ms": "60000"})
+    s = connect(node)
+    try:
+        name = b"old.admin"
+        body = struct.pack(">ibh", 1, 2, len(name)) + name + struct.pack(">i", -1)
+        s.sendall(request(32, 0, 5, body))
+        payload = read_response(s)
+        correlation_id, throttle, count = struct.unpack(">iii", payload[:12])
+        assert (correlation_id, count) == (5, 1)
+        at = 12
+        error, message_len = struct.unpack(">hh", payload[at: at + 4])
+        assert error == 0 and message_len in (-1, 0)
+        at += 4 + max(message_len, 0)
+        kind, length = struct.unpack(">bh", payload[at: at + 3])
+        at += 3
+        assert (kind, payload[at: at + length]) == (2, name)
+        at += length
+        (configs,) = struct.unpack(">i", payload[at: at + 4])
+        at += 4
+        seen = {}
+        for _ in range(configs):
+            (n,) = struct.unpack(">h", payload[at: at + 2])
+            key = payload[at + 2: at + 2 + n].decode()
+            at += 2 + n
+            (n,) = struct.unpack(">h", payload[at: at + 2])
+            value = payload[at + 2: at + 2 + n].decode() if n >= 0 else None
+            at += 2 + max(n, 0)
+            read_only, is_default, sensitive = payload[at: at + 3]
+            at += 3
+            seen[key] = (value, is_default)
+        assert at == len(payload)
+        assert seen["retention.ms"] == ("60000", 0)
+        assert seen["cleanup.policy"] == ("delete", 1)
+        # The connection serves on.
+        s.sendall(request(18, 0, 6))
+        assert api_versions_v0(read_response(s))[:2] == (6, 0)
     finally:
         s.close()
 

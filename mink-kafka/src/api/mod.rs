@@ -102,6 +102,14 @@ pub(crate) fn decode_body(key: ApiKey, version: i16, buf: &mut Bytes) -> Result<
         });
     }
     let m = |e| malformed(key, version, e);
+    if key == ApiKey::DescribeConfigs && version == 0 {
+        // v1 without `include_synonyms` (kafka-protocol 0.18 knows 1-4).
+        let mut v1 = bytes::BytesMut::from(&buf[..]);
+        v1.extend_from_slice(&[0]);
+        *buf = Bytes::new();
+        let r = DescribeConfigsRequest::decode(&mut v1.freeze(), 1).map_err(m)?;
+        return Ok(Request::DescribeConfigs(r));
+    }
     Ok(match key {
         ApiKey::Metadata => Request::Metadata(MetadataRequest::decode(buf, version).map_err(m)?),
         ApiKey::DescribeCluster => {
@@ -193,6 +201,9 @@ pub(crate) async fn handle(
         Request::InitProducerId(r) => encode(key, &offsets::init_producer_id(ctx, r, v).await, v),
         Request::CreateTopics(r) => encode(key, &topics::create_topics(ctx, r, v).await, v),
         Request::DeleteTopics(r) => encode(key, &topics::delete_topics(ctx, r, v).await, v),
+        Request::DescribeConfigs(r) if v == 0 => {
+            topics::describe_configs_v0(&topics::describe_configs(ctx, r, 1).await)
+        }
         Request::DescribeConfigs(r) => encode(key, &topics::describe_configs(ctx, r, v).await, v),
         Request::CreatePartitions(r) => encode(key, &topics::create_partitions(ctx, r).await, v),
         Request::DeleteRecords(r) => encode(key, &topics::delete_records(ctx, r).await, v),

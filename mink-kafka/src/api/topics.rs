@@ -311,3 +311,42 @@ pub(crate) async fn delete_records(ctx: &Ctx, r: DeleteRecordsRequest) -> Delete
     }
     DeleteRecordsResponse::default().with_topics(topics)
 }
+
+/// A DescribeConfigs answer as v0 has it, written by hand (kafka-protocol 0.18 knows
+/// 1-4): v1's, with `is_default` (the config's source is the default) where v1 has
+/// its source, and no synonyms.
+pub(crate) fn describe_configs_v0(r: &DescribeConfigsResponse) -> crate::frame::Body {
+    use bytes::BufMut;
+    fn string(out: &mut bytes::BytesMut, s: &str) {
+        let bytes = &s.as_bytes()[..s.len().min(i16::MAX as usize)];
+        out.put_i16(bytes.len() as i16);
+        out.put_slice(bytes);
+    }
+    fn nullable(out: &mut bytes::BytesMut, s: Option<&str>) {
+        match s {
+            Some(s) => string(out, s),
+            None => out.put_i16(-1),
+        }
+    }
+    let mut out = bytes::BytesMut::new();
+    out.put_i32(r.throttle_time_ms);
+    out.put_i32(r.results.len() as i32);
+    for result in &r.results {
+        out.put_i16(result.error_code);
+        nullable(&mut out, result.error_message.as_deref());
+        out.put_i8(result.resource_type);
+        string(&mut out, &result.resource_name);
+        out.put_i32(result.configs.len() as i32);
+        for c in &result.configs {
+            string(&mut out, &c.name);
+            nullable(&mut out, c.value.as_deref());
+            out.put_u8(u8::from(c.read_only));
+            out.put_u8(u8::from(c.config_source == SOURCE_DEFAULT));
+            out.put_u8(u8::from(c.is_sensitive));
+        }
+    }
+    crate::frame::Body {
+        version: 0,
+        bytes: out.freeze(),
+    }
+}
