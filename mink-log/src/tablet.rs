@@ -86,6 +86,10 @@ struct Inner {
     bucket: TableBucket,
     stream: Stream,
     epoch: u64,
+    /// The durable end when the tablet opened: where its epoch's batches begin (the
+    /// open waits for a previous tablet's appends in flight, so every batch from here
+    /// on is of this epoch).
+    opened_at: i64,
     primary_key: bool,
     config: LogConfig,
     schemas: RwLock<HashMap<SchemaId, (Schema, SchemaRef)>>,
@@ -181,6 +185,7 @@ impl LogTablet {
         let tablet = Self {
             inner: Arc::new(Inner {
                 bucket,
+                opened_at: stream.durable_end() as i64,
                 stream,
                 epoch,
                 primary_key,
@@ -1022,9 +1027,11 @@ impl LogTablet {
     /// than the one this tablet is open under.
     ///
     /// A batch carries the epoch it was written under, and epochs only grow along
-    /// the log (a new leader appends after its predecessor's end), so the first
-    /// offset of a later epoch is found by bisection: one small read per step, about
-    /// log2 of the retained batches. Clients ask after a leader change, not per fetch.
+    /// the log (a new leader appends after its predecessor's end). The epoch before
+    /// the current one ends where this tablet opened (one read to learn its floor);
+    /// an older one's end is found by bisection below that: one small read per step,
+    /// about log2 of the retained rows. Clients ask after a leader change, not per
+    /// fetch.
     pub async fn epoch_end(&self, epoch: u64) -> Result<Option<(u64, i64)>> {
         if epoch > self.inner.epoch {
             return Ok(None);
@@ -1049,8 +1056,17 @@ impl LogTablet {
                 )
             }))
         };
+        // Every batch from where this tablet opened is of its epoch: the common
+        // question (the epoch before this one) takes one read.
+        let opened = self.inner.opened_at.clamp(self.log_start(), hw);
+        if opened > self.log_start()
+            && let Some((e, _, _)) = epoch_at(opened - 1).await?
+            && e <= epoch
+        {
+            return Ok(Some((e, opened)));
+        }
         // The first offset written under an epoch above `epoch`: in [lo, hi).
-        let (mut lo, mut hi) = (self.log_start(), hw);
+        let (mut lo, mut hi) = (self.log_start(), opened);
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
             match epoch_at(mid).await? {
