@@ -63,6 +63,8 @@ const HEARTBEATS: &str = "meta/nodes";
 struct Seen {
     version: Option<(Option<String>, u64, i64)>,
     changed_at: Instant,
+    /// Whether a change was seen (not only the first sight).
+    changed: bool,
 }
 
 struct Inner {
@@ -790,12 +792,23 @@ impl MetaNode {
         let entry = seen.entry(node.to_string()).or_insert_with(|| Seen {
             version: version.clone(),
             changed_at: listing.at,
+            changed: false,
         });
         if entry.version != version {
             entry.version = version;
             entry.changed_at = entry.changed_at.max(listing.at);
+            entry.changed = true;
         }
         listing.at.saturating_duration_since(entry.changed_at)
+    }
+
+    /// Whether `node`'s heartbeat was seen to change within the last `within` (by
+    /// the tailer's listings): it is running, whether or not it serves yet. A node
+    /// first looked at now has not been seen to change.
+    pub fn heartbeat_fresh(&self, node: &str, within: Duration) -> bool {
+        let silent = self.silent_for(node);
+        let seen = self.inner.seen.lock().unwrap_or_else(|e| e.into_inner());
+        seen.get(node).is_some_and(|s| s.changed) && silent < within
     }
 
     async fn lease_loop(self) {

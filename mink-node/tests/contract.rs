@@ -183,3 +183,59 @@ async fn error_responses_carry_the_applied_index() {
     }
     node.stop().await;
 }
+
+/// `GET path` at `addr` over HTTP/1.1, the body parsed as JSON.
+async fn get_json(addr: std::net::SocketAddr, path: &str) -> serde_json::Value {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: mink\r\nConnection: close\r\n\r\n");
+    s.write_all(request.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    s.read_to_end(&mut response).await.unwrap();
+    let text = String::from_utf8(response).unwrap();
+    let (_, body) = text.split_once("\r\n\r\n").expect("an HTTP response");
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
+}
+
+/// The console's cluster page tells a node that is still opening (its metadata and
+/// heartbeat run, its Flight listener does not answer yet) from one that neither
+/// answers nor heartbeats.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_tells_a_starting_node_from_an_unreachable_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = dir.path().join("objects");
+    let n0 = Node::start(config(dir.path(), &shared, "n0"))
+        .await
+        .unwrap();
+    // An address nobody listens on.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let nowhere = closed.local_addr().unwrap().to_string();
+    drop(closed);
+    let store: std::sync::Arc<dyn object_store::ObjectStore> = std::sync::Arc::new(
+        object_store::local::LocalFileSystem::new_with_prefix(&shared).unwrap(),
+    );
+    let meta = config(dir.path(), &shared, "n9").meta;
+    let n9 = mink_meta::MetaNode::open(store, "n9", &nowhere, "", meta)
+        .await
+        .unwrap();
+    let state = async || {
+        let cluster = get_json(n0.admin_addr, "/api/v1/cluster").await;
+        cluster["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["id"] == "n9")
+            .and_then(|n| n["state"].as_str().map(str::to_string))
+    };
+    wait_until("n9 shown as starting", async || {
+        (state().await.as_deref() == Some("starting")).then_some(())
+    })
+    .await;
+    // It stops heartbeating: no longer starting (unreachable, then down once the
+    // lease holder declares it dead).
+    n9.shutdown(false).await;
+    wait_until("n9 shown as unreachable or down", async || {
+        matches!(state().await.as_deref(), Some("unreachable" | "down")).then_some(())
+    })
+    .await;
+}

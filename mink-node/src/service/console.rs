@@ -57,6 +57,8 @@ impl NodeService {
             }
         });
         let probed = futures::future::join_all(probes).await;
+        let starting_within =
+            std::time::Duration::from_millis(3 * self.config.meta.heartbeat_interval_ms);
         let nodes: Vec<Value> = nodes
             .iter()
             .zip(probed)
@@ -65,6 +67,13 @@ impl NodeService {
                     (_, false) => (
                         "down",
                         Some("declared dead by the lease holder".into()),
+                        None,
+                    ),
+                    // Heartbeating but not answering: a node still opening (its
+                    // metadata and heartbeat start before its Flight listener).
+                    (Err(e), true) if self.meta.heartbeat_fresh(id, starting_within) => (
+                        "starting",
+                        Some(format!("heartbeating, not serving yet: {e}")),
                         None,
                     ),
                     (Err(e), true) => ("unreachable", Some(e.to_string()), None),
