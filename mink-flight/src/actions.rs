@@ -384,6 +384,10 @@ pub struct BucketStat {
     pub log_start: i64,
     /// The next offset to be written: every offset below it is acknowledged.
     pub high_watermark: i64,
+    /// The bytes its log keeps on object storage (segments, and what the WAL holds
+    /// uncompacted); absent from nodes that predate it.
+    #[serde(default)]
+    pub stored_bytes: Option<u64>,
 }
 
 /// A consumer group (`kafka_groups`): members from the coordinator's memory, offsets

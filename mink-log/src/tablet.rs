@@ -299,6 +299,11 @@ impl LogTablet {
         self.inner.stream.durable_end() as i64
     }
 
+    /// The bytes the bucket's log keeps on object storage (`Stream::stored_bytes`).
+    pub fn stored_bytes(&self) -> u64 {
+        self.inner.stream.stored_bytes()
+    }
+
     /// The first readable offset.
     pub fn log_start(&self) -> i64 {
         self.inner.stream.start_offset() as i64

@@ -1043,3 +1043,27 @@ async fn each_epoch_ends_where_the_next_began() {
         );
     }
 }
+
+/// A bucket's stored bytes: its uncompacted records, then its segments, down by what
+/// a trim deletes.
+#[tokio::test]
+async fn stored_bytes_follow_appends_compaction_and_trims() {
+    let mut env = Env::new().await;
+    let tablet = env.tablet(false).await;
+    assert_eq!(tablet.stored_bytes(), 0);
+    tablet.append(req(7, 0, 0..100)).await.unwrap();
+    let held = tablet.stored_bytes();
+    assert!(held > 100 * 8, "{held}");
+    env.node.compact().await.unwrap();
+    let compacted = tablet.stored_bytes();
+    assert!(
+        compacted > 100 * 8,
+        "{compacted}: the segment holds the rows"
+    );
+    tablet.append(req(7, 1, 100..200)).await.unwrap();
+    env.node.compact().await.unwrap();
+    let two = tablet.stored_bytes();
+    assert!(two > compacted);
+    tablet.trim_before(100).await.unwrap();
+    assert!(tablet.stored_bytes() < two, "the first segment went");
+}

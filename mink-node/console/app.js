@@ -121,7 +121,7 @@ function TablesPage() {
     </form>
     ${data && html`<table id="tables">
       <thead><tr><th>database</th><th>table</th><th>kind</th><th class="num">buckets</th>
-        <th class="num">partitions</th><th class="num">schema</th><th class="num">rows retained</th><th></th></tr></thead>
+        <th class="num">partitions</th><th class="num">schema</th><th class="num">rows retained</th><th class="num">stored</th><th></th></tr></thead>
       <tbody>${tables.map((t) => html`
         <tr data-table=${`${t.database}.${t.table}`}>
           <td>${t.database}</td>
@@ -131,6 +131,7 @@ function TablesPage() {
           <td class="num">${t.partitioned ? t.partitions : "—"}</td>
           <td class="num">v${t.schema_id}</td>
           <td class="num" title=${`${t.buckets_reporting} open buckets reporting`}>${num(t.rows)}</td>
+          <td class="num bytes">${bytes(t.bytes)}</td>
           <td><a href=${`#/data/${enc(t.database)}/${enc(t.table)}`}>data</a></td>
         </tr>`)}
       </tbody></table>`}`;
@@ -157,6 +158,7 @@ function TablePage({ db, table }) {
     <div class="cards">
       <${Card} k="buckets" v=${d.bucket_count} />
       <${Card} k="rows retained" v=${num(data.buckets.reduce((s, b) => s + (b.rows || 0), 0))} testid="rows" />
+      <${Card} k="stored" v=${bytes(data.buckets.reduce((s, b) => s + (b.bytes || 0), 0))} testid="bytes" />
       <${Card} k="primary key" v=${pk.length ? pk.join(", ") : "—"} />
       <${Card} k="partition keys" v=${(d.partition_keys || []).join(", ") || "—"} />
       <${Card} k="bucket keys" v=${(d.bucket_keys || pk).join(", ") || "round robin"} />
@@ -165,14 +167,14 @@ function TablePage({ db, table }) {
     <h2>Buckets</h2>
     <table id="buckets">
       <thead><tr><th>bucket</th><th>partition</th><th>leader</th><th class="num">leader epoch</th>
-        <th class="num">log start</th><th class="num">high watermark</th><th class="num">rows</th>
+        <th class="num">log start</th><th class="num">high watermark</th><th class="num">rows</th><th class="num">stored</th>
         <th class="num">lake offset</th><th class="num">lake lag</th><th>KV snapshot</th></tr></thead>
       <tbody>${data.buckets.map((b) => html`
         <tr data-bucket=${b.bucket} data-partition=${b.partition || ""} data-leader=${b.leader || ""} data-hw=${b.high_watermark ?? ""}>
           <td>${b.bucket}</td><td>${b.partition || "—"}</td>
           <td>${b.leader || html`<span class="badge down">none</span>`}</td>
           <td class="num">${b.leader_epoch}</td><td class="num">${num(b.log_start)}</td>
-          <td class="num hw">${num(b.high_watermark)}</td><td class="num">${num(b.rows)}</td>
+          <td class="num hw">${num(b.high_watermark)}</td><td class="num">${num(b.rows)}</td><td class="num bytes">${bytes(b.bytes)}</td>
           <td class="num">${num(b.lake_offset)}</td><td class="num">${num(b.lake_lag)}</td>
           <td>${b.kv_snapshot ? `#${b.kv_snapshot.snapshot_id} at ${num(b.kv_snapshot.log_offset)} (${num(b.kv_snapshot.changes_since)} changes since)` : "—"}</td>
         </tr>`)}

@@ -91,6 +91,8 @@ def test_the_api_answers_every_view_and_refuses_bad_input_with_json(node):
     status, tables = get(port, "/api/v1/tables")
     by_name = {f'{t["database"]}.{t["table"]}': t for t in tables["tables"]}
     assert by_name["shop.events"]["kind"] == "log" and by_name["shop.events"]["rows"] == 30
+    # What the log keeps on object storage: 30 rows of Arrow IPC, more than their values.
+    assert by_name["shop.events"]["bytes"] > 30 * 8
     assert by_name["shop.users"]["kind"] == "primary_key"
 
     status, detail = get(port, "/api/v1/tables/shop/events")
@@ -98,6 +100,8 @@ def test_the_api_answers_every_view_and_refuses_bad_input_with_json(node):
     assert [b["bucket"] for b in detail["buckets"]] == [0, 1, 2]
     assert sum(b["high_watermark"] for b in detail["buckets"]) == 30
     assert all(b["leader"] and b["log_start"] == 0 for b in detail["buckets"])
+    assert sum(b["bytes"] for b in detail["buckets"]) == by_name["shop.events"]["bytes"]
+    assert all(b["bytes"] > 0 for b in detail["buckets"] if b["high_watermark"] > 0)
     assert [s["schema_id"] for s in detail["schemas"]] == [1]
 
     status, rows = get(port, "/api/v1/tables/shop/events/rows?limit=5")
@@ -299,6 +303,8 @@ def test_every_page_in_a_real_browser_on_three_nodes(cluster):
             what="the high watermarks to move on screen",
         )
         page.shot("table-detail-after-write")
+        stored = page.text('[data-card="bytes"] .v')
+        assert stored.endswith(("B", "KiB", "MiB")) and not stored.startswith("0 "), stored
 
         # Data: the newest rows, then a live tail that shows a row written after the
         # page opened.

@@ -120,16 +120,17 @@ impl NodeService {
     pub(crate) async fn tables_view(&self) -> Value {
         let tables: Vec<TableInfo> = self.meta.read(|s| s.tables.values().cloned().collect());
         let stats = self.stats_from_leaders(None, false).await;
-        let mut rows: HashMap<i64, (i64, usize)> = HashMap::new();
+        let mut rows: HashMap<i64, (i64, usize, u64)> = HashMap::new();
         for s in stats.values() {
             let r = rows.entry(s.bucket.table_id).or_default();
             r.0 += s.high_watermark - s.log_start;
             r.1 += 1;
+            r.2 += s.stored_bytes.unwrap_or(0);
         }
         let mut out: Vec<Value> = tables
             .iter()
             .map(|t| {
-                let (rows, reporting) = rows.get(&t.id).copied().unwrap_or_default();
+                let (rows, reporting, bytes) = rows.get(&t.id).copied().unwrap_or_default();
                 json!({
                     "database": t.path.database.as_str(),
                     "table": t.path.table.as_str(),
@@ -141,6 +142,7 @@ impl NodeService {
                     "schema_id": t.descriptor.schema.schema_id,
                     "columns": t.descriptor.schema.columns.len(),
                     "rows": rows,
+                    "bytes": bytes,
                     "buckets_reporting": reporting,
                     "created_at_ms": t.created_at_ms,
                 })
@@ -203,6 +205,7 @@ impl NodeService {
                     "log_start": stat.map(|s| s.log_start),
                     "high_watermark": hw,
                     "rows": stat.map(|s| s.high_watermark - s.log_start),
+                    "bytes": stat.and_then(|s| s.stored_bytes),
                     "lake_offset": lake_offset,
                     "lake_lag": hw.map(|hw| (hw - lake_offset.unwrap_or(0)).max(0))
                         .filter(|_| lake.is_some()),

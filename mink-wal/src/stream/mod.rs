@@ -629,6 +629,22 @@ impl Stream {
         self.inner.lock().start_offset
     }
 
+    /// The bytes the stream keeps on object storage: its segments' (a partly trimmed
+    /// first segment whole, as it is stored) and its acknowledged records not yet
+    /// compacted (their payloads, in the WAL objects). What the console and
+    /// `bucket_stats` report as a bucket's size.
+    pub fn stored_bytes(&self) -> u64 {
+        let state = self.inner.lock();
+        let segments: u64 = state.segments.iter().map(|s| s.bytes).sum();
+        let uncompacted: u64 = state
+            .held
+            .iter()
+            .filter(|h| h.wal.is_some())
+            .map(|h| h.len)
+            .sum();
+        segments + uncompacted
+    }
+
     /// The end of what is compacted into segments and committed: a trim goes no
     /// further.
     pub fn committed_end(&self) -> u64 {

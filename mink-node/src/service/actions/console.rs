@@ -47,6 +47,7 @@ impl NodeService {
                 epoch: log.epoch(),
                 log_start: log.log_start(),
                 high_watermark: log.high_watermark(),
+                stored_bytes: Some(log.stored_bytes()),
             });
         }
         Ok(out)
