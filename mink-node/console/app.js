@@ -176,7 +176,7 @@ function TablePage({ db, table }) {
           <td class="num">${b.leader_epoch}</td><td class="num">${num(b.log_start)}</td>
           <td class="num hw">${num(b.high_watermark)}</td><td class="num">${num(b.rows)}</td><td class="num bytes">${bytes(b.bytes)}</td>
           <td class="num">${num(b.lake_offset)}</td><td class="num">${num(b.lake_lag)}</td>
-          <td>${b.kv_snapshot ? `#${b.kv_snapshot.snapshot_id} at ${num(b.kv_snapshot.log_offset)} (${num(b.kv_snapshot.changes_since)} changes since)` : "—"}</td>
+          <td class="kv-snapshot">${b.kv_snapshot ? `#${b.kv_snapshot.snapshot_id} at ${num(b.kv_snapshot.log_offset)}, ${age(b.kv_snapshot.age_ms)} old (${num(b.kv_snapshot.changes_since)} changes since)` : "—"}</td>
         </tr>`)}
       </tbody></table>
     <h2>Schema (version ${d.schema.schema_id})</h2>

@@ -613,6 +613,7 @@ fn record_kv_snapshot(
                 snapshot_id,
                 log_offset: info.log_offset,
                 location: info.location,
+                recorded_at_ms: Some(crate::service::now_ms()),
             };
             let command = mink_meta::MetaCommand::SetKvSnapshot {
                 bucket: bucket.stream_name(),

@@ -54,7 +54,12 @@ def wait_until(probe, timeout=30, what="the condition"):
 
 @pytest.fixture()
 def node(mink_node, tmp_path):
-    n = NodeProcess(mink_node, tmp_path, {"MINK_DATA_DIR": str(tmp_path / "data")})
+    n = NodeProcess(
+        mink_node,
+        tmp_path,
+        # KV snapshots every second: the table page shows their age.
+        {"MINK_DATA_DIR": str(tmp_path / "data"), "MINK_KV__SNAPSHOT_INTERVAL_MS": "1000"},
+    )
     yield n
     n.kill()
 
@@ -112,6 +117,13 @@ def test_the_api_answers_every_view_and_refuses_bad_input_with_json(node):
     assert len(rows["rows"]) == detail["buckets"][1]["high_watermark"]
     status, changes = get(port, "/api/v1/tables/shop/users/rows")
     assert sorted(r["_change_type"] for r in changes["rows"]) == ["+I", "+I"]
+
+    def snapshot():
+        buckets = get(port, "/api/v1/tables/shop/users")[1]["buckets"]
+        return next((b["kv_snapshot"] for b in buckets if b["kv_snapshot"]), None)
+
+    taken = wait_until(snapshot, timeout=30, what="a recorded KV snapshot")
+    assert taken["age_ms"] is not None and 0 <= taken["age_ms"] < 60_000, taken
 
     status, found = get(port, "/api/v1/tables/shop/users/lookup?key=2")
     assert status == 200 and found == {"found": True, "rows": [{"id": 2, "email": "b@x"}]}
