@@ -156,18 +156,37 @@ fn check(name: &str, value: &str, message_bytes_max: u64) -> Result<(), String> 
     }
 }
 
+/// A checked value as it is kept: numbers in their plain form (`+007` is `7`).
+fn normal(name: &str, value: &str) -> String {
+    match config_type(name) {
+        Some(ConfigType::Int | ConfigType::Long) => value
+            .parse::<i64>()
+            .map_or_else(|_| value.to_string(), |n| n.to_string()),
+        Some(ConfigType::Double) => value
+            .parse::<f64>()
+            .map_or_else(|_| value.to_string(), |n| n.to_string()),
+        _ => value.to_string(),
+    }
+}
+
 /// The configs of a CreateTopics topic (a null value means the default: skipped).
+/// A config named twice is refused.
 pub fn parse(
     configs: impl IntoIterator<Item = (String, Option<String>)>,
     message_bytes_max: u64,
 ) -> Result<TopicConfigs, String> {
     let mut out = TopicConfigs::default();
+    let mut named = std::collections::BTreeSet::new();
     for (name, value) in configs {
+        if !named.insert(name.clone()) {
+            return Err(format!("{name} is given twice"));
+        }
         let Some(value) = value else { continue };
         check(&name, &value, message_bytes_max)?;
         if name == "retention.ms" {
             out.retention_ms = Some(value.parse().map_err(|_| name.clone())?);
         } else {
+            let value = normal(&name, &value);
             out.kept.insert(name, value);
         }
     }
@@ -235,6 +254,11 @@ mod tests {
             let err = configs(&[(name, value)]).unwrap_err();
             assert!(err.starts_with(name), "{name}={value}: {err}");
         }
+        // Numbers are kept in their plain form; a config named twice is refused.
+        let plain = configs(&[("segment.bytes", "+0001024")]).unwrap();
+        assert_eq!(plain.kept["segment.bytes"], "1024");
+        let twice = configs(&[("segment.ms", "1"), ("segment.ms", "2")]).unwrap_err();
+        assert!(twice.starts_with("segment.ms"), "{twice}");
         // A null value is the default: nothing to check.
         let skipped = parse([("cleanup.policy".to_string(), None)], 1024).unwrap();
         assert_eq!(skipped, TopicConfigs::default());

@@ -299,6 +299,11 @@ impl LogTablet {
         self.inner.stream.durable_end() as i64
     }
 
+    /// The end of what is compacted into segments: a trim goes no further.
+    pub fn compacted_end(&self) -> i64 {
+        self.inner.stream.committed_end() as i64
+    }
+
     /// The bytes the bucket's log keeps on object storage (`Stream::stored_bytes`).
     pub fn stored_bytes(&self) -> u64 {
         self.inner.stream.stored_bytes()

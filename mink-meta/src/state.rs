@@ -109,10 +109,10 @@ pub struct KvSnapshotPointer {
     /// The log offset the snapshot covers (replay starts here).
     pub log_offset: i64,
     pub location: String,
-    /// When the pointer was recorded (ms; the snapshot was taken just before). Absent
-    /// in pointers recorded before it was kept.
+    /// When the snapshot was written (ms). Absent in pointers recorded before it was
+    /// kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub recorded_at_ms: Option<i64>,
+    pub written_at_ms: Option<i64>,
 }
 
 /// Where a table's latest lake snapshot is.

@@ -340,14 +340,21 @@ impl Tablets {
         )
         .await?;
         let d = &table.descriptor;
+        let log_append_time = d
+            .properties
+            .custom
+            .get("kafka.message.timestamp.type")
+            .is_some_and(|t| t == mink_kafka::topic_config::LOG_APPEND_TIME);
         if table.path.database.as_str() == self.config.kafka.database
             && !pk
             && !d.is_partitioned()
+            && !log_append_time
             && mink_kafka::records::starts_as_topic(&d.schema.columns)
         {
-            // A topic is found and expired by its records' timestamps, as in Kafka.
-            // Decided by how the table began, so that every owner of the bucket
-            // decides the same after columns are added.
+            // A topic is found and expired by its records' timestamps, as in Kafka
+            // (by commit time when its records carry that: LogAppendTime). Decided by
+            // how the table began, so that every owner of the bucket decides the same
+            // after columns are added.
             log.index_by_record_time(
                 "timestamp",
                 Duration::from_millis(self.config.kafka.timestamp_after_max_ms),
@@ -613,7 +620,7 @@ fn record_kv_snapshot(
                 snapshot_id,
                 log_offset: info.log_offset,
                 location: info.location,
-                recorded_at_ms: Some(crate::service::now_ms()),
+                written_at_ms: Some(info.written_at_ms),
             };
             let command = mink_meta::MetaCommand::SetKvSnapshot {
                 bucket: bucket.stream_name(),

@@ -279,9 +279,18 @@ pub(crate) async fn create_partitions(
     CreatePartitionsResponse::default().with_results(results)
 }
 
+/// The most partitions one DeleteRecords may name (each may compact the leader's
+/// streams): more are refused with POLICY_VIOLATION.
+pub const DELETE_RECORDS_PARTITIONS_MAX: usize = 1_000;
+
 /// DeleteRecords (0-2): each partition's log start moves to the offset asked for
-/// (-1: the high watermark); the answer is the new log start (its low watermark).
+/// (-1: the high watermark); the answer is the new log start (its low watermark). A
+/// partition named twice is deleted once; a lake-tiered topic's records are refused
+/// (POLICY_VIOLATION: its retention trims it behind the lake).
 pub(crate) async fn delete_records(ctx: &Ctx, r: DeleteRecordsRequest) -> DeleteRecordsResponse {
+    let named: usize = r.topics.iter().map(|t| t.partitions.len()).sum();
+    let too_many = named > DELETE_RECORDS_PARTITIONS_MAX;
+    let mut seen = std::collections::HashSet::new();
     let mut topics = Vec::with_capacity(r.topics.len());
     for t in r.topics {
         let mut partitions = Vec::with_capacity(t.partitions.len());
@@ -289,7 +298,12 @@ pub(crate) async fn delete_records(ctx: &Ctx, r: DeleteRecordsRequest) -> Delete
             let out = DeleteRecordsPartitionResult::default()
                 .with_partition_index(p.partition_index)
                 .with_low_watermark(-1);
-            let out = if p.offset < -1 {
+            if !seen.insert((t.name.clone(), p.partition_index)) {
+                continue;
+            }
+            let out = if too_many {
+                out.with_error_code(ResponseError::PolicyViolation.code())
+            } else if p.offset < -1 {
                 out.with_error_code(ResponseError::OffsetOutOfRange.code())
             } else {
                 match ctx

@@ -213,7 +213,7 @@ impl NodeService {
                         "snapshot_id": kv.snapshot_id,
                         "log_offset": kv.log_offset,
                         "changes_since": hw.map(|hw| (hw - kv.log_offset).max(0)),
-                        "age_ms": kv.recorded_at_ms.map(|at| (now_ms() - at).max(0)),
+                        "age_ms": kv.written_at_ms.map(|at| (now_ms() - at).max(0)),
                     })),
                 })
             })

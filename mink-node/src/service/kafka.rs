@@ -99,7 +99,12 @@ impl NodeService {
 
     /// The bucket of a topic partition.
     async fn topic_bucket(&self, topic: &str, partition: i32) -> Result<TableBucket> {
-        let table = self.topic_table(topic).await?;
+        let mut table = self.topic_table(topic).await?;
+        if partition as u32 >= table.descriptor.bucket_count && partition >= 0 {
+            // The topic may have grown (CreatePartitions) beyond this node's view.
+            self.meta.inner_catch_up().await;
+            table = self.topic_table(topic).await?;
+        }
         if partition < 0 || partition as u32 >= table.descriptor.bucket_count {
             return Err(MinkError::NotFound(format!(
                 "partition {partition} of topic {topic} ({} partitions)",
@@ -304,26 +309,27 @@ impl KafkaHandler for NodeService {
                 high_watermark: hw,
             });
         }
-        // Nothing the lake lacks goes.
-        let stream = bucket.stream_name();
-        let lake = table.descriptor.properties.lake.enabled.then(|| {
-            self.meta.read(|s| {
-                s.lake_snapshots
-                    .get(&table.id)
-                    .and_then(|p| p.log_offsets.get(&stream).copied())
-                    .unwrap_or(0)
-            })
-        });
-        let target = lake.map_or(offset, |l| offset.min(l));
+        // A lake-tiered topic's log is trimmed only behind its lake, after the grace
+        // its Union reads need (the TTL duty's rule): a delete cannot honour both.
+        if table.descriptor.properties.lake.enabled {
+            return Err(MinkError::LimitExceeded {
+                what: format!(
+                    "records deleted from lake-tiered topic {topic} (its retention trims it behind the lake)"
+                ),
+                limit: 0,
+                actual: 1,
+            });
+        }
         // A trim goes no further than what is compacted into segments: rows still in
-        // the WAL are compacted first (every open stream's: a rare admin request).
-        if target > tablet.log_start() {
+        // the WAL are compacted first (every open stream's; only when needed, so a
+        // request naming many partitions compacts about once).
+        if offset > tablet.compacted_end() {
             self.streams()
                 .compact()
                 .await
                 .map_err(|e| MinkError::StorageFailure(format!("compacting before a trim: {e}")))?;
         }
-        tablet.trim_before(target).await
+        tablet.trim_before(offset).await
     }
 
     async fn delete_topic(&self, name: &str) -> Result<()> {
@@ -472,7 +478,8 @@ impl KafkaHandler for NodeService {
             OffsetQuery::Earliest => (tablet.list_offsets(OffsetSpec::Earliest).await?, -1),
             OffsetQuery::Latest => (tablet.list_offsets(OffsetSpec::Latest).await?, -1),
             // The first record stamped at or after `ts`, by the records' own
-            // timestamps (a topic's tablet is indexed by them).
+            // timestamps (a topic's tablet is indexed by them; a LogAppendTime
+            // topic's by commit time, which its records carry).
             OffsetQuery::Timestamp(ts) => match tablet.offset_for_time(ts).await? {
                 Some((offset, found)) => (Some(offset), found),
                 None => (None, -1),

@@ -186,7 +186,7 @@ impl NodeService {
                 snapshot_id,
                 log_offset: info.log_offset,
                 location: info.location.clone(),
-                recorded_at_ms: Some(now_ms()),
+                written_at_ms: Some(info.written_at_ms),
             };
             // Best effort: the snapshot serves this read whether or not it is recorded
             // (a concurrent reader may have recorded it first).

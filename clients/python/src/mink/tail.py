@@ -228,9 +228,9 @@ class Tail:
         return int(offsets.get(b) or 0)
 
     def _watch(self) -> None:
+        # New partitions, and new buckets of a table that grew (a Kafka topic given
+        # more partitions), are followed from their start.
         while not self._stop.wait(self.partition_refresh_s):
-            if not self.table.partition_keys:
-                continue
             try:
                 self._discover(first=False)
             except MinkError:
