@@ -1151,6 +1151,17 @@ mod tests {
         );
     }
 
+    /// B syncs generation 2 and waits; A, the leader, hands out `a` and `b`. Returns
+    /// B's answer.
+    async fn sync_both(c: &std::sync::Arc<Coordinator>, a: &str, b: &str) -> Synced {
+        let c3 = c.clone();
+        let b_id = b.to_string();
+        let b_sync = tokio::spawn(async move { c3.sync("g", 2, &b_id, vec![]).await });
+        tokio::task::yield_now().await;
+        c.sync("g", 2, a, assignments(a, b)).await;
+        b_sync.await.unwrap()
+    }
+
     /// A and B in one Stable group of generation 2, A leading, each assigned `a`/`b`.
     async fn two_stable_members(c: &std::sync::Arc<Coordinator>) -> (String, String) {
         let a = c.join(join("g", "", false)).await;
@@ -1161,18 +1172,8 @@ mod tests {
         let a2 = c.join(join("g", &a.member_id, false)).await;
         let b = b.await.unwrap();
         assert_eq!((a2.generation, b.generation), (2, 2));
-        let c3 = c.clone();
-        let b_id = b.member_id.clone();
-        let b_sync = tokio::spawn(async move { c3.sync("g", 2, &b_id, vec![]).await });
-        tokio::task::yield_now().await;
-        c.sync(
-            "g",
-            2,
-            &a.member_id,
-            assignments(&a.member_id, &b.member_id),
-        )
-        .await;
-        assert_eq!(b_sync.await.unwrap().assignment, Bytes::from_static(b"b"));
+        let synced = sync_both(c, &a.member_id, &b.member_id).await;
+        assert_eq!(synced.assignment, Bytes::from_static(b"b"));
         (a.member_id, b.member_id)
     }
 
@@ -1265,18 +1266,7 @@ mod tests {
             .map(|m| m.group_instance_id.clone())
             .collect();
         assert_eq!(instances, [Some("i-a".into()), Some("i-b".into())]);
-        let c3 = c.clone();
-        let b_id = b.member_id.clone();
-        let b_sync = tokio::spawn(async move { c3.sync("g", 2, &b_id, vec![]).await });
-        tokio::task::yield_now().await;
-        c.sync(
-            "g",
-            2,
-            &a.member_id,
-            assignments(&a.member_id, &b.member_id),
-        )
-        .await;
-        b_sync.await.unwrap();
+        sync_both(&c, &a.member_id, &b.member_id).await;
         // B's process restarts: a join without a member id, under its instance id,
         // with other metadata (the Java client's carries its generation).
         let mut restart = static_join("", "i-b");

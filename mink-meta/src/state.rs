@@ -326,8 +326,14 @@ impl MetaState {
             .collect()
     }
 
-    fn add_buckets(&mut self, table: TableId, partition: Option<PartitionId>, count: u32) {
-        for b in 0..count {
+    /// Buckets `numbers` of a table (or of one partition), without leaders yet.
+    fn add_buckets(
+        &mut self,
+        table: TableId,
+        partition: Option<PartitionId>,
+        numbers: std::ops::Range<u32>,
+    ) {
+        for b in numbers {
             let bucket = TableBucket::new(table, partition, b);
             self.buckets.insert(
                 bucket.stream_name(),
@@ -722,7 +728,7 @@ impl LogState for MetaState {
                 }
                 self.table_ids.insert(path.to_string(), id);
                 if !descriptor.is_partitioned() {
-                    self.add_buckets(id, None, descriptor.bucket_count);
+                    self.add_buckets(id, None, 0..descriptor.bucket_count);
                 }
                 self.tables.insert(
                     id,
@@ -763,17 +769,7 @@ impl LogState for MetaState {
                 let Some(old) = self.tables.get(&id).map(|t| t.descriptor.bucket_count) else {
                     return;
                 };
-                for b in old..*bucket_count {
-                    let bucket = TableBucket::new(id, None, b);
-                    self.buckets.insert(
-                        bucket.stream_name(),
-                        BucketState {
-                            bucket,
-                            leader: None,
-                            epoch: 0,
-                        },
-                    );
-                }
+                self.add_buckets(id, None, old..*bucket_count);
                 if let Some(t) = self.tables.get_mut(&id) {
                     t.descriptor.bucket_count = *bucket_count;
                 }
@@ -809,7 +805,7 @@ impl LogState for MetaState {
                     );
                     count = t.descriptor.bucket_count;
                 }
-                self.add_buckets(id, Some(pid), count);
+                self.add_buckets(id, Some(pid), 0..count);
             }
             MetaCommand::DropPartition { path, name } => {
                 let Some(id) = self.table_ids.get(&path.to_string()).copied() else {
