@@ -291,11 +291,17 @@ impl Drop for Admitted {
     }
 }
 
+/// How long the client routes by a table's metadata before it reads it again.
+pub const ROUTING_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// A client of a Mink cluster.
 pub struct MinkClient {
     bootstrap: String,
     connections: tokio::sync::Mutex<HashMap<String, FlightServiceClient<Channel>>>,
-    routing: tokio::sync::Mutex<HashMap<TablePath, Metadata>>,
+    /// Each table's metadata, with when it was read: refreshed after a stale answer,
+    /// and after [`ROUTING_MAX_AGE`] (a table may have grown buckets: a Kafka topic
+    /// given more partitions).
+    routing: tokio::sync::Mutex<HashMap<TablePath, (Metadata, std::time::Instant)>>,
     /// The writer id in use; replaced after a write whose outcome is unknown.
     writer_id: tokio::sync::Mutex<Option<i64>>,
     /// Per bucket, the sequences of the current writer and the batches in flight
@@ -550,13 +556,19 @@ impl MinkClient {
     }
 
     async fn metadata(&self, path: &TablePath, refresh: bool) -> Result<Metadata> {
-        if !refresh && let Some(m) = self.routing.lock().await.get(path) {
+        if !refresh
+            && let Some((m, read_at)) = self.routing.lock().await.get(path)
+            && read_at.elapsed() < ROUTING_MAX_AGE
+        {
             return Ok(m.clone());
         }
         let meta: Metadata = self
             .action("metadata", serde_json::json!({"path": path}))
             .await?;
-        self.routing.lock().await.insert(path.clone(), meta.clone());
+        self.routing
+            .lock()
+            .await
+            .insert(path.clone(), (meta.clone(), std::time::Instant::now()));
         Ok(meta)
     }
 
@@ -1017,7 +1029,7 @@ impl MinkClient {
             return Ok(false);
         };
         let cached = self.routing.lock().await.remove(path);
-        let was = cached.map(|r| r.table.id);
+        let was = cached.map(|r| r.0.table.id);
         if was != Some(id) {
             return Ok(false);
         }

@@ -65,6 +65,9 @@ PUT_DEPTH = 1
 #: A bucket's part is sent in batches of at most this many bytes (the node's
 #: ``log.batch_bytes_max`` is 16 MiB).
 PART_BYTES_MAX = 4 << 20
+#: How long a Writer spreads a round-robin table's rows over the buckets it knows
+#: before it reads the table's definition again (it may have grown buckets).
+ROUTING_MAX_AGE_S = 10.0
 
 _REFUSED = (InvalidArgument, SchemaMismatch, NotFound, AlreadyExists, LimitExceeded, Unimplemented)
 
@@ -140,6 +143,7 @@ class Writer:
         self._lanes: dict[tuple[int | None, int], _Lane] = {}
         self._lock = threading.Lock()
         self._round_robin: dict[int | None, int] = {}
+        self._read_at = time.monotonic()
         self._pending: set[Future[list[BucketWritten]]] = set()
         self._order = threading.Lock()
         self._tickets = itertools.count()
@@ -275,6 +279,11 @@ class Writer:
         else:
             groups.append((None, np.arange(rows.num_rows)))
         parts = []
+        if not t.bucket_keys and time.monotonic() - self._read_at > ROUTING_MAX_AGE_S:
+            # A table that spreads rows round-robin may have grown buckets (a Kafka
+            # topic given more partitions): its definition is read again now and then.
+            t.refresh()
+            self._read_at = time.monotonic()
         count = t.bucket_count
         for name, idx in groups:
             pid = t._partition_id(name)
