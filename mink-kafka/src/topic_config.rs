@@ -26,6 +26,22 @@ pub const PREFIX: &str = "kafka.";
 /// `message.timestamp.type`'s value that stamps batches with their commit time.
 pub const LOG_APPEND_TIME: &str = "LogAppendTime";
 
+/// The custom properties holding the configs the produce and fetch paths read (keys
+/// written out, so that those paths build no string).
+const MAX_MESSAGE_BYTES_KEY: &str = "kafka.max.message.bytes";
+const TIMESTAMP_TYPE_KEY: &str = "kafka.message.timestamp.type";
+
+/// Whether a topic's records carry their commit time, from its table's custom
+/// properties.
+pub fn is_log_append_time(custom: &BTreeMap<String, String>) -> bool {
+    custom.get(TIMESTAMP_TYPE_KEY).map(String::as_str) == Some(LOG_APPEND_TIME)
+}
+
+/// A topic's own `max.message.bytes`, from its table's custom properties.
+pub fn max_message_bytes(custom: &BTreeMap<String, String>) -> Option<usize> {
+    custom.get(MAX_MESSAGE_BYTES_KEY)?.parse().ok()
+}
+
 /// A config value's type, as DescribeConfigs names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConfigType {
@@ -253,6 +269,11 @@ mod tests {
         ] {
             let err = configs(&[(name, value)]).unwrap_err();
             assert!(err.starts_with(name), "{name}={value}: {err}");
+        }
+        // The keys the hot paths read are the stored ones.
+        for key in [MAX_MESSAGE_BYTES_KEY, TIMESTAMP_TYPE_KEY] {
+            let name = key.strip_prefix(PREFIX).unwrap();
+            assert!(config_type(name).is_some(), "{key}");
         }
         // Numbers are kept in their plain form; a config named twice is refused.
         let plain = configs(&[("segment.bytes", "+0001024")]).unwrap();

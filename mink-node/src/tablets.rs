@@ -340,11 +340,7 @@ impl Tablets {
         )
         .await?;
         let d = &table.descriptor;
-        let log_append_time = d
-            .properties
-            .custom
-            .get("kafka.message.timestamp.type")
-            .is_some_and(|t| t == mink_kafka::topic_config::LOG_APPEND_TIME);
+        let log_append_time = mink_kafka::topic_config::is_log_append_time(&d.properties.custom);
         if table.path.database.as_str() == self.config.kafka.database
             && !pk
             && !d.is_partitioned()

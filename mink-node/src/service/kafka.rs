@@ -165,17 +165,7 @@ fn topic_configs(table: &TableInfo) -> std::collections::BTreeMap<String, String
 
 /// Whether a topic's records carry their commit time (`message.timestamp.type`).
 fn is_log_append_time(table: &TableInfo) -> bool {
-    topic_config_value(table, "message.timestamp.type") == Some(topic_config::LOG_APPEND_TIME)
-}
-
-/// A topic config of a table, when it was created with one.
-pub(crate) fn topic_config_value<'a>(table: &'a TableInfo, name: &str) -> Option<&'a str> {
-    table
-        .descriptor
-        .properties
-        .custom
-        .get(&format!("{}{name}", topic_config::PREFIX))
-        .map(String::as_str)
+    topic_config::is_log_append_time(&table.descriptor.properties.custom)
 }
 
 /// Whether a table is a topic: an unpartitioned log table with the topic columns.
@@ -359,8 +349,7 @@ impl KafkaHandler for NodeService {
         let bucket = self.topic_bucket(topic, partition).await?;
         let table = self.table_by_id(bucket.table_id).await?;
         // The topic's own max.message.bytes (the listener's limit was checked before).
-        if let Some(max) = topic_config_value(&table, "max.message.bytes")
-            .and_then(|v| v.parse::<usize>().ok())
+        if let Some(max) = topic_config::max_message_bytes(&table.descriptor.properties.custom)
             .filter(|max| sent_bytes > *max)
         {
             return Err(MinkError::LimitExceeded {
