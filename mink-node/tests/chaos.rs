@@ -74,7 +74,10 @@ struct Cluster {
 
 fn node_env(dir: &Path, id: &str, store_env: &[(String, String)]) -> Vec<(String, String)> {
     let mut env: Vec<(String, String)> = vec![
-        ("RUST_LOG".into(), "warn,mink_node=info".into()),
+        (
+            "RUST_LOG".into(),
+            "warn,mink_node=info,mink_wal::stream::takeover=info".into(),
+        ),
         ("MINK_NODE_ID".into(), id.into()),
         ("MINK_DATA_DIR".into(), dir.join(id).display().to_string()),
         ("MINK_LISTENERS__FLIGHT".into(), "127.0.0.1:0".into()),

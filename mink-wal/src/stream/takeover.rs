@@ -13,7 +13,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
 use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
@@ -28,13 +28,43 @@ use crate::format::{Record, WalObject, decode_wal_object};
 /// change of the stream's metadata or an unresolved proposal).
 const TAKEOVER_ATTEMPTS_MAX: u32 = 16;
 
-/// WAL objects a takeover reads at once while recovering a stream (each up to
-/// `group_bytes_max`, 8 MiB by default, held until applied).
-const RECOVERY_GETS: usize = 4;
+/// Bytes of WAL objects one takeover may have in flight while recovering a stream:
+/// it reads `RECOVERY_BYTES / group_bytes_max` objects at once (each up to
+/// `group_bytes_max`, held until applied), from `RECOVERY_GETS_MIN` to
+/// `RECOVERY_GETS_MAX`. A takeover's time on a slow store is nearly all these reads
+/// (docs/reliability.md): with 8 MiB groups, 8 at once.
+const RECOVERY_BYTES: u64 = 64 << 20;
+const RECOVERY_GETS_MIN: usize = 2;
+const RECOVERY_GETS_MAX: usize = 16;
+
+/// How many WAL objects a takeover reads at once, for groups of `group_bytes_max`.
+fn recovery_gets(group_bytes_max: u64) -> usize {
+    ((RECOVERY_BYTES / group_bytes_max.max(1)) as usize).clamp(RECOVERY_GETS_MIN, RECOVERY_GETS_MAX)
+}
 
 /// The pause before the next attempt after `attempt` failed ones.
 fn retry_pause(attempt: u32) -> Duration {
     Duration::from_millis((5u64 << attempt.min(7)).min(500))
+}
+
+/// A stream open that takes this long is logged with its phases.
+const SLOW_OPEN: Duration = Duration::from_secs(1);
+
+/// Where a stream open spent its time, summed over its attempts (logged for a slow
+/// one: on a slow store the takeover's phases are what bounds recovery).
+#[derive(Default)]
+struct Phases {
+    attempts: u32,
+    catch_up: Duration,
+    fence: Duration,
+    read: Duration,
+    objects_read: u64,
+    segment: Duration,
+    propose: Duration,
+}
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis() as u64
 }
 
 /// What one pass of the open loop concluded.
@@ -57,8 +87,39 @@ pub(super) async fn open_stream(
     if let Some(e) = store.writer.failure() {
         return Err(e);
     }
+    let started = Instant::now();
     let lock = store.open_lock(name);
     let _serialized = lock.lock().await;
+    let queued = started.elapsed();
+    let mut phases = Phases::default();
+    let opened = open_attempts(store, name, epoch, &mut phases).await;
+    let took = started.elapsed();
+    if took >= SLOW_OPEN {
+        tracing::info!(
+            stream = name,
+            epoch,
+            ok = opened.is_ok(),
+            took_ms = ms(took),
+            queued_ms = ms(queued),
+            attempts = phases.attempts,
+            catch_up_ms = ms(phases.catch_up),
+            fence_ms = ms(phases.fence),
+            read_ms = ms(phases.read),
+            objects_read = phases.objects_read,
+            segment_ms = ms(phases.segment),
+            propose_ms = ms(phases.propose),
+            "a slow stream open"
+        );
+    }
+    opened
+}
+
+async fn open_attempts(
+    store: &Arc<StoreInner>,
+    name: &str,
+    epoch: u64,
+    phases: &mut Phases,
+) -> WalResult<Stream> {
     let mut last_error: Option<WalError> = None;
     for attempt in 0..TAKEOVER_ATTEMPTS_MAX {
         if attempt > 0 {
@@ -67,7 +128,8 @@ pub(super) async fn open_stream(
         if let Some(e) = store.writer.failure() {
             return Err(e);
         }
-        match open_once(store, name, epoch).await {
+        phases.attempts += 1;
+        match open_once(store, name, epoch, phases).await {
             Ok(Step::Done(stream)) => return Ok(stream),
             Ok(Step::Retry) => {}
             // Storage trouble: the outcome of what we proposed is unknown; the next
@@ -87,8 +149,15 @@ pub(super) async fn open_stream(
 }
 
 /// One pass: catch up, look at the stream as the log and this node know it, act.
-async fn open_once(store: &Arc<StoreInner>, name: &str, epoch: u64) -> WalResult<Step> {
+async fn open_once(
+    store: &Arc<StoreInner>,
+    name: &str,
+    epoch: u64,
+    phases: &mut Phases,
+) -> WalResult<Step> {
+    let caught_up = Instant::now();
     store.meta.catch_up().await?;
+    phases.catch_up += caught_up.elapsed();
     let current = store.meta.read(|s, _| s.streams.get(name).cloned());
     let ours = current
         .as_ref()
@@ -96,7 +165,7 @@ async fn open_once(store: &Arc<StoreInner>, name: &str, epoch: u64) -> WalResult
     let local = store.lock_streams().get(name).cloned();
     if let Some(local) = local {
         if let (true, Some(meta)) = (ours, &current) {
-            return reopen_local(store, local, epoch, meta).await;
+            return reopen_local(store, local, epoch, meta, phases).await;
         }
         // Taken over or closed since: the local stream is stale. Whatever it
         // acknowledged was recovered by the takeover (our WAL was fenced first) or is
@@ -115,7 +184,7 @@ async fn open_once(store: &Arc<StoreInner>, name: &str, epoch: u64) -> WalResult
         store.remove_stream(name, &local);
     }
     let Some(meta) = current else {
-        return create_or_take_over(store, name, epoch, None).await;
+        return create_or_take_over(store, name, epoch, None, phases).await;
     };
     if ours {
         // A ghost: our open landed but was never installed. Adopt it.
@@ -130,7 +199,7 @@ async fn open_once(store: &Arc<StoreInner>, name: &str, epoch: u64) -> WalResult
         if epoch == meta.epoch {
             return Ok(Step::Done(Stream { inner }));
         }
-        return reopen_local(store, inner, epoch, &meta).await;
+        return reopen_local(store, inner, epoch, &meta, phases).await;
     }
     if epoch <= meta.epoch {
         return Err(WalError::Fenced(format!(
@@ -138,7 +207,7 @@ async fn open_once(store: &Arc<StoreInner>, name: &str, epoch: u64) -> WalResult
             meta.epoch
         )));
     }
-    create_or_take_over(store, name, epoch, Some(meta)).await
+    create_or_take_over(store, name, epoch, Some(meta), phases).await
 }
 
 /// Creates the stream, reopens it after a clean close, or takes it over from its
@@ -149,22 +218,25 @@ async fn create_or_take_over(
     name: &str,
     epoch: u64,
     current: Option<StreamMeta>,
+    phases: &mut Phases,
 ) -> WalResult<Step> {
     let recovered = match current
         .as_ref()
         .and_then(|m| m.owner.clone().map(|o| (m, o)))
     {
-        Some((meta, owner)) => match recover(store, name, meta, &owner, epoch).await? {
+        Some((meta, owner)) => match recover(store, name, meta, &owner, epoch, phases).await? {
             Some(records) => records,
             None => return Ok(Step::Retry),
         },
         None => vec![],
     };
+    let written = Instant::now();
     let segment = if recovered.is_empty() {
         None
     } else {
         Some(super::compact::write_segment(store, name, epoch, &recovered).await?)
     };
+    phases.segment += written.elapsed();
     let wal_from = store.writer.oldest_unacked.load(Ordering::SeqCst);
     let command = StreamCommand::Open {
         stream: name.to_string(),
@@ -174,7 +246,10 @@ async fn create_or_take_over(
         expected: current.as_ref().map(Expected::of),
         recovered: segment.clone(),
     };
-    match propose(store, &command).await? {
+    let proposed = Instant::now();
+    let outcome = propose(store, &command).await;
+    phases.propose += proposed.elapsed();
+    match outcome? {
         Ok(_) => {
             let meta = store
                 .meta
@@ -241,6 +316,7 @@ async fn reopen_local(
     local: Arc<StreamInner>,
     epoch: u64,
     current: &StreamMeta,
+    phases: &mut Phases,
 ) -> WalResult<Step> {
     let name = local.name.clone();
     {
@@ -279,7 +355,10 @@ async fn reopen_local(
         expected: Some(Expected::of(current)),
         recovered: None,
     };
-    match propose(store, &command).await? {
+    let proposed = Instant::now();
+    let outcome = propose(store, &command).await;
+    phases.propose += proposed.elapsed();
+    match outcome? {
         Ok(_) => {
             let mut state = local.lock();
             state.epoch = epoch;
@@ -321,13 +400,32 @@ async fn recover(
     meta: &StreamMeta,
     owner: &WalId,
     epoch: u64,
+    phases: &mut Phases,
 ) -> WalResult<Option<Vec<Record>>> {
-    let Some(fence) = fence(store, owner, epoch, name, meta).await? else {
+    let fenced = Instant::now();
+    let fence = fence(store, owner, epoch, name, meta).await;
+    phases.fence += fenced.elapsed();
+    let Some(fence) = fence? else {
         return Ok(None);
     };
+    let read = Instant::now();
+    let records = read_owner_wal(store, name, meta, owner, fence, phases).await;
+    phases.read += read.elapsed();
+    records
+}
+
+/// The stream's records in `owner`'s WAL from the stream's `wal_from` up to `fence`.
+async fn read_owner_wal(
+    store: &Arc<StoreInner>,
+    name: &str,
+    meta: &StreamMeta,
+    owner: &WalId,
+    fence: u64,
+    phases: &mut Phases,
+) -> WalResult<Option<Vec<Record>>> {
     let mut records: Vec<Record> = Vec::new();
     let mut expected = meta.committed_end;
-    // Read RECOVERY_GETS objects at a time, taken in order (one after another took
+    // Read `recovery_gets` objects at a time, taken in order (one after another took
     // seconds on a slow store for a WAL of a few hundred objects); objects fetched
     // ahead of a fence object are dropped without being decoded.
     let mut objects = futures::stream::iter(meta.wal_from..fence)
@@ -339,8 +437,9 @@ async fn recover(
                 (seq, path, got)
             }
         })
-        .buffered(RECOVERY_GETS);
+        .buffered(recovery_gets(store.config.group_bytes_max));
     while let Some((seq, path, got)) = objects.next().await {
+        phases.objects_read += 1;
         let bytes = match got {
             Ok(bytes) => bytes,
             Err(object_store::Error::NotFound { .. }) => {
@@ -501,4 +600,20 @@ async fn fence(
         }
     }
     Err(WalError::Storage(format!("could not fence WAL {owner}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recovery_reads_are_bounded_by_bytes_in_flight() {
+        assert_eq!(recovery_gets(8 << 20), 8);
+        assert_eq!(recovery_gets(1 << 20), RECOVERY_GETS_MAX);
+        assert_eq!(recovery_gets(1 << 30), RECOVERY_GETS_MIN);
+        assert_eq!(recovery_gets(0), RECOVERY_GETS_MAX);
+        for group in [1, 4 << 20, 8 << 20, 32 << 20] {
+            assert!(recovery_gets(group) as u64 * group <= RECOVERY_BYTES.max(group * 2));
+        }
+    }
 }
