@@ -7,8 +7,9 @@ directory. Prints a Markdown report on stdout (progress on stderr):
 - `SELECT count(*)` and a GROUP BY over a log table, as rows/s against raw Flight
   Scans of the same buckets (every endpoint of GetFlightInfo read at once, as
   pyarrow.flight does it), ratio per run;
-- primary-key point queries (`WHERE id = k`) through the ADBC driver, p50/p99 against
-  the raw `lookup` action;
+- primary-key point queries (`WHERE id = k`) through the ADBC driver, and as the two
+  Flight SQL calls (GetFlightInfo, DoGet) made by pyarrow, p50/p99 against the raw
+  `lookup` action;
 - the same GROUP BY through DuckDB over the table's lake Parquet files, as a peer.
 
 Every figure is measured `--runs` times; the report gives min, median and max.
@@ -79,6 +80,23 @@ def put(client, command, path, batch):
     writer.done_writing()
     reader.read()
     writer.close()
+
+
+def _field(number, payload):
+    """One length-delimited protobuf field."""
+    head, n = bytearray([(number << 3) | 2]), len(payload)
+    while n > 0x7F:
+        head.append((n & 0x7F) | 0x80)
+        n >>= 7
+    head.append(n)
+    return bytes(head) + payload
+
+
+def statement_descriptor(sql):
+    """A Flight SQL `CommandStatementQuery` descriptor, packed in its `Any` as Flight SQL
+    clients send it (no ADBC driver in between)."""
+    url = b"type.googleapis.com/arrow.flight.protocol.sql.CommandStatementQuery"
+    return flight.FlightDescriptor.for_command(_field(1, url) + _field(2, _field(1, sql.encode())))
 
 
 def spread(values, unit="", digits=2):
@@ -231,9 +249,16 @@ def run(node, query, work, rows, runs, keys, points):
         batch = pa.record_batch([pa.array(ids, pa.int64()), pa.array([f"u{i}" for i in ids])], schema=uschema)
         put(client, "PutTable", "bench.users", batch)
     rng = random.Random(7)
-    raw_p50, raw_p99, sql_p50, sql_p99 = [], [], [], []
+    sql_client = flight.connect(f"grpc://127.0.0.1:{query.port}")
+    # The same query by the two calls Flight SQL needs (GetFlightInfo, DoGet), from
+    # pyarrow: what mink-query itself costs, without the ADBC driver's own overhead.
+    def flight_sql(q):
+        info = sql_client.get_flight_info(statement_descriptor(q))
+        return sql_client.do_get(info.endpoints[0].ticket).read_all()
+
+    raw_p50, raw_p99, sql_p50, sql_p99, fs_p50, fs_p99 = [], [], [], [], [], []
     for r in range(runs):
-        raw, viasql = [], []
+        raw, viasql, viaflight = [], [], []
         for _ in range(points):
             k = rng.randrange(keys)
             t = time.perf_counter()
@@ -243,12 +268,21 @@ def run(node, query, work, rows, runs, keys, points):
             got = sql(f"SELECT name FROM bench.users WHERE id = {k}")
             viasql.append(time.perf_counter() - t)
             assert got.column("name")[0].as_py() == f"u{k}"
+            t = time.perf_counter()
+            got = flight_sql(f"SELECT name FROM bench.users WHERE id = {k}")
+            viaflight.append(time.perf_counter() - t)
+            assert got.column("name")[0].as_py() == f"u{k}"
         q = statistics.quantiles
         raw_p50.append(q(raw, n=100)[49] * 1000)
         raw_p99.append(q(raw, n=100)[98] * 1000)
         sql_p50.append(q(viasql, n=100)[49] * 1000)
         sql_p99.append(q(viasql, n=100)[98] * 1000)
-        log(f"run {r}: lookup p50 {raw_p50[-1]:.2f} ms, SQL point query p50 {sql_p50[-1]:.2f} ms")
+        fs_p50.append(q(viaflight, n=100)[49] * 1000)
+        fs_p99.append(q(viaflight, n=100)[98] * 1000)
+        log(
+            f"run {r}: lookup p50 {raw_p50[-1]:.2f} ms, SQL point query p50 {sql_p50[-1]:.2f} ms (ADBC), "
+            f"{fs_p50[-1]:.2f} ms (pyarrow Flight SQL calls)"
+        )
 
     # The lake, read by DuckDB.
     action(
@@ -299,7 +333,9 @@ def run(node, query, work, rows, runs, keys, points):
             "|---|---|---|",
             f"| raw `lookup` action (baseline) | {spread(raw_p50)} | {spread(raw_p99)} |",
             f"| `SELECT name FROM t WHERE id = k` through ADBC | {spread(sql_p50)} | {spread(sql_p99)} |",
-            f"| ratio SQL / lookup | {spread(ratio(sql_p50, raw_p50))} | {spread(ratio(sql_p99, raw_p99))} |",
+            f"| ratio ADBC / lookup | {spread(ratio(sql_p50, raw_p50))} | {spread(ratio(sql_p99, raw_p99))} |",
+            f"| the same query as pyarrow Flight SQL calls (GetFlightInfo, DoGet) | {spread(fs_p50)} | {spread(fs_p99)} |",
+            f"| ratio Flight SQL calls / lookup | {spread(ratio(fs_p50, raw_p50))} | {spread(ratio(fs_p99, raw_p99))} |",
             "",
         ]
     )

@@ -46,6 +46,7 @@ use crate::engine::flight::{
 use crate::engine::schema_of;
 use crate::errors::{QueryError, engine_status};
 use crate::handle::Handle;
+use crate::plans::Plans;
 use crate::service::QueryService;
 use crate::sqlmeta::{
     FOREIGN_KEYS_SCHEMA, PRIMARY_KEYS_SCHEMA, SQL_INFO, XDBC_TYPES, no_foreign_keys,
@@ -59,11 +60,16 @@ type DoGetStream =
 #[derive(Clone)]
 pub struct FlightSqlServer {
     service: Arc<QueryService>,
+    /// Plans made for a GetFlightInfo or a preparation, for the DoGet that follows.
+    plans: Arc<Plans>,
 }
 
 impl FlightSqlServer {
     pub fn new(service: Arc<QueryService>) -> Self {
-        Self { service }
+        Self {
+            service,
+            plans: Arc::default(),
+        }
     }
 
     /// The server as a tonic service (no message-size limit on what clients send:
@@ -96,8 +102,13 @@ impl FlightSqlServer {
         Ok(Response::new(info))
     }
 
-    async fn run(&self, handle: Handle) -> Result<Response<DoGetStream>, Status> {
-        let planned = self.plan(&handle).await?;
+    /// Runs the statement of `handle` (its bytes as a client sent them): the plan
+    /// kept for it when there is one, a new one otherwise.
+    async fn run(&self, handle: &[u8]) -> Result<Response<DoGetStream>, Status> {
+        let planned = match self.plans.take(handle) {
+            Some(planned) => planned,
+            None => self.plan(&Handle::decode(handle)?).await?,
+        };
         let schema = planned.schema();
         let stream = self.service.execute(planned).await?;
         let batches = stream.map_err(|e| FlightError::Tonic(Box::new(engine_status(&e))));
@@ -189,11 +200,13 @@ impl FlightSqlService for FlightSqlServer {
         }
         let handle = self.statement(query.query, None);
         let planned = self.plan(&handle).await?;
+        let schema = planned.schema();
         let ticket = TicketStatementQuery {
             statement_handle: handle.encode(),
         };
+        self.plans.keep(ticket.statement_handle.clone(), planned);
         self.info(
-            &planned.schema(),
+            &schema,
             ticket.as_any().encode_to_vec(),
             request.into_inner(),
         )
@@ -204,7 +217,7 @@ impl FlightSqlService for FlightSqlServer {
         ticket: TicketStatementQuery,
         _request: Request<Ticket>,
     ) -> Result<Response<DoGetStream>, Status> {
-        self.run(Handle::decode(&ticket.statement_handle)?).await
+        self.run(&ticket.statement_handle).await
     }
 
     async fn get_flight_info_prepared_statement(
@@ -214,8 +227,8 @@ impl FlightSqlService for FlightSqlServer {
     ) -> Result<Response<FlightInfo>, Status> {
         let handle = Handle::decode(&cmd.prepared_statement_handle)?;
         if let Some(schema) = handle.schema.clone() {
-            // Prepared without parameters: the schema planned then (DoGet plans again
-            // and fixes the cut).
+            // Prepared without parameters: the schema planned then (DoGet takes that
+            // plan, or plans again, and fixes the cut).
             let info = FlightInfo {
                 schema,
                 ..FlightInfo::new()
@@ -227,11 +240,10 @@ impl FlightSqlService for FlightSqlServer {
             return Ok(Response::new(info));
         }
         let planned = self.plan(&handle).await?;
-        self.info(
-            &planned.schema(),
-            cmd.as_any().encode_to_vec(),
-            request.into_inner(),
-        )
+        let schema = planned.schema();
+        self.plans
+            .keep(cmd.prepared_statement_handle.clone(), planned);
+        self.info(&schema, cmd.as_any().encode_to_vec(), request.into_inner())
     }
 
     async fn do_get_prepared_statement(
@@ -239,8 +251,7 @@ impl FlightSqlService for FlightSqlServer {
         cmd: CommandPreparedStatementQuery,
         _request: Request<Ticket>,
     ) -> Result<Response<DoGetStream>, Status> {
-        self.run(Handle::decode(&cmd.prepared_statement_handle)?)
-            .await
+        self.run(&cmd.prepared_statement_handle).await
     }
 
     async fn do_action_create_prepared_statement(
@@ -255,13 +266,20 @@ impl FlightSqlService for FlightSqlServer {
         let planned = self.plan(&handle).await?;
         let dataset_schema = schema_bytes(&planned.schema())?;
         let parameters = planned.parameters()?;
-        if parameters.fields().is_empty() {
+        let parameter_schema = schema_bytes(&parameters)?;
+        let without_parameters = parameters.fields().is_empty();
+        if without_parameters {
             handle.schema = Some(dataset_schema.clone());
         }
+        let prepared_statement_handle = handle.encode();
+        if without_parameters {
+            // ADBC prepares every statement it executes: its DoGet follows at once.
+            self.plans.keep(prepared_statement_handle.clone(), planned);
+        }
         Ok(ActionCreatePreparedStatementResult {
-            prepared_statement_handle: handle.encode(),
+            prepared_statement_handle,
             dataset_schema,
-            parameter_schema: schema_bytes(&parameters)?,
+            parameter_schema,
         })
     }
 

@@ -54,7 +54,7 @@ impl Handle {
         };
         let rest = bytes
             .strip_prefix(MAGIC)
-            .ok_or_else(|| bad("no MQ1 prefix"))?;
+            .ok_or_else(|| bad("no MQ2 prefix"))?;
         if rest.len() < 12 {
             return Err(bad("cut short"));
         }

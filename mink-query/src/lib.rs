@@ -8,7 +8,8 @@
 //! - [`engine`]: the one place that names the Arrow and DataFusion versions.
 //! - [`config`]: `mink-query.toml`, `MINK_QUERY_*`.
 //! - [`merge`]: a primary-key bucket's state from its snapshot and changelog.
-//! - [`handle`]: stateless statement handles.
+//! - [`handle`]: stateless statement handles; [`plans`]: a plan kept for the DoGet
+//!   that follows its GetFlightInfo or preparation.
 //! - [`sqlmeta`]: GetSqlInfo, GetXdbcTypeInfo and key-command schemas.
 //! - [`errors`]: errors and their gRPC statuses.
 
@@ -22,6 +23,7 @@ pub mod flightsql;
 pub mod handle;
 pub mod merge;
 pub mod nodes;
+pub mod plans;
 pub mod service;
 pub mod sqlmeta;
 pub mod table;

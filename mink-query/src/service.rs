@@ -17,7 +17,7 @@ use datafusion::catalog::{CatalogProviderList, MemoryCatalogProviderList};
 use datafusion::common::{DataFusionError, ParamValues, ScalarValue};
 use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::memory_pool::FairSpillPool;
-use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::SendableRecordBatchStream;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
@@ -40,7 +40,9 @@ pub struct QueryService {
     nodes: Arc<Nodes>,
     cpu: CpuRuntime,
     limits: QueryLimits,
-    runtime: Arc<RuntimeEnv>,
+    /// The session every statement starts from (configuration, functions, rules),
+    /// built once: a statement's own differs only in its catalog.
+    base: datafusion::execution::SessionState,
     running: Arc<Semaphore>,
 }
 
@@ -87,12 +89,18 @@ impl QueryService {
             )))
             .build_arc()
             .map_err(QueryError::from)?;
+        let base = SessionStateBuilder::new()
+            .with_config(session_config(&limits))
+            .with_runtime_env(runtime)
+            .with_default_features()
+            .with_physical_optimizer_rule(Arc::new(crate::exec::YieldInJoins))
+            .build();
         Ok(Arc::new(Self {
             cpu: CpuRuntime::new()?,
             running: Arc::new(Semaphore::new(limits.concurrent_max)),
             nodes,
             limits,
-            runtime,
+            base,
         }))
     }
 
@@ -128,24 +136,10 @@ impl QueryService {
         sql: &str,
         params: Option<Vec<ScalarValue>>,
     ) -> Result<Planned, QueryError> {
-        let config = SessionConfig::new()
-            .with_default_catalog_and_schema(CATALOG, DEFAULT_SCHEMA)
-            .with_create_default_catalog_and_schema(false)
-            .with_information_schema(true)
-            .with_batch_size(self.limits.batch_size)
-            .set_bool("datafusion.sql_parser.map_string_types_to_utf8view", false)
-            .set_bool(
-                "datafusion.execution.parquet.schema_force_view_types",
-                false,
-            );
-        let bare = SessionStateBuilder::new()
-            .with_config(config.clone())
-            .with_runtime_env(self.runtime.clone())
-            .build();
-        let dialect = bare.config().options().sql_parser.dialect;
-        let statement = bare.sql_to_statement(sql, &dialect)?;
+        let dialect = self.base.config().options().sql_parser.dialect;
+        let statement = self.base.sql_to_statement(sql, &dialect)?;
         check_reads_only(&statement, sql)?;
-        let references = bare.resolve_table_references(&statement)?;
+        let references = self.base.resolve_table_references(&statement)?;
         let wants_listing = references.iter().any(|r| {
             r.schema()
                 .is_some_and(|s| s.eq_ignore_ascii_case("information_schema"))
@@ -166,11 +160,7 @@ impl QueryService {
                 listed,
             )),
         );
-        let state = SessionStateBuilder::new()
-            .with_config(config)
-            .with_runtime_env(self.runtime.clone())
-            .with_default_features()
-            .with_physical_optimizer_rule(Arc::new(crate::exec::YieldInJoins))
+        let state = SessionStateBuilder::new_from_existing(self.base.clone())
             .with_catalog_list(catalogs)
             .build();
         let plan = state.statement_to_plan(statement).await?;
@@ -257,6 +247,20 @@ impl QueryService {
         }
         Ok(out)
     }
+}
+
+/// The session configuration of every statement.
+fn session_config(limits: &QueryLimits) -> SessionConfig {
+    SessionConfig::new()
+        .with_default_catalog_and_schema(CATALOG, DEFAULT_SCHEMA)
+        .with_create_default_catalog_and_schema(false)
+        .with_information_schema(true)
+        .with_batch_size(limits.batch_size)
+        .set_bool("datafusion.sql_parser.map_string_types_to_utf8view", false)
+        .set_bool(
+            "datafusion.execution.parquet.schema_force_view_types",
+            false,
+        )
 }
 
 /// mink-query only reads: DDL, DML and session statements answer UNIMPLEMENTED.
@@ -355,4 +359,36 @@ fn check_reads_only(
         .map(|w| w.to_ascii_uppercase())
         .collect();
     Err(QueryError::ReadOnly(kind.join(" ")))
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A service with no node: it plans statements that name no table.
+    pub(crate) fn service_for_test() -> Arc<QueryService> {
+        QueryService::new(Nodes::new(vec![]), QueryLimits::default()).unwrap()
+    }
+
+    /// A planned statement that names no table (no node is asked).
+    pub(crate) async fn planned_for_test(service: &QueryService) -> Planned {
+        service.plan("SELECT 1 AS one", None).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn statements_share_the_base_session_but_not_its_catalog() {
+        let service = service_for_test();
+        let a = service.plan("SELECT 1 AS one", None).await.unwrap();
+        let b = service.plan("SELECT upper('x') AS u", None).await.unwrap();
+        assert_eq!(a.schema().field(0).name(), "one");
+        assert_eq!(b.schema().field(0).name(), "u");
+        assert!(
+            !Arc::ptr_eq(a.state.catalog_list(), b.state.catalog_list()),
+            "each statement has a catalog of its own"
+        );
+        assert!(
+            service.base.catalog_list().catalog(CATALOG).is_none(),
+            "the base session never holds a statement's catalog"
+        );
+    }
 }

@@ -182,6 +182,55 @@ def test_catalog_browsing_and_ddl_visibility(single):
         assert sql(conn, 'SELECT count(*) AS n FROM "db"."events"').to_pylist() == [{"n": 300}]
 
 
+def _field(number, payload):
+    head, n = bytearray([(number << 3) | 2]), len(payload)
+    while n > 0x7F:
+        head.append((n & 0x7F) | 0x80)
+        n >>= 7
+    head.append(n)
+    return bytes(head) + payload
+
+
+def statement_descriptor(query):
+    """A Flight SQL `CommandStatementQuery` descriptor as any Flight SQL client packs it."""
+    url = b"type.googleapis.com/arrow.flight.protocol.sql.CommandStatementQuery"
+    return flight.FlightDescriptor.for_command(_field(1, url) + _field(2, _field(1, query.encode())))
+
+
+def test_a_kept_plan_serves_one_execution_and_later_ones_plan_again(single):
+    """DoGet takes the plan its GetFlightInfo or preparation made (docs/query.md): the
+    answers are those of a fresh plan, a ticket presented again plans again, and a
+    prepared statement executed again sees the rows and the tables of its own time."""
+    node, client, q = single
+    load_events_and_users(client)
+    raw = flight.connect(q.uri)
+    try:
+        info = raw.get_flight_info(statement_descriptor("SELECT count(*) AS n FROM db.events"))
+        ticket = info.endpoints[0].ticket
+        assert raw.do_get(ticket).read_all().to_pylist() == [{"n": 300}]
+        # The same ticket again (no kept plan now): planned again, rows of its time.
+        retry(lambda: append_table(client, "db.events", events_batch(list(range(300, 310)))))
+        assert raw.do_get(ticket).read_all().to_pylist() == [{"n": 310}]
+    finally:
+        raw.close()
+    with connect(q) as conn, conn.cursor() as cur:
+        cur.execute("SELECT name FROM db.users WHERE id = 2")
+        assert cur.fetch_arrow_table().to_pylist() == [{"name": "two"}]
+        put_table(client, users_batch([(2, "deux", 20)]))
+        # The same text on the same cursor: ADBC does not prepare again; the handle's
+        # second DoGet plans again and reads the update.
+        cur.execute("SELECT name FROM db.users WHERE id = 2")
+        assert cur.fetch_arrow_table().to_pylist() == [{"name": "deux"}]
+        # A table dropped between two executions of one prepared statement is gone for
+        # the second.
+        cur.execute("SELECT count(*) AS n FROM db.events")
+        assert cur.fetch_arrow_table().to_pylist() == [{"n": 310}]
+        action(client, "drop_table", {"path": "db.events"})
+        with pytest.raises(adbc_driver_manager.Error, match="events"):
+            cur.execute("SELECT count(*) AS n FROM db.events")
+            cur.fetch_arrow_table()
+
+
 def test_bad_statements_get_precise_errors_and_disturb_nothing(single):
     node, client, q = single
     load_events_and_users(client)
