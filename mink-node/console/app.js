@@ -354,6 +354,8 @@ function CostPage() {
         <${Card} k="WAL ack p99" v=${ms(now.quantiles.wal_ack_p99_s)} testid="ack99" />
         <${Card} k="WAL upload p50" v=${bytes(now.quantiles.upload_bytes_p50)} />
         <${Card} k="failures / s" v=${fixed(now.failures_per_s, 2)} />
+        <${Card} k="throttled (503 SlowDown, 429) / s" v=${fixed(now.per_s.http_throttled, 2)} testid="throttled" />
+        <${Card} k="HTTP attempts / s (retries included)" v=${fixed(now.per_s.http_requests, 1)} />
         <${Card} k="upload retries / s" v=${fixed(now.per_s.wal_upload_retries, 2)} />
         <${Card} k="writes refused (overload) / s" v=${fixed(now.per_s.writes_refused_overloaded, 2)} />
       </div>

@@ -26,7 +26,9 @@ pub async fn store_now_ms(store: &Arc<dyn ObjectStore>, key: &str) -> WalResult<
 }
 
 /// The HTTP client of S3 stores: object_store's own (reqwest), counting every HTTP
-/// request it sends in `mink_object_store_http_requests_total{method,status}`. The
+/// request it sends in `mink_object_store_http_requests_total{method,status}`
+/// (`status`: `2xx`, `3xx`, `4xx`, `5xx`, `throttled` or `error`, see
+/// [`status_class`]). The
 /// node's request accounting (`crate::accounting`) counts one per store call; object_store
 /// retries failed requests inside that call (5xx, throttling, connection errors), and
 /// those retries show here only: the difference is what was retried. Process-wide
@@ -70,17 +72,26 @@ impl object_store::client::HttpService for CountingService {
         };
         let result = self.inner.execute(req).await;
         let status = match &result {
-            Ok(r) => match r.status().as_u16() {
-                200..=299 => "2xx",
-                300..=399 => "3xx",
-                400..=499 => "4xx",
-                _ => "5xx",
-            },
+            Ok(r) => status_class(r.status().as_u16()),
             Err(_) => "error",
         };
         metrics::counter!("mink_object_store_http_requests_total", "method" => method, "status" => status)
             .increment(1);
         result
+    }
+}
+
+/// The `status` label of an HTTP answer: its class, except that the store's request
+/// to slow down is told apart (`throttled`: S3's 503 SlowDown, and the 429 other
+/// S3-compatible stores send), since it means the bucket is being asked too much, not
+/// that something failed.
+fn status_class(status: u16) -> &'static str {
+    match status {
+        429 | 503 => "throttled",
+        200..=299 => "2xx",
+        300..=399 => "3xx",
+        400..=499 => "4xx",
+        _ => "5xx",
     }
 }
 
@@ -197,6 +208,17 @@ mod tests {
         }
         open_object_store(&config("memory://")).unwrap();
         open_object_store(&config("s3://bucket/some/prefix")).unwrap();
+    }
+
+    #[test]
+    fn a_request_to_slow_down_is_told_apart_from_a_failure() {
+        assert_eq!(status_class(503), "throttled");
+        assert_eq!(status_class(429), "throttled");
+        assert_eq!(status_class(500), "5xx");
+        assert_eq!(status_class(404), "4xx");
+        assert_eq!(status_class(412), "4xx");
+        assert_eq!(status_class(200), "2xx");
+        assert_eq!(status_class(304), "3xx");
     }
 }
 

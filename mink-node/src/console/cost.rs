@@ -36,14 +36,26 @@ const QUANTILES: [(&str, &str); 4] = [
         "mink_wal_group_bytes{quantile=\"0.99\"}",
     ),
 ];
-const COUNTERS: [(&str, &str); 5] = [
-    ("wal_uploads", "mink_wal_uploads_total"),
-    ("wal_upload_bytes", "mink_wal_upload_bytes_total"),
-    ("wal_upload_retries", "mink_wal_upload_retries_total"),
-    ("wal_upload_failures", "mink_wal_upload_failures_total"),
+/// Counters: the key they are reported under, the metric, and what its series must
+/// contain to count (`""`: every series; a counter with labels is the sum of its
+/// series).
+const COUNTERS: [(&str, &str, &str); 7] = [
+    ("wal_uploads", "mink_wal_uploads_total", ""),
+    ("wal_upload_bytes", "mink_wal_upload_bytes_total", ""),
+    ("wal_upload_retries", "mink_wal_upload_retries_total", ""),
+    ("wal_upload_failures", "mink_wal_upload_failures_total", ""),
     (
         "writes_refused_overloaded",
         "mink_node_writes_refused_overloaded_total",
+        "",
+    ),
+    // S3 stores only: every HTTP attempt (object_store's retries included), and the
+    // answers asking the client to slow down (503 SlowDown, 429).
+    ("http_requests", "mink_object_store_http_requests_total", ""),
+    (
+        "http_throttled",
+        "mink_object_store_http_requests_total",
+        "status=\"throttled\"",
     ),
 ];
 
@@ -93,12 +105,12 @@ impl CostHistory {
                 sample.quantiles.insert(key, *v);
             }
         }
-        for (key, name) in COUNTERS {
-            // A counter with labels is the sum of its series.
+        for (key, name, having) in COUNTERS {
             let total: f64 = values
                 .iter()
                 .filter(|(series, _)| {
-                    series.as_str() == name || series.starts_with(&format!("{name}{{"))
+                    (series.as_str() == name || series.starts_with(&format!("{name}{{")))
+                        && series.contains(having)
                 })
                 .map(|(_, v)| v)
                 .sum();
@@ -171,7 +183,7 @@ fn rates(a: &Sample, b: &Sample) -> Option<Value> {
         let get = |s: &Sample| s.counters.get(k).copied().unwrap_or(0.0);
         ((get(b) - get(a)) / seconds).max(0.0)
     };
-    let counters: BTreeMap<&str, f64> = COUNTERS.iter().map(|(k, _)| (*k, counter(k))).collect();
+    let counters: BTreeMap<&str, f64> = COUNTERS.iter().map(|(k, ..)| (*k, counter(k))).collect();
     Some(json!({
         "at_ms": b.at_ms,
         "requests_per_s": by_op.values().sum::<f64>(),
@@ -209,7 +221,11 @@ mod tests {
                 "# TYPE mink_wal_uploads_total counter\nmink_wal_uploads_total {uploads}\n\
                  mink_wal_ack_latency_seconds{{quantile=\"0.5\"}} 0.04\n\
                  mink_wal_ack_latency_seconds{{quantile=\"0.99\"}} 0.2\n\
-                 mink_node_writes_refused_overloaded_total{{reason=\"bytes\"}} 3\n"
+                 mink_node_writes_refused_overloaded_total{{reason=\"bytes\"}} 3\n\
+                 mink_object_store_http_requests_total{{method=\"put\",status=\"2xx\"}} {uploads}\n\
+                 mink_object_store_http_requests_total{{method=\"put\",status=\"throttled\"}} {half}\n\
+                 mink_object_store_http_requests_total{{method=\"get\",status=\"throttled\"}} {half}\n",
+                half = uploads / 2
             )
         };
         let report = |puts: u64, gets: u64| AccountingReport {
@@ -247,6 +263,9 @@ mod tests {
         assert_eq!(now["requests_per_s_by_op"]["get"], 5.0);
         assert_eq!(now["requests_per_s_by_purpose"]["wal"], 10.0);
         assert_eq!(now["per_s"]["wal_uploads"], 4.0);
+        // Throttled answers of every method, told apart from the other HTTP answers.
+        assert_eq!(now["per_s"]["http_throttled"], 4.0);
+        assert_eq!(now["per_s"]["http_requests"], 8.0);
         assert_eq!(now["quantiles"]["wal_ack_p99_s"], 0.2);
         let month = 30.0 * 24.0 * 3600.0;
         let expected = (10.0 * 0.005 / 1000.0 + 5.0 * 0.0004 / 1000.0) * month;
