@@ -392,6 +392,49 @@ def test_tail_follows_every_bucket_and_new_partitions_and_resumes(client):
     assert list(t.tail(from_="latest", idle_timeout=0.5)) == []
 
 
+def test_a_writer_spreads_rows_over_buckets_a_topic_grew(client, node, monkeypatch):
+    """A round-robin table that grows buckets (a Kafka topic given partitions by
+    CreatePartitions) is written across all of them once the Writer's routing is
+    older than its maximum age, without a new Writer; every row lands once."""
+    from kafka import KafkaAdminClient
+    from kafka.admin import NewTopic
+
+    import mink.writer
+
+    monkeypatch.setattr(mink.writer, "ROUTING_MAX_AGE_S", 0.3)
+    admin = KafkaAdminClient(bootstrap_servers=node.bootstrap, request_timeout_ms=30_000)
+    try:
+        admin.create_topics([NewTopic("grown", num_partitions=1, replication_factor=1)])
+        t = client.table("kafka.grown")
+        assert t.bucket_count == 1
+        w = t.writer()
+        schema = t.arrow_schema
+
+        def rows(start, n):
+            cols = {f.name: pa.nulls(n, f.type) for f in schema}
+            cols["value"] = pa.array([b"%d" % i for i in range(start, start + n)], schema.field("value").type)
+            cols["timestamp"] = pa.array([1_700_000_000_000] * n, pa.int64()).cast(schema.field("timestamp").type)
+            return pa.table(cols, schema=schema)
+
+        before = w.write(rows(0, 10))
+        assert {p.bucket for p in before} == {0}
+        admin.create_partitions({"grown": 3})
+        wait_for(lambda: client.table("kafka.grown").bucket_count == 3, timeout=30)
+        time.sleep(0.4)  # the Writer's routing is now older than its maximum age
+        landed = set()
+        written = 10
+        deadline = time.monotonic() + 30
+        while landed != {0, 1, 2}:
+            assert time.monotonic() < deadline, landed
+            landed |= {p.bucket for p in w.write(rows(written, 30))}
+            written += 30
+        w.close()
+        got = sorted(int(v) for v in t.refresh().scan().to_arrow().column("value").to_pylist())
+        assert got == list(range(written))
+    finally:
+        admin.close()
+
+
 # -- SQL ------------------------------------------------------------------------------
 
 
