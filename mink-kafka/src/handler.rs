@@ -152,6 +152,15 @@ pub trait KafkaHandler: Send + Sync + 'static {
     ) -> Result<(), MinkError>;
     /// Deletes a topic.
     async fn delete_topic(&self, name: &str) -> Result<(), MinkError>;
+    /// Changes a topic's configs (IncrementalAlterConfigs; `validate_only`: checks
+    /// only). `NotFound` for an unknown topic; `InvalidArgument` when the table
+    /// refuses the change.
+    async fn alter_topic_configs(
+        &self,
+        topic: &str,
+        alter: &crate::topic_config::TopicAlter,
+        validate_only: bool,
+    ) -> Result<(), MinkError>;
     /// Grows a topic to `partitions` partitions (`validate_only`: checks only);
     /// `InvalidArgument` with the reason when the table cannot grow so.
     async fn create_partitions(

@@ -219,6 +219,106 @@ pub fn defaults(message_bytes_max: u64) -> [(&'static str, String); 4] {
     ]
 }
 
+/// IncrementalAlterConfigs' operations.
+pub const OP_SET: i8 = 0;
+pub const OP_DELETE: i8 = 1;
+pub const OP_APPEND: i8 = 2;
+pub const OP_SUBTRACT: i8 = 3;
+
+/// What IncrementalAlterConfigs changes of a topic.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TopicAlter {
+    /// `retention.ms`: `Some(Some(ms))` set (-1: forever), `Some(None)` back to the
+    /// default.
+    pub retention_ms: Option<Option<i64>>,
+    /// Custom properties (stored keys, `kafka.` + name) set or removed.
+    pub custom: BTreeMap<String, Option<String>>,
+}
+
+impl TopicAlter {
+    pub fn is_empty(&self) -> bool {
+        self.retention_ms.is_none() && self.custom.is_empty()
+    }
+}
+
+/// The changes of one IncrementalAlterConfigs resource (name, operation, value) to a
+/// topic whose custom properties are `current`. The error names the config: a
+/// value refused as at creation, an unknown config, a config named twice, an
+/// operation that does not fit it, or a change of `message.timestamp.type` (kept as
+/// the topic was created: its owners index the log by it).
+pub fn alter(
+    current: &BTreeMap<String, String>,
+    ops: impl IntoIterator<Item = (String, i8, Option<String>)>,
+    message_bytes_max: u64,
+) -> Result<TopicAlter, String> {
+    let mut out = TopicAlter::default();
+    let mut named = std::collections::BTreeSet::new();
+    for (name, op, value) in ops {
+        if !named.insert(name.clone()) {
+            return Err(format!("{name} is given twice"));
+        }
+        let Some(kind) = config_type(&name) else {
+            return Err(format!(
+                "{name} is not a topic config Mink keeps (docs/kafka.md lists those it does)"
+            ));
+        };
+        let stored = format!("{PREFIX}{name}");
+        let timestamp_type = |to: &str| {
+            let now = current
+                .get(TIMESTAMP_TYPE_KEY)
+                .map_or("CreateTime", String::as_str);
+            if name == "message.timestamp.type" && now != to {
+                Err(format!(
+                    "message.timestamp.type stays {now}, as the topic was created (its log is indexed by it)"
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        match op {
+            OP_SET => {
+                let Some(value) = value else {
+                    return Err(format!("{name}: SET needs a value"));
+                };
+                check(&name, &value, message_bytes_max)?;
+                timestamp_type(&value)?;
+                if name == "retention.ms" {
+                    out.retention_ms = Some(Some(value.parse().map_err(|_| name.clone())?));
+                } else {
+                    out.custom.insert(stored, Some(normal(&name, &value)));
+                }
+            }
+            OP_DELETE => {
+                timestamp_type("CreateTime")?;
+                if name == "retention.ms" {
+                    out.retention_ms = Some(None);
+                } else {
+                    out.custom.insert(stored, None);
+                }
+            }
+            OP_APPEND | OP_SUBTRACT if kind != ConfigType::List => {
+                return Err(format!(
+                    "{name}: APPEND and SUBTRACT are for list configs; use SET"
+                ));
+            }
+            // cleanup.policy, the one list config, can only be `delete`.
+            OP_APPEND => {
+                let value = value.unwrap_or_default();
+                for item in value.split(',').map(str::trim) {
+                    check(&name, item, message_bytes_max)?;
+                }
+            }
+            OP_SUBTRACT => {
+                return Err(format!(
+                    "{name}: a topic's cleanup.policy is delete and stays so"
+                ));
+            }
+            other => return Err(format!("{name}: {other} is not a config operation")),
+        }
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -283,5 +383,87 @@ mod tests {
         // A null value is the default: nothing to check.
         let skipped = parse([("cleanup.policy".to_string(), None)], 1024).unwrap();
         assert_eq!(skipped, TopicConfigs::default());
+    }
+
+    fn altered(
+        current: &[(&str, &str)],
+        ops: &[(&str, i8, Option<&str>)],
+    ) -> Result<TopicAlter, String> {
+        let current = current
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        alter(
+            &current,
+            ops.iter()
+                .map(|(n, o, v)| (n.to_string(), *o, v.map(str::to_string))),
+            4 << 20,
+        )
+    }
+
+    #[test]
+    fn alterations_set_and_delete_what_creation_accepts() {
+        let got = altered(
+            &[("kafka.segment.bytes", "1024")],
+            &[
+                ("retention.ms", OP_SET, Some("3600000")),
+                ("max.message.bytes", OP_SET, Some("+2048")),
+                ("segment.bytes", OP_DELETE, None),
+                ("cleanup.policy", OP_APPEND, Some("delete")),
+            ],
+        )
+        .unwrap();
+        assert_eq!(got.retention_ms, Some(Some(3_600_000)));
+        assert_eq!(got.custom["kafka.max.message.bytes"], Some("2048".into()));
+        assert_eq!(got.custom["kafka.segment.bytes"], None);
+        assert_eq!(
+            got.custom.len(),
+            2,
+            "appending delete to delete changes nothing"
+        );
+        let reset = altered(&[], &[("retention.ms", OP_DELETE, None)]).unwrap();
+        assert_eq!(reset.retention_ms, Some(None));
+        assert!(altered(&[], &[]).unwrap().is_empty());
+    }
+
+    #[test]
+    fn alterations_mink_cannot_honour_are_refused_naming_the_key() {
+        for (current, op) in [
+            (vec![], ("cleanup.policy", OP_SET, Some("compact"))),
+            (vec![], ("cleanup.policy", OP_APPEND, Some("compact"))),
+            (vec![], ("cleanup.policy", OP_SUBTRACT, Some("delete"))),
+            (vec![], ("retention.ms", OP_SET, Some("0"))),
+            (vec![], ("retention.ms", OP_SET, None)),
+            (vec![], ("max.message.bytes", OP_SET, Some("8388608"))),
+            (vec![], ("segment.bytes", OP_APPEND, Some("1"))),
+            (vec![], ("segment.bytes", 7, Some("1"))),
+            (vec![], ("no.such.config", OP_DELETE, None)),
+            (
+                vec![],
+                ("message.timestamp.type", OP_SET, Some("LogAppendTime")),
+            ),
+            (
+                vec![("kafka.message.timestamp.type", "LogAppendTime")],
+                ("message.timestamp.type", OP_DELETE, None),
+            ),
+        ] {
+            let err = altered(&current, &[op]).unwrap_err();
+            assert!(err.starts_with(op.0), "{op:?}: {err}");
+        }
+        // Setting the timestamp type it has is no change, and allowed.
+        let same = altered(
+            &[],
+            &[("message.timestamp.type", OP_SET, Some("CreateTime"))],
+        );
+        assert!(same.is_ok(), "{same:?}");
+        let twice = altered(
+            &[],
+            &[
+                ("segment.ms", OP_SET, Some("1")),
+                ("segment.ms", OP_DELETE, None),
+            ],
+        )
+        .unwrap_err();
+        assert!(twice.starts_with("segment.ms"), "{twice}");
     }
 }

@@ -31,6 +31,7 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DeleteTopics, 1, 6),
     (ApiKey::DeleteRecords, 0, 2),
     (ApiKey::CreatePartitions, 0, 3),
+    (ApiKey::IncrementalAlterConfigs, 0, 1),
     (ApiKey::InitProducerId, 0, 4),
     (ApiKey::DescribeConfigs, 0, 4),
     (ApiKey::DescribeCluster, 0, 1),
@@ -38,8 +39,8 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
 ];
 
 /// The APIs that are not built but answered with their own error if sent anyway
-/// (spec/protocols.txt; `api::refuse`): transactions, SASL, ACLs, quotas,
-/// IncrementalAlterConfigs and the KIP-848 consumer protocol. None is in ApiVersions.
+/// (spec/protocols.txt; `api::refuse`): transactions, SASL, ACLs, quotas and the
+/// KIP-848 consumer protocol. None is in ApiVersions.
 pub const REFUSED: &[ApiKey] = &[
     ApiKey::AddPartitionsToTxn,
     ApiKey::AddOffsetsToTxn,
@@ -52,7 +53,6 @@ pub const REFUSED: &[ApiKey] = &[
     ApiKey::DeleteAcls,
     ApiKey::DescribeClientQuotas,
     ApiKey::AlterClientQuotas,
-    ApiKey::IncrementalAlterConfigs,
     ApiKey::ConsumerGroupHeartbeat,
 ];
 
@@ -159,7 +159,6 @@ mod tests {
             ApiKey::SaslHandshake,
             ApiKey::CreateAcls,
             ApiKey::DescribeClientQuotas,
-            ApiKey::IncrementalAlterConfigs,
             ApiKey::ConsumerGroupHeartbeat,
         ] {
             assert!(supported(key).is_none(), "{key:?}");

@@ -173,6 +173,10 @@ pub enum MetaCommand {
         path: TablePath,
         add_columns: Vec<Column>,
         set_properties: BTreeMap<String, String>,
+        /// Custom properties set (`Some`) or removed (`None`): a Kafka topic's
+        /// configs altered by IncrementalAlterConfigs.
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        set_custom: BTreeMap<String, Option<String>>,
     },
     DropTable {
         path: TablePath,
@@ -480,9 +484,10 @@ impl LogState for MetaState {
                 path,
                 add_columns,
                 set_properties,
+                set_custom,
             } => {
                 let table = self.table_or_err(path)?;
-                if add_columns.is_empty() && set_properties.is_empty() {
+                if add_columns.is_empty() && set_properties.is_empty() && set_custom.is_empty() {
                     return Err(MinkError::invalid("alter_table", "nothing to change"));
                 }
                 let mut next = table.descriptor.clone();
@@ -492,6 +497,7 @@ impl LogState for MetaState {
                 for (k, v) in set_properties {
                     next.properties.set(k, v)?;
                 }
+                set_custom_properties(&mut next.properties.custom, set_custom);
                 next.validate()
             }
             MetaCommand::DropTable { path } => self.table_or_err(path).map(|_| ()),
@@ -746,6 +752,7 @@ impl LogState for MetaState {
                 path,
                 add_columns,
                 set_properties,
+                set_custom,
             } => {
                 let Some(id) = self.table_ids.get(&path.to_string()).copied() else {
                     return;
@@ -760,6 +767,7 @@ impl LogState for MetaState {
                     for (k, v) in set_properties {
                         let _ = t.descriptor.properties.set(k, v);
                     }
+                    set_custom_properties(&mut t.descriptor.properties.custom, set_custom);
                 }
             }
             MetaCommand::AddBuckets { path, bucket_count } => {
@@ -916,6 +924,23 @@ impl LogState for MetaState {
     }
 }
 
+/// Sets (`Some`) or removes (`None`) custom table properties.
+fn set_custom_properties(
+    custom: &mut BTreeMap<String, String>,
+    changes: &BTreeMap<String, Option<String>>,
+) {
+    for (k, v) in changes {
+        match v {
+            Some(v) => {
+                custom.insert(k.clone(), v.clone());
+            }
+            None => {
+                custom.remove(k);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use mink_wal::objectlog::LogState;
@@ -1031,6 +1056,63 @@ mod tests {
             .map(|b| b.bucket.bucket)
             .collect();
         assert_eq!(buckets, [0, 1, 2]);
+    }
+
+    #[test]
+    fn custom_properties_are_set_and_removed_within_their_bounds() {
+        use mink_types::{Column, DataType, Schema, TableDescriptor};
+        let mut s = MetaState::default();
+        s.apply(1, &MetaCommand::CreateDatabase { name: "db".into() });
+        let path = TablePath::parse("db.t").unwrap();
+        let mut d = TableDescriptor::log_table(Schema::new(
+            1,
+            vec![Column::new("id", DataType::BigInt, false)],
+        ));
+        d.properties
+            .custom
+            .insert("kafka.segment.bytes".into(), "1024".into());
+        s.apply(
+            2,
+            &MetaCommand::CreateTable {
+                path: path.clone(),
+                descriptor: d,
+                at_ms: 0,
+            },
+        );
+        let alter = |custom: &[(&str, Option<&str>)]| MetaCommand::AlterTable {
+            path: path.clone(),
+            add_columns: vec![],
+            set_properties: BTreeMap::from([("log_ttl".to_string(), "1h".to_string())]),
+            set_custom: custom
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.map(str::to_string)))
+                .collect(),
+        };
+        let change = alter(&[
+            ("kafka.segment.bytes", None),
+            ("kafka.max.message.bytes", Some("2048")),
+        ]);
+        s.validate(&change).unwrap();
+        s.apply(3, &change);
+        let props = &s.table(&path).unwrap().descriptor.properties;
+        assert_eq!(
+            props.custom,
+            BTreeMap::from([("kafka.max.message.bytes".into(), "2048".into())])
+        );
+        assert_eq!(props.log_ttl.to_string(), "1h");
+        // Over the bound of a custom value: refused, nothing changed.
+        let long = "x".repeat(mink_types::table::CUSTOM_VALUE_BYTES_MAX + 1);
+        assert!(
+            s.validate(&alter(&[("kafka.big", Some(long.as_str()))]))
+                .is_err()
+        );
+        // Entries written before the field existed read as changing no custom property.
+        let old =
+            r#"{"alter_table":{"path":"db.t","add_columns":[],"set_properties":{"log_ttl":"2h"}}}"#;
+        let old: MetaCommand = serde_json::from_str(old).unwrap();
+        assert!(
+            matches!(&old, MetaCommand::AlterTable { set_custom, .. } if set_custom.is_empty())
+        );
     }
 
     /// Entries written before offsets kept their retention count it from the commit.

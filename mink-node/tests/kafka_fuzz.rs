@@ -469,6 +469,29 @@ fn templates(live: &Live) -> Vec<Template> {
     );
     each_version(
         o,
+        ApiKey::IncrementalAlterConfigs,
+        served(ApiKey::IncrementalAlterConfigs),
+        false,
+        |_| {
+            use kafka_protocol::messages::incremental_alter_configs_request::{
+                AlterConfigsResource, AlterableConfig,
+            };
+            IncrementalAlterConfigsRequest::default()
+                .with_validate_only(true)
+                .with_resources(vec![
+                    AlterConfigsResource::default()
+                        .with_resource_type(2)
+                        .with_resource_name(name("fuzz"))
+                        .with_configs(vec![
+                            AlterableConfig::default()
+                                .with_name(name("retention.ms"))
+                                .with_value(Some(name("60000"))),
+                        ]),
+                ])
+        },
+    );
+    each_version(
+        o,
         ApiKey::CreatePartitions,
         served(ApiKey::CreatePartitions),
         false,
@@ -541,9 +564,6 @@ fn refused_templates(o: &mut Vec<Template>) {
     use kafka_protocol::messages::alter_client_quotas_request::{EntityData, EntryData, OpData};
     use kafka_protocol::messages::create_acls_request::AclCreation;
     use kafka_protocol::messages::delete_acls_request::DeleteAclsFilter;
-    use kafka_protocol::messages::incremental_alter_configs_request::{
-        AlterConfigsResource, AlterableConfig,
-    };
     use kafka_protocol::messages::txn_offset_commit_request::{
         TxnOffsetCommitRequestPartition, TxnOffsetCommitRequestTopic,
     };
@@ -656,24 +676,6 @@ fn refused_templates(o: &mut Vec<Template>) {
                 EntryData::default()
                     .with_entity(vec![EntityData::default().with_entity_type(name("user"))])
                     .with_ops(vec![OpData::default().with_key(name("producer_byte_rate"))]),
-            ])
-        },
-    );
-    each_version(
-        o,
-        ApiKey::IncrementalAlterConfigs,
-        known(ApiKey::IncrementalAlterConfigs),
-        false,
-        |_| {
-            IncrementalAlterConfigsRequest::default().with_resources(vec![
-                AlterConfigsResource::default()
-                    .with_resource_type(2)
-                    .with_resource_name(name("fuzz"))
-                    .with_configs(vec![
-                        AlterableConfig::default()
-                            .with_name(name("retention.ms"))
-                            .with_value(Some(name("1"))),
-                    ]),
             ])
         },
     );

@@ -257,6 +257,85 @@ def test_a_batch_over_max_message_bytes_is_message_too_large(node):
     assert reports == [None]
 
 
+def test_incremental_alter_configs_sets_and_deletes_topic_configs_and_refuses_by_name(node):
+    """IncrementalAlterConfigs (kafka-configs --alter, Kafka UI, Strimzi) changes a
+    topic's configs under the rules of CreateTopics: retention.ms moves the table's
+    log_ttl, max.message.bytes applies to the next produce, DELETE goes back to the
+    default, validate_only changes nothing, and what cannot be honoured is
+    INVALID_CONFIG naming the key, changing nothing of its resource."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry
+
+    create_topic(node, "altered.v1")
+    a = admin(node)
+
+    def alter(*entries, validate_only=False):
+        resource = ConfigResource(ConfigResource.Type.TOPIC, "altered.v1", incremental_configs=list(entries))
+        [f] = a.incremental_alter_configs([resource], validate_only=validate_only).values()
+        return f.result(TIMEOUT)
+
+    def described():
+        [f] = a.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, "altered.v1")]).values()
+        return {k: v.value for k, v in f.result(TIMEOUT).items()}
+
+    def entry(name, value=None, op=AlterConfigOpType.SET):
+        return ConfigEntry(name, value, incremental_operation=op)
+
+    # validate_only: checked, not applied.
+    alter(entry("retention.ms", "3600000"), validate_only=True)
+    assert described()["retention.ms"] != "3600000"
+    alter(entry("retention.ms", "3600000"), entry("max.message.bytes", "2048"), entry("segment.bytes", "1073741824"))
+    got = described()
+    assert (got["retention.ms"], got["max.message.bytes"], got["segment.bytes"]) == ("3600000", "2048", "1073741824")
+    client = flight.connect(node.location)
+    [table] = [r for r in client.do_action(flight.Action("get_table", json.dumps({"path": "kafka.altered.v1"}).encode()))]
+    assert json.loads(table.body.to_pybytes())["descriptor"]["properties"]["log_ttl"] == "1h"
+    # The new limit applies to the next produce.
+    p = producer(node, **{"message.max.bytes": 1 << 20, "batch.size": 1 << 20})
+    reports = []
+    p.produce("altered.v1", value=b"x" * 4096, on_delivery=lambda err, msg: reports.append(err))
+    p.flush(TIMEOUT)
+    assert reports[0] is not None and reports[0].code() == KafkaError.MSG_SIZE_TOO_LARGE, reports
+
+    # DELETE: back to the default.
+    alter(entry("max.message.bytes", op=AlterConfigOpType.DELETE), entry("segment.bytes", op=AlterConfigOpType.DELETE))
+    got = described()
+    assert got["max.message.bytes"] == str(4 << 20) and "segment.bytes" not in got
+    reports.clear()
+    p.produce("altered.v1", value=b"x" * 4096, on_delivery=lambda err, msg: reports.append(err))
+    p.flush(TIMEOUT)
+    assert reports == [None]
+
+    # Refused by name; nothing of the resource is applied.
+    before = described()
+    for bad in [
+        entry("cleanup.policy", "compact"),
+        entry("retention.ms", "0"),
+        entry("message.timestamp.type", "LogAppendTime"),
+        entry("no.such.config", "1"),
+        entry("segment.bytes", "1", op=AlterConfigOpType.APPEND),
+    ]:
+        with pytest.raises(confluent_kafka.KafkaException) as refused:
+            alter(entry("segment.ms", "1000"), bad)
+        err = refused.value.args[0]
+        assert err.code() == KafkaError.INVALID_CONFIG, err
+        assert bad.name in err.str(), err
+    assert described() == before
+    # An unknown topic, and a broker's configs.
+    with pytest.raises(confluent_kafka.KafkaException) as unknown:
+        [f] = a.incremental_alter_configs(
+            [ConfigResource(ConfigResource.Type.TOPIC, "no-such-topic", incremental_configs=[entry("retention.ms", "1000")])]
+        ).values()
+        f.result(TIMEOUT)
+    assert unknown.value.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART, unknown.value
+    broker_id = next(iter(a.list_topics(timeout=TIMEOUT).brokers))
+    with pytest.raises(confluent_kafka.KafkaException) as broker:
+        [f] = a.incremental_alter_configs(
+            [ConfigResource(ConfigResource.Type.BROKER, str(broker_id), incremental_configs=[entry("log.retention.ms", "1000")])]
+        ).values()
+        f.result(TIMEOUT)
+    assert broker.value.args[0].code() == KafkaError.POLICY_VIOLATION, broker.value
+
+
 def test_topic_configs_frameworks_send_are_kept_applied_or_refused_by_name(node):
     """What Kafka Connect, Flink and Debezium send with CreateTopics is accepted and
     shown by DescribeConfigs; max.message.bytes and message.timestamp.type apply; a
@@ -435,8 +514,9 @@ def test_api_versions_lists_the_spec_ranges_and_falls_back_for_newer_clients(nod
             # OffsetForLeaderEpoch (23) beyond the spec's table: clients validate their
             # positions with it after a leader change (issue 26).
             23: (2, 4),
-            # DeleteRecords (21) and CreatePartitions (37), the admin calls people run.
-            21: (0, 2), 37: (0, 3),
+            # DeleteRecords (21), CreatePartitions (37) and IncrementalAlterConfigs
+            # (44), the admin calls people run.
+            21: (0, 2), 37: (0, 3), 44: (0, 1),
             18: (0, 3), 3: (1, 12), 60: (0, 1), 0: (3, 9), 1: (4, 12), 2: (1, 7), 22: (0, 4),
             19: (2, 7), 20: (1, 6), 32: (0, 4),
             8: (2, 8), 9: (1, 8), 10: (0, 4), 11: (0, 9), 12: (0, 4), 13: (0, 5), 14: (0, 5),

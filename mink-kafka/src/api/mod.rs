@@ -8,9 +8,9 @@ use kafka_protocol::messages::{
     ApiKey, ApiVersionsRequest, CreatePartitionsRequest, CreateTopicsRequest, DeleteGroupsRequest,
     DeleteRecordsRequest, DeleteTopicsRequest, DescribeClusterRequest, DescribeConfigsRequest,
     DescribeGroupsRequest, FetchRequest, FindCoordinatorRequest, HeartbeatRequest,
-    InitProducerIdRequest, JoinGroupRequest, LeaveGroupRequest, ListGroupsRequest,
-    ListOffsetsRequest, MetadataRequest, OffsetCommitRequest, OffsetFetchRequest,
-    OffsetForLeaderEpochRequest, ProduceRequest, SyncGroupRequest,
+    IncrementalAlterConfigsRequest, InitProducerIdRequest, JoinGroupRequest, LeaveGroupRequest,
+    ListGroupsRequest, ListOffsetsRequest, MetadataRequest, OffsetCommitRequest,
+    OffsetFetchRequest, OffsetForLeaderEpochRequest, ProduceRequest, SyncGroupRequest,
 };
 use kafka_protocol::protocol::{Decodable, StrBytes};
 use tokio::sync::oneshot;
@@ -52,6 +52,7 @@ pub(crate) enum Request {
     CreateTopics(CreateTopicsRequest),
     DeleteTopics(DeleteTopicsRequest),
     CreatePartitions(CreatePartitionsRequest),
+    IncrementalAlterConfigs(IncrementalAlterConfigsRequest),
     DeleteRecords(DeleteRecordsRequest),
     DescribeConfigs(DescribeConfigsRequest),
     FindCoordinator(FindCoordinatorRequest),
@@ -132,6 +133,9 @@ pub(crate) fn decode_body(key: ApiKey, version: i16, buf: &mut Bytes) -> Result<
         ApiKey::DeleteTopics => {
             Request::DeleteTopics(DeleteTopicsRequest::decode(buf, version).map_err(m)?)
         }
+        ApiKey::IncrementalAlterConfigs => Request::IncrementalAlterConfigs(
+            IncrementalAlterConfigsRequest::decode(buf, version).map_err(m)?,
+        ),
         ApiKey::CreatePartitions => {
             Request::CreatePartitions(CreatePartitionsRequest::decode(buf, version).map_err(m)?)
         }
@@ -206,6 +210,9 @@ pub(crate) async fn handle(
         }
         Request::DescribeConfigs(r) => encode(key, &topics::describe_configs(ctx, r, v).await, v),
         Request::CreatePartitions(r) => encode(key, &topics::create_partitions(ctx, r).await, v),
+        Request::IncrementalAlterConfigs(r) => {
+            encode(key, &topics::incremental_alter_configs(ctx, r).await, v)
+        }
         Request::DeleteRecords(r) => encode(key, &topics::delete_records(ctx, r).await, v),
         Request::FindCoordinator(r) => encode(key, &groups::find_coordinator(ctx, r, v), v),
         Request::JoinGroup(r) => {

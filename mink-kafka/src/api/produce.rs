@@ -311,6 +311,14 @@ mod tests {
         async fn delete_topic(&self, _: &str) -> Result<(), MinkError> {
             Err(unused())
         }
+        async fn alter_topic_configs(
+            &self,
+            _: &str,
+            _: &crate::topic_config::TopicAlter,
+            _: bool,
+        ) -> Result<(), MinkError> {
+            Err(unused())
+        }
         async fn create_partitions(&self, _: &str, _: u32, _: bool) -> Result<(), MinkError> {
             Err(unused())
         }

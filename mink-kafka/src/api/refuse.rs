@@ -7,7 +7,7 @@
 //! - SASL: UNSUPPORTED_SASL_MECHANISM (handshake, no mechanisms offered),
 //!   ILLEGAL_SASL_STATE (authenticate).
 //! - ACLs: SECURITY_DISABLED.
-//! - Quotas, IncrementalAlterConfigs and the KIP-848 consumer protocol:
+//! - Quotas and the KIP-848 consumer protocol:
 //!   UNSUPPORTED_VERSION with a message saying what is not implemented.
 //!
 //! APIs whose responses carry one result per item of the request echo those items.
@@ -20,7 +20,6 @@ use kafka_protocol::messages::add_partitions_to_txn_response::{
 use kafka_protocol::messages::alter_client_quotas_response::{EntityData, EntryData};
 use kafka_protocol::messages::create_acls_response::AclCreationResult;
 use kafka_protocol::messages::delete_acls_response::DeleteAclsFilterResult;
-use kafka_protocol::messages::incremental_alter_configs_response::AlterConfigsResourceResponse;
 use kafka_protocol::messages::txn_offset_commit_response::{
     TxnOffsetCommitResponsePartition, TxnOffsetCommitResponseTopic,
 };
@@ -200,27 +199,6 @@ pub(crate) fn refusal(key: ApiKey, v: i16, mut body: Bytes) -> Option<Body> {
             encode(
                 key,
                 &AlterClientQuotasResponse::default().with_entries(entries),
-                v,
-            )
-        }
-        ApiKey::IncrementalAlterConfigs => {
-            let r = IncrementalAlterConfigsRequest::decode(&mut body, v).ok()?;
-            let responses = r
-                .resources
-                .iter()
-                .map(|res| {
-                    AlterConfigsResourceResponse::default()
-                        .with_error_code(unsupported)
-                        .with_error_message(Some(s(
-                            "IncrementalAlterConfigs is not implemented; set retention.ms when creating a topic",
-                        )))
-                        .with_resource_type(res.resource_type)
-                        .with_resource_name(res.resource_name.clone())
-                })
-                .collect();
-            encode(
-                key,
-                &IncrementalAlterConfigsResponse::default().with_responses(responses),
                 v,
             )
         }

@@ -16,10 +16,12 @@ use kafka_protocol::messages::delete_topics_response::DeletableTopicResult;
 use kafka_protocol::messages::describe_configs_response::{
     DescribeConfigsResourceResult, DescribeConfigsResult,
 };
+use kafka_protocol::messages::incremental_alter_configs_response::AlterConfigsResourceResponse;
 use kafka_protocol::messages::{
     CreatePartitionsRequest, CreatePartitionsResponse, CreateTopicsRequest, CreateTopicsResponse,
     DeleteRecordsRequest, DeleteRecordsResponse, DeleteTopicsRequest, DeleteTopicsResponse,
-    DescribeConfigsRequest, DescribeConfigsResponse, TopicName,
+    DescribeConfigsRequest, DescribeConfigsResponse, IncrementalAlterConfigsRequest,
+    IncrementalAlterConfigsResponse, TopicName,
 };
 use mink_types::MinkError;
 
@@ -38,6 +40,12 @@ const SOURCE_DEFAULT: i8 = 5;
 /// A topic's settings in Kafka's terms: name, value, source, type. `retention.ms`
 /// and every config the topic was created with are its own; the rest show their
 /// defaults (crate::topic_config).
+/// Whether IncrementalAlterConfigs refuses to change the config (the timestamp type
+/// stays as the topic was created).
+fn read_only(name: &str) -> bool {
+    name == "message.timestamp.type"
+}
+
 fn topic_configs(t: &TopicView, message_bytes_max: u64) -> Vec<(String, String, i8, i8)> {
     let kind =
         |name: &str| crate::topic_config::config_type(name).map_or(ConfigType::String, |k| k) as i8;
@@ -121,9 +129,9 @@ pub(crate) async fn create_topics(
                         .into_iter()
                         .map(|(name, value, source, _)| {
                             CreatableTopicConfigs::default()
+                                .with_read_only(read_only(&name))
                                 .with_name(s(name))
                                 .with_value(Some(s(value)))
-                                .with_read_only(true)
                                 .with_config_source(source)
                         })
                         .collect();
@@ -195,9 +203,9 @@ pub(crate) async fn describe_configs(
                         .filter(|(name, ..)| wanted(name))
                         .map(|(name, value, source, kind)| {
                             let mut c = DescribeConfigsResourceResult::default()
+                                .with_read_only(read_only(&name))
                                 .with_name(s(name))
                                 .with_value(Some(s(value)))
-                                .with_read_only(true)
                                 .with_config_source(source);
                             if v >= 3 {
                                 c = c.with_config_type(kind);
@@ -223,6 +231,83 @@ pub(crate) async fn describe_configs(
         }
     }
     DescribeConfigsResponse::default().with_results(results)
+}
+
+/// IncrementalAlterConfigs (0-1): a topic's configs set or deleted under the rules of
+/// CreateTopics (`topic_config::alter`), all of one resource or none; a broker's are
+/// not alterable (its settings are the node's configuration file).
+pub(crate) async fn incremental_alter_configs(
+    ctx: &Ctx,
+    r: IncrementalAlterConfigsRequest,
+) -> IncrementalAlterConfigsResponse {
+    let mut responses = Vec::with_capacity(r.resources.len());
+    for resource in r.resources {
+        let out = AlterConfigsResourceResponse::default()
+            .with_resource_type(resource.resource_type)
+            .with_resource_name(resource.resource_name.clone());
+        let fail = |code: ResponseError, message: String| {
+            out.clone()
+                .with_error_code(code.code())
+                .with_error_message(Some(s(message)))
+        };
+        match resource.resource_type {
+            RESOURCE_TOPIC => {}
+            RESOURCE_BROKER => {
+                responses.push(fail(
+                    ResponseError::PolicyViolation,
+                    "a broker's configs are the node's configuration (mink.toml, MINK_*), not alterable over Kafka".into(),
+                ));
+                continue;
+            }
+            other => {
+                responses.push(fail(
+                    ResponseError::InvalidRequest,
+                    format!("resource type {other} is not served (topics 2 are)"),
+                ));
+                continue;
+            }
+        }
+        let topic = resource.resource_name.as_str();
+        let view = match ctx.handler.topic(topic, None).await {
+            Ok(view) => view,
+            Err(e) => {
+                responses.push(fail(topic_error(&e), e.to_string()));
+                continue;
+            }
+        };
+        let current = view
+            .configs
+            .iter()
+            .map(|(k, v)| (format!("{}{k}", crate::topic_config::PREFIX), v.clone()))
+            .collect();
+        let ops = resource.configs.into_iter().map(|c| {
+            (
+                c.name.to_string(),
+                c.config_operation,
+                c.value.map(|v| v.to_string()),
+            )
+        });
+        let alter = match crate::topic_config::alter(&current, ops, ctx.config.message_bytes_max())
+        {
+            Ok(alter) => alter,
+            Err(why) => {
+                responses.push(fail(ResponseError::InvalidConfig, why));
+                continue;
+            }
+        };
+        match ctx
+            .handler
+            .alter_topic_configs(topic, &alter, r.validate_only)
+            .await
+        {
+            Ok(()) => responses.push(out),
+            Err(e @ MinkError::InvalidArgument { .. }) => {
+                responses.push(fail(ResponseError::InvalidConfig, e.to_string()));
+            }
+            Err(e) => responses.push(fail(topic_error(&e), e.to_string())),
+        }
+    }
+    IncrementalAlterConfigsResponse::default().with_responses(responses)
 }
 
 /// CreatePartitions (0-3): a topic grows by buckets (`MetaCommand::AddBuckets`); a

@@ -260,6 +260,41 @@ impl KafkaHandler for NodeService {
         Ok(())
     }
 
+    async fn alter_topic_configs(
+        &self,
+        topic: &str,
+        alter: &mink_kafka::topic_config::TopicAlter,
+        validate_only: bool,
+    ) -> Result<()> {
+        let table = self.topic_table(topic).await?;
+        if alter.is_empty() {
+            return Ok(());
+        }
+        let mut set_properties = std::collections::BTreeMap::new();
+        if let Some(retention) = alter.retention_ms {
+            let ttl = match retention {
+                None => mink_types::table::TableProperties::default().log_ttl,
+                Some(-1) => LogTtl(None),
+                Some(ms) => LogTtl(Some(Duration::from_millis(ms.max(1) as u64))),
+            };
+            set_properties.insert("log_ttl".to_string(), ttl.to_string());
+        }
+        let command = mink_meta::MetaCommand::AlterTable {
+            path: table.path.clone(),
+            add_columns: vec![],
+            set_properties,
+            set_custom: alter.custom.clone(),
+        };
+        if validate_only {
+            return self.meta.read(|s| {
+                use mink_wal::LogState;
+                s.validate(&command)
+            });
+        }
+        self.meta.propose(command).await?;
+        Ok(())
+    }
+
     async fn create_partitions(
         &self,
         topic: &str,

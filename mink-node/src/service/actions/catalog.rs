@@ -101,6 +101,7 @@ impl NodeService {
                 path: r.path,
                 add_columns: r.add_columns,
                 set_properties: r.set_properties,
+                set_custom: Default::default(),
             })
             .await?;
         Ok(Indexed { index })
