@@ -494,6 +494,41 @@ def test_three_nodes_any_one_suffices(mink_node, mink_query, tmp_path):
         for r in results:
             assert r == ([{"n": 600, "s": sum(range(600))}], [{"n": 38}], [{"name": "u7"}])
 
+        # Buckets moving between live nodes while queries run: each read that meets a
+        # moved bucket follows the new leader (NotLeader redirects), so every answer is
+        # the same. The moves are the cluster's; the test only asks for them.
+        stop = threading.Event()
+        raced, race_errors = [], []
+
+        def querying():
+            try:
+                with connect(q) as conn:
+                    while not stop.is_set():
+                        raced.append(query_all(conn))
+            except Exception as err:  # noqa: BLE001 - reported below
+                race_errors.append(repr(err))
+
+        racers = [threading.Thread(target=querying) for _ in range(2)]
+        for t in racers:
+            t.start()
+        moves = 0
+        for round_ in range(6):
+            for path in ("db.events", "db.users"):
+                meta = action(client, "metadata", {"path": path})
+                b = meta["buckets"][round_ % len(meta["buckets"])]
+                to = f"n{(int(b['leader'][1:]) + 1) % 3}"
+                moved = action(client, "rebalance", {"moves": [{"bucket": b["bucket"], "to": to}]})
+                moves += moved["moved"]
+            time.sleep(0.3)
+        stop.set()
+        for t in racers:
+            t.join(timeout=120)
+        assert moves >= 6, moves
+        assert not race_errors, race_errors
+        assert len(raced) >= 4, "queries ran while buckets moved"
+        for r in raced:
+            assert r == ([{"n": 600, "s": sum(range(600))}], [{"n": 38}], [{"name": "u7"}])
+
         # A node going away: the buckets move, and queries answer again.
         nodes[0].kill()
 
