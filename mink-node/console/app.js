@@ -130,7 +130,7 @@ function TablesPage() {
           <td class="num">${t.bucket_count}</td>
           <td class="num">${t.partitioned ? t.partitions : "—"}</td>
           <td class="num">v${t.schema_id}</td>
-          <td class="num" title=${`${t.buckets_reporting} open buckets reporting`}>${num(t.rows)}</td>
+          <td class="num" title=${`${t.buckets_reporting} buckets reported by their leaders, ${t.buckets_from_metadata} counted from the stream metadata (compacted rows only)`}>${num(t.rows)}</td>
           <td class="num bytes">${bytes(t.bytes)}</td>
           <td><a href=${`#/data/${enc(t.database)}/${enc(t.table)}`}>data</a></td>
         </tr>`)}

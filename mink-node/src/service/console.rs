@@ -115,22 +115,52 @@ impl NodeService {
         })
     }
 
-    /// Every table with its kind, shape and retained rows (of the buckets whose
-    /// tablets are open: a look that opens nothing).
+    /// Every table with its kind, shape and retained rows: a look that opens
+    /// nothing. A bucket whose leader has its tablet open reports its own offsets and
+    /// bytes; any other bucket is counted from this node's view of the stream
+    /// metadata: its compacted rows and segment bytes (`buckets_from_metadata`), a
+    /// lower bound that leaves out what its WAL holds uncompacted.
     pub(crate) async fn tables_view(&self) -> Value {
-        let tables: Vec<TableInfo> = self.meta.read(|s| s.tables.values().cloned().collect());
+        let (tables, buckets): (Vec<TableInfo>, Vec<TableBucket>) = self.meta.read(|s| {
+            (
+                s.tables.values().cloned().collect(),
+                s.buckets.values().map(|b| b.bucket).collect(),
+            )
+        });
         let stats = self.stats_from_leaders(None, false).await;
-        let mut rows: HashMap<i64, (i64, usize, u64)> = HashMap::new();
+        // rows, buckets reporting, bytes, buckets counted from the stream metadata
+        let mut rows: HashMap<i64, (i64, usize, u64, usize)> = HashMap::new();
         for s in stats.values() {
             let r = rows.entry(s.bucket.table_id).or_default();
             r.0 += s.high_watermark - s.log_start;
             r.1 += 1;
             r.2 += s.stored_bytes.unwrap_or(0);
         }
+        let unreported: Vec<TableBucket> = buckets
+            .into_iter()
+            .filter(|b| !stats.contains_key(b))
+            .collect();
+        let compacted = self.streams().metadata().read(|s, _| {
+            unreported
+                .iter()
+                .filter_map(|b| {
+                    let m = s.streams.get(&b.stream_name())?;
+                    let bytes: u64 = m.segments.iter().map(|seg| seg.bytes).sum();
+                    Some((*b, m.committed_end.saturating_sub(m.start_offset), bytes))
+                })
+                .collect::<Vec<_>>()
+        });
+        for (bucket, n, bytes) in compacted {
+            let r = rows.entry(bucket.table_id).or_default();
+            r.0 += n as i64;
+            r.2 += bytes;
+            r.3 += 1;
+        }
         let mut out: Vec<Value> = tables
             .iter()
             .map(|t| {
-                let (rows, reporting, bytes) = rows.get(&t.id).copied().unwrap_or_default();
+                let (rows, reporting, bytes, from_metadata) =
+                    rows.get(&t.id).copied().unwrap_or_default();
                 json!({
                     "database": t.path.database.as_str(),
                     "table": t.path.table.as_str(),
@@ -144,6 +174,7 @@ impl NodeService {
                     "rows": rows,
                     "bytes": bytes,
                     "buckets_reporting": reporting,
+                    "buckets_from_metadata": from_metadata,
                     "created_at_ms": t.created_at_ms,
                 })
             })
