@@ -309,6 +309,9 @@ pub struct MinkClient {
     sequences: std::sync::Mutex<HashMap<TableBucket, Arc<Pipeline>>>,
     /// Append batches of one bucket in flight at most (1..=[`APPEND_PIPELINE_DEPTH`]).
     append_depth: usize,
+    /// How long a table's metadata routes writes before it is read again
+    /// ([`ROUTING_MAX_AGE`] unless set).
+    routing_max_age: std::time::Duration,
     /// Writer ids given up (see `retire_writer`): a pipeline never starts again under
     /// one, even for a caller that read it before it was retired.
     retired: std::sync::Mutex<std::collections::HashSet<i64>>,
@@ -460,6 +463,14 @@ impl MinkClient {
         self
     }
 
+    /// Routes by a table's metadata for at most `age` before reading it again (a
+    /// round-robin table that grew buckets is written across all of them after
+    /// that); [`ROUTING_MAX_AGE`] by default.
+    pub fn with_routing_max_age(mut self, age: std::time::Duration) -> Self {
+        self.routing_max_age = age;
+        self
+    }
+
     /// Connects to any node of the cluster (`host:port`).
     pub async fn connect(addr: &str) -> Result<Self> {
         let client = Self {
@@ -469,6 +480,7 @@ impl MinkClient {
             writer_id: tokio::sync::Mutex::new(None),
             sequences: std::sync::Mutex::new(HashMap::new()),
             append_depth: APPEND_PIPELINE_DEPTH,
+            routing_max_age: ROUTING_MAX_AGE,
             retired: std::sync::Mutex::new(std::collections::HashSet::new()),
             round_robin: std::sync::Mutex::new(HashMap::new()),
             applied_index: std::sync::atomic::AtomicU64::new(0),
@@ -558,7 +570,7 @@ impl MinkClient {
     async fn metadata(&self, path: &TablePath, refresh: bool) -> Result<Metadata> {
         if !refresh
             && let Some((m, read_at)) = self.routing.lock().await.get(path)
-            && read_at.elapsed() < ROUTING_MAX_AGE
+            && read_at.elapsed() < self.routing_max_age
         {
             return Ok(m.clone());
         }

@@ -182,3 +182,53 @@ async fn one_client_shared_by_concurrent_tasks_writes_each_row_once() {
     );
     node.stop().await;
 }
+
+/// A round-robin table that grows buckets (as a Kafka topic does by CreatePartitions)
+/// is written across all of them once the client's routing is older than its maximum
+/// age, by the same client; every row lands once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_spreads_rows_over_buckets_a_table_grew() {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = dir.path().join("objects");
+    let node = Node::start(config(dir.path(), &shared, "n0"))
+        .await
+        .unwrap();
+    let age = Duration::from_millis(300);
+    let client = MinkClient::connect(&node.flight_addr.to_string())
+        .await
+        .unwrap()
+        .with_routing_max_age(age);
+    client.create_database("db").await.unwrap();
+    let path = TablePath::parse("db.spread").unwrap();
+    let mut d = events();
+    d.bucket_keys = None;
+    d.bucket_count = 1;
+    client.create_table(&path, &d).await.unwrap();
+    let first = client.append(&path, &rows(0..10)).await.unwrap();
+    assert!(first.iter().all(|w| w.bucket.bucket == 0));
+    node.meta.add_buckets(&path, 3).await.unwrap();
+    // Past the routing's maximum age: the next append reads the table again.
+    tokio::time::sleep(age + Duration::from_millis(100)).await;
+    let mut landed = std::collections::BTreeSet::new();
+    let mut written = 10;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while landed.len() < 3 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "wrote only to {landed:?}"
+        );
+        for w in client
+            .append(&path, &rows(written..written + 30))
+            .await
+            .unwrap()
+        {
+            landed.insert(w.bucket.bucket);
+        }
+        written += 30;
+    }
+    assert_eq!(
+        ids(&client.scan_table(&path).await.unwrap()),
+        (0..written).collect::<Vec<_>>()
+    );
+    node.stop().await;
+}
