@@ -23,6 +23,7 @@ fn quiet() -> MetaConfig {
         tail_idle_interval_max_ms: 1_000,
         snapshot_every_entries: 1_000_000,
         applied_index_wait_max_ms: 5_000,
+        ..MetaConfig::default()
     }
 }
 

@@ -29,6 +29,10 @@ pub struct MetaConfig {
     /// The longest a request waits for `mink-min-applied-index`, in milliseconds.
     /// Default 5,000.
     pub applied_index_wait_max_ms: u64,
+    /// How often the lease holder expires Kafka group offsets past their retention
+    /// (Kafka's `offsets.retention.check.interval.ms`), in milliseconds. A round with
+    /// nothing to expire writes nothing. Default 60,000; from 100 to 86,400,000.
+    pub offsets_expire_interval_ms: u64,
 }
 
 impl Default for MetaConfig {
@@ -40,6 +44,7 @@ impl Default for MetaConfig {
             tail_idle_interval_max_ms: 5_000,
             snapshot_every_entries: 1_000,
             applied_index_wait_max_ms: 5_000,
+            offsets_expire_interval_ms: 60_000,
         }
     }
 }
@@ -65,6 +70,11 @@ impl MetaConfig {
         }
         if self.snapshot_every_entries == 0 {
             return Err("meta.snapshot_every_entries must be at least 1".into());
+        }
+        if !(100..=86_400_000).contains(&self.offsets_expire_interval_ms) {
+            return Err(
+                "meta.offsets_expire_interval_ms must be from 100 to 86400000 (a day)".into(),
+            );
         }
         Ok(())
     }

@@ -38,8 +38,6 @@ use crate::state::{MetaCommand, MetaState, PartitionInfo, TableInfo};
 
 /// Bucket moves in one `AssignBuckets` proposal, at most.
 const ASSIGNMENTS_PER_PROPOSAL_MAX: usize = 1_000;
-/// How often the lease holder expires offsets.
-const EXPIRE_EVERY: Duration = Duration::from_secs(60);
 
 fn storage(e: WalError) -> MinkError {
     match e {
@@ -912,7 +910,9 @@ impl MetaNode {
             })
             .await?;
         }
-        if last_expire.elapsed() >= EXPIRE_EVERY {
+        if last_expire.elapsed()
+            >= Duration::from_millis(self.inner.config.offsets_expire_interval_ms)
+        {
             *last_expire = Instant::now();
             let now_ms = now_ms();
             if self.read(|s| s.has_expired_offsets(now_ms)) {

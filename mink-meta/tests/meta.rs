@@ -17,6 +17,7 @@ fn config() -> MetaConfig {
         tail_idle_interval_max_ms: 100,
         snapshot_every_entries: 1_000,
         applied_index_wait_max_ms: 5_000,
+        ..MetaConfig::default()
     }
 }
 

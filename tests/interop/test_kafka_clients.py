@@ -412,3 +412,71 @@ def test_kafka_python_deletes_records_and_adds_partitions(mink_node, tmp_path):
         admin.close()
     finally:
         node.kill()
+
+
+def test_kafka_python_offsets_expire_only_after_their_group_empties(mink_node, tmp_path):
+    """KIP-211 on a node: with a short retention and expiry round, the offsets of a
+    group whose last member left expire, while those of a group that still has a
+    member are kept past the same retention, whatever its commits."""
+    node = NodeProcess(
+        mink_node,
+        tmp_path,
+        {
+            "MINK_DATA_DIR": str(tmp_path / "data"),
+            "MINK_KAFKA__GROUP_OFFSETS_TTL_MS": "1500",
+            "MINK_META__OFFSETS_EXPIRE_INTERVAL_MS": "200",
+        },
+    )
+    live = None
+    try:
+        admin = KafkaAdminClient(bootstrap_servers=node.bootstrap, request_timeout_ms=TIMEOUT_MS)
+        admin.create_topics([NewTopic("retained", num_partitions=1, replication_factor=1)])
+        p = KafkaProducer(bootstrap_servers=node.bootstrap, acks="all")
+        for i in range(5):
+            p.send("retained", value=b"%d" % i).get(timeout=30)
+        p.close()
+
+        def member(group):
+            return KafkaConsumer(
+                "retained",
+                bootstrap_servers=node.bootstrap,
+                group_id=group,
+                auto_offset_reset="earliest",
+                enable_auto_commit=False,
+                session_timeout_ms=6000,
+                heartbeat_interval_ms=500,
+            )
+
+        def read_and_commit(c):
+            got = 0
+            deadline = time.monotonic() + 30
+            while got < 5 and time.monotonic() < deadline:
+                got += sum(len(r) for r in c.poll(timeout_ms=500).values())
+            assert got == 5
+            c.commit()
+
+        gone = member("gone")
+        read_and_commit(gone)
+        gone.close()  # LeaveGroup: the group is Empty, its retention starts
+        live = member("live")
+        read_and_commit(live)
+
+        def offsets(group):
+            got = admin.list_group_offsets(group).get(group) or {}
+            return {tp.partition: o.offset for tp, o in got.items() if o.offset >= 0}
+
+        assert offsets("live") == {0: 5}
+        deadline = time.monotonic() + 30
+        while offsets("gone"):
+            assert time.monotonic() < deadline, "the empty group's offsets did not expire"
+            live.poll(timeout_ms=200)  # the live member stays in its group
+        # Past twice the retention since the live group committed: still there.
+        until = time.monotonic() + 3.5
+        while time.monotonic() < until:
+            live.poll(timeout_ms=200)
+        assert offsets("live") == {0: 5}
+        admin.close()
+    finally:
+        if live:
+            live.close()
+        node.kill()
