@@ -241,6 +241,24 @@ impl TopicAlter {
     }
 }
 
+/// Why an alteration is refused; both name the config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AlterRefused {
+    /// The request itself is malformed (Kafka's INVALID_REQUEST): a config named
+    /// twice, SET or APPEND without a value, an operation that does not exist.
+    Request(String),
+    /// The change cannot be honoured (INVALID_CONFIG).
+    Config(String),
+}
+
+impl std::fmt::Display for AlterRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Request(why) | Self::Config(why) => f.write_str(why),
+        }
+    }
+}
+
 /// The changes of one IncrementalAlterConfigs resource (name, operation, value) to a
 /// topic whose custom properties are `current`. The error names the config: a
 /// value refused as at creation, an unknown config, a config named twice, an
@@ -250,17 +268,24 @@ pub fn alter(
     current: &BTreeMap<String, String>,
     ops: impl IntoIterator<Item = (String, i8, Option<String>)>,
     message_bytes_max: u64,
-) -> Result<TopicAlter, String> {
+) -> Result<TopicAlter, AlterRefused> {
+    use AlterRefused::{Config, Request};
     let mut out = TopicAlter::default();
     let mut named = std::collections::BTreeSet::new();
     for (name, op, value) in ops {
         if !named.insert(name.clone()) {
-            return Err(format!("{name} is given twice"));
+            return Err(Request(format!("{name} is given twice")));
+        }
+        if !(OP_SET..=OP_SUBTRACT).contains(&op) {
+            return Err(Request(format!("{name}: {op} is not a config operation")));
+        }
+        if matches!(op, OP_SET | OP_APPEND) && value.is_none() {
+            return Err(Request(format!("{name}: SET and APPEND need a value")));
         }
         let Some(kind) = config_type(&name) else {
-            return Err(format!(
+            return Err(Config(format!(
                 "{name} is not a topic config Mink keeps (docs/kafka.md lists those it does)"
-            ));
+            )));
         };
         let stored = format!("{PREFIX}{name}");
         let timestamp_type = |to: &str| {
@@ -268,22 +293,20 @@ pub fn alter(
                 .get(TIMESTAMP_TYPE_KEY)
                 .map_or("CreateTime", String::as_str);
             if name == "message.timestamp.type" && now != to {
-                Err(format!(
+                Err(Config(format!(
                     "message.timestamp.type stays {now}, as the topic was created (its log is indexed by it)"
-                ))
+                )))
             } else {
                 Ok(())
             }
         };
         match op {
             OP_SET => {
-                let Some(value) = value else {
-                    return Err(format!("{name}: SET needs a value"));
-                };
-                check(&name, &value, message_bytes_max)?;
+                let value = value.unwrap_or_default();
+                check(&name, &value, message_bytes_max).map_err(Config)?;
                 timestamp_type(&value)?;
                 if name == "retention.ms" {
-                    out.retention_ms = Some(Some(value.parse().map_err(|_| name.clone())?));
+                    out.retention_ms = Some(Some(value.parse().map_err(|_| Config(name.clone()))?));
                 } else {
                     out.custom.insert(stored, Some(normal(&name, &value)));
                 }
@@ -297,23 +320,23 @@ pub fn alter(
                 }
             }
             OP_APPEND | OP_SUBTRACT if kind != ConfigType::List => {
-                return Err(format!(
+                return Err(Config(format!(
                     "{name}: APPEND and SUBTRACT are for list configs; use SET"
-                ));
+                )));
             }
             // cleanup.policy, the one list config, can only be `delete`.
             OP_APPEND => {
                 let value = value.unwrap_or_default();
                 for item in value.split(',').map(str::trim) {
-                    check(&name, item, message_bytes_max)?;
+                    check(&name, item, message_bytes_max).map_err(Config)?;
                 }
             }
             OP_SUBTRACT => {
-                return Err(format!(
+                return Err(Config(format!(
                     "{name}: a topic's cleanup.policy is delete and stays so"
-                ));
+                )));
             }
-            other => return Err(format!("{name}: {other} is not a config operation")),
+            _ => unreachable!("operations were checked above"),
         }
     }
     Ok(out)
@@ -388,7 +411,7 @@ mod tests {
     fn altered(
         current: &[(&str, &str)],
         ops: &[(&str, i8, Option<&str>)],
-    ) -> Result<TopicAlter, String> {
+    ) -> Result<TopicAlter, AlterRefused> {
         let current = current
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -433,10 +456,8 @@ mod tests {
             (vec![], ("cleanup.policy", OP_APPEND, Some("compact"))),
             (vec![], ("cleanup.policy", OP_SUBTRACT, Some("delete"))),
             (vec![], ("retention.ms", OP_SET, Some("0"))),
-            (vec![], ("retention.ms", OP_SET, None)),
             (vec![], ("max.message.bytes", OP_SET, Some("8388608"))),
             (vec![], ("segment.bytes", OP_APPEND, Some("1"))),
-            (vec![], ("segment.bytes", 7, Some("1"))),
             (vec![], ("no.such.config", OP_DELETE, None)),
             (
                 vec![],
@@ -448,7 +469,8 @@ mod tests {
             ),
         ] {
             let err = altered(&current, &[op]).unwrap_err();
-            assert!(err.starts_with(op.0), "{op:?}: {err}");
+            assert!(matches!(err, AlterRefused::Config(_)), "{op:?}: {err:?}");
+            assert!(err.to_string().starts_with(op.0), "{op:?}: {err}");
         }
         // Setting the timestamp type it has is no change, and allowed.
         let same = altered(
@@ -464,6 +486,18 @@ mod tests {
             ],
         )
         .unwrap_err();
-        assert!(twice.starts_with("segment.ms"), "{twice}");
+        assert!(
+            matches!(&twice, AlterRefused::Request(w) if w.starts_with("segment.ms")),
+            "{twice:?}"
+        );
+        // A malformed request is told apart from a refused value.
+        for op in [
+            ("retention.ms", OP_SET, None),
+            ("segment.bytes", 7, Some("1")),
+            ("cleanup.policy", OP_APPEND, None),
+        ] {
+            let err = altered(&[], &[op]).unwrap_err();
+            assert!(matches!(err, AlterRefused::Request(_)), "{op:?}: {err:?}");
+        }
     }
 }

@@ -117,6 +117,7 @@ impl FlightSqlServer {
 
     fn statement(&self, sql: String, params: Option<Bytes>) -> Handle {
         Handle {
+            id: crate::handle::next_statement_id(),
             sql,
             params,
             applied_index: self.service.nodes().applied_index(),

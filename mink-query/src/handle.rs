@@ -1,7 +1,8 @@
 //! Statement tickets and prepared-statement handles: stateless, so any mink-query
 //! instance serves any of them.
 //!
-//! `MQ2` · applied index (u64 LE) · SQL length (u32 LE) · SQL (UTF-8) · parameters
+//! `MQ3` · statement id (u64 LE) · applied index (u64 LE) · SQL length (u32 LE) · SQL
+//! (UTF-8) · parameters
 //! length (u32 LE) · the bound parameters as an Arrow IPC stream of one row (empty
 //! when none are bound) · the result schema as an IPC schema message, when the
 //! statement was prepared without parameters (empty otherwise): GetFlightInfo of such
@@ -18,12 +19,33 @@ use crate::engine::arrow::ipc::reader::StreamReader;
 use crate::engine::arrow::ipc::writer::StreamWriter;
 use crate::errors::QueryError;
 
-const MAGIC: &[u8; 3] = b"MQ2";
+const MAGIC: &[u8; 3] = b"MQ3";
+/// Handles of the format before statement ids (read as id 0).
+const MAGIC_V2: &[u8; 3] = b"MQ2";
+
+/// A statement id no other statement of this process has, and unlikely in another
+/// (a per-process random start): the key of a plan kept for the statement's DoGet,
+/// so that two clients' identical statements are two handles.
+pub fn next_statement_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static START: OnceLock<u64> = OnceLock::new();
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let start = *START.get_or_init(|| {
+        std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish()
+    });
+    start.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed))
+}
 /// The longest statement served (bytes of SQL).
 pub const SQL_BYTES_MAX: usize = 1 << 20;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Handle {
+    /// Drawn when the statement was issued ([`next_statement_id`]).
+    pub id: u64,
     pub sql: String,
     /// One row of parameter values, as Arrow IPC.
     pub params: Option<Bytes>,
@@ -37,8 +59,9 @@ impl Handle {
     pub fn encode(&self) -> Bytes {
         let params = self.params.as_deref().unwrap_or_default();
         let schema = self.schema.as_deref().unwrap_or_default();
-        let mut b = BytesMut::with_capacity(19 + self.sql.len() + params.len() + schema.len());
+        let mut b = BytesMut::with_capacity(27 + self.sql.len() + params.len() + schema.len());
         b.put_slice(MAGIC);
+        b.put_u64_le(self.id);
         b.put_u64_le(self.applied_index);
         b.put_u32_le(self.sql.len() as u32);
         b.put_slice(self.sql.as_bytes());
@@ -52,9 +75,17 @@ impl Handle {
         let bad = |why: &str| {
             Status::invalid_argument(format!("not a statement handle mink-query issued ({why})"))
         };
-        let rest = bytes
-            .strip_prefix(MAGIC)
-            .ok_or_else(|| bad("no MQ2 prefix"))?;
+        let (id, rest) = if let Some(rest) = bytes.strip_prefix(MAGIC) {
+            if rest.len() < 8 {
+                return Err(bad("cut short"));
+            }
+            let id = u64::from_le_bytes(rest[..8].try_into().expect("8 bytes"));
+            (id, &rest[8..])
+        } else if let Some(rest) = bytes.strip_prefix(MAGIC_V2) {
+            (0, rest)
+        } else {
+            return Err(bad("no MQ3 prefix"));
+        };
         if rest.len() < 12 {
             return Err(bad("cut short"));
         }
@@ -78,6 +109,7 @@ impl Handle {
         let schema = &rest[4 + params_len..];
         let some = |b: &[u8]| (!b.is_empty()).then(|| Bytes::copy_from_slice(b));
         Ok(Self {
+            id,
             sql,
             params: some(params),
             applied_index,
@@ -142,6 +174,7 @@ mod tests {
     #[test]
     fn a_handle_round_trips_with_and_without_parameters() {
         let h = Handle {
+            id: next_statement_id(),
             sql: "SELECT * FROM db.t WHERE id = $1".into(),
             params: None,
             applied_index: 42,
@@ -174,12 +207,30 @@ mod tests {
     }
 
     #[test]
+    fn identical_statements_get_distinct_handles_and_old_handles_still_read() {
+        let h = |id| Handle {
+            id,
+            sql: "SELECT 1".into(),
+            params: None,
+            applied_index: 7,
+            schema: None,
+        };
+        let (a, b) = (h(next_statement_id()), h(next_statement_id()));
+        assert_ne!(a.encode(), b.encode(), "two clients' identical statements");
+        // A handle of the format before ids: MQ2 without the id.
+        let mut old = b"MQ2".to_vec();
+        old.extend_from_slice(&a.encode()[11..]);
+        assert_eq!(Handle::decode(&old).unwrap(), h(0));
+    }
+
+    #[test]
     fn garbage_and_cut_handles_are_invalid_arguments() {
         for bytes in [
             &b""[..],
             b"XYZ",
             b"MQ1\x01",
-            b"MQ1\0\0\0\0\0\0\0\0\xff\0\0\0abc",
+            b"MQ3\x01",
+            b"MQ2\0\0\0\0\0\0\0\0\xff\0\0\0abc",
         ] {
             let e = Handle::decode(bytes).unwrap_err();
             assert_eq!(e.code(), tonic::Code::InvalidArgument, "{bytes:?}");
@@ -189,6 +240,7 @@ mod tests {
     #[test]
     fn binding_needs_exactly_one_row() {
         let h = Handle {
+            id: 0,
             sql: "SELECT $1".into(),
             params: None,
             applied_index: 0,

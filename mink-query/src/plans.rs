@@ -6,7 +6,9 @@
 //! stateless, so DoGet could plan from the SQL alone, but planning again costs a
 //! catalog call to a node per table and the planner's work, which is most of a point
 //! query's time. So the plan made for the first call is kept, keyed by the exact
-//! handle it answered, and the DoGet that presents that handle within
+//! handle it answered (each statement's handle carries an id of its own, so two
+//! clients' identical statements are two keys), and the DoGet that presents that
+//! handle within
 //! [`PLAN_REUSE`] takes it (once). Any later DoGet of the handle, or one that reaches
 //! another mink-query, plans again; a statement therefore never runs on a catalog
 //! older than its own preparation plus [`PLAN_REUSE`], and each execution after the
@@ -27,6 +29,11 @@ pub const PLAN_REUSE: Duration = Duration::from_secs(5);
 /// The most plans kept (the oldest goes first).
 pub const PLANS_MAX: usize = 64;
 
+/// A statement whose handle is longer (its SQL and bound parameters) is planned
+/// again at DoGet rather than kept: the plans kept stay within
+/// `PLANS_MAX * HANDLE_BYTES_KEPT_MAX` of handles and what was planned from them.
+pub const HANDLE_BYTES_KEPT_MAX: usize = 64 << 10;
+
 /// Plans waiting for their DoGet.
 #[derive(Default)]
 pub struct Plans {
@@ -42,6 +49,9 @@ struct Kept {
 impl Plans {
     /// Keeps `planned` for the DoGet of `handle`.
     pub fn keep(&self, handle: Bytes, planned: Planned) {
+        if handle.len() > HANDLE_BYTES_KEPT_MAX {
+            return;
+        }
         let now = Instant::now();
         let mut kept = self.kept.lock().expect("plans lock");
         kept.retain(|k| now.duration_since(k.at) < PLAN_REUSE && k.handle != handle);
@@ -99,6 +109,15 @@ mod tests {
         assert_eq!(plans.len(), PLANS_MAX);
         assert!(plans.take(b"0").is_none(), "the oldest went first");
         assert!(plans.take((PLANS_MAX + 9).to_string().as_bytes()).is_some());
+    }
+
+    #[tokio::test]
+    async fn a_statement_with_a_long_handle_is_not_kept() {
+        let service = service_for_test();
+        let plans = Plans::default();
+        let long = Bytes::from(vec![b'x'; HANDLE_BYTES_KEPT_MAX + 1]);
+        plans.keep(long.clone(), planned_for_test(&service).await);
+        assert!(plans.take(&long).is_none());
     }
 
     #[tokio::test]

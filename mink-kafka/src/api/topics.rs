@@ -290,7 +290,11 @@ pub(crate) async fn incremental_alter_configs(
         let alter = match crate::topic_config::alter(&current, ops, ctx.config.message_bytes_max())
         {
             Ok(alter) => alter,
-            Err(why) => {
+            Err(crate::topic_config::AlterRefused::Request(why)) => {
+                responses.push(fail(ResponseError::InvalidRequest, why));
+                continue;
+            }
+            Err(crate::topic_config::AlterRefused::Config(why)) => {
                 responses.push(fail(ResponseError::InvalidConfig, why));
                 continue;
             }
