@@ -262,6 +262,87 @@ async fn a_failed_upload_fails_later_appends_and_reopen_recovers(t: TestStore) {
     assert_eq!(s3.durable_end(), 7);
 }
 
+/// A node replacing its own failed WAL generation in the same process takes the
+/// records that generation acknowledged from memory: with every GET of those WAL
+/// objects failing, the takeovers still recover every acknowledged record, and the
+/// upload whose outcome was unknown (it landed) is read from the store. With a tail
+/// cache too small to hold any payload, the objects are read as before.
+async fn a_replacing_generation_takes_what_it_acknowledged_from_memory(t: TestStore) {
+    for (round, tail_cache_bytes_max) in [64 << 20, 0].into_iter().enumerate() {
+        let id = format!("n{round}");
+        let faulty = FaultyStore::new(t.store.clone(), FaultConfig::default());
+        let store: Arc<dyn ObjectStore> = Arc::new(faulty.clone());
+        let config = || WalConfig {
+            upload_retry_budget_ms: 0,
+            tail_cache_bytes_max,
+            ..config()
+        };
+        let node = StreamStore::open(store.clone(), &id, config())
+            .await
+            .unwrap();
+        let names: Vec<String> = ["a", "b", "c"]
+            .iter()
+            .map(|n| format!("{n}{round}"))
+            .collect();
+        let mut streams = Vec::new();
+        for name in &names {
+            streams.push(node.open_stream(name, 1).await.unwrap());
+        }
+        // Nine acknowledged uploads, one record each (WAL sequences 1 to 9), with a
+        // compaction after the third so that part of it is compacted.
+        for i in 0..9u64 {
+            let s = &streams[i as usize % 3];
+            s.append_durable(1, 1, 0, payload(&names[i as usize % 3], i))
+                .await
+                .unwrap();
+            if i == 2 {
+                node.compact().await.unwrap();
+            }
+        }
+        // The tenth lands but is reported as timed out: the writer fails with its
+        // outcome unknown.
+        faulty.time_out_next_puts(1);
+        assert!(
+            streams[0]
+                .append_durable(1, 1, 0, payload(&names[0], 9))
+                .await
+                .is_err()
+        );
+        assert!(node.failure().is_some());
+        let generation = node.wal_id().generation;
+        // Every WAL object the failed generation acknowledged (sequences 1 to 9) is
+        // unreadable from here on, in the cached run.
+        let acknowledged = format!("wal/{id}/{generation:020}/{:019}", 0);
+        if tail_cache_bytes_max > 0 {
+            faulty.fail_next_gets_under(&acknowledged, u64::MAX);
+        }
+        let replacement = StreamStore::open_after(&node, store.clone(), &id, config())
+            .await
+            .unwrap();
+        let mut got = Vec::new();
+        for name in &names {
+            got.push(replacement.open_stream(name, 2).await.unwrap());
+        }
+        faulty.fail_next_gets_under(&acknowledged, 0);
+        for (k, s) in got.iter().enumerate() {
+            let mut want: Vec<Bytes> = (0..9u64)
+                .filter(|i| *i as usize % 3 == k)
+                .map(|i| payload(&names[k], i))
+                .collect();
+            if k == 0 {
+                want.push(payload(&names[0], 9)); // landed, so recovered
+            }
+            let bodies: Vec<Bytes> = read_all(s).await.into_iter().map(|(_, b)| b).collect();
+            assert_eq!(
+                bodies, want,
+                "stream {} (tail cache {tail_cache_bytes_max})",
+                names[k]
+            );
+        }
+        replacement.close_all().await.unwrap();
+    }
+}
+
 async fn a_takeover_fences_the_old_owner(t: TestStore) {
     let a = StreamStore::open(t.store.clone(), "a", config())
         .await
@@ -793,6 +874,7 @@ backend_tests! {
     appends_get_contiguous_offsets_and_read_back => super::appends_get_contiguous_offsets_and_read_back;
     acks_come_in_upload_order => super::acks_come_in_upload_order;
     a_failed_upload_fails_later_appends_and_reopen_recovers => super::a_failed_upload_fails_later_appends_and_reopen_recovers;
+    a_replacing_generation_takes_what_it_acknowledged_from_memory => super::a_replacing_generation_takes_what_it_acknowledged_from_memory;
     upload_errors_are_retried_and_a_landed_retry_is_not_a_fence => super::upload_errors_are_retried_and_a_landed_retry_is_not_a_fence;
     a_takeover_fences_the_old_owner => super::a_takeover_fences_the_old_owner;
     crash_recovery_and_clean_handover => super::crash_recovery_and_clean_handover;

@@ -60,6 +60,8 @@ fn config() -> WalConfig {
     WalConfig {
         compaction_interval_ms: 3_600_000,
         segment_bytes_max: 64,
+        // A few payloads: some records are read back from the WAL, some from memory.
+        tail_cache_bytes_max: 16,
         ..Default::default()
     }
 }
@@ -99,13 +101,21 @@ impl World {
         }
     }
 
-    /// Restarts `node` as a new incarnation and reopens its streams under new epochs.
-    async fn restart(&mut self, node: usize) {
+    /// Restarts `node` as a new incarnation and reopens its streams under new epochs:
+    /// a new process (`Crash`), or, when its WAL failed, a new generation in the same
+    /// process (`open_after`, which takes what the failed one acknowledged from memory).
+    async fn restart(&mut self, node: usize, in_process: bool) {
         // An injected fault may hit the restart itself; an operator retries.
         let mut attempts = 0;
         self.nodes[node] = loop {
             attempts += 1;
-            match StreamStore::open(self.store.clone(), &format!("n{node}"), config()).await {
+            let id = format!("n{node}");
+            let opened = if in_process {
+                StreamStore::open_after(&self.nodes[node], self.store.clone(), &id, config()).await
+            } else {
+                StreamStore::open(self.store.clone(), &id, config()).await
+            };
+            match opened {
                 Ok(store) => break store,
                 Err(e) if attempts < 5 => eprintln!("restart of n{node} failed, retrying: {e}"),
                 Err(e) => panic!("restart of n{node}: {e}"),
@@ -125,10 +135,14 @@ impl World {
             epoch += 1;
             attempts += 1;
             if self.nodes[node].failure().is_some() {
-                self.nodes[node] =
-                    StreamStore::open(self.store.clone(), &format!("n{node}"), config())
-                        .await
-                        .unwrap();
+                self.nodes[node] = StreamStore::open_after(
+                    &self.nodes[node],
+                    self.store.clone(),
+                    &format!("n{node}"),
+                    config(),
+                )
+                .await
+                .unwrap();
             }
             match self.nodes[node].open_stream(&format!("s{s}"), epoch).await {
                 Ok(handle) => break handle,
@@ -146,7 +160,7 @@ impl World {
     async fn heal(&mut self) {
         for node in 0..NODES {
             if self.nodes[node].failure().is_some() {
-                self.restart(node).await;
+                self.restart(node, true).await;
             }
         }
     }
@@ -173,7 +187,7 @@ impl World {
             }
             Op::FailNextPut => self.faulty.fail_next_puts(1),
             Op::TimeOutNextPut => self.faulty.time_out_next_puts(1),
-            Op::Crash { node } => self.restart(node).await,
+            Op::Crash { node } => self.restart(node, false).await,
             Op::Handover { stream } => {
                 let owner = self.streams[stream].owner;
                 let to = (owner + 1) % NODES;
@@ -182,7 +196,7 @@ impl World {
                     eprintln!("close of s{stream} on n{owner} failed: {e}");
                     // The owner's WAL failed under the close: a crash, then.
                     self.faulty.fail_next_puts(0);
-                    self.restart(owner).await;
+                    self.restart(owner, true).await;
                 }
                 self.reopen(stream, to).await;
             }
@@ -237,7 +251,7 @@ proptest! {
             world.faulty.fail_next_puts(0);
             world.faulty.time_out_next_puts(0);
             for node in 0..NODES {
-                world.restart(node).await;
+                world.restart(node, false).await;
             }
             for m in &world.streams {
                 check(m).await;

@@ -20,6 +20,7 @@
 mod compact;
 pub mod meta;
 mod read;
+mod remembered;
 mod shared_reads;
 mod takeover;
 mod writer;
@@ -212,6 +213,9 @@ pub(crate) struct StoreInner {
     segment_indexes: Mutex<HashMap<String, Arc<Vec<crate::format::IndexEntry>>>>,
     /// WAL objects takeovers read, shared between the takeovers of one dead WAL.
     recovery_reads: shared_reads::SharedReads,
+    /// What the failed generation this one replaced acknowledged, for the takeovers
+    /// of its streams, until they are done (`remembered`).
+    remembered: Mutex<Option<Arc<remembered::Remembered>>>,
 }
 
 impl StoreInner {
@@ -262,6 +266,60 @@ impl StoreInner {
 
     fn lock_streams(&self) -> MutexGuard<'_, BTreeMap<String, Arc<StreamInner>>> {
         self.streams.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `stream`'s records acknowledged by `owner`, when `owner` is the failed
+    /// generation this one replaced and its memory of the stream agrees with a view
+    /// at `committed_end`: the first WAL sequence not acknowledged and the records
+    /// below it (see `remembered`).
+    fn remembered(
+        &self,
+        owner: &WalId,
+        stream: &str,
+        committed_end: u64,
+    ) -> Option<(u64, remembered::StreamMemory)> {
+        self.drop_remembered_if_spent();
+        let kept = self
+            .remembered
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()?;
+        let memory = kept.for_takeover(owner, stream, committed_end)?;
+        Some((kept.unknown_from, memory))
+    }
+
+    /// Forgets the remembered records of `stream` (taken over).
+    fn forget_remembered(&self, stream: &str) {
+        let kept = self
+            .remembered
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(kept) = kept {
+            kept.forget(stream);
+        }
+        self.drop_remembered_if_spent();
+    }
+
+    /// Lets go of the failed generation's records once every stream of it was taken
+    /// over here or their time is up (run by every compaction tick as well, so that
+    /// they are not kept for streams that never reopen here).
+    fn drop_remembered_if_spent(&self) {
+        let mut slot = self.remembered.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(kept) = slot.as_ref() {
+            // Streams another node took over meanwhile.
+            kept.retain(|stream| {
+                self.meta.read(|s, _| {
+                    s.streams
+                        .get(stream)
+                        .is_some_and(|m| m.owner.as_ref() == Some(&kept.wal))
+                })
+            });
+        }
+        if slot.as_ref().is_some_and(|kept| kept.spent()) {
+            tracing::debug!("forgetting the failed WAL generation's records");
+            *slot = None;
+        }
     }
 
     /// The lock that serializes opens and closes of `name` on this node.
@@ -349,23 +407,27 @@ impl StreamStore {
     /// [`StreamStore::open`] for a node replacing `failed`, its failed generation, in
     /// the same process: the stream metadata is read on from `failed`'s view instead
     /// of from the latest snapshot, so that the replacement costs the entries since
-    /// (a snapshot interval of them took seconds on a slow store).
+    /// (a snapshot interval of them took seconds on a slow store), and the records
+    /// `failed` acknowledged are taken over from memory, not read back from its WAL
+    /// (`remembered`: only its uploads of unknown outcome are read).
     pub async fn open_after(
         failed: &StreamStore,
         stores: impl Into<Stores>,
         node: &str,
         config: WalConfig,
     ) -> WalResult<Self> {
-        Self::open_inner(stores.into(), node, config, Some(&failed.inner.meta)).await
+        Self::open_inner(stores.into(), node, config, Some(&failed.inner)).await
     }
 
     async fn open_inner(
         stores: Stores,
         node: &str,
         config: WalConfig,
-        earlier: Option<&ObjectLog<StreamsState>>,
+        earlier: Option<&StoreInner>,
     ) -> WalResult<Self> {
         let store = stores.get(Purpose::Wal);
+        // The failed writer acknowledges nothing more: what it holds is final.
+        let remembered = earlier.map(|e| Arc::new(remembered::Remembered::of(e)));
         config.validate().map_err(WalError::Config)?;
         if node.is_empty() || node.contains('/') {
             return Err(WalError::Config(format!(
@@ -381,7 +443,7 @@ impl StreamStore {
         };
         let meta = match earlier {
             Some(earlier) => {
-                ObjectLog::open_from(stores.get(Purpose::Meta), "streams", earlier).await?
+                ObjectLog::open_from(stores.get(Purpose::Meta), "streams", &earlier.meta).await?
             }
             None => {
                 ObjectLog::open(
@@ -419,6 +481,7 @@ impl StreamStore {
             merges: AtomicU64::new(0),
             segment_indexes: Mutex::new(HashMap::new()),
             recovery_reads: shared_reads::SharedReads::default(),
+            remembered: Mutex::new(remembered),
         });
         tokio::spawn(writer::run_writer(store, wal, config, writer, rx));
         tracing::info!(
@@ -529,6 +592,7 @@ impl StreamStore {
             if self.failure().is_some() {
                 return;
             }
+            self.inner.drop_remembered_if_spent();
             if self.inner.compaction_due() {
                 gc_every = GC_EVERY_TICKS_MIN;
                 if let Err(e) = self.compact().await {

@@ -19,6 +19,7 @@ use futures::{StreamExt, TryStreamExt};
 use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
 use super::meta::{Expected, StreamMeta, WalId};
+use super::remembered::StreamMemory;
 use super::writer::{wal_dir, wal_path};
 use super::{Status, StoreInner, Stream, StreamCommand, StreamInner, StreamState, propose};
 use crate::error::{WalError, WalResult};
@@ -59,6 +60,8 @@ struct Phases {
     fence: Duration,
     read: Duration,
     objects_read: u64,
+    /// WAL objects whose records came from memory (`remembered`), not read.
+    objects_remembered: u64,
     segment: Duration,
     propose: Duration,
 }
@@ -106,6 +109,7 @@ pub(super) async fn open_stream(
             fence_ms = ms(phases.fence),
             read_ms = ms(phases.read),
             objects_read = phases.objects_read,
+            objects_remembered = phases.objects_remembered,
             segment_ms = ms(phases.segment),
             propose_ms = ms(phases.propose),
             "a slow stream open"
@@ -258,6 +262,7 @@ async fn create_or_take_over(
                     WalError::Corrupt(format!("stream {name} vanished after its open"))
                 })?;
             let inner = install(store, name, epoch, &meta);
+            store.forget_remembered(name);
             if let Some(seg) = &segment {
                 tracing::info!(
                     stream = name,
@@ -409,78 +414,160 @@ async fn recover(
         return Ok(None);
     };
     let read = Instant::now();
-    let records = read_owner_wal(store, name, meta, owner, fence, phases).await;
+    let memory = store.remembered(owner, name, meta.committed_end);
+    let mut records =
+        read_owner_wal(store, name, meta, owner, fence, memory.as_ref(), phases).await;
+    if memory.is_some() {
+        records = check_remembered(store, name, meta, owner, fence, records, phases).await;
+    }
     phases.read += read.elapsed();
     records
 }
 
-/// The stream's records in `owner`'s WAL from the stream's `wal_from` up to `fence`.
+/// Memory is the fast path, never the last word: where the records taken from memory
+/// do not line up (a bug; the store would tell), the WAL is read after all; debug
+/// builds read it every time and check that both agree.
+async fn check_remembered(
+    store: &Arc<StoreInner>,
+    name: &str,
+    meta: &StreamMeta,
+    owner: &WalId,
+    fence: u64,
+    remembered: WalResult<Option<Vec<Record>>>,
+    phases: &mut Phases,
+) -> WalResult<Option<Vec<Record>>> {
+    match remembered {
+        Err(WalError::Corrupt(why)) => {
+            metrics::counter!("mink_wal_recovery_memory_mismatches_total").increment(1);
+            tracing::warn!(
+                stream = name,
+                %owner,
+                "the records remembered from the failed generation do not line up ({why}); \
+                 reading its WAL instead"
+            );
+            read_owner_wal(store, name, meta, owner, fence, None, phases).await
+        }
+        #[cfg(debug_assertions)]
+        Ok(Some(remembered)) => {
+            let read = read_owner_wal(store, name, meta, owner, fence, None, phases).await;
+            if let Ok(Some(read)) = &read {
+                assert_eq!(
+                    &remembered, read,
+                    "stream {name}: the records remembered from {owner} differ from its WAL's"
+                );
+            }
+            Ok(Some(remembered))
+        }
+        other => other,
+    }
+}
+
+/// Where the stream's records in one WAL object come from.
+enum Source {
+    /// Read the object (shared with the other takeovers of this WAL on this node).
+    Read(
+        object_store::path::Path,
+        Result<bytes::Bytes, object_store::Error>,
+    ),
+    /// The failed generation this one replaced acknowledged the object: its records
+    /// of the stream, from memory (`remembered`).
+    Remembered(Vec<Record>),
+}
+
+/// The stream's records in `owner`'s WAL from the stream's `wal_from` up to `fence`:
+/// read from the store, or, for the objects `memory` covers (the uploads our own
+/// failed generation acknowledged, below its first unknown one), from memory.
 async fn read_owner_wal(
     store: &Arc<StoreInner>,
     name: &str,
     meta: &StreamMeta,
     owner: &WalId,
     fence: u64,
+    memory: Option<&(u64, StreamMemory)>,
     phases: &mut Phases,
 ) -> WalResult<Option<Vec<Record>>> {
     let mut records: Vec<Record> = Vec::new();
     let mut expected = meta.committed_end;
+    // Which objects to read, and what memory answers for the others: an
+    // acknowledged object holding none of the stream's records is skipped.
+    let sources = (meta.wal_from..fence).filter_map(|seq| match memory {
+        Some((unknown_from, memory)) if seq < *unknown_from => match memory.by_seq.get(&seq) {
+            None => None,
+            Some(Some(records)) => Some((seq, Some(records.clone()))),
+            // A payload evicted from memory: read the object.
+            Some(None) => Some((seq, None)),
+        },
+        _ => Some((seq, None)),
+    });
     // Read `recovery_gets` objects at a time, taken in order (one after another took
     // seconds on a slow store for a WAL of a few hundred objects); objects fetched
     // ahead of a fence object are dropped without being decoded.
-    let mut objects = futures::stream::iter(meta.wal_from..fence)
-        .map(|seq| {
-            let path = wal_path(owner, seq);
-            async move {
-                // Shared with the other takeovers of this WAL on this node.
-                let got = store.recovery_reads.get(&store.store, &path).await;
-                (seq, path, got)
-            }
+    let mut objects = futures::stream::iter(sources)
+        .map(|(seq, remembered)| async move {
+            let source = match remembered {
+                Some(records) => Source::Remembered(records),
+                None => {
+                    let path = wal_path(owner, seq);
+                    let got = store.recovery_reads.get(&store.store, &path).await;
+                    Source::Read(path, got)
+                }
+            };
+            (seq, source)
         })
         .buffered(recovery_gets(store.config.group_bytes_max));
-    while let Some((seq, path, got)) = objects.next().await {
-        phases.objects_read += 1;
-        let bytes = match got {
-            Ok(bytes) => bytes,
-            Err(object_store::Error::NotFound { .. }) => {
-                // Deleted under a newer commit of the owner, or a true loss: only a
-                // fresh view tells.
-                store.meta.catch_up().await?;
-                let moved = store.meta.read(|s, _| {
-                    s.wal_floor(owner) > seq
-                        || s.streams.get(name).is_none_or(|m| {
-                            m.wal_from > seq
-                                || m.committed_end != meta.committed_end
-                                || m.owner.as_ref() != Some(owner)
-                        })
-                });
-                if moved {
-                    return Ok(None);
-                }
-                return Err(WalError::Corrupt(format!(
-                    "WAL object {path} below the fence at {fence} is missing"
-                )));
+    while let Some((seq, source)) = objects.next().await {
+        let found = match source {
+            Source::Remembered(records) => {
+                phases.objects_remembered += 1;
+                records
             }
-            Err(e) => return Err(e.into()),
-        };
-        match decode_wal_object(path.as_ref(), &bytes)? {
-            WalObject::Fence(_) => break,
-            WalObject::Data(objects) => {
-                for r in objects.into_iter().filter(|r| r.stream == name) {
-                    let record = r.record;
-                    if record.end() <= meta.committed_end {
-                        continue; // compacted already
-                    }
-                    if record.base != expected {
+            Source::Read(path, got) => {
+                phases.objects_read += 1;
+                let bytes = match got {
+                    Ok(bytes) => bytes,
+                    Err(object_store::Error::NotFound { .. }) => {
+                        // Deleted under a newer commit of the owner, or a true loss:
+                        // only a fresh view tells.
+                        store.meta.catch_up().await?;
+                        let moved = store.meta.read(|s, _| {
+                            s.wal_floor(owner) > seq
+                                || s.streams.get(name).is_none_or(|m| {
+                                    m.wal_from > seq
+                                        || m.committed_end != meta.committed_end
+                                        || m.owner.as_ref() != Some(owner)
+                                })
+                        });
+                        if moved {
+                            return Ok(None);
+                        }
                         return Err(WalError::Corrupt(format!(
-                            "stream {name}: WAL {owner} holds offset {} where {expected} was expected",
-                            record.base
+                            "WAL object {path} below the fence at {fence} is missing"
                         )));
                     }
-                    expected = record.end();
-                    records.push(record);
+                    Err(e) => return Err(e.into()),
+                };
+                match decode_wal_object(path.as_ref(), &bytes)? {
+                    WalObject::Fence(_) => break,
+                    WalObject::Data(objects) => objects
+                        .into_iter()
+                        .filter(|r| r.stream == name)
+                        .map(|r| r.record)
+                        .collect(),
                 }
             }
+        };
+        for record in found {
+            if record.end() <= meta.committed_end {
+                continue; // compacted already
+            }
+            if record.base != expected {
+                return Err(WalError::Corrupt(format!(
+                    "stream {name}: WAL {owner} holds offset {} where {expected} was expected",
+                    record.base
+                )));
+            }
+            expected = record.end();
+            records.push(record);
         }
     }
     tracing::debug!(
