@@ -106,6 +106,10 @@ pub struct Joined {
     pub member_id: String,
     /// For the leader: every member with its metadata for the chosen protocol.
     pub members: Vec<JoinedMember>,
+    /// JoinGroup v9 (KIP-814): the leader is a static member that restarted into a
+    /// Stable group, which keeps its assignment: it learns the members (to watch
+    /// the topics' metadata) but must not assign again.
+    pub skip_assignment: bool,
 }
 
 impl Joined {
@@ -303,6 +307,7 @@ impl Group {
             },
             leader,
             member_id: id.to_string(),
+            skip_assignment: false,
         }
     }
 
@@ -622,7 +627,9 @@ impl Coordinator {
             m.session_timeout = session_timeout;
             m.rebalance_timeout = rebalance_timeout;
             m.expires = now + session_timeout;
-            let _ = tx.send(group.joined(&member_id));
+            let mut joined = group.joined(&member_id);
+            joined.skip_assignment = restarted && joined.leader == member_id;
+            let _ = tx.send(joined);
             return Ok(rx);
         }
         if let Some(instance) = &req.group_instance_id {
@@ -1274,6 +1281,7 @@ mod tests {
         let b2 = c.join(restart).await;
         assert_eq!((b2.error, b2.generation), (0, 2), "no rebalance");
         assert_ne!(b2.member_id, b.member_id);
+        assert!(!b2.skip_assignment, "a follower assigns nothing anyway");
         let synced = c.sync("g", 2, &b2.member_id, vec![]).await;
         assert_eq!(
             synced.assignment,
@@ -1312,6 +1320,35 @@ mod tests {
             c.heartbeat("g", 2, &a.member_id),
             Some(ResponseError::RebalanceInProgress)
         );
+    }
+
+    /// KIP-814 (JoinGroup v9): a static leader restarting into a Stable group learns
+    /// the members and that it must not assign; its SyncGroup gets its assignment.
+    /// A dynamic leader rejoining is not told to skip.
+    #[tokio::test(start_paused = true)]
+    async fn a_restarted_static_leader_is_told_to_skip_the_assignment() {
+        let c = std::sync::Arc::new(coordinator());
+        let a = c.join(static_join("", "i-a")).await;
+        c.sync("g", 1, &a.member_id, vec![]).await;
+        let c2 = c.clone();
+        let b = tokio::spawn(async move { c2.join(static_join("", "i-b")).await });
+        tokio::task::yield_now().await;
+        let a2 = c.join(static_join(&a.member_id, "i-a")).await;
+        let b = b.await.unwrap();
+        assert_eq!(a2.leader, a.member_id);
+        assert!(!a2.skip_assignment, "a rebalance: the leader assigns");
+        sync_both(&c, &a.member_id, &b.member_id).await;
+        let a3 = c.join(static_join("", "i-a")).await;
+        assert_eq!((a3.error, a3.generation), (0, 2), "no rebalance");
+        assert_eq!(a3.leader, a3.member_id, "it still leads, under its new id");
+        assert!(a3.skip_assignment);
+        assert_eq!(a3.members.len(), 2, "it learns the members");
+        let synced = c.sync("g", 2, &a3.member_id, vec![]).await;
+        assert_eq!(
+            (synced.error, synced.assignment),
+            (0, Bytes::from_static(b"a"))
+        );
+        assert_eq!(c.heartbeat("g", 2, &b.member_id), None, "B kept going");
     }
 
     #[tokio::test(start_paused = true)]

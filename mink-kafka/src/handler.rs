@@ -49,6 +49,9 @@ pub struct TopicView {
     pub retention_ms: Option<i64>,
     /// Its other configs, as created (`crate::topic_config`).
     pub configs: std::collections::BTreeMap<String, String>,
+    /// The table behind it (`None` before it exists): a change computed from this
+    /// view applies to that table only.
+    pub table_id: Option<i64>,
 }
 
 /// An idempotent producer's batch: `producer_id` is the writer id (the producer id
@@ -153,11 +156,13 @@ pub trait KafkaHandler: Send + Sync + 'static {
     /// Deletes a topic.
     async fn delete_topic(&self, name: &str) -> Result<(), MinkError>;
     /// Changes a topic's configs (IncrementalAlterConfigs; `validate_only`: checks
-    /// only). `NotFound` for an unknown topic; `InvalidArgument` when the table
-    /// refuses the change.
+    /// only), computed from a view of table `table_id`. `NotFound` for an unknown
+    /// topic; `InvalidArgument` when the table refuses the change, or is no longer
+    /// that table.
     async fn alter_topic_configs(
         &self,
         topic: &str,
+        table_id: Option<i64>,
         alter: &crate::topic_config::TopicAlter,
         validate_only: bool,
     ) -> Result<(), MinkError>;

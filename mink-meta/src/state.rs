@@ -177,6 +177,11 @@ pub enum MetaCommand {
         /// configs altered by IncrementalAlterConfigs.
         #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
         set_custom: BTreeMap<String, Option<String>>,
+        /// The table the change was computed for, when it was computed from a view
+        /// of it (IncrementalAlterConfigs checks a topic's configs first): a table
+        /// dropped and created again under the same path meanwhile refuses it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        table_id: Option<TableId>,
     },
     DropTable {
         path: TablePath,
@@ -485,8 +490,21 @@ impl LogState for MetaState {
                 add_columns,
                 set_properties,
                 set_custom,
+                table_id,
             } => {
                 let table = self.table_or_err(path)?;
+                if let Some(id) = table_id
+                    && *id != table.id
+                {
+                    return Err(MinkError::invalid(
+                        "alter_table",
+                        format!(
+                            "table {path} was dropped and created again since the change was \
+                             computed (table {id}, now {}): look again",
+                            table.id
+                        ),
+                    ));
+                }
                 if add_columns.is_empty() && set_properties.is_empty() && set_custom.is_empty() {
                     return Err(MinkError::invalid("alter_table", "nothing to change"));
                 }
@@ -753,10 +771,14 @@ impl LogState for MetaState {
                 add_columns,
                 set_properties,
                 set_custom,
+                table_id,
             } => {
                 let Some(id) = self.table_ids.get(&path.to_string()).copied() else {
                     return;
                 };
+                if table_id.is_some_and(|expected| expected != id) {
+                    return;
+                }
                 if let Some(t) = self.tables.get_mut(&id) {
                     if !add_columns.is_empty()
                         && let Ok(next) = t.descriptor.schema.with_added_columns(add_columns)
@@ -1079,6 +1101,7 @@ mod tests {
                 at_ms: 0,
             },
         );
+        let id = s.table(&path).unwrap().id;
         let alter = |custom: &[(&str, Option<&str>)]| MetaCommand::AlterTable {
             path: path.clone(),
             add_columns: vec![],
@@ -1087,6 +1110,7 @@ mod tests {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.map(str::to_string)))
                 .collect(),
+            table_id: Some(id),
         };
         let change = alter(&[
             ("kafka.segment.bytes", None),
@@ -1106,13 +1130,34 @@ mod tests {
             s.validate(&alter(&[("kafka.big", Some(long.as_str()))]))
                 .is_err()
         );
-        // Entries written before the field existed read as changing no custom property.
+        // Entries written before the fields existed read as changing no custom property,
+        // for whichever table the path names.
         let old =
             r#"{"alter_table":{"path":"db.t","add_columns":[],"set_properties":{"log_ttl":"2h"}}}"#;
         let old: MetaCommand = serde_json::from_str(old).unwrap();
-        assert!(
-            matches!(&old, MetaCommand::AlterTable { set_custom, .. } if set_custom.is_empty())
+        assert!(matches!(
+            &old,
+            MetaCommand::AlterTable { set_custom, table_id: None, .. } if set_custom.is_empty()
+        ));
+        // A change computed for the table before it was dropped and created again is
+        // refused, and applied it changes nothing.
+        let descriptor = s.table(&path).unwrap().descriptor.clone();
+        s.apply(4, &MetaCommand::DropTable { path: path.clone() });
+        s.apply(
+            5,
+            &MetaCommand::CreateTable {
+                path: path.clone(),
+                descriptor,
+                at_ms: 0,
+            },
         );
+        assert_ne!(s.table(&path).unwrap().id, id);
+        let stale = alter(&[("kafka.max.message.bytes", Some("4096"))]);
+        let refused = s.validate(&stale).unwrap_err().to_string();
+        assert!(refused.contains("dropped and created again"), "{refused}");
+        let before = s.table(&path).unwrap().descriptor.clone();
+        s.apply(6, &stale);
+        assert_eq!(s.table(&path).unwrap().descriptor, before);
     }
 
     /// Entries written before offsets kept their retention count it from the commit.

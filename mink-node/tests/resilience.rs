@@ -13,7 +13,7 @@ use mink_wal::fault::{FaultConfig, FaultyStore};
 use object_store::ObjectStore;
 
 mod common;
-use common::{ids, rows};
+use common::{KafkaConn, ids, rows};
 
 fn config(dir: &std::path::Path) -> MinkConfig {
     let mut c = MinkConfig {
@@ -319,59 +319,7 @@ async fn a_node_declared_dead_while_alive_comes_back() {
     }
 }
 
-/// A Kafka connection that speaks the protocol by hand (kafka-protocol's messages),
-/// one request at a time.
-struct KafkaConn {
-    stream: tokio::net::TcpStream,
-    correlation: i32,
-}
-
 impl KafkaConn {
-    async fn connect(addr: std::net::SocketAddr) -> Self {
-        Self {
-            stream: tokio::net::TcpStream::connect(addr).await.unwrap(),
-            correlation: 0,
-        }
-    }
-
-    async fn call<Req, Resp>(
-        &mut self,
-        key: kafka_protocol::messages::ApiKey,
-        v: i16,
-        req: &Req,
-    ) -> Resp
-    where
-        Req: kafka_protocol::protocol::Encodable,
-        Resp: kafka_protocol::protocol::Decodable,
-    {
-        use kafka_protocol::messages::{RequestHeader, ResponseHeader};
-        use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        self.correlation += 1;
-        let mut body = bytes::BytesMut::new();
-        RequestHeader::default()
-            .with_request_api_key(key as i16)
-            .with_request_api_version(v)
-            .with_correlation_id(self.correlation)
-            .with_client_id(Some(StrBytes::from_static_str("resilience-test")))
-            .encode(&mut body, key.request_header_version(v))
-            .unwrap();
-        req.encode(&mut body, v).unwrap();
-        self.stream
-            .write_all(&(body.len() as i32).to_be_bytes())
-            .await
-            .unwrap();
-        self.stream.write_all(&body).await.unwrap();
-        let mut len = [0u8; 4];
-        self.stream.read_exact(&mut len).await.unwrap();
-        let mut frame = vec![0u8; i32::from_be_bytes(len) as usize];
-        self.stream.read_exact(&mut frame).await.unwrap();
-        let mut frame = bytes::Bytes::from(frame);
-        let header = ResponseHeader::decode(&mut frame, key.response_header_version(v)).unwrap();
-        assert_eq!(header.correlation_id, self.correlation);
-        Resp::decode(&mut frame, v).unwrap()
-    }
-
     /// A new idempotent producer: (id, epoch).
     async fn init_producer(&mut self) -> (i64, i16) {
         use kafka_protocol::messages::{

@@ -175,6 +175,9 @@ pub(crate) async fn join_group(
     if v >= 7 {
         out = out.with_protocol_type(joined.protocol_type.map(s));
     }
+    if v >= 9 {
+        out = out.with_skip_assignment(joined.skip_assignment);
+    }
     fill(out)
 }
 

@@ -314,6 +314,7 @@ mod tests {
         async fn alter_topic_configs(
             &self,
             _: &str,
+            _: Option<i64>,
             _: &crate::topic_config::TopicAlter,
             _: bool,
         ) -> Result<(), MinkError> {

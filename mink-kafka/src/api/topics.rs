@@ -124,6 +124,7 @@ pub(crate) async fn create_topics(
                         partitions: vec![],
                         retention_ms: configs.retention_ms.filter(|ms| *ms > 0),
                         configs: configs.kept.clone(),
+                        table_id: None,
                     };
                     let configs = topic_configs(&view, ctx.config.message_bytes_max())
                         .into_iter()
@@ -241,6 +242,14 @@ pub(crate) async fn incremental_alter_configs(
     r: IncrementalAlterConfigsRequest,
 ) -> IncrementalAlterConfigsResponse {
     let mut responses = Vec::with_capacity(r.resources.len());
+    // A resource named twice is refused both times, as Kafka's broker refuses it:
+    // which of its two lists of changes would win is not the client's to guess.
+    let mut named = std::collections::HashMap::new();
+    for resource in &r.resources {
+        *named
+            .entry((resource.resource_type, resource.resource_name.to_string()))
+            .or_insert(0usize) += 1;
+    }
     for resource in r.resources {
         let out = AlterConfigsResourceResponse::default()
             .with_resource_type(resource.resource_type)
@@ -250,6 +259,16 @@ pub(crate) async fn incremental_alter_configs(
                 .with_error_code(code.code())
                 .with_error_message(Some(s(message)))
         };
+        if named[&(resource.resource_type, resource.resource_name.to_string())] > 1 {
+            responses.push(fail(
+                ResponseError::InvalidRequest,
+                format!(
+                    "resource {} appears more than once in the request",
+                    resource.resource_name.as_str()
+                ),
+            ));
+            continue;
+        }
         match resource.resource_type {
             RESOURCE_TOPIC => {}
             RESOURCE_BROKER => {
@@ -301,7 +320,7 @@ pub(crate) async fn incremental_alter_configs(
         };
         match ctx
             .handler
-            .alter_topic_configs(topic, &alter, r.validate_only)
+            .alter_topic_configs(topic, view.table_id, &alter, r.validate_only)
             .await
         {
             Ok(()) => responses.push(out),

@@ -94,6 +94,7 @@ impl NodeService {
                 .0
                 .map(|d| d.as_millis() as i64),
             configs: topic_configs(table),
+            table_id: Some(table.id),
         }
     }
 
@@ -263,6 +264,7 @@ impl KafkaHandler for NodeService {
     async fn alter_topic_configs(
         &self,
         topic: &str,
+        table_id: Option<i64>,
         alter: &mink_kafka::topic_config::TopicAlter,
         validate_only: bool,
     ) -> Result<()> {
@@ -284,6 +286,7 @@ impl KafkaHandler for NodeService {
             add_columns: vec![],
             set_properties,
             set_custom: alter.custom.clone(),
+            table_id,
         };
         if validate_only {
             return self.meta.read(|s| {

@@ -269,6 +269,8 @@ async fn create_or_take_over(
                     epoch,
                     from = seg.base,
                     to = seg.end,
+                    objects_read = phases.objects_read,
+                    objects_remembered = phases.objects_remembered,
                     "recovered records from the previous owner's WAL"
                 );
             }

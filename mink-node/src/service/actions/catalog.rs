@@ -102,6 +102,7 @@ impl NodeService {
                 add_columns: r.add_columns,
                 set_properties: r.set_properties,
                 set_custom: Default::default(),
+                table_id: None,
             })
             .await?;
         Ok(Indexed { index })
