@@ -98,6 +98,9 @@ pub struct FetchedBatch {
     /// When the log committed it (ms).
     pub commit_timestamp: i64,
     pub rows: RecordBatch,
+    /// Where its rows sit when not one per offset from `base_offset` (a compacted
+    /// topic's changelog without its before-images).
+    pub offsets: Option<crate::records::OffsetDeltas>,
 }
 
 /// Which offset ListOffsets asks for.

@@ -44,12 +44,22 @@ pub fn starts_as_topic(columns: &[Column]) -> bool {
     columns.len() >= 4 && is_topic(&columns[..4])
 }
 
-/// Whether a table with these columns is a topic.
+/// The columns of a compacted topic's table: the topic columns with the key NOT
+/// NULL, as a primary key is (a compacted topic refuses a record without a key).
+pub fn compacted_topic_columns() -> Vec<Column> {
+    let mut columns = topic_columns();
+    columns[0].nullable = false;
+    columns
+}
+
+/// Whether a table with these columns is a topic (a compacted one's key is NOT NULL).
 pub fn is_topic(columns: &[Column]) -> bool {
     let want = topic_columns();
     columns.len() == want.len()
         && columns.iter().zip(&want).all(|(c, w)| {
-            c.name == w.name && c.data_type == w.data_type && c.nullable == w.nullable
+            c.name == w.name
+                && c.data_type == w.data_type
+                && (c.nullable == w.nullable || c.name == "key")
         })
 }
 
@@ -657,10 +667,45 @@ pub fn encode_fetched(
     log_append_time: Option<i64>,
     out: &mut BytesMut,
 ) -> Result<(), String> {
+    encode_fetched_at(base_offset, rows, None, leader_epoch, log_append_time, out)
+}
+
+/// Where the records of a fetched batch sit when they are not one per offset from
+/// its base: a compacted topic's changelog batch without its before-images (`-U`),
+/// whose offsets it skips, as a batch after Kafka's compaction skips those of
+/// records compacted away (the batch keeps its last offset delta).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OffsetDeltas {
+    /// Each row's offset less the batch's base offset, ascending.
+    pub deltas: Vec<i32>,
+    /// The offset delta of the batch's last offset, kept or not.
+    pub last: i32,
+}
+
+/// [`encode_fetched`] of rows at `offsets` (`None`: one per offset from the base).
+pub fn encode_fetched_at(
+    base_offset: i64,
+    rows: &RecordBatch,
+    offsets: Option<&OffsetDeltas>,
+    leader_epoch: i32,
+    log_append_time: Option<i64>,
+    out: &mut BytesMut,
+) -> Result<(), String> {
     let n = rows.num_rows();
     if n == 0 {
         return Ok(());
     }
+    if let Some(o) = offsets
+        && (o.deltas.len() != n || o.deltas.last().is_some_and(|d| *d > o.last))
+    {
+        return Err(format!(
+            "{} offsets for {n} rows, the last at most {}",
+            o.deltas.len(),
+            o.last
+        ));
+    }
+    let delta = |i: usize| offsets.map_or(i as i64, |o| i64::from(o.deltas[i]));
+    let last_delta = offsets.map_or(n as i32 - 1, |o| o.last);
     let column = |name: &str| {
         rows.column_by_name(name)
             .ok_or_else(|| format!("the rows lack a {name} column"))
@@ -698,7 +743,7 @@ pub fn encode_fetched(
     out.put_i8(2); // magic
     out.put_u32(0); // the CRC, set below
     out.put_i16(attributes); // uncompressed, the timestamp type, no producer state
-    out.put_i32(n as i32 - 1); // last offset delta
+    out.put_i32(last_delta);
     out.put_i64(first_timestamp);
     out.put_i64(max_timestamp);
     out.put_i64(-1); // producer id
@@ -711,7 +756,7 @@ pub fn encode_fetched(
         let record_headers = match field(headers, i) {
             Some(h) => {
                 walk_headers(h, |_, _| ())
-                    .map_err(|e| format!("offset {}: headers: {e}", base_offset + i as i64))?;
+                    .map_err(|e| format!("offset {}: headers: {e}", base_offset + delta(i)))?;
                 h
             }
             None => &[0u8][..],
@@ -722,14 +767,14 @@ pub fn encode_fetched(
         let timestamp_delta = timestamp(i).wrapping_sub(first_timestamp);
         let body = 1
             + varint_len(timestamp_delta)
-            + varint_len(i as i64)
+            + varint_len(delta(i))
             + key.map_or(1, |k| varint_len(k.len() as i64) + k.len())
             + value.map_or(1, |v| varint_len(v.len() as i64) + v.len())
             + record_headers.len();
         put_varint(out, body as i64);
         out.put_u8(0); // attributes
         put_varint(out, timestamp_delta);
-        put_varint(out, i as i64);
+        put_varint(out, delta(i));
         for f in [key, value] {
             match f {
                 Some(f) => {

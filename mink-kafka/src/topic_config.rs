@@ -5,15 +5,16 @@
 //! `message.timestamp.type`, ...). Each config Kafka defines for a topic is one of:
 //! - **applied**: `retention.ms` (the table's `log_ttl`), `max.message.bytes` (the
 //!   topic's batch limit, within the listener's), `message.timestamp.type`
-//!   (`LogAppendTime` stamps fetched batches with their commit time);
+//!   (`LogAppendTime` stamps fetched batches with their commit time),
+//!   `cleanup.policy` (`compact` makes the topic a primary-key table keyed by the
+//!   record key: docs/kafka.md, "Compacted topics");
 //! - **kept**: accepted when its value is one Mink honours, and shown by
 //!   DescribeConfigs: replication and durability settings (the object store's: every
 //!   acknowledged write is durable), segment, flush and index settings (Mink has none
 //!   of these files), `retention.bytes=-1`, `compression.type` `producer` or
 //!   `uncompressed` (fetched batches are uncompressed);
 //! - **refused**: anything else, and values Mink cannot honour, as INVALID_CONFIG
-//!   naming the key (`cleanup.policy=compact` among them until compacted topics are
-//!   built).
+//!   naming the key (`cleanup.policy=compact,delete` among them).
 //!
 //! Applied and kept configs other than `retention.ms` are stored with the table as
 //! custom properties (`kafka.` + name: `mink_types::table::TableProperties::custom`).
@@ -30,6 +31,15 @@ pub const LOG_APPEND_TIME: &str = "LogAppendTime";
 /// written out, so that those paths build no string).
 const MAX_MESSAGE_BYTES_KEY: &str = "kafka.max.message.bytes";
 const TIMESTAMP_TYPE_KEY: &str = "kafka.message.timestamp.type";
+const CLEANUP_POLICY_KEY: &str = "kafka.cleanup.policy";
+
+/// `cleanup.policy`'s value that makes a topic a primary-key table.
+pub const COMPACT: &str = "compact";
+
+/// Whether a topic is compacted, from its table's custom properties.
+pub fn is_compacted(custom: &BTreeMap<String, String>) -> bool {
+    custom.get(CLEANUP_POLICY_KEY).map(String::as_str) == Some(COMPACT)
+}
 
 /// Whether a topic's records carry their commit time, from its table's custom
 /// properties.
@@ -60,6 +70,13 @@ pub struct TopicConfigs {
     pub retention_ms: Option<i64>,
     /// Every other accepted config, as given.
     pub kept: BTreeMap<String, String>,
+}
+
+impl TopicConfigs {
+    /// `cleanup.policy=compact`: the topic is a primary-key table.
+    pub fn compacted(&self) -> bool {
+        self.kept.get("cleanup.policy").map(String::as_str) == Some(COMPACT)
+    }
 }
 
 fn int(name: &str, value: &str, min: i64, max: i64) -> Result<(), String> {
@@ -133,8 +150,9 @@ fn check(name: &str, value: &str, message_bytes_max: u64) -> Result<(), String> 
         "cleanup.policy" => one_of(
             name,
             value,
-            &["delete"],
-            "compacted topics are not implemented yet",
+            &["delete", COMPACT],
+            "a topic keeps its records for retention.ms, or is compacted: a primary-key \
+             table keyed by the record key; not both",
         ),
         "compression.type" => one_of(
             name,
@@ -288,6 +306,21 @@ pub fn alter(
             )));
         };
         let stored = format!("{PREFIX}{name}");
+        // A compacted topic is a primary-key table, a deleting one a log table: the
+        // policy stays as the topic was created.
+        let policy_now = current
+            .get(CLEANUP_POLICY_KEY)
+            .map_or("delete", String::as_str);
+        let policy = |to: &str| {
+            if name == "cleanup.policy" && policy_now != to {
+                Err(Config(format!(
+                    "cleanup.policy stays {policy_now}, as the topic was created (a compacted \
+                     topic is a primary-key table, a deleting one a log table)"
+                )))
+            } else {
+                Ok(())
+            }
+        };
         let timestamp_type = |to: &str| {
             let now = current
                 .get(TIMESTAMP_TYPE_KEY)
@@ -305,6 +338,7 @@ pub fn alter(
                 let value = value.unwrap_or_default();
                 check(&name, &value, message_bytes_max).map_err(Config)?;
                 timestamp_type(&value)?;
+                policy(&value)?;
                 if name == "retention.ms" {
                     out.retention_ms = Some(Some(value.parse().map_err(|_| Config(name.clone()))?));
                 } else {
@@ -313,6 +347,7 @@ pub fn alter(
             }
             OP_DELETE => {
                 timestamp_type("CreateTime")?;
+                policy("delete")?;
                 if name == "retention.ms" {
                     out.retention_ms = Some(None);
                 } else {
@@ -324,16 +359,17 @@ pub fn alter(
                     "{name}: APPEND and SUBTRACT are for list configs; use SET"
                 )));
             }
-            // cleanup.policy, the one list config, can only be `delete`.
+            // cleanup.policy, the one list config, holds one policy, which stays.
             OP_APPEND => {
                 let value = value.unwrap_or_default();
                 for item in value.split(',').map(str::trim) {
                     check(&name, item, message_bytes_max).map_err(Config)?;
+                    policy(item)?;
                 }
             }
             OP_SUBTRACT => {
                 return Err(Config(format!(
-                    "{name}: a topic's cleanup.policy is delete and stays so"
+                    "{name}: a topic's cleanup.policy is {policy_now} and stays so"
                 )));
             }
             _ => unreachable!("operations were checked above"),
@@ -380,7 +416,7 @@ mod tests {
     #[test]
     fn values_mink_cannot_honour_are_refused_naming_the_key() {
         for (name, value) in [
-            ("cleanup.policy", "compact"),
+            ("cleanup.policy", "compact,delete"),
             ("retention.bytes", "1000"),
             ("compression.type", "zstd"),
             ("max.message.bytes", "8388608"),
@@ -406,6 +442,16 @@ mod tests {
         // A null value is the default: nothing to check.
         let skipped = parse([("cleanup.policy".to_string(), None)], 1024).unwrap();
         assert_eq!(skipped, TopicConfigs::default());
+        assert!(
+            configs(&[("cleanup.policy", "compact")])
+                .unwrap()
+                .compacted()
+        );
+        assert!(
+            !configs(&[("cleanup.policy", "delete")])
+                .unwrap()
+                .compacted()
+        );
     }
 
     fn altered(
@@ -455,6 +501,14 @@ mod tests {
             (vec![], ("cleanup.policy", OP_SET, Some("compact"))),
             (vec![], ("cleanup.policy", OP_APPEND, Some("compact"))),
             (vec![], ("cleanup.policy", OP_SUBTRACT, Some("delete"))),
+            (
+                vec![("kafka.cleanup.policy", "compact")],
+                ("cleanup.policy", OP_SET, Some("delete")),
+            ),
+            (
+                vec![("kafka.cleanup.policy", "compact")],
+                ("cleanup.policy", OP_DELETE, None),
+            ),
             (vec![], ("retention.ms", OP_SET, Some("0"))),
             (vec![], ("max.message.bytes", OP_SET, Some("8388608"))),
             (vec![], ("segment.bytes", OP_APPEND, Some("1"))),

@@ -35,12 +35,22 @@ pub struct PutRequest {
     /// The idempotent writer, or `mink_log::NO_WRITER`.
     pub writer_id: i64,
     pub batch_sequence: i64,
+    /// The last sequence the batch covers, when it covers more than one (a Kafka
+    /// producer's batch: a sequence per record); `None` is `batch_sequence`.
+    pub last_sequence: Option<i64>,
     pub schema_id: SchemaId,
     /// Columns of a partial update (the batch holds these columns, in this order).
     pub target_columns: Option<Vec<String>>,
     /// Per row: `+I`/`+U`/`+A` upsert, `-D`/`-U` delete. `None`: every row upserts.
     pub changes: Option<Vec<ChangeType>>,
     pub batch: RecordBatch,
+}
+
+impl PutRequest {
+    /// The last sequence the batch covers.
+    pub fn last_sequence(&self) -> i64 {
+        self.last_sequence.unwrap_or(self.batch_sequence)
+    }
 }
 
 /// Rows found by a lookup, with the position of the key each answers.
@@ -590,13 +600,13 @@ impl KvTablet {
         // gap still open is refused: a Put is never merged before its predecessor.
         self.inner
             .log
-            .await_predecessors(req.writer_id, req.batch_sequence, req.batch_sequence)
+            .await_predecessors(req.writer_id, req.batch_sequence, req.last_sequence())
             .await?;
         let guard = self.inner.puts.lock().await;
         if let Some(duplicate) =
             self.inner
                 .log
-                .check_sequence(req.writer_id, req.batch_sequence, req.batch_sequence)?
+                .check_sequence(req.writer_id, req.batch_sequence, req.last_sequence())?
         {
             drop(guard);
             drop(cork.take());
@@ -647,7 +657,7 @@ impl KvTablet {
             let empty = self.inner.log.submit_empty(
                 req.writer_id,
                 req.batch_sequence,
-                req.batch_sequence,
+                req.last_sequence(),
             )?;
             drop(guard);
             drop(cork.take());
@@ -671,7 +681,7 @@ impl KvTablet {
             .submit_in_order(AppendRequest {
                 writer_id: req.writer_id,
                 first_sequence: req.batch_sequence,
-                last_sequence: req.batch_sequence,
+                last_sequence: req.last_sequence(),
                 schema_id: schema.schema_id,
                 change_types: Some(change_types),
                 batch,

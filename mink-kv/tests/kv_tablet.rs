@@ -155,6 +155,7 @@ fn put(rows: &[(i64, Option<&str>, Option<i64>)]) -> PutRequest {
     PutRequest {
         writer_id: NO_WRITER,
         batch_sequence: 0,
+        last_sequence: None,
         schema_id: 1,
         target_columns: None,
         changes: None,
@@ -407,6 +408,7 @@ async fn partial_updates_and_partial_deletes(backend: KvBackend) {
         PutRequest {
             writer_id: NO_WRITER,
             batch_sequence: 0,
+            last_sequence: None,
             schema_id: 1,
             target_columns: Some(vec!["id".into(), "score".into()]),
             changes: delete.then(|| vec![ChangeType::Delete; rows.len()]),
@@ -1058,6 +1060,7 @@ async fn a_writer_after_a_no_op_put_and_a_reopen_is_refused_not_skipped(backend:
     let writer = |id: i64, seq: i64, rows: &[(i64, Option<&str>, Option<i64>)]| PutRequest {
         writer_id: id,
         batch_sequence: seq,
+        last_sequence: None,
         ..put(rows)
     };
     let t = env.open(&d).await;
@@ -1108,6 +1111,7 @@ async fn a_put_never_overtakes_its_predecessor_after_a_reopen(backend: KvBackend
     let writer = |seq: i64, name: &str| PutRequest {
         writer_id: 9,
         batch_sequence: seq,
+        last_sequence: None,
         ..put(&[(1, Some(name), Some(seq))])
     };
     let t = env.open(&d).await;

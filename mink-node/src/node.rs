@@ -373,6 +373,9 @@ async fn supervise_wal(
             "the new WAL generation serves"
         );
         service.replace_streams(replacement).await;
+        // The failed generation's streams and the service hold each other: without
+        // this, every replaced generation would stay in memory for good.
+        streams.release();
     }
 }
 

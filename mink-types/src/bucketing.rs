@@ -9,6 +9,11 @@
 //!   timestamps as microseconds since the epoch (nanosecond values are floored to
 //!   microseconds), decimals as the minimal big-endian two's complement of the
 //!   unscaled value, strings as UTF-8, bytes as themselves.
+//! - [`BucketingRule::Kafka`]: Kafka's default partitioner (the Java client's and
+//!   kafka-python's; librdkafka's `murmur2_random`) over the single BYTES bucket key:
+//!   murmur2 with seed `0x9747b28c` of the bytes, then `(h & 0x7fffffff) % bucket_count`.
+//!   A compacted topic's partitions are its buckets, so a key's partition is the
+//!   bucket its latest value is looked up in.
 //!
 //! Tables without bucket keys are bucketed round-robin per batch by the router; that
 //! needs state and lives with the router, not here.
@@ -29,6 +34,43 @@ pub fn murmur3_32(bytes: &[u8]) -> i32 {
     let mut reader = bytes;
     // Reading from a slice cannot fail.
     murmur3::murmur3_32(&mut reader, 0).map_or(0, |h| h as i32)
+}
+
+/// Kafka's murmur2 (`org.apache.kafka.common.utils.Utils.murmur2`), seed
+/// `0x9747b28c`: what its default partitioner hashes a record key with.
+pub fn kafka_murmur2(data: &[u8]) -> i32 {
+    const M: u32 = 0x5bd1_e995;
+    const R: u32 = 24;
+    let mut h: u32 = 0x9747_b28c ^ data.len() as u32;
+    let mut chunks = data.chunks_exact(4);
+    for c in &mut chunks {
+        let mut k = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        k = k.wrapping_mul(M);
+        k ^= k >> R;
+        k = k.wrapping_mul(M);
+        h = h.wrapping_mul(M);
+        h ^= k;
+    }
+    let tail = chunks.remainder();
+    if tail.len() >= 3 {
+        h ^= u32::from(tail[2]) << 16;
+    }
+    if tail.len() >= 2 {
+        h ^= u32::from(tail[1]) << 8;
+    }
+    if !tail.is_empty() {
+        h ^= u32::from(tail[0]);
+        h = h.wrapping_mul(M);
+    }
+    h ^= h >> 13;
+    h = h.wrapping_mul(M);
+    h ^= h >> 15;
+    h as i32
+}
+
+/// The partition Kafka's default partitioner gives a record `key` among `count`.
+pub fn kafka_partition(key: &[u8], count: u32) -> BucketId {
+    to_bucket(kafka_murmur2(key), count)
 }
 
 fn to_bucket(hash: i32, bucket_count: u32) -> BucketId {
@@ -198,6 +240,23 @@ pub fn bucket_per_row(
                 })
                 .collect()
         }
+        BucketingRule::Kafka => {
+            let [index] = key_indices else {
+                return Err(MinkError::invalid(
+                    "bucketing",
+                    "the kafka rule needs exactly one bucket key",
+                ));
+            };
+            KeyEncoder::new(batch, key_indices)?;
+            let column = batch.column(*index);
+            let keys = column.as_binary_opt::<i32>().ok_or_else(|| {
+                MinkError::invalid("bucketing", "the kafka rule buckets a BYTES column")
+            })?;
+            Ok(keys
+                .iter()
+                .map(|k| kafka_partition(k.unwrap_or_default(), bucket_count))
+                .collect())
+        }
         BucketingRule::Iceberg => {
             let [index] = key_indices else {
                 return Err(MinkError::invalid(
@@ -347,6 +406,45 @@ mod tests {
             }
             assert!(sel.rows.values().windows(2).all(|w| w[0] < w[1]));
         }
+    }
+
+    /// Kafka's `UtilsTest.testMurmur2`, and the partitions its default partitioner
+    /// gives (`toPositive(murmur2(key)) % n`).
+    #[test]
+    fn kafka_murmur2_is_kafkas() {
+        for (key, hash) in [
+            (&b"21"[..], -973_932_308),
+            (b"foobar", -790_332_482),
+            (b"a-little-bit-long-string", -985_981_536),
+            (b"a-little-bit-longer-string", -1_486_304_829),
+            (
+                b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8",
+                -58_897_971,
+            ),
+            (b"abc", 479_470_107),
+        ] {
+            assert_eq!(
+                kafka_murmur2(key),
+                hash,
+                "{:?}",
+                String::from_utf8_lossy(key)
+            );
+        }
+        assert_eq!(
+            kafka_partition(b"21", 3),
+            ((-973_932_308i32 & i32::MAX) % 3) as u32
+        );
+        let batch = RecordBatch::try_from_iter(vec![(
+            "key",
+            Arc::new(BinaryArray::from(vec![&b"21"[..], b"abc", b""])) as ArrayRef,
+        )])
+        .unwrap();
+        let got = bucket_per_row(&batch, &[0], BucketingRule::Kafka, 7).unwrap();
+        let want: Vec<u32> = [&b"21"[..], b"abc", b""]
+            .iter()
+            .map(|k| kafka_partition(k, 7))
+            .collect();
+        assert_eq!(got, want);
     }
 
     #[test]

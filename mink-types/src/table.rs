@@ -21,6 +21,9 @@ pub enum BucketingRule {
     Hash,
     /// Iceberg's bucket transform of a single bucket-key column.
     Iceberg,
+    /// Kafka's default partitioner over a single BYTES bucket key (a compacted
+    /// topic's record key): murmur2 of the bytes, made positive, modulo the buckets.
+    Kafka,
 }
 
 /// How long log data is kept: a duration such as `7d`, `12h`, `30m`, or `forever`.
@@ -639,6 +642,23 @@ impl TableDescriptor {
             }
         }
 
+        if self.bucketing == BucketingRule::Kafka {
+            let [key] = bucket_keys.as_slice() else {
+                return Err(MinkError::invalid(
+                    "bucketing",
+                    format!(
+                        "the kafka rule needs exactly one bucket key, the table has {}",
+                        bucket_keys.len()
+                    ),
+                ));
+            };
+            if schema.column(key).map(|c| c.data_type) != Some(DataType::Bytes) {
+                return Err(MinkError::invalid(
+                    "bucketing",
+                    format!("the kafka rule buckets a BYTES column; {key:?} is not one"),
+                ));
+            }
+        }
         if self.bucketing == BucketingRule::Iceberg {
             let [key] = bucket_keys.as_slice() else {
                 return Err(MinkError::invalid(

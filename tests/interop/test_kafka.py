@@ -1167,3 +1167,79 @@ def test_producer_epochs_start_at_zero_and_fence_older_ones(node):
         s.close()
     got = consume(node, "epochs", [0], 5)
     assert [m.value() for m in got] == [b"a", b"b", b"c", b"d", b"e"]
+
+
+def test_a_compacted_topic_keeps_the_latest_value_per_key_for_lookups_and_consumers(node):
+    """cleanup.policy=compact makes the topic a primary-key table keyed by the record
+    key: producers (librdkafka with Kafka's murmur2 partitioner, and kafka-python,
+    which uses it by default) upsert keys and delete them with tombstones; consumers
+    fetch every change as a record (a tombstone has no value); the latest value per key
+    is one Flight lookup away. A record without a key, or with a key of another
+    partition, is INVALID_RECORD; so is DeleteRecords (POLICY_VIOLATION), as in Kafka."""
+    from kafka import KafkaProducer
+
+    topic = "users.compacted"
+    create_topic(node, topic, partitions=3, config={"cleanup.policy": "compact"})
+    a = admin(node)
+    [f] = a.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, topic)]).values()
+    assert f.result(TIMEOUT)["cleanup.policy"].value == "compact"
+
+    p = producer(node, **{"partitioner": "murmur2_random", "enable.idempotence": True})
+    keys = [f"user-{i}".encode() for i in range(30)]
+    produce_all(p, topic, [(k, b"v1", None, None) for k in keys])
+    produce_all(p, topic, [(k, b"v2", None, None) for k in keys[:10]])
+    produce_all(p, topic, [(k, None, None, None) for k in keys[10:15]])  # tombstones
+    # kafka-python's default partitioner is Kafka's: no configuration needed.
+    kp = KafkaProducer(bootstrap_servers=node.bootstrap)
+    for k in keys[20:25]:
+        kp.send(topic, key=k, value=b"v3").get(timeout=TIMEOUT)
+    kp.close()
+
+    # Every change, as records, per partition in order; the last per key wins.
+    records = consume(node, topic, [0, 1, 2], 30 + 10 + 5 + 5)
+    latest = {}
+    for m in sorted(records, key=lambda m: (m.partition(), m.offset())):
+        latest[m.key()] = m.value()
+    assert latest == {
+        **{k: b"v2" for k in keys[:10]},
+        **{k: None for k in keys[10:15]},
+        **{k: b"v1" for k in keys[15:20]},
+        **{k: b"v3" for k in keys[20:25]},
+        **{k: b"v1" for k in keys[25:]},
+    }
+
+    # The current value per key, in place: deleted keys have no row.
+    client = flight.connect(node.location)
+    body = {"path": f"kafka.{topic}", "keys": [[k.decode()] for k in keys]}
+    [answer] = list(client.do_action(flight.Action("lookup", json.dumps(body).encode())))
+    found = pa.ipc.open_stream(answer.body.to_pybytes()).read_all()
+    current = dict(zip(found.column("key").to_pylist(), found.column("value").to_pylist()))
+    assert current == {k: v for k, v in latest.items() if v is not None}
+
+    # Refused as Kafka refuses them.
+    for kwargs in [dict(value=b"no key", partition=0), dict(key=keys[0], value=b"x", partition=None)]:
+        if kwargs["partition"] is None:
+            # The partition its key does not belong to.
+            right = [m.partition() for m in records if m.key() == keys[0]][0]
+            kwargs["partition"] = (right + 1) % 3
+        reports = []
+        q = producer(node)
+        q.produce(topic, on_delivery=lambda err, msg: reports.append(err), **kwargs)
+        q.flush(TIMEOUT)
+        assert len(reports) == 1 and reports[0] is not None, reports
+        assert reports[0].code() == KafkaError.INVALID_RECORD, reports[0]
+    futures = a.delete_records([TopicPartition(topic, 0, 1)])
+    with pytest.raises(KafkaException) as refused:
+        list(futures.values())[0].result(TIMEOUT)
+    assert refused.value.args[0].code() == KafkaError.POLICY_VIOLATION, refused.value
+    # The policy stays as created.
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry
+
+    resource = ConfigResource(
+        ConfigResource.Type.TOPIC,
+        topic,
+        incremental_configs=[ConfigEntry("cleanup.policy", "delete", incremental_operation=AlterConfigOpType.SET)],
+    )
+    with pytest.raises(KafkaException) as stays:
+        list(a.incremental_alter_configs([resource]).values())[0].result(TIMEOUT)
+    assert stays.value.args[0].code() == KafkaError.INVALID_CONFIG, stays.value

@@ -24,7 +24,7 @@ use mink_types::MinkError;
 
 use super::Ctx;
 use crate::handler::{Fetched, error_code};
-use crate::records::encode_fetched;
+use crate::records::encode_fetched_at;
 
 /// One partition asked for.
 struct Wanted {
@@ -117,13 +117,24 @@ fn encode(w: &Wanted, offset: i64, f: Fetched) -> Answer {
     for b in &f.batches {
         let base = b.base_offset;
         let appended_at = f.log_append_time.then_some(b.commit_timestamp);
-        if let Err(e) = encode_fetched(base, &b.rows, b.leader_epoch, appended_at, &mut bytes) {
+        let encoded = encode_fetched_at(
+            base,
+            &b.rows,
+            b.offsets.as_ref(),
+            b.leader_epoch,
+            appended_at,
+            &mut bytes,
+        );
+        if let Err(e) = encoded {
             return Answer::Error(MinkError::Internal(format!(
                 "{} partition {} at {base}: {e}",
                 &*w.name, w.partition
             )));
         }
-        next_offset = base + b.rows.num_rows() as i64;
+        next_offset = base
+            + b.offsets
+                .as_ref()
+                .map_or(b.rows.num_rows() as i64, |o| i64::from(o.last) + 1);
     }
     Answer::Records {
         bytes,

@@ -220,6 +220,11 @@ async fn one(ctx: &Ctx, topic: &str, index: i32, records: Option<bytes::Bytes>, 
                 MinkError::InvalidArgument { field, .. } if field == "topic" => {
                     ResponseError::InvalidTopicException
                 }
+                // A record the topic refuses (a compacted topic's without a key, or
+                // with a key of another partition), as Kafka refuses it.
+                MinkError::InvalidArgument { field, .. } if field == "record" => {
+                    ResponseError::InvalidRecord
+                }
                 other => produce_error_code(other),
             };
             let Some(b) = producer else {

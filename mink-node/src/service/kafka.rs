@@ -10,9 +10,10 @@ use mink_kafka::handler::{
     Broker, ClusterView, CommittedOffset, Fetched, FetchedBatch, ListedOffset, OffsetQuery,
     PartitionView, PendingProduce, Produced, ProducerBatch, TopicView,
 };
-use mink_kafka::records::{is_topic, topic_columns};
+use mink_kafka::records::{OffsetDeltas, compacted_topic_columns, is_topic, topic_columns};
 use mink_kafka::topic_config::{self, TopicConfigs};
-use mink_types::{DatabaseName, LogTtl, Schema, TableName};
+use mink_types::table::ChangelogImage;
+use mink_types::{BucketingRule, ChangeType, DatabaseName, LogTtl, Schema, TableName};
 
 use super::*;
 
@@ -116,7 +117,21 @@ impl NodeService {
     }
 
     fn topic_descriptor(partitions: u32, configs: &TopicConfigs) -> Result<TableDescriptor> {
-        let mut d = TableDescriptor::log_table(Schema::new(1, topic_columns()));
+        let mut d = if configs.compacted() {
+            // A compacted topic: a primary-key table keyed by the record key, its
+            // partitions the buckets Kafka's default partitioner gives the keys, its
+            // changelog one row per record (no before-images) kept until retention.ms
+            // says otherwise (docs/kafka.md, "Compacted topics").
+            let mut d = TableDescriptor::log_table(Schema::new(1, compacted_topic_columns()));
+            d.primary_key = vec!["key".into()];
+            d.bucket_keys = Some(vec!["key".into()]);
+            d.bucketing = BucketingRule::Kafka;
+            d.properties.changelog_image = ChangelogImage::Wal;
+            d.properties.log_ttl = LogTtl(None);
+            d
+        } else {
+            TableDescriptor::log_table(Schema::new(1, topic_columns()))
+        };
         d.bucket_count = partitions;
         d.properties.custom = configs
             .kept
@@ -138,6 +153,60 @@ impl NodeService {
         }
         d.validate()?;
         Ok(d)
+    }
+
+    /// The log of a topic partition's bucket: a log table's, or a compacted topic's
+    /// changelog.
+    async fn topic_log(&self, bucket: TableBucket) -> Result<LogTablet> {
+        match self.tablet(bucket).await? {
+            Tablet::Log(l) => Ok(l),
+            Tablet::Kv(k) => Ok(k.log().clone()),
+        }
+    }
+
+    /// Produce to a compacted topic: the batch is a Put of its keys (see
+    /// [`compacted_put`]), pipelined as appends are (the Put waits for the producer's
+    /// earlier batches, and refuses a gap, as an append does).
+    #[allow(clippy::too_many_arguments)]
+    async fn produce_compacted(
+        &self,
+        topic: &str,
+        partition: i32,
+        bucket: TableBucket,
+        table: &TableInfo,
+        rows: RecordBatch,
+        producer: Option<ProducerBatch>,
+        admitted: crate::admission::Admitted,
+    ) -> Result<PendingProduce> {
+        let (batch, changes) = compacted_put(topic, partition, table, &rows)?;
+        let tablet = match self.kv_tablet(bucket).await {
+            Ok(t) => t,
+            Err(e) => return Err(self.redirect_stale(bucket, e).await),
+        };
+        let (writer_id, first_sequence, last_sequence) = match producer {
+            Some(p) => (p.producer_id, p.first_sequence, p.last_sequence),
+            None => (NO_WRITER, 0, 0),
+        };
+        let request = PutRequest {
+            writer_id,
+            batch_sequence: first_sequence,
+            last_sequence: Some(last_sequence),
+            schema_id: table.descriptor.schema.schema_id,
+            target_columns: None,
+            changes,
+            batch,
+        };
+        let log_append_time = is_log_append_time(table);
+        Ok(Box::pin(async move {
+            let _admitted = admitted;
+            let appended = tablet.put(request).await?;
+            Ok(Produced {
+                base_offset: appended.first_offset,
+                log_start_offset: tablet.log().log_start(),
+                duplicated: appended.duplicated,
+                log_append_time: log_append_time.then_some(appended.commit_timestamp),
+            })
+        }))
     }
 
     /// Creates the Kafka database when it is missing.
@@ -169,10 +238,139 @@ fn is_log_append_time(table: &TableInfo) -> bool {
     topic_config::is_log_append_time(&table.descriptor.properties.custom)
 }
 
-/// Whether a table is a topic: an unpartitioned log table with the topic columns.
+/// Whether a table is a topic: an unpartitioned log table with the topic columns, or
+/// a compacted topic's primary-key table.
 pub(crate) fn is_kafka_topic(table: &TableInfo) -> bool {
     let d = &table.descriptor;
-    !d.has_primary_key() && !d.is_partitioned() && is_topic(&d.schema.columns)
+    !d.is_partitioned()
+        && is_topic(&d.schema.columns)
+        && (!d.has_primary_key() || is_compacted_topic(d))
+}
+
+/// Whether a table is a compacted topic's: keyed by the record key, bucketed as Kafka
+/// partitions keys.
+fn is_compacted_topic(d: &TableDescriptor) -> bool {
+    d.primary_key == ["key"] && d.bucketing == BucketingRule::Kafka
+}
+
+/// A produced batch of a compacted topic as a Put: every record has a key of this
+/// partition (INVALID_RECORD otherwise, as Kafka refuses a record without a key); a
+/// record without a value (a tombstone) deletes its key, every other upserts it.
+fn compacted_put(
+    topic: &str,
+    partition: i32,
+    table: &TableInfo,
+    rows: &RecordBatch,
+) -> Result<(RecordBatch, Option<Vec<ChangeType>>)> {
+    use arrow::array::{Array, BinaryArray};
+    let column = |name: &str| {
+        rows.column_by_name(name)
+            .ok_or_else(|| MinkError::Internal(format!("produced rows lack {name}")))
+    };
+    let keys = column("key")?
+        .as_any()
+        .downcast_ref::<BinaryArray>()
+        .ok_or_else(|| MinkError::Internal("produced keys are not BYTES".into()))?;
+    let count = table.descriptor.bucket_count;
+    for row in 0..rows.num_rows() {
+        if keys.is_null(row) {
+            return Err(MinkError::invalid(
+                "record",
+                format!(
+                    "record {row} has no key: compacted topic {topic} keeps the latest value \
+                     per key and accepts no record without one"
+                ),
+            ));
+        }
+        let belongs = mink_types::bucketing::kafka_partition(keys.value(row), count);
+        if belongs as i32 != partition {
+            return Err(MinkError::invalid(
+                "record",
+                format!(
+                    "record {row}'s key belongs to partition {belongs} of compacted topic \
+                     {topic}, not {partition}: each key lives in the partition Kafka's \
+                     default partitioner gives it (murmur2 of the key; librdkafka: \
+                     partitioner=murmur2_random)"
+                ),
+            ));
+        }
+    }
+    let values = column("value")?;
+    let changes = (values.null_count() > 0).then(|| {
+        (0..rows.num_rows())
+            .map(|i| {
+                if values.is_null(i) {
+                    ChangeType::Delete
+                } else {
+                    ChangeType::UpdateAfter
+                }
+            })
+            .collect()
+    });
+    // The rows as the table keeps them: the key NOT NULL (checked above).
+    let batch = RecordBatch::try_new(table.descriptor.schema.to_arrow(), rows.columns().to_vec())
+        .map_err(|e| MinkError::Internal(format!("a compacted topic's rows: {e}")))?;
+    Ok((batch, changes))
+}
+
+/// A compacted topic's changelog batch as Kafka records: an upsert is the record, a
+/// delete a tombstone (the key without a value); a before-image (`-U`, not written
+/// under the topic's `wal` image) is skipped, its offset left out.
+fn compacted_fetched(
+    rows: RecordBatch,
+    changes: &[ChangeType],
+) -> Result<(RecordBatch, Option<OffsetDeltas>)> {
+    use arrow::array::{Array, BinaryArray, BooleanArray};
+    if changes.len() != rows.num_rows() {
+        return Err(MinkError::Internal(format!(
+            "a changelog batch of {} rows with {} change types",
+            rows.num_rows(),
+            changes.len()
+        )));
+    }
+    let schema = rows.schema();
+    let value_at = schema
+        .index_of("value")
+        .map_err(|e| MinkError::Internal(format!("a compacted topic's changelog: {e}")))?;
+    let mut rows = rows;
+    if changes.contains(&ChangeType::Delete) {
+        let values = rows
+            .column(value_at)
+            .as_any()
+            .downcast_ref::<BinaryArray>()
+            .ok_or_else(|| MinkError::Internal("changelog values are not BYTES".into()))?;
+        let tombstones: BinaryArray = (0..values.len())
+            .map(|i| {
+                (changes[i] != ChangeType::Delete && values.is_valid(i)).then(|| values.value(i))
+            })
+            .collect();
+        let mut columns = rows.columns().to_vec();
+        columns[value_at] = std::sync::Arc::new(tombstones);
+        rows = RecordBatch::try_new(schema.clone(), columns)
+            .map_err(|e| MinkError::Internal(format!("tombstones: {e}")))?;
+    }
+    if !changes.contains(&ChangeType::UpdateBefore) {
+        return Ok((rows, None));
+    }
+    let keep: BooleanArray = changes
+        .iter()
+        .map(|c| Some(*c != ChangeType::UpdateBefore))
+        .collect();
+    let deltas = changes
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| **c != ChangeType::UpdateBefore)
+        .map(|(i, _)| i as i32)
+        .collect();
+    let kept = arrow::compute::filter_record_batch(&rows, &keep)
+        .map_err(|e| MinkError::Internal(format!("skipping before-images: {e}")))?;
+    Ok((
+        kept,
+        Some(OffsetDeltas {
+            deltas,
+            last: changes.len() as i32 - 1,
+        }),
+    ))
 }
 
 #[async_trait]
@@ -323,6 +521,18 @@ impl KafkaHandler for NodeService {
     async fn delete_records(&self, topic: &str, partition: i32, offset: i64) -> Result<i64> {
         let bucket = self.topic_bucket(topic, partition).await?;
         let table = self.table_by_id(bucket.table_id).await?;
+        // As Kafka: a compacted topic's records are not deleted by offset (its
+        // changelog expires by retention.ms; its current values stay).
+        if table.descriptor.has_primary_key() {
+            return Err(MinkError::LimitExceeded {
+                what: format!(
+                    "records deleted from compacted topic {topic} (cleanup.policy=compact: \
+                     a tombstone deletes a key)"
+                ),
+                limit: 0,
+                actual: 1,
+            });
+        }
         let tablet = match self.log_tablet(bucket).await {
             Ok(t) => t,
             Err(e) => return Err(self.redirect_stale(bucket, e).await),
@@ -396,6 +606,11 @@ impl KafkaHandler for NodeService {
                 actual: sent_bytes as u64,
             });
         }
+        if table.descriptor.has_primary_key() {
+            return self
+                .produce_compacted(topic, partition, bucket, &table, rows, producer, admitted)
+                .await;
+        }
         let log_append_time = is_log_append_time(&table);
         let tablet = match self.log_tablet(bucket).await {
             Ok(t) => t,
@@ -448,17 +663,25 @@ impl KafkaHandler for NodeService {
         let bucket = self.topic_bucket(topic, partition).await?;
         let table = self.table_by_id(bucket.table_id).await?;
         let schema = table.descriptor.schema.to_arrow();
-        let tablet = self.log_tablet(bucket).await?;
+        let compacted = table.descriptor.has_primary_key();
+        let tablet = self.topic_log(bucket).await?;
         let scan = tablet.tail(offset, 1, max_wait, max_bytes).await?;
         let batches = scan
             .batches
             .into_iter()
             .map(|b| {
+                let rows = as_schema(b.batch, &schema)?;
+                let (rows, offsets) = if compacted {
+                    compacted_fetched(rows, &b.header.change_types)?
+                } else {
+                    (rows, None)
+                };
                 Ok(FetchedBatch {
                     base_offset: b.header.base_offset,
                     leader_epoch: b.header.leader_epoch.clamp(0, i32::MAX as i64) as i32,
                     commit_timestamp: b.header.commit_timestamp,
-                    rows: as_schema(b.batch, &schema)?,
+                    rows,
+                    offsets,
                 })
             })
             .collect::<Result<_>>()?;
@@ -472,7 +695,7 @@ impl KafkaHandler for NodeService {
 
     async fn leader_epoch(&self, topic: &str, partition: i32) -> Result<i32> {
         let bucket = self.topic_bucket(topic, partition).await?;
-        let tablet = self.log_tablet(bucket).await?;
+        let tablet = self.topic_log(bucket).await?;
         Ok(tablet.epoch().min(i32::MAX as u64) as i32)
     }
 
@@ -483,7 +706,7 @@ impl KafkaHandler for NodeService {
         epoch: i32,
     ) -> Result<Option<(i32, i64)>> {
         let bucket = self.topic_bucket(topic, partition).await?;
-        let tablet = self.log_tablet(bucket).await?;
+        let tablet = self.topic_log(bucket).await?;
         if epoch < 0 {
             return Ok(None);
         }
@@ -500,7 +723,7 @@ impl KafkaHandler for NodeService {
         query: OffsetQuery,
     ) -> Result<ListedOffset> {
         let bucket = self.topic_bucket(topic, partition).await?;
-        let tablet = self.log_tablet(bucket).await?;
+        let tablet = self.topic_log(bucket).await?;
         let (offset, timestamp) = match query {
             OffsetQuery::Earliest => (tablet.list_offsets(OffsetSpec::Earliest).await?, -1),
             OffsetQuery::Latest => (tablet.list_offsets(OffsetSpec::Latest).await?, -1),

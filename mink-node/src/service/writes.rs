@@ -202,6 +202,7 @@ impl NodeService {
         let request = PutRequest {
             writer_id,
             batch_sequence,
+            last_sequence: None,
             schema_id,
             target_columns,
             changes,

@@ -213,9 +213,10 @@ pub(crate) struct StoreInner {
     segment_indexes: Mutex<HashMap<String, Arc<Vec<crate::format::IndexEntry>>>>,
     /// WAL objects takeovers read, shared between the takeovers of one dead WAL.
     recovery_reads: shared_reads::SharedReads,
-    /// What the failed generation this one replaced acknowledged, for the takeovers
-    /// of its streams, until they are done (`remembered`).
-    remembered: Mutex<Option<Arc<remembered::Remembered>>>,
+    /// What the failed generation this one replaced acknowledged (and what that one
+    /// still kept of the generation before it, ...), for the takeovers of their
+    /// streams, until they are done (`remembered`). At most `REMEMBERED_MAX`.
+    remembered: Mutex<Vec<Arc<remembered::Remembered>>>,
 }
 
 impl StoreInner {
@@ -268,58 +269,60 @@ impl StoreInner {
         self.streams.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// `stream`'s records acknowledged by `owner`, when `owner` is the failed
-    /// generation this one replaced and its memory of the stream agrees with a view
-    /// at `committed_end`: the first WAL sequence not acknowledged and the records
-    /// below it (see `remembered`).
+    /// `stream`'s records acknowledged by `owner`, when `owner` is a failed
+    /// generation of this node that this one replaced (or that one did, ...) and its
+    /// memory of the stream agrees with a view at `committed_end`: the first WAL
+    /// sequence not acknowledged and the records below it (see `remembered`).
     fn remembered(
         &self,
         owner: &WalId,
         stream: &str,
         committed_end: u64,
     ) -> Option<(u64, remembered::StreamMemory)> {
-        self.drop_remembered_if_spent();
         let kept = self
-            .remembered
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()?;
+            .lock_remembered()
+            .iter()
+            .find(|k| &k.wal == owner)
+            .cloned()?;
         let memory = kept.for_takeover(owner, stream, committed_end)?;
         Some((kept.unknown_from, memory))
     }
 
-    /// Forgets the remembered records of `stream` (taken over).
-    fn forget_remembered(&self, stream: &str) {
-        let kept = self
-            .remembered
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        if let Some(kept) = kept {
-            kept.forget(stream);
-        }
-        self.drop_remembered_if_spent();
+    fn lock_remembered(&self) -> MutexGuard<'_, Vec<Arc<remembered::Remembered>>> {
+        self.remembered.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Lets go of the failed generation's records once every stream of it was taken
-    /// over here or their time is up (run by every compaction tick as well, so that
-    /// they are not kept for streams that never reopen here).
-    fn drop_remembered_if_spent(&self) {
-        let mut slot = self.remembered.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(kept) = slot.as_ref() {
-            // Streams another node took over meanwhile.
-            kept.retain(|stream| {
+    /// Forgets the remembered records of `stream` (taken over or adopted here).
+    fn forget_remembered(&self, stream: &str) {
+        let mut kept = self.lock_remembered();
+        for k in kept.iter() {
+            k.forget(stream);
+        }
+        kept.retain(|k| !k.spent());
+    }
+
+    /// Lets go of the failed generations' records of streams another node took over,
+    /// and of a generation's records once every stream of it was taken over here or
+    /// their time is up. Run by every compaction tick, so that they are not kept for
+    /// streams that never reopen here (one metadata read per remembered stream).
+    fn drop_spent_remembered(&self) {
+        let kept: Vec<_> = self.lock_remembered().clone();
+        for k in &kept {
+            k.retain(|stream| {
                 self.meta.read(|s, _| {
                     s.streams
                         .get(stream)
-                        .is_some_and(|m| m.owner.as_ref() == Some(&kept.wal))
+                        .is_some_and(|m| m.owner.as_ref() == Some(&k.wal))
                 })
             });
         }
-        if slot.as_ref().is_some_and(|kept| kept.spent()) {
-            tracing::debug!("forgetting the failed WAL generation's records");
-            *slot = None;
-        }
+        self.lock_remembered().retain(|k| {
+            let spent = k.spent();
+            if spent {
+                tracing::debug!(wal = %k.wal, "forgetting the failed WAL generation's records");
+            }
+            !spent
+        });
     }
 
     /// The lock that serializes opens and closes of `name` on this node.
@@ -426,8 +429,16 @@ impl StreamStore {
         earlier: Option<&StoreInner>,
     ) -> WalResult<Self> {
         let store = stores.get(Purpose::Wal);
-        // The failed writer acknowledges nothing more: what it holds is final.
-        let remembered = earlier.map(|e| Arc::new(remembered::Remembered::of(e)));
+        // What the failed generation acknowledged (the snapshot is exact whenever it
+        // is taken: `remembered`), and what it still kept of the ones before it.
+        let remembered: Vec<_> = earlier
+            .map(|e| {
+                let mut kept = vec![Arc::new(remembered::Remembered::of(e))];
+                kept.extend(e.lock_remembered().iter().filter(|k| !k.spent()).cloned());
+                kept.truncate(remembered::REMEMBERED_MAX);
+                kept
+            })
+            .unwrap_or_default();
         config.validate().map_err(WalError::Config)?;
         if node.is_empty() || node.contains('/') {
             return Err(WalError::Config(format!(
@@ -492,6 +503,31 @@ impl StreamStore {
             "s3stream WAL writer started"
         );
         Ok(Self { inner })
+    }
+
+    /// Lets go of what this service holds once it failed and its replacement serves
+    /// (the node calls it after the swap): its streams, each of which holds the
+    /// service (so that the two would keep each other alive after the node dropped
+    /// both), the records it remembered of earlier generations, and the WAL objects
+    /// its takeovers read. What the replacement took from it (`open_after`) it keeps
+    /// on its own. A service that has not failed is left as it is.
+    pub fn release(&self) {
+        if self.failure().is_none() {
+            return;
+        }
+        let streams = std::mem::take(&mut *self.inner.lock_streams());
+        for stream in streams.values() {
+            let mut state = stream.lock();
+            if !matches!(state.status, Status::Failed(_) | Status::Closed) {
+                state.status = Status::Failed(WalError::Fenced(format!(
+                    "WAL {} was replaced",
+                    self.inner.wal
+                )));
+            }
+        }
+        self.inner.lock_remembered().clear();
+        self.inner.recovery_reads.clear();
+        tracing::debug!(wal = %self.inner.wal, streams = streams.len(), "released a failed WAL generation");
     }
 
     /// A hold on the sealing of the WAL group (see [`Cork`]): take it before enqueueing
@@ -592,7 +628,7 @@ impl StreamStore {
             if self.failure().is_some() {
                 return;
             }
-            self.inner.drop_remembered_if_spent();
+            self.inner.drop_spent_remembered();
             if self.inner.compaction_due() {
                 gc_every = GC_EVERY_TICKS_MIN;
                 if let Err(e) = self.compact().await {

@@ -25,9 +25,11 @@
 //!
 //! Why memory equals the store below `unknown_from`:
 //! - the writer calls `on_durable` for every record of an upload, in upload order,
-//!   before it moves `oldest_unacked` past that upload, and never after it failed; so
-//!   with `unknown_from` loaded first (SeqCst) and each stream's lock taken after,
-//!   every record of an object below `unknown_from` is in its stream's held records;
+//!   under the stream's lock, before it moves `oldest_unacked` (SeqCst) past that
+//!   upload; so with `unknown_from` loaded first and each stream's lock taken after,
+//!   every record of an object below `unknown_from` is in its stream's held records.
+//!   An upload acknowledged while the snapshot is taken (a writer retired but not yet
+//!   stopped, or one that has not failed) is at or above `unknown_from`: read;
 //! - a held record loses its WAL position only in `committed`, under the same lock
 //!   that moves the stream's `committed_end` past it; so when the remembered
 //!   `committed_end` equals the one the takeover sees, the remembered records are
@@ -38,8 +40,11 @@
 //!   acknowledged.
 //!
 //! Memory is the fast path, never the truth of last resort: records from memory go
-//! through the same contiguity check as records read, a disagreement falls back to
-//! reading the WAL, and debug builds read the WAL as well and check that both agree.
+//! through the same contiguity check as records read, and must reach the end of what
+//! the failed generation acknowledged; a recovery that fails either falls back to
+//! reading the WAL (counted as `mink_wal_recovery_memory_mismatches_total` when the
+//! WAL then tells otherwise), and debug builds read the WAL as well and check that
+//! both agree while the stream's metadata stayed as the takeover saw it.
 //! What is remembered is the failed writer's held records (at most
 //! `tail_cache_bytes_max` of payloads), kept until every stream is taken over or for
 //! [`REMEMBERED_FOR`], whichever comes first.
@@ -58,11 +63,19 @@ use crate::format::Record;
 /// an idle one reopened later reads the WAL as any takeover does.
 pub(crate) const REMEMBERED_FOR: Duration = Duration::from_secs(300);
 
+/// Failed generations a node keeps the records of at once: the one it just
+/// replaced, and those that one still kept (a replacement that failed again before
+/// every bucket reopened).
+pub(crate) const REMEMBERED_MAX: usize = 4;
+
 /// One stream's acknowledged, uncompacted records in the failed WAL.
 #[derive(Clone, Debug)]
 pub(crate) struct StreamMemory {
     /// The stream's compacted end as the failed generation knew it.
     pub committed_end: u64,
+    /// The end of what it had acknowledged: a recovery from memory that ends short
+    /// of it is wrong (each acknowledged record is in memory or in a landed upload).
+    pub acked_end: u64,
     /// The stream's records by the WAL sequence holding them, in offset order, for
     /// sequences below [`Remembered::unknown_from`]; `None` where a payload was
     /// evicted from memory (the object is read).
@@ -113,6 +126,7 @@ impl Remembered {
                 stream.name.clone(),
                 StreamMemory {
                     committed_end: state.committed_end,
+                    acked_end: state.acked_end,
                     by_seq,
                 },
             );

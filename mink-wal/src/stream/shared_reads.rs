@@ -55,6 +55,13 @@ impl Inner {
 }
 
 impl SharedReads {
+    /// Drops every kept copy (reads in flight finish for their readers).
+    pub(crate) fn clear(&self) {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner.kept.clear();
+        inner.kept_bytes = 0;
+    }
+
     /// The object at `path`, from a copy kept or a read in flight when there is one,
     /// otherwise read from `store` (and kept).
     pub(crate) async fn get(

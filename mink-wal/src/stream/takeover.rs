@@ -200,6 +200,7 @@ async fn open_once(
         }
         tracing::info!(stream = name, epoch = meta.epoch, "adopting a landed open");
         let inner = install(store, name, meta.epoch, &meta);
+        store.forget_remembered(name);
         if epoch == meta.epoch {
             return Ok(Step::Done(Stream { inner }));
         }
@@ -419,48 +420,92 @@ async fn recover(
     let memory = store.remembered(owner, name, meta.committed_end);
     let mut records =
         read_owner_wal(store, name, meta, owner, fence, memory.as_ref(), phases).await;
-    if memory.is_some() {
-        records = check_remembered(store, name, meta, owner, fence, records, phases).await;
+    if let Some((_, memory)) = &memory {
+        records = check_remembered(store, name, meta, owner, fence, memory, records, phases).await;
     }
     phases.read += read.elapsed();
     records
 }
 
-/// Memory is the fast path, never the last word: where the records taken from memory
-/// do not line up (a bug; the store would tell), the WAL is read after all; debug
-/// builds read it every time and check that both agree.
+/// Memory is the fast path, never the last word: a recovery from memory that does
+/// not line up (a record where another was expected) or ends short of what the
+/// failed generation acknowledged reads the WAL after all; debug builds read it every
+/// time and check that both agree.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the takeover's state, passed through"
+)]
 async fn check_remembered(
     store: &Arc<StoreInner>,
     name: &str,
     meta: &StreamMeta,
     owner: &WalId,
     fence: u64,
+    memory: &StreamMemory,
     remembered: WalResult<Option<Vec<Record>>>,
     phases: &mut Phases,
 ) -> WalResult<Option<Vec<Record>>> {
-    match remembered {
-        Err(WalError::Corrupt(why)) => {
-            metrics::counter!("mink_wal_recovery_memory_mismatches_total").increment(1);
-            tracing::warn!(
-                stream = name,
-                %owner,
-                "the records remembered from the failed generation do not line up ({why}); \
-                 reading its WAL instead"
-            );
-            read_owner_wal(store, name, meta, owner, fence, None, phases).await
-        }
-        #[cfg(debug_assertions)]
-        Ok(Some(remembered)) => {
-            let read = read_owner_wal(store, name, meta, owner, fence, None, phases).await;
-            if let Ok(Some(read)) = &read {
-                assert_eq!(
-                    &remembered, read,
-                    "stream {name}: the records remembered from {owner} differ from its WAL's"
-                );
+    let why = match remembered {
+        Ok(Some(records)) => {
+            let end = records.last().map_or(meta.committed_end, Record::end);
+            if end >= memory.acked_end {
+                #[cfg(debug_assertions)]
+                cross_check(store, name, meta, owner, fence, &records).await;
+                return Ok(Some(records));
             }
-            Ok(Some(remembered))
+            format!(
+                "they end at {end}, short of {} acknowledged",
+                memory.acked_end
+            )
         }
-        other => other,
+        Err(WalError::Corrupt(why)) => why,
+        other => return other,
+    };
+    let read = read_owner_wal(store, name, meta, owner, fence, None, phases).await;
+    if let Ok(Some(_)) = &read {
+        metrics::counter!("mink_wal_recovery_memory_mismatches_total").increment(1);
+        tracing::warn!(
+            stream = name,
+            %owner,
+            "the records remembered from the failed generation were wrong ({why}); \
+             recovered from its WAL instead"
+        );
+    }
+    read
+}
+
+/// Debug builds: the records taken from memory are the WAL's, as long as the stream's
+/// metadata is still what the takeover saw (otherwise the open is refused anyway, and
+/// the WAL may legitimately read otherwise: a slot freed by a newer commit).
+#[cfg(debug_assertions)]
+async fn cross_check(
+    store: &Arc<StoreInner>,
+    name: &str,
+    meta: &StreamMeta,
+    owner: &WalId,
+    fence: u64,
+    remembered: &[Record],
+) {
+    let mut phases = Phases::default();
+    let read = read_owner_wal(store, name, meta, owner, fence, None, &mut phases).await;
+    let Ok(Some(read)) = read else {
+        return;
+    };
+    if store.meta.catch_up().await.is_err() {
+        return;
+    }
+    let unchanged = store.meta.read(|s, _| {
+        s.streams.get(name).is_some_and(|m| {
+            m.owner.as_ref() == Some(owner)
+                && m.committed_end == meta.committed_end
+                && m.wal_from == meta.wal_from
+        })
+    });
+    if unchanged {
+        assert_eq!(
+            remembered, read,
+            "stream {name}: the records remembered from {owner} differ from its WAL's"
+        );
     }
 }
 
@@ -704,5 +749,56 @@ mod tests {
         for group in [1, 4 << 20, 8 << 20, 32 << 20] {
             assert!(recovery_gets(group) as u64 * group <= RECOVERY_BYTES.max(group * 2));
         }
+    }
+
+    /// A failed generation whose streams were taken over by its replacement is freed
+    /// once released and dropped (its streams hold it, so without the release the two
+    /// kept each other alive); the replacement keeps what it took over, and forgets
+    /// the remembered records of each stream it took over.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_released_failed_generation_is_freed() {
+        use crate::fault::{FaultConfig, FaultyStore};
+        use crate::{StreamStore, WalConfig};
+        let faulty = FaultyStore::new(
+            Arc::new(object_store::memory::InMemory::new()),
+            FaultConfig::default(),
+        );
+        let store: Arc<dyn object_store::ObjectStore> = Arc::new(faulty.clone());
+        let config = || WalConfig {
+            upload_retry_budget_ms: 0,
+            compaction_interval_ms: 3_600_000,
+            ..WalConfig::default()
+        };
+        let failed = StreamStore::open(store.clone(), "n", config())
+            .await
+            .unwrap();
+        let s = failed.open_stream("s", 1).await.unwrap();
+        s.append_durable(1, 1, 0, bytes::Bytes::from_static(b"kept"))
+            .await
+            .unwrap();
+        faulty.fail_next_puts(1);
+        assert!(
+            s.append_durable(1, 1, 0, bytes::Bytes::from_static(b"lost"))
+                .await
+                .is_err()
+        );
+        let replacement = StreamStore::open_after(&failed, store, "n", config())
+            .await
+            .unwrap();
+        assert_eq!(replacement.inner.lock_remembered().len(), 1);
+        let taken = replacement.open_stream("s", 2).await.unwrap();
+        assert_eq!(taken.durable_end(), 1);
+        assert!(
+            replacement.inner.lock_remembered().is_empty(),
+            "every stream of it taken over"
+        );
+        let weak = Arc::downgrade(&failed.inner);
+        failed.release();
+        drop((s, failed));
+        assert!(weak.upgrade().is_none(), "the failed generation is freed");
+        assert_eq!(
+            taken.read(0, 1 << 20).await.unwrap()[0].payload.as_ref(),
+            b"kept"
+        );
     }
 }

@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 
 from .errors import InvalidArgument
 
-__all__ = ["murmur3_rows", "bucket_of_rows", "partition_names", "PARTITION_SEPARATOR"]
+__all__ = ["murmur3_rows", "kafka_murmur2", "bucket_of_rows", "partition_names", "PARTITION_SEPARATOR"]
 
 PARTITION_SEPARATOR = "__"
 _PARTITION_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,199}$")
@@ -248,12 +248,44 @@ def check_no_nulls(batch: pa.RecordBatch | pa.Table, names: Sequence[str], what:
             )
 
 
+def kafka_murmur2(data: bytes) -> int:
+    """Kafka's murmur2 (seed 0x9747b28c, ``Utils.murmur2``) of a record key, as a
+    signed 32-bit value: what its default partitioner hashes."""
+    m, mask = 0x5BD1E995, 0xFFFFFFFF
+    h = (0x9747B28C ^ len(data)) & mask
+    whole = len(data) - len(data) % 4
+    for i in range(0, whole, 4):
+        k = int.from_bytes(data[i : i + 4], "little")
+        k = (k * m) & mask
+        k ^= k >> 24
+        k = (k * m) & mask
+        h = ((h * m) & mask) ^ k
+    tail = data[whole:]
+    if len(tail) >= 3:
+        h ^= tail[2] << 16
+    if len(tail) >= 2:
+        h ^= tail[1] << 8
+    if tail:
+        h ^= tail[0]
+        h = (h * m) & mask
+    h ^= h >> 13
+    h = (h * m) & mask
+    h ^= h >> 15
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
 def bucket_of_rows(
     batch: pa.RecordBatch | pa.Table, bucket_keys: Sequence[str], bucket_count: int, rule: str = "hash"
 ) -> npt.NDArray[np.int64]:
-    """The bucket of every row under the table's rule (``hash`` or ``iceberg``)."""
+    """The bucket of every row under the table's rule (``hash``, ``iceberg`` or
+    ``kafka``: a compacted topic's partitioner over its BYTES key)."""
     check_no_nulls(batch, bucket_keys, "bucket key")
     columns = [_plain(batch.column(k)) for k in bucket_keys]
+    if rule == "kafka":
+        if len(columns) != 1 or not pa.types.is_binary(columns[0].type):
+            raise InvalidArgument("invalid bucketing: the kafka rule takes one BYTES bucket key", "bucketing")
+        hashes = np.array([kafka_murmur2(k) & 0x7FFFFFFF for k in columns[0].to_pylist()], dtype=np.uint32)
+        return (hashes % np.uint32(bucket_count)).astype(np.int64)
     if rule == "iceberg":
         if len(columns) != 1:
             raise InvalidArgument("invalid bucketing: the iceberg rule takes one bucket key", "bucketing")
