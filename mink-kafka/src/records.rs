@@ -1207,6 +1207,60 @@ pub(crate) mod tests {
         assert_eq!(again.rows, decoded.rows);
     }
 
+    /// Rows at offsets with gaps (a compacted topic's changelog without its
+    /// before-images) keep their offsets, and the batch its last offset delta, so that
+    /// a consumer goes on after the whole batch; offsets that do not fit are refused.
+    #[test]
+    fn fetched_rows_keep_their_offsets_across_gaps() {
+        let rows = RecordBatch::try_new(
+            topic_schema(),
+            vec![
+                Arc::new(BinaryArray::from_iter_values([b"k1", b"k2", b"k3"])),
+                Arc::new(BinaryArray::from_iter([Some(&b"a"[..]), None, Some(b"c")])),
+                Arc::new(BinaryArray::from_iter([None::<&[u8]>, None, None])),
+                Arc::new(TimestampMillisecondArray::from(vec![1, 2, 3]).with_timezone("UTC")),
+            ],
+        )
+        .unwrap();
+        let offsets = OffsetDeltas {
+            deltas: vec![0, 2, 3],
+            last: 4,
+        };
+        let mut out = BytesMut::new();
+        encode_fetched_at(100, &rows, Some(&offsets), 0, None, &mut out).unwrap();
+        let out = out.freeze();
+        // base offset 8, length 4, epoch 4, magic 1, CRC 4, attributes 2: the last
+        // offset delta.
+        assert_eq!(i32::from_be_bytes(out[23..27].try_into().unwrap()), 4);
+        let back = RecordBatchDecoder::decode(&mut out.clone())
+            .unwrap()
+            .records;
+        let got: Vec<(i64, Option<Bytes>)> =
+            back.iter().map(|r| (r.offset, r.value.clone())).collect();
+        assert_eq!(
+            got,
+            vec![
+                (100, Some(Bytes::from_static(b"a"))),
+                (102, None),
+                (103, Some(Bytes::from_static(b"c")))
+            ]
+        );
+        for bad in [
+            OffsetDeltas {
+                deltas: vec![0, 1],
+                last: 4,
+            },
+            OffsetDeltas {
+                deltas: vec![0, 2, 5],
+                last: 4,
+            },
+        ] {
+            assert!(
+                encode_fetched_at(100, &rows, Some(&bad), 0, None, &mut BytesMut::new()).is_err()
+            );
+        }
+    }
+
     #[test]
     fn rows_a_whole_i64_apart_in_time_are_fetched() {
         // A table written through Flight may hold any timestamps: the deltas wrap, as

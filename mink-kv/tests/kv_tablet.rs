@@ -1146,6 +1146,35 @@ async fn a_put_never_overtakes_its_predecessor_after_a_reopen(backend: KvBackend
     assert_eq!(get(&t, &[1]), vec![v(Some("six"), Some(6))]);
 }
 
+/// A Put covering a range of its writer's sequences (a Kafka producer's batch, a
+/// sequence per record): the next must start right after the range, a retry of it is
+/// a duplicate, a gap is refused, and the writer's place survives a reopen.
+async fn a_put_covers_a_range_of_its_writers_sequences(backend: KvBackend) {
+    let mut env = Env::new(backend).await;
+    let d = table(&[]);
+    let writer = |first: i64, last: i64, name: &str| PutRequest {
+        writer_id: 9,
+        batch_sequence: first,
+        last_sequence: Some(last),
+        ..put(&[(1, Some(name), Some(first))])
+    };
+    let t = env.open(&d).await;
+    t.put(writer(0, 2, "a")).await.unwrap();
+    t.put(writer(3, 4, "b")).await.unwrap();
+    assert!(t.put(writer(0, 2, "a")).await.unwrap().duplicated);
+    assert_eq!(get(&t, &[1]), vec![v(Some("b"), Some(3))]);
+    let err = t.put(writer(7, 8, "gap")).await.unwrap_err();
+    assert!(
+        matches!(err, MinkError::OutOfOrderSequence { expected: 5, .. }),
+        "{err}"
+    );
+    drop(t);
+    let t = env.open(&d).await;
+    assert!(t.put(writer(3, 4, "b")).await.unwrap().duplicated);
+    t.put(writer(5, 9, "c")).await.unwrap();
+    assert_eq!(get(&t, &[1]), vec![v(Some("c"), Some(5))]);
+}
+
 async fn a_no_op_put_waits_for_the_staged_write_it_read(backend: KvBackend) {
     let (mut env, faulty) = faulty_env(backend).await;
     let t = env.open(&table(&[])).await;
@@ -1446,6 +1475,7 @@ both!(
     prefix_lookups_use_the_leading_key_columns,
     a_writer_after_a_no_op_put_and_a_reopen_is_refused_not_skipped,
     a_put_never_overtakes_its_predecessor_after_a_reopen,
+    a_put_covers_a_range_of_its_writers_sequences,
     a_superseded_tablet_writes_nothing_to_the_store;
     paused:
     a_no_op_put_waits_for_the_staged_write_it_read,

@@ -374,7 +374,7 @@ def test_topic_configs_frameworks_send_are_kept_applied_or_refused_by_name(node)
     assert m.timestamp() == (confluent_kafka.TIMESTAMP_LOG_APPEND_TIME, produced_at)
 
     for name, value in [
-        ("cleanup.policy", "compact"),
+        ("cleanup.policy", "compact,delete"),
         ("retention.bytes", "1000000"),
         ("compression.type", "zstd"),
         ("max.message.bytes", str(64 << 20)),
@@ -1232,8 +1232,13 @@ def test_a_compacted_topic_keeps_the_latest_value_per_key_for_lookups_and_consum
     with pytest.raises(KafkaException) as refused:
         list(futures.values())[0].result(TIMEOUT)
     assert refused.value.args[0].code() == KafkaError.POLICY_VIOLATION, refused.value
+    # It cannot grow: every key would move to another partition.
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, NewPartitions
+
+    with pytest.raises(KafkaException) as grows:
+        list(a.create_partitions([NewPartitions(topic, 4)]).values())[0].result(TIMEOUT)
+    assert grows.value.args[0].code() == KafkaError.INVALID_PARTITIONS, grows.value
     # The policy stays as created.
-    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry
 
     resource = ConfigResource(
         ConfigResource.Type.TOPIC,

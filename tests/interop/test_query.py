@@ -308,6 +308,27 @@ def test_partitioned_tables_prune_by_partition_and_kafka_topics_answer_sql(singl
         assert t.num_rows == 20
         assert set(t.column("k").to_pylist()) == {f"k{i}" for i in range(20)}
 
+    # A compacted topic answers SQL with its latest value per key; a tombstone deleted
+    # its key.
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": node.bootstrap})  # alive until its futures resolve
+    created = admin.create_topics([NewTopic("users.latest", num_partitions=2, config={"cleanup.policy": "compact"})])
+    created["users.latest"].result(30)
+    p = Producer({"bootstrap.servers": node.bootstrap, "linger.ms": 5, "partitioner": "murmur2_random"})
+    for i in range(10):
+        p.produce("users.latest", key=f"u{i}".encode(), value=b"v1")
+    for i in range(5):
+        p.produce("users.latest", key=f"u{i}".encode(), value=b"v2")
+    p.produce("users.latest", key=b"u9", value=None)
+    assert p.flush(30) == 0
+    with connect(q) as conn:
+        t = sql(
+            conn,
+            'SELECT CAST(key AS VARCHAR) AS k, CAST(value AS VARCHAR) AS v FROM kafka."users.latest" ORDER BY k',
+        )
+        assert t.to_pylist() == [{"k": f"u{i}", "v": "v2" if i < 5 else "v1"} for i in range(9)]
+
 
 def test_a_lake_tiered_table_reads_through_union_and_its_lake(single):
     node, client, q = single

@@ -821,6 +821,53 @@ impl KafkaHandler for NodeService {
 mod tests {
     use super::*;
 
+    /// A compacted topic's changelog as records: upserts as they are, a delete as a
+    /// tombstone, a before-image skipped with its offset; a batch without before-images
+    /// keeps one record per offset.
+    #[test]
+    fn a_compacted_changelog_is_fetched_as_records_and_tombstones() {
+        use arrow::array::{Array, BinaryArray, TimestampMillisecondArray};
+        let schema = Schema::new(1, compacted_topic_columns()).to_arrow();
+        let rows = |n: usize| {
+            let keys: Vec<&[u8]> = [&b"a"[..], b"a", b"a", b"b"][..n].to_vec();
+            let values: Vec<&[u8]> = [&b"1"[..], b"1", b"2", b"9"][..n].to_vec();
+            RecordBatch::try_new(
+                schema.clone(),
+                vec![
+                    std::sync::Arc::new(BinaryArray::from_iter_values(keys)),
+                    std::sync::Arc::new(BinaryArray::from_iter_values(values)),
+                    std::sync::Arc::new(BinaryArray::from_iter(vec![None::<&[u8]>; n])),
+                    std::sync::Arc::new(
+                        TimestampMillisecondArray::from(vec![1; n]).with_timezone("UTC"),
+                    ),
+                ],
+            )
+            .unwrap()
+        };
+        use ChangeType::{Delete, Insert, UpdateAfter, UpdateBefore};
+        let (got, offsets) =
+            compacted_fetched(rows(4), &[Insert, UpdateBefore, UpdateAfter, Delete]).unwrap();
+        assert_eq!(
+            offsets,
+            Some(OffsetDeltas {
+                deltas: vec![0, 2, 3],
+                last: 3
+            })
+        );
+        let values = got
+            .column(1)
+            .as_any()
+            .downcast_ref::<BinaryArray>()
+            .unwrap();
+        let values: Vec<Option<&[u8]>> = (0..values.len())
+            .map(|i| values.is_valid(i).then(|| values.value(i)))
+            .collect();
+        assert_eq!(values, vec![Some(&b"1"[..]), Some(b"2"), None]);
+        let (same, offsets) = compacted_fetched(rows(2), &[UpdateAfter, UpdateAfter]).unwrap();
+        assert_eq!((same.num_rows(), offsets), (2, None));
+        assert!(compacted_fetched(rows(2), &[UpdateAfter]).is_err());
+    }
+
     #[test]
     fn broker_ids_are_stable_and_not_negative() {
         assert_eq!(broker_id("node-1"), broker_id("node-1"));
