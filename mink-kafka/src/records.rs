@@ -52,14 +52,12 @@ pub fn compacted_topic_columns() -> Vec<Column> {
     columns
 }
 
-/// Whether a table with these columns is a topic (a compacted one's key is NOT NULL).
+/// Whether a table with these columns is a (log) topic.
 pub fn is_topic(columns: &[Column]) -> bool {
     let want = topic_columns();
     columns.len() == want.len()
         && columns.iter().zip(&want).all(|(c, w)| {
-            c.name == w.name
-                && c.data_type == w.data_type
-                && (c.nullable == w.nullable || c.name == "key")
+            c.name == w.name && c.data_type == w.data_type && c.nullable == w.nullable
         })
 }
 

@@ -143,7 +143,7 @@ async fn kv_run(
                         .put(PutRequest {
                             writer_id: NO_WRITER,
                             batch_sequence: 0,
-                            last_sequence: None,
+                            kafka: None,
                             schema_id: 1,
                             target_columns: None,
                             changes: None,

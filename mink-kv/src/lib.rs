@@ -23,4 +23,4 @@ pub mod tablet;
 pub use config::{KvBackend, KvConfig, open_kv_store};
 pub use snapshot::{SnapshotData, SnapshotInfo, SnapshotStore};
 pub use store::{Claim, KvNamespace, KvOp, KvStore, Owner};
-pub use tablet::{KvTablet, LookupResult, PutRequest};
+pub use tablet::{KafkaBatch, KvTablet, LookupResult, PendingPut, PutRequest};

@@ -35,9 +35,8 @@ pub struct PutRequest {
     /// The idempotent writer, or `mink_log::NO_WRITER`.
     pub writer_id: i64,
     pub batch_sequence: i64,
-    /// The last sequence the batch covers, when it covers more than one (a Kafka
-    /// producer's batch: a sequence per record); `None` is `batch_sequence`.
-    pub last_sequence: Option<i64>,
+    /// A Kafka producer's batch (a compacted topic's Produce), `None` otherwise.
+    pub kafka: Option<KafkaBatch>,
     pub schema_id: SchemaId,
     /// Columns of a partial update (the batch holds these columns, in this order).
     pub target_columns: Option<Vec<String>>,
@@ -46,10 +45,23 @@ pub struct PutRequest {
     pub batch: RecordBatch,
 }
 
+/// A Put that is a Kafka producer's batch, with Kafka's rules: it covers a range of
+/// sequences (one per record, from `batch_sequence`); its writer id carries the
+/// producer epoch (an older epoch is fenced), and a producer the tablet does not know
+/// must start at sequence 0 (`UnknownWriter` otherwise); it is never reordered (its
+/// connection submits in order: a gap is refused at once); and under `last_row` every
+/// record is one change of the changelog, a tombstone a delete, so that each has its
+/// offset as in Kafka's log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KafkaBatch {
+    /// The sequence of the batch's last record.
+    pub last_sequence: i64,
+}
+
 impl PutRequest {
     /// The last sequence the batch covers.
     pub fn last_sequence(&self) -> i64 {
-        self.last_sequence.unwrap_or(self.batch_sequence)
+        self.kafka.map_or(self.batch_sequence, |k| k.last_sequence)
     }
 }
 
@@ -77,6 +89,42 @@ struct Merged {
     change_types: Vec<ChangeType>,
     batch: Option<RecordBatch>,
     staged: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+}
+
+/// A Put submitted ([`KvTablet::submit_put`]): wait for it to be durable.
+#[must_use = "a submitted Put is acknowledged only once `wait` returns"]
+pub struct PendingPut {
+    tablet: KvTablet,
+    step: PendingStep,
+}
+
+enum PendingStep {
+    /// A retry of a Put already submitted: its outcome.
+    Duplicate(mink_log::Submitted),
+    /// A Put that changed nothing: acknowledged once everything before it is durable.
+    Empty(mink_log::Submitted),
+    /// Its changelog, on its way.
+    Written(mink_log::Submitted),
+}
+
+impl PendingPut {
+    /// Resolves once the Put is durable, with where its changelog landed.
+    pub async fn wait(self) -> Result<Appended> {
+        let tablet = self.tablet;
+        match self.step {
+            PendingStep::Duplicate(d) => d.wait().await,
+            PendingStep::Empty(e) => e.wait().await.map_err(|e| tablet.fail(e)),
+            PendingStep::Written(submitted) => match submitted.wait().await {
+                Ok(appended) => {
+                    tablet.flush().await?;
+                    metrics::counter!("mink_kv_put_batches_total").increment(1);
+                    Ok(appended)
+                }
+                // The changelog may or may not be in the log.
+                Err(e) => Err(tablet.fail(e)),
+            },
+        }
+    }
 }
 
 /// Versions of a key not yet in the store: `(changelog offset, stored row or None for
@@ -580,37 +628,59 @@ impl KvTablet {
     /// [`KvTablet::put`] as one part of a write over several buckets: `cork` (see
     /// [`mink_wal::Cork`]) is released as soon as the changelog is on its way (or
     /// will not be), so that the parts share one WAL upload.
-    #[expect(
-        clippy::too_many_lines,
-        reason = "to split into a pure decision and its action (issue 28, decide/act on the hot paths)"
-    )]
     pub async fn put_corked(
         &self,
         req: PutRequest,
         cork: Option<mink_wal::Cork>,
     ) -> Result<Appended> {
+        self.submit_put(req, cork).await?.wait().await
+    }
+
+    /// The first half of a Put: returns once its changelog has its offsets and is on
+    /// its way (or it is known to be a duplicate, or to change nothing). Submissions
+    /// are ordered: a caller that submits A then B has A merged and logged before B
+    /// (a Kafka connection submits its requests' Puts one at a time, as it does its
+    /// appends). [`PendingPut::wait`] is the second half, durability.
+    #[expect(
+        clippy::too_many_lines,
+        reason = "to split into a pure decision and its action (issue 28, decide/act on the hot paths)"
+    )]
+    pub async fn submit_put(
+        &self,
+        req: PutRequest,
+        cork: Option<mink_wal::Cork>,
+    ) -> Result<PendingPut> {
         let mut cork = cork;
         if let Some(e) = self.failure() {
             return Err(e);
         }
         let (mask, deletes, keys, batch_schema) = self.prepare(&req)?;
+        let kafka = req.kafka.is_some();
         // A Put ahead of its writer's next sequence waits a little for the ones before
         // it (pipelined requests may arrive out of order), outside the merge lock so
         // that they can be merged meanwhile; then it is checked under the lock, and a
-        // gap still open is refused: a Put is never merged before its predecessor.
-        self.inner
-            .log
-            .await_predecessors(req.writer_id, req.batch_sequence, req.last_sequence())
-            .await?;
-        let guard = self.inner.puts.lock().await;
-        if let Some(duplicate) =
+        // gap still open is refused: a Put is never merged before its predecessor. A
+        // Kafka producer's batches arrive in order (one connection submits them one at
+        // a time): one ahead is refused at once, as its appends are.
+        if !kafka {
             self.inner
                 .log
-                .check_sequence(req.writer_id, req.batch_sequence, req.last_sequence())?
-        {
+                .await_predecessors(req.writer_id, req.batch_sequence, req.last_sequence())
+                .await?;
+        }
+        let guard = self.inner.puts.lock().await;
+        if let Some(duplicate) = self.inner.log.check_sequence(
+            req.writer_id,
+            req.batch_sequence,
+            req.last_sequence(),
+            kafka,
+        )? {
             drop(guard);
             drop(cork.take());
-            return duplicate.wait().await;
+            return Ok(PendingPut {
+                tablet: self.clone(),
+                step: PendingStep::Duplicate(duplicate),
+            });
         }
         let (schema, merger, image) = {
             let table = self.table();
@@ -625,14 +695,18 @@ impl KvTablet {
         // written" to the client.
         // The column-wise path takes the batch as rows of the schema it merges into:
         // not when an alter_table changed the schema since `prepare` checked the batch.
-        let column_wise = mask.is_none()
-            && merger.is_last_row()
-            && !deletes.contains(&true)
-            && batch_schema.schema_id == schema.schema_id;
+        let column_wise =
+            mask.is_none() && merger.is_last_row() && batch_schema.schema_id == schema.schema_id;
         let merged = match (column_wise, image) {
-            (true, ChangelogImage::Wal) => self.merge_wal(&req.batch, keys, &schema)?,
-            (true, ChangelogImage::Full) => self.merge_last_row(&req.batch, keys, &schema)?,
-            (false, _) => {
+            // A Kafka batch: every record is one change, a tombstone a delete.
+            (true, _) if kafka => self.merge_records(&req.batch, &deletes, keys, &schema)?,
+            (true, ChangelogImage::Wal) if !deletes.contains(&true) => {
+                self.merge_wal(&req.batch, keys, &schema)?
+            }
+            (true, ChangelogImage::Full) if !deletes.contains(&true) => {
+                self.merge_last_row(&req.batch, keys, &schema)?
+            }
+            _ => {
                 let rows = self.full_rows(&req.batch, &batch_schema)?;
                 let before_images = image == ChangelogImage::Full;
                 self.merge_rows(
@@ -661,10 +735,10 @@ impl KvTablet {
             )?;
             drop(guard);
             drop(cork.take());
-            return match empty.wait().await {
-                Ok(appended) => Ok(appended),
-                Err(e) => Err(self.fail(e)),
-            };
+            return Ok(PendingPut {
+                tablet: self.clone(),
+                step: PendingStep::Empty(empty),
+            });
         };
         // No flush between the submit (offsets) and the staging below.
         let flushes = self.inner.flushes.lock().await;
@@ -675,25 +749,29 @@ impl KvTablet {
             drop(cork.take());
             return Err(e);
         }
-        let submitted = self
-            .inner
-            .log
-            .submit_in_order(AppendRequest {
-                writer_id: req.writer_id,
-                first_sequence: req.batch_sequence,
-                last_sequence: req.last_sequence(),
-                schema_id: schema.schema_id,
-                change_types: Some(change_types),
-                batch,
-                ipc: None,
-            })
-            .await;
+        let append = AppendRequest {
+            writer_id: req.writer_id,
+            first_sequence: req.batch_sequence,
+            last_sequence: req.last_sequence(),
+            schema_id: schema.schema_id,
+            change_types: Some(change_types),
+            batch,
+            ipc: None,
+        };
+        let submitted = if kafka {
+            self.inner.log.submit_producer(append).await
+        } else {
+            self.inner.log.submit_in_order(append).await
+        };
         drop(cork.take());
         let submitted = submitted?;
         if submitted.is_duplicate() {
             // Cannot happen under the put lock; answer as the duplicate it is.
             drop(guard);
-            return submitted.wait().await;
+            return Ok(PendingPut {
+                tablet: self.clone(),
+                step: PendingStep::Duplicate(submitted),
+            });
         }
         let (_, last_offset) = submitted.offsets();
         {
@@ -707,15 +785,51 @@ impl KvTablet {
         }
         drop(flushes);
         drop(guard);
-        match submitted.wait().await {
-            Ok(appended) => {
-                self.flush().await?;
-                metrics::counter!("mink_kv_put_batches_total").increment(1);
-                Ok(appended)
+        Ok(PendingPut {
+            tablet: self.clone(),
+            step: PendingStep::Written(submitted),
+        })
+    }
+
+    /// A Kafka batch's merge (a compacted topic's Produce under `last_row`): each
+    /// record is one change, whatever the key held, so that every record has its
+    /// offset as in Kafka's log: `+U` with the record, or `-D` with the tombstone
+    /// itself (its key, headers and timestamp; no value). Nothing is read.
+    fn merge_records(
+        &self,
+        batch: &RecordBatch,
+        deletes: &[bool],
+        keys: Vec<Vec<u8>>,
+        schema: &Schema,
+    ) -> Result<Merged> {
+        let values = ValueEncoder::new(batch)?;
+        let mut latest: HashMap<Vec<u8>, Option<Vec<u8>>> = HashMap::with_capacity(keys.len());
+        for (r, key) in keys.into_iter().enumerate() {
+            if deletes[r] {
+                latest.insert(key, None);
+            } else {
+                let mut encoded = Vec::new();
+                encode_row_at(schema.schema_id, &values, r, &mut encoded);
+                latest.insert(key, Some(encoded));
             }
-            // The changelog may or may not be in the log.
-            Err(e) => Err(self.fail(e)),
         }
+        Ok(Merged {
+            change_types: deletes
+                .iter()
+                .map(|d| {
+                    if *d {
+                        ChangeType::Delete
+                    } else {
+                        ChangeType::UpdateAfter
+                    }
+                })
+                .collect(),
+            batch: Some(RecordBatch::try_new(
+                schema.to_arrow(),
+                batch.columns().to_vec(),
+            )?),
+            staged: latest.into_iter().collect(),
+        })
     }
 
     /// Fails the tablet after an append that did not become durable: staged rows are

@@ -155,7 +155,7 @@ fn put(rows: &[(i64, Option<&str>, Option<i64>)]) -> PutRequest {
     PutRequest {
         writer_id: NO_WRITER,
         batch_sequence: 0,
-        last_sequence: None,
+        kafka: None,
         schema_id: 1,
         target_columns: None,
         changes: None,
@@ -408,7 +408,7 @@ async fn partial_updates_and_partial_deletes(backend: KvBackend) {
         PutRequest {
             writer_id: NO_WRITER,
             batch_sequence: 0,
-            last_sequence: None,
+            kafka: None,
             schema_id: 1,
             target_columns: Some(vec!["id".into(), "score".into()]),
             changes: delete.then(|| vec![ChangeType::Delete; rows.len()]),
@@ -1060,7 +1060,7 @@ async fn a_writer_after_a_no_op_put_and_a_reopen_is_refused_not_skipped(backend:
     let writer = |id: i64, seq: i64, rows: &[(i64, Option<&str>, Option<i64>)]| PutRequest {
         writer_id: id,
         batch_sequence: seq,
-        last_sequence: None,
+        kafka: None,
         ..put(rows)
     };
     let t = env.open(&d).await;
@@ -1111,7 +1111,7 @@ async fn a_put_never_overtakes_its_predecessor_after_a_reopen(backend: KvBackend
     let writer = |seq: i64, name: &str| PutRequest {
         writer_id: 9,
         batch_sequence: seq,
-        last_sequence: None,
+        kafka: None,
         ..put(&[(1, Some(name), Some(seq))])
     };
     let t = env.open(&d).await;
@@ -1146,16 +1146,18 @@ async fn a_put_never_overtakes_its_predecessor_after_a_reopen(backend: KvBackend
     assert_eq!(get(&t, &[1]), vec![v(Some("six"), Some(6))]);
 }
 
-/// A Put covering a range of its writer's sequences (a Kafka producer's batch, a
-/// sequence per record): the next must start right after the range, a retry of it is
-/// a duplicate, a gap is refused, and the writer's place survives a reopen.
+/// A Kafka producer's Put covers a range of its sequences (one per record): the next
+/// must start right after the range, a retry of it is a duplicate, a gap is refused
+/// at once, and the writer's place survives a reopen.
 async fn a_put_covers_a_range_of_its_writers_sequences(backend: KvBackend) {
     let mut env = Env::new(backend).await;
     let d = table(&[]);
     let writer = |first: i64, last: i64, name: &str| PutRequest {
         writer_id: 9,
         batch_sequence: first,
-        last_sequence: Some(last),
+        kafka: Some(mink_kv::KafkaBatch {
+            last_sequence: last,
+        }),
         ..put(&[(1, Some(name), Some(first))])
     };
     let t = env.open(&d).await;

@@ -752,19 +752,47 @@ impl LogTablet {
     /// Checks a writer's batch against its window without appending: `Ok(None)` when
     /// new, `Ok(Some(_))` for a duplicate (wait on it for the original offsets),
     /// `OutOfOrderSequence` otherwise. A KV tablet checks before it merges, so that a
-    /// retried Put is never merged twice.
+    /// retried Put is never merged twice. `kafka`: a Kafka producer's batch, under the
+    /// rules of [`LogTablet::submit_producer`] (its writer id carries an epoch, an
+    /// older epoch is `WriterFenced`, an unknown producer must start at 0).
     pub fn check_sequence(
         &self,
         writer_id: i64,
         first: i64,
         last: i64,
+        kafka: bool,
     ) -> Result<Option<Submitted>> {
         if writer_id == NO_WRITER {
             return Ok(None);
         }
+        let bucket = self.inner.bucket;
         let state = self.lock();
         if let Some(e) = &state.failed {
             return Err(e.clone());
+        }
+        if !kafka && mink_types::split_writer(writer_id).1 != 0 {
+            return Err(MinkError::invalid(
+                "writer_id",
+                format!(
+                    "{writer_id} is above the largest writer id, {}",
+                    mink_types::WRITER_BASE_MAX
+                ),
+            ));
+        }
+        if let Some(newer) = state.windows.fenced(writer_id) {
+            return Err(MinkError::WriterFenced {
+                bucket,
+                writer_id,
+                epoch: mink_types::split_writer(writer_id).1,
+                newer,
+            });
+        }
+        if kafka && first != 0 && !state.windows.knows(writer_id) {
+            return Err(MinkError::UnknownWriter {
+                bucket,
+                writer_id,
+                first_sequence: first,
+            });
         }
         match state
             .windows
@@ -1050,13 +1078,17 @@ impl LogTablet {
         if epoch == self.inner.epoch {
             return Ok(Some((epoch, hw)));
         }
-        // The epoch of the batch holding `offset` (trimmed meanwhile: from the start).
+        // The epoch of the batch holding `offset` (trimmed meanwhile: from the start,
+        // which may move again while it is read).
         let epoch_at = |offset: i64| async move {
-            let scan = match self.scan(offset, 1).await {
-                Err(MinkError::OffsetOutOfRange { log_start, .. }) if log_start > offset => {
-                    self.scan(log_start, 1).await?
+            let mut at = offset;
+            let scan = loop {
+                match self.scan(at, 1).await {
+                    Err(MinkError::OffsetOutOfRange { log_start, .. }) if log_start > at => {
+                        at = log_start;
+                    }
+                    scan => break scan?,
                 }
-                scan => scan?,
             };
             Ok::<_, MinkError>(scan.batches.first().map(|b| {
                 (

@@ -1044,6 +1044,106 @@ async fn each_epoch_ends_where_the_next_began() {
     }
 }
 
+/// OffsetForLeaderEpoch raced against trims: while the log start moves up under it
+/// (segments deleted, the first batches gone), every answer is still where the epoch
+/// ended whenever that boundary was in the log throughout the call, and otherwise
+/// within what was retained; a trim is never an error. Seeds replay
+/// (`MINK_EPOCH_SEED=S`, `MINK_EPOCH_SEEDS=N`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn epoch_ends_hold_while_trims_move_the_log_start() {
+    for seed in mink_wal::fault::seeds_from_env("MINK_EPOCH_SEED", "MINK_EPOCH_SEEDS", 10) {
+        let mut env = Env::new().await;
+        let mut rng = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let mut next_random = move |n: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % n
+        };
+        // Epochs 1..=8, each writing 0 to 3 batches of 1 to 4 rows, compacted after
+        // every epoch so that trims delete whole segments.
+        let (mut seq, mut next) = (0, 0i64);
+        let mut first_of_epoch: Vec<(u64, i64)> = Vec::new(); // (epoch, its first offset)
+        let mut tablet = env.tablet(false).await;
+        for epoch in 1..=8u64 {
+            if epoch > 1 {
+                drop(tablet);
+                tablet = env.tablet(false).await;
+            }
+            assert_eq!(tablet.epoch(), epoch);
+            let batches = next_random(4);
+            if batches > 0 {
+                first_of_epoch.push((epoch, next));
+            }
+            for _ in 0..batches {
+                let rows = 1 + next_random(4) as i64;
+                tablet.append(req(7, seq, next..next + rows)).await.unwrap();
+                (seq, next) = (seq + 1, next + rows);
+            }
+            env.node.compact().await.unwrap();
+        }
+        let hw = tablet.high_watermark();
+        let current = tablet.epoch();
+        // Where `epoch` ended: the first offset of a newer epoch's batch (the high
+        // watermark for the current epoch).
+        let truth = |epoch: u64| -> i64 {
+            if epoch == current {
+                return hw;
+            }
+            first_of_epoch
+                .iter()
+                .find(|(e, _)| *e > epoch)
+                .map_or(hw, |(_, first)| *first)
+        };
+        let trimmer = {
+            let tablet = tablet.clone();
+            let node = env.node.clone();
+            tokio::spawn(async move {
+                for to in 1..=hw {
+                    tablet.trim_before(to).await.unwrap();
+                    if to % 3 == 0 {
+                        node.compact().await.unwrap();
+                    }
+                    tokio::task::yield_now().await;
+                }
+            })
+        };
+        let mut answers = 0;
+        while !trimmer.is_finished() || answers < 20 {
+            let epoch = next_random(current + 1);
+            let start_before = tablet.log_start();
+            let got = tablet.epoch_end(epoch).await;
+            let start_after = tablet.log_start();
+            let Some((floor, end)) = got.unwrap_or_else(|e| {
+                panic!("seed {seed}: epoch {epoch} with the log start moving {start_before}..{start_after}: {e}")
+            }) else {
+                panic!("seed {seed}: epoch {epoch} of at most {current} has no answer");
+            };
+            let want = truth(epoch);
+            if want > start_after {
+                assert_eq!(end, want, "seed {seed}: where epoch {epoch} ended");
+                assert!(
+                    floor <= epoch,
+                    "seed {seed}: epoch {epoch} answered {floor}"
+                );
+            } else {
+                assert!(
+                    (want.min(start_before)..=start_after.max(want)).contains(&end),
+                    "seed {seed}: epoch {epoch} ended at {want}, trimmed to {start_before}..{start_after}: answered {end}"
+                );
+            }
+            answers += 1;
+            if trimmer.is_finished() && answers >= 20 {
+                break;
+            }
+        }
+        trimmer.await.unwrap();
+        eprintln!("seed {seed}: {answers} answers while trimming to {hw}");
+    }
+}
+
 /// A bucket's stored bytes: its uncompacted records, then its segments, down by what
 /// a trim deletes.
 #[tokio::test]

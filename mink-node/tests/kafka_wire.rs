@@ -207,3 +207,159 @@ async fn a_resource_named_twice_in_incremental_alter_configs_is_refused_both_tim
     );
     node.stop().await;
 }
+
+/// A new idempotent producer id (epoch 0).
+async fn init_producer(kafka: &mut KafkaConn) -> i64 {
+    let r: InitProducerIdResponse = kafka
+        .call(
+            ApiKey::InitProducerId,
+            4,
+            &InitProducerIdRequest::default()
+                .with_transaction_timeout_ms(60_000)
+                .with_producer_id(ProducerId(-1))
+                .with_producer_epoch(-1),
+        )
+        .await;
+    assert_eq!(r.error_code, 0);
+    r.producer_id.0
+}
+
+/// Produces keyed records (a `None` value is a tombstone) to partition 0 of `topic` as
+/// producer `(id, epoch)` from `first_sequence`: the error code and the base offset.
+async fn produce(
+    kafka: &mut KafkaConn,
+    topic: &str,
+    producer: (i64, i16),
+    first_sequence: i32,
+    records: &[(&str, Option<&str>)],
+) -> (i16, i64) {
+    use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+    use kafka_protocol::records::{
+        Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
+    };
+    let records: Vec<Record> = records
+        .iter()
+        .enumerate()
+        .map(|(i, (key, value))| Record {
+            transactional: false,
+            control: false,
+            delete_horizon: false,
+            partition_leader_epoch: 0,
+            producer_id: producer.0,
+            producer_epoch: producer.1,
+            timestamp_type: TimestampType::Creation,
+            offset: i as i64,
+            sequence: first_sequence + i as i32,
+            timestamp: 1_700_000_000_000,
+            key: Some(bytes::Bytes::from(key.to_string())),
+            value: value.map(|v| bytes::Bytes::from(v.to_string())),
+            headers: Default::default(),
+        })
+        .collect();
+    let mut batch = bytes::BytesMut::new();
+    RecordBatchEncoder::encode(
+        &mut batch,
+        &records,
+        &RecordEncodeOptions {
+            version: 2,
+            compression: Compression::None,
+        },
+    )
+    .unwrap();
+    let request = ProduceRequest::default()
+        .with_acks(-1)
+        .with_timeout_ms(30_000)
+        .with_topic_data(vec![
+            TopicProduceData::default()
+                .with_name(TopicName(name(topic)))
+                .with_partition_data(vec![
+                    PartitionProduceData::default()
+                        .with_index(0)
+                        .with_records(Some(batch.freeze())),
+                ]),
+        ]);
+    let r: ProduceResponse = kafka.call(ApiKey::Produce, 9, &request).await;
+    let p = &r.responses[0].partition_responses[0];
+    (p.error_code, p.base_offset)
+}
+
+/// An idempotent producer on a compacted topic is held to Kafka's rules as on a log
+/// topic: a bumped epoch writes (and fences the older one), a gap is
+/// OUT_OF_ORDER_SEQUENCE, an unknown producer that does not start at 0 is
+/// UNKNOWN_PRODUCER_ID, a retry is answered with its original offset; and every
+/// record takes an offset, a tombstone of a key that never existed too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compacted_topic_holds_idempotent_producers_to_kafkas_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = node(dir.path()).await;
+    let mut kafka = KafkaConn::connect(node.kafka_addr.unwrap()).await;
+    let created: CreateTopicsResponse = kafka
+        .call(
+            ApiKey::CreateTopics,
+            5,
+            &CreateTopicsRequest::default()
+                .with_timeout_ms(5_000)
+                .with_topics(vec![
+                    CreatableTopic::default()
+                        .with_name(TopicName(name("ledger.v1")))
+                        .with_num_partitions(1)
+                        .with_replication_factor(1)
+                        .with_configs(vec![
+                            kafka_protocol::messages::create_topics_request::CreatableTopicConfig::default()
+                                .with_name(name("cleanup.policy"))
+                                .with_value(Some(name("compact"))),
+                        ]),
+                ]),
+        )
+        .await;
+    assert_eq!(created.topics[0].error_code, 0, "{:?}", created.topics[0]);
+    let id = init_producer(&mut kafka).await;
+    let topic = "ledger.v1";
+    let code = |e: ResponseError| e.code();
+    assert_eq!(
+        produce(
+            &mut kafka,
+            topic,
+            (id, 0),
+            0,
+            &[("a", Some("1")), ("b", Some("2"))]
+        )
+        .await,
+        (0, 0)
+    );
+    // The producer bumped its epoch (as clients do after a failed batch): it writes,
+    // from sequence 0 again, and the older epoch is fenced.
+    assert_eq!(
+        produce(&mut kafka, topic, (id, 1), 0, &[("a", Some("3"))]).await,
+        (0, 2)
+    );
+    let (fenced, _) = produce(&mut kafka, topic, (id, 0), 2, &[("c", Some("4"))]).await;
+    assert_eq!(fenced, code(ResponseError::InvalidProducerEpoch));
+    let (gap, _) = produce(&mut kafka, topic, (id, 1), 5, &[("c", Some("4"))]).await;
+    assert_eq!(gap, code(ResponseError::OutOfOrderSequenceNumber));
+    let other = init_producer(&mut kafka).await;
+    let (unknown, _) = produce(&mut kafka, topic, (other, 0), 3, &[("c", Some("4"))]).await;
+    assert_eq!(unknown, code(ResponseError::UnknownProducerId));
+    // A tombstone of a key that never existed takes its offset; its retry is answered
+    // with it.
+    assert_eq!(
+        produce(&mut kafka, topic, (id, 1), 1, &[("never", None)]).await,
+        (0, 3)
+    );
+    assert_eq!(
+        produce(&mut kafka, topic, (id, 1), 1, &[("never", None)]).await,
+        (0, 3)
+    );
+    assert_eq!(
+        produce(
+            &mut kafka,
+            topic,
+            (id, 1),
+            2,
+            &[("b", None), ("c", Some("5"))]
+        )
+        .await,
+        (0, 4)
+    );
+    node.stop().await;
+}

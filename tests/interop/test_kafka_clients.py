@@ -480,3 +480,59 @@ def test_kafka_python_offsets_expire_only_after_their_group_empties(mink_node, t
         if live:
             live.close()
         node.kill()
+
+
+def test_a_compacted_topic_on_three_nodes_with_kafka_python_and_aiokafka(cluster):
+    """A compacted topic whose partitions are led by three nodes: kafka-python upserts
+    and deletes keys (its default partitioner is Kafka's, so every key goes where the
+    topic keeps it), aiokafka reads every change with tombstones as records without a
+    value, and a lookup through any node answers each key's latest value."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition as AioTopicPartition
+
+    nodes, clients = cluster
+    boot = ",".join(n.bootstrap for n in nodes)
+    admin = KafkaAdminClient(bootstrap_servers=boot, request_timeout_ms=TIMEOUT_MS)
+    admin.create_topics(
+        [NewTopic("accounts", num_partitions=6, replication_factor=1, topic_configs={"cleanup.policy": "compact"})]
+    )
+    admin.close()
+    leaders = {b["leader"] for b in action(clients[0], "metadata", {"path": "kafka.accounts"})["buckets"]}
+    assert len(leaders) > 1, leaders
+    producer = KafkaProducer(bootstrap_servers=boot, acks="all", retries=20)
+    keys = [b"acct-%d" % i for i in range(40)]
+    for k in keys:
+        producer.send("accounts", key=k, value=b"open").get(timeout=30)
+    for k in keys[:10]:
+        producer.send("accounts", key=k, value=b"closed").get(timeout=30)
+    for k in keys[30:]:
+        producer.send("accounts", key=k, value=None).get(timeout=30)
+    producer.close()
+    want = {**{k: b"open" for k in keys}, **{k: b"closed" for k in keys[:10]}, **{k: None for k in keys[30:]}}
+
+    async def read_all():
+        consumer = AIOKafkaConsumer(bootstrap_servers=boot, auto_offset_reset="earliest", enable_auto_commit=False)
+        await consumer.start()
+        try:
+            consumer.assign([AioTopicPartition("accounts", p) for p in range(6)])
+            latest, count = {}, 0
+            deadline = time.monotonic() + 30
+            while count < 60 and time.monotonic() < deadline:
+                for tp, records in (await consumer.getmany(timeout_ms=500)).items():
+                    for r in records:
+                        latest[r.key] = r.value
+                        count += 1
+            return latest, count
+        finally:
+            await consumer.stop()
+
+    latest, count = asyncio.run(read_all())
+    assert count == 60 and latest == want, (count, latest)
+    for client in clients:
+        body = {"path": "kafka.accounts", "keys": [[k.decode()] for k in keys]}
+        [answer] = list(client.do_action(flight.Action("lookup", json.dumps(body).encode())))
+        import pyarrow as pa
+
+        found = pa.ipc.open_stream(answer.body.to_pybytes()).read_all()
+        assert dict(zip(found.column("key").to_pylist(), found.column("value").to_pylist())) == {
+            k: v for k, v in want.items() if v is not None
+        }

@@ -317,7 +317,7 @@ pub fn request(put: &PutSpec, writer_id: i64, sequence: i64) -> PutRequest {
     PutRequest {
         writer_id,
         batch_sequence: sequence,
-        last_sequence: None,
+        kafka: None,
         schema_id: 1,
         target_columns: targets,
         changes,

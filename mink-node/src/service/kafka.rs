@@ -165,8 +165,8 @@ impl NodeService {
     }
 
     /// Produce to a compacted topic: the batch is a Put of its keys (see
-    /// [`compacted_put`]), pipelined as appends are (the Put waits for the producer's
-    /// earlier batches, and refuses a gap, as an append does).
+    /// [`compacted_put`]) under Kafka's producer rules (`mink_kv::KafkaBatch`),
+    /// submitted before this returns and awaited after, as appends are.
     #[allow(clippy::too_many_arguments)]
     async fn produce_compacted(
         &self,
@@ -190,16 +190,22 @@ impl NodeService {
         let request = PutRequest {
             writer_id,
             batch_sequence: first_sequence,
-            last_sequence: Some(last_sequence),
+            kafka: Some(mink_kv::KafkaBatch { last_sequence }),
             schema_id: table.descriptor.schema.schema_id,
             target_columns: None,
             changes,
             batch,
         };
         let log_append_time = is_log_append_time(table);
+        // Submitted here, in the connection's produce turn, so that the producer's
+        // batches are merged in the order it sent them; durability is awaited after.
+        let pending = match tablet.submit_put(request, None).await {
+            Ok(p) => p,
+            Err(e) => return Err(self.redirect_stale(bucket, e).await),
+        };
         Ok(Box::pin(async move {
             let _admitted = admitted;
-            let appended = tablet.put(request).await?;
+            let appended = pending.wait().await?;
             Ok(Produced {
                 base_offset: appended.first_offset,
                 log_start_offset: tablet.log().log_start(),
@@ -242,9 +248,14 @@ fn is_log_append_time(table: &TableInfo) -> bool {
 /// a compacted topic's primary-key table.
 pub(crate) fn is_kafka_topic(table: &TableInfo) -> bool {
     let d = &table.descriptor;
-    !d.is_partitioned()
-        && is_topic(&d.schema.columns)
-        && (!d.has_primary_key() || is_compacted_topic(d))
+    if d.is_partitioned() {
+        return false;
+    }
+    if d.has_primary_key() {
+        is_compacted_topic(d) && d.schema.columns == compacted_topic_columns()
+    } else {
+        is_topic(&d.schema.columns)
+    }
 }
 
 /// Whether a table is a compacted topic's: keyed by the record key, bucketed as Kafka
@@ -473,6 +484,8 @@ impl KafkaHandler for NodeService {
         let mut set_properties = std::collections::BTreeMap::new();
         if let Some(retention) = alter.retention_ms {
             let ttl = match retention {
+                // A compacted topic's changelog is kept by default (topic_descriptor).
+                None if table.descriptor.has_primary_key() => LogTtl(None),
                 None => mink_types::table::TableProperties::default().log_ttl,
                 Some(-1) => LogTtl(None),
                 Some(ms) => LogTtl(Some(Duration::from_millis(ms.max(1) as u64))),

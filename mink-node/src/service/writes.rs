@@ -202,7 +202,7 @@ impl NodeService {
         let request = PutRequest {
             writer_id,
             batch_sequence,
-            last_sequence: None,
+            kafka: None,
             schema_id,
             target_columns,
             changes,
