@@ -115,12 +115,21 @@ fn records() -> Bytes {
 
 /// A Produce request at `v` of `records` to partition 0 of the fuzzed topic.
 fn produce(v: i16, records: Bytes) -> Vec<u8> {
+    produce_to("fuzz", v, records)
+}
+
+/// The compacted topic damaged batches go to as well (a primary-key table: its
+/// records reach the Put path).
+const COMPACTED: &str = "fuzz.compacted";
+
+/// A Produce request at `v` of `records` to partition 0 of `topic`.
+fn produce_to(topic: &str, v: i16, records: Bytes) -> Vec<u8> {
     let req = ProduceRequest::default()
         .with_acks(-1)
         .with_timeout_ms(5_000)
         .with_topic_data(vec![
             TopicProduceData::default()
-                .with_name(TopicName(name("fuzz")))
+                .with_name(TopicName(name(topic)))
                 .with_partition_data(vec![
                     PartitionProduceData::default()
                         .with_index(0)
@@ -935,6 +944,31 @@ async fn mutated_requests_of_every_api_never_panic_the_node() {
         }
     }
     produce_accepted(addr).await;
+    let create = CreateTopicsRequest::default()
+        .with_timeout_ms(5_000)
+        .with_topics(vec![
+            CreatableTopic::default()
+                .with_name(TopicName(name(COMPACTED)))
+                .with_num_partitions(1)
+                .with_replication_factor(1)
+                .with_configs(vec![
+                    CreatableTopicConfig::default()
+                        .with_name(name("cleanup.policy"))
+                        .with_value(Some(name("compact"))),
+                ]),
+        ]);
+    let mut created = Bytes::from(
+        send(addr, &frame(ApiKey::CreateTopics, 5, &create))
+            .await
+            .expect("CreateTopics answered"),
+    );
+    ResponseHeader::decode(
+        &mut created,
+        ApiKey::CreateTopics.response_header_version(5),
+    )
+    .unwrap();
+    let created = CreateTopicsResponse::decode(&mut created, 5).unwrap();
+    assert_eq!(created.topics[0].error_code, 0, "{:?}", created.topics[0]);
     let mut rng = StdRng::seed_from_u64(seed);
     let mut next = 0;
     let mut rejoins = 0;
@@ -944,7 +978,12 @@ async fn mutated_requests_of_every_api_never_panic_the_node() {
         // through the templates, the live member's sent for a live member.
         let (key, v, mutated) = if i % 4 == 0 {
             let v = if i % 8 == 0 { 3 } else { 9 };
-            (ApiKey::Produce, v, produce(v, damaged_records(&mut rng)))
+            let topic = if i % 16 == 4 { COMPACTED } else { "fuzz" };
+            (
+                ApiKey::Produce,
+                v,
+                produce_to(topic, v, damaged_records(&mut rng)),
+            )
         } else {
             let at = next % templates.len();
             next += 1;
