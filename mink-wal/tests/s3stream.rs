@@ -343,6 +343,50 @@ async fn a_replacing_generation_takes_what_it_acknowledged_from_memory(t: TestSt
     }
 }
 
+/// A dead node's streams taken over all at once by one node whose recovery budget is
+/// two WAL objects (groups of 1 GiB): every takeover completes (none is stuck behind
+/// another's permits) and recovers its records.
+async fn many_takeovers_at_once_share_a_small_recovery_budget(t: TestStore) {
+    let config = || WalConfig {
+        group_bytes_max: 1 << 30,
+        pending_bytes_max: 1 << 30,
+        ..config()
+    };
+    let dead = StreamStore::open(t.store.clone(), "dead", config())
+        .await
+        .unwrap();
+    let names: Vec<String> = (0..12).map(|i| format!("many{i}")).collect();
+    let mut streams = Vec::new();
+    for name in &names {
+        streams.push(dead.open_stream(name, 1).await.unwrap());
+    }
+    for round in 0..4u64 {
+        for (s, name) in streams.iter().zip(&names) {
+            s.append_durable(1, 1, 0, payload(name, round))
+                .await
+                .unwrap();
+        }
+    }
+    drop(streams); // a crash: nothing closed
+    let taker = StreamStore::open(t.store.clone(), "taker", config())
+        .await
+        .unwrap();
+    let opens = names.iter().map(|name| taker.open_stream(name, 2));
+    let taken = tokio::time::timeout(Duration::from_secs(60), futures::future::join_all(opens))
+        .await
+        .expect("every takeover completes");
+    for (s, name) in taken.into_iter().zip(&names) {
+        let s = s.unwrap();
+        let bodies: Vec<Bytes> = read_all(&s).await.into_iter().map(|(_, b)| b).collect();
+        assert_eq!(
+            bodies,
+            (0..4).map(|i| payload(name, i)).collect::<Vec<_>>(),
+            "{name}"
+        );
+    }
+    drop(dead);
+}
+
 async fn a_takeover_fences_the_old_owner(t: TestStore) {
     let a = StreamStore::open(t.store.clone(), "a", config())
         .await
@@ -875,6 +919,7 @@ backend_tests! {
     acks_come_in_upload_order => super::acks_come_in_upload_order;
     a_failed_upload_fails_later_appends_and_reopen_recovers => super::a_failed_upload_fails_later_appends_and_reopen_recovers;
     a_replacing_generation_takes_what_it_acknowledged_from_memory => super::a_replacing_generation_takes_what_it_acknowledged_from_memory;
+    many_takeovers_at_once_share_a_small_recovery_budget => super::many_takeovers_at_once_share_a_small_recovery_budget;
     upload_errors_are_retried_and_a_landed_retry_is_not_a_fence => super::upload_errors_are_retried_and_a_landed_retry_is_not_a_fence;
     a_takeover_fences_the_old_owner => super::a_takeover_fences_the_old_owner;
     crash_recovery_and_clean_handover => super::crash_recovery_and_clean_handover;

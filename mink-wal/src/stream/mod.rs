@@ -213,6 +213,10 @@ pub(crate) struct StoreInner {
     segment_indexes: Mutex<HashMap<String, Arc<Vec<crate::format::IndexEntry>>>>,
     /// WAL objects takeovers read, shared between the takeovers of one dead WAL.
     recovery_reads: shared_reads::SharedReads,
+    /// WAL objects all takeovers of this node may hold at once, read or being read
+    /// (`takeover::recovery_budget`): each takeover's reads in flight are bounded by
+    /// bytes, and so are all of theirs together.
+    recovery_budget: Arc<Semaphore>,
     /// What the failed generation this one replaced acknowledged (and what that one
     /// still kept of the generation before it, ...), for the takeovers of their
     /// streams, until they are done (`remembered`). At most `REMEMBERED_MAX`.
@@ -492,6 +496,9 @@ impl StreamStore {
             merges: AtomicU64::new(0),
             segment_indexes: Mutex::new(HashMap::new()),
             recovery_reads: shared_reads::SharedReads::default(),
+            recovery_budget: Arc::new(Semaphore::new(takeover::recovery_budget(
+                config.group_bytes_max,
+            ))),
             remembered: Mutex::new(remembered),
         });
         tokio::spawn(writer::run_writer(store, wal, config, writer, rx));

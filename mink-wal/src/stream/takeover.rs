@@ -43,6 +43,22 @@ fn recovery_gets(group_bytes_max: u64) -> usize {
     ((RECOVERY_BYTES / group_bytes_max.max(1)) as usize).clamp(RECOVERY_GETS_MIN, RECOVERY_GETS_MAX)
 }
 
+/// Bytes of WAL objects all the takeovers of one node may hold at once (a failed
+/// node's buckets all move at once, and each takeover holds up to `RECOVERY_BYTES`):
+/// four takeovers' worth. Each object read takes one of `recovery_budget` permits,
+/// from before its GET until it is decoded; a takeover takes its permits in the order
+/// of its objects, so the one it waits on first always holds its own (no takeover
+/// holding permits can be stuck behind another's).
+const RECOVERY_NODE_BYTES: u64 = 4 * RECOVERY_BYTES;
+
+/// Permits of a node's recovery budget, for groups of `group_bytes_max`: at least as
+/// many as one takeover reads at once.
+pub(super) fn recovery_budget(group_bytes_max: u64) -> usize {
+    ((RECOVERY_NODE_BYTES / group_bytes_max.max(1)) as usize)
+        .clamp(RECOVERY_GETS_MIN, 4 * RECOVERY_GETS_MAX)
+        .max(recovery_gets(group_bytes_max))
+}
+
 /// The pause before the next attempt after `attempt` failed ones.
 fn retry_pause(attempt: u32) -> Duration {
     Duration::from_millis((5u64 << attempt.min(7)).min(500))
@@ -547,10 +563,24 @@ async fn read_owner_wal(
         _ => Some((seq, None)),
     });
     // Read `recovery_gets` objects at a time, taken in order (one after another took
-    // seconds on a slow store for a WAL of a few hundred objects); objects fetched
-    // ahead of a fence object are dropped without being decoded.
-    let mut objects = futures::stream::iter(sources)
-        .map(|(seq, remembered)| async move {
+    // seconds on a slow store for a WAL of a few hundred objects), each under a permit
+    // of the node's recovery budget taken in order before its GET and held until it is
+    // decoded; objects fetched ahead of a fence object are dropped without being
+    // decoded.
+    let budget = store.recovery_budget.clone();
+    let objects = futures::stream::iter(sources)
+        .then(move |(seq, remembered)| {
+            let budget = budget.clone();
+            async move {
+                let permit = match remembered {
+                    Some(_) => None,
+                    // The semaphore is never closed.
+                    None => budget.acquire_owned().await.ok(),
+                };
+                (seq, remembered, permit)
+            }
+        })
+        .map(|(seq, remembered, permit)| async move {
             let source = match remembered {
                 Some(records) => Source::Remembered(records),
                 None => {
@@ -559,10 +589,11 @@ async fn read_owner_wal(
                     Source::Read(path, got)
                 }
             };
-            (seq, source)
+            (seq, source, permit)
         })
         .buffered(recovery_gets(store.config.group_bytes_max));
-    while let Some((seq, source)) = objects.next().await {
+    let mut objects = std::pin::pin!(objects);
+    while let Some((seq, source, _permit)) = objects.next().await {
         let found = match source {
             Source::Remembered(records) => {
                 phases.objects_remembered += 1;
@@ -739,6 +770,16 @@ async fn fence(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_nodes_recovery_reads_are_bounded_by_bytes_in_all() {
+        assert_eq!(recovery_budget(8 << 20), 32);
+        assert_eq!(recovery_budget(1 << 20), 4 * RECOVERY_GETS_MAX);
+        assert_eq!(recovery_budget(1 << 30), RECOVERY_GETS_MIN);
+        for group in [1, 4 << 20, 8 << 20, 32 << 20, 1 << 30] {
+            assert!(recovery_budget(group) >= recovery_gets(group), "{group}");
+        }
+    }
 
     #[test]
     fn recovery_reads_are_bounded_by_bytes_in_flight() {
