@@ -6,7 +6,6 @@ mod common;
 
 use common::KafkaConn;
 use kafka_protocol::error::ResponseError;
-use kafka_protocol::messages::create_topics_request::CreatableTopic;
 use kafka_protocol::messages::incremental_alter_configs_request::{
     AlterConfigsResource, AlterableConfig,
 };
@@ -139,21 +138,7 @@ async fn a_resource_named_twice_in_incremental_alter_configs_is_refused_both_tim
     let dir = tempfile::tempdir().unwrap();
     let node = node(dir.path()).await;
     let mut kafka = KafkaConn::connect(node.kafka_addr.unwrap()).await;
-    let created: CreateTopicsResponse = kafka
-        .call(
-            ApiKey::CreateTopics,
-            5,
-            &CreateTopicsRequest::default()
-                .with_timeout_ms(5_000)
-                .with_topics(vec![
-                    CreatableTopic::default()
-                        .with_name(TopicName(name("twice.v1")))
-                        .with_num_partitions(1)
-                        .with_replication_factor(1),
-                ]),
-        )
-        .await;
-    assert_eq!(created.topics[0].error_code, 0);
+    assert_eq!(kafka.create_topic("twice.v1", 1, &[]).await, 0);
     let set = |value: &str| {
         AlterConfigsResource::default()
             .with_resource_type(2)
@@ -208,22 +193,6 @@ async fn a_resource_named_twice_in_incremental_alter_configs_is_refused_both_tim
     node.stop().await;
 }
 
-/// A new idempotent producer id (epoch 0).
-async fn init_producer(kafka: &mut KafkaConn) -> i64 {
-    let r: InitProducerIdResponse = kafka
-        .call(
-            ApiKey::InitProducerId,
-            4,
-            &InitProducerIdRequest::default()
-                .with_transaction_timeout_ms(60_000)
-                .with_producer_id(ProducerId(-1))
-                .with_producer_epoch(-1),
-        )
-        .await;
-    assert_eq!(r.error_code, 0);
-    r.producer_id.0
-}
-
 /// Produces keyed records (a `None` value is a tombstone) to partition 0 of `topic` as
 /// producer `(id, epoch)` from `first_sequence`: the error code and the base offset.
 async fn produce(
@@ -233,53 +202,18 @@ async fn produce(
     first_sequence: i32,
     records: &[(&str, Option<&str>)],
 ) -> (i16, i64) {
-    use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
-    use kafka_protocol::records::{
-        Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
-    };
-    let records: Vec<Record> = records
+    let records: Vec<_> = records
         .iter()
-        .enumerate()
-        .map(|(i, (key, value))| Record {
-            transactional: false,
-            control: false,
-            delete_horizon: false,
-            partition_leader_epoch: 0,
-            producer_id: producer.0,
-            producer_epoch: producer.1,
-            timestamp_type: TimestampType::Creation,
-            offset: i as i64,
-            sequence: first_sequence + i as i32,
-            timestamp: 1_700_000_000_000,
-            key: Some(bytes::Bytes::from(key.to_string())),
-            value: value.map(|v| bytes::Bytes::from(v.to_string())),
-            headers: Default::default(),
+        .map(|(k, v)| {
+            (
+                Some(bytes::Bytes::from(k.to_string())),
+                v.map(|v| bytes::Bytes::from(v.to_string())),
+            )
         })
         .collect();
-    let mut batch = bytes::BytesMut::new();
-    RecordBatchEncoder::encode(
-        &mut batch,
-        &records,
-        &RecordEncodeOptions {
-            version: 2,
-            compression: Compression::None,
-        },
-    )
-    .unwrap();
-    let request = ProduceRequest::default()
-        .with_acks(-1)
-        .with_timeout_ms(30_000)
-        .with_topic_data(vec![
-            TopicProduceData::default()
-                .with_name(TopicName(name(topic)))
-                .with_partition_data(vec![
-                    PartitionProduceData::default()
-                        .with_index(0)
-                        .with_records(Some(batch.freeze())),
-                ]),
-        ]);
-    let r: ProduceResponse = kafka.call(ApiKey::Produce, 9, &request).await;
-    let p = &r.responses[0].partition_responses[0];
+    let p = kafka
+        .produce_records(topic, producer, first_sequence, &records)
+        .await;
     (p.error_code, p.base_offset)
 }
 
@@ -293,27 +227,11 @@ async fn a_compacted_topic_holds_idempotent_producers_to_kafkas_rules() {
     let dir = tempfile::tempdir().unwrap();
     let node = node(dir.path()).await;
     let mut kafka = KafkaConn::connect(node.kafka_addr.unwrap()).await;
-    let created: CreateTopicsResponse = kafka
-        .call(
-            ApiKey::CreateTopics,
-            5,
-            &CreateTopicsRequest::default()
-                .with_timeout_ms(5_000)
-                .with_topics(vec![
-                    CreatableTopic::default()
-                        .with_name(TopicName(name("ledger.v1")))
-                        .with_num_partitions(1)
-                        .with_replication_factor(1)
-                        .with_configs(vec![
-                            kafka_protocol::messages::create_topics_request::CreatableTopicConfig::default()
-                                .with_name(name("cleanup.policy"))
-                                .with_value(Some(name("compact"))),
-                        ]),
-                ]),
-        )
+    let created = kafka
+        .create_topic("ledger.v1", 1, &[("cleanup.policy", "compact")])
         .await;
-    assert_eq!(created.topics[0].error_code, 0, "{:?}", created.topics[0]);
-    let id = init_producer(&mut kafka).await;
+    assert_eq!(created, 0);
+    let (id, _) = kafka.init_producer().await;
     let topic = "ledger.v1";
     let code = |e: ResponseError| e.code();
     assert_eq!(
@@ -337,7 +255,7 @@ async fn a_compacted_topic_holds_idempotent_producers_to_kafkas_rules() {
     assert_eq!(fenced, code(ResponseError::InvalidProducerEpoch));
     let (gap, _) = produce(&mut kafka, topic, (id, 1), 5, &[("c", Some("4"))]).await;
     assert_eq!(gap, code(ResponseError::OutOfOrderSequenceNumber));
-    let other = init_producer(&mut kafka).await;
+    let (other, _) = kafka.init_producer().await;
     let (unknown, _) = produce(&mut kafka, topic, (other, 0), 3, &[("c", Some("4"))]).await;
     assert_eq!(unknown, code(ResponseError::UnknownProducerId));
     // A tombstone of a key that never existed takes its offset; its retry is answered

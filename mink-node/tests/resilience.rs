@@ -320,25 +320,6 @@ async fn a_node_declared_dead_while_alive_comes_back() {
 }
 
 impl KafkaConn {
-    /// A new idempotent producer: (id, epoch).
-    async fn init_producer(&mut self) -> (i64, i16) {
-        use kafka_protocol::messages::{
-            ApiKey, InitProducerIdRequest, InitProducerIdResponse, ProducerId,
-        };
-        let r: InitProducerIdResponse = self
-            .call(
-                ApiKey::InitProducerId,
-                4,
-                &InitProducerIdRequest::default()
-                    .with_transaction_timeout_ms(60_000)
-                    .with_producer_id(ProducerId(-1))
-                    .with_producer_epoch(-1),
-            )
-            .await;
-        assert_eq!(r.error_code, 0);
-        (r.producer_id.0, r.producer_epoch)
-    }
-
     /// Produces values `values` (one record each, sequences from `first_sequence`) to
     /// partition 0 of `topic` as `producer`: the partition's error code and message.
     async fn produce(
@@ -348,59 +329,12 @@ impl KafkaConn {
         first_sequence: i32,
         values: std::ops::Range<i32>,
     ) -> (i16, String) {
-        use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
-        use kafka_protocol::messages::{ApiKey, ProduceRequest, ProduceResponse, TopicName};
-        use kafka_protocol::protocol::StrBytes;
-        use kafka_protocol::records::{
-            Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
-        };
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_millis() as i64;
-        let records: Vec<Record> = values
-            .clone()
-            .enumerate()
-            .map(|(i, value)| Record {
-                transactional: false,
-                control: false,
-                delete_horizon: false,
-                partition_leader_epoch: 0,
-                producer_id: producer.0,
-                producer_epoch: producer.1,
-                timestamp_type: TimestampType::Creation,
-                offset: i as i64,
-                sequence: first_sequence + i as i32,
-                timestamp: now,
-                key: None,
-                value: Some(bytes::Bytes::from(format!("v{value}"))),
-                headers: Default::default(),
-            })
+        let records: Vec<_> = values
+            .map(|value| (None, Some(bytes::Bytes::from(format!("v{value}")))))
             .collect();
-        let mut batch = bytes::BytesMut::new();
-        RecordBatchEncoder::encode(
-            &mut batch,
-            &records,
-            &RecordEncodeOptions {
-                version: 2,
-                compression: Compression::None,
-            },
-        )
-        .unwrap();
-        let request = ProduceRequest::default()
-            .with_acks(-1)
-            .with_timeout_ms(30_000)
-            .with_topic_data(vec![
-                TopicProduceData::default()
-                    .with_name(TopicName(StrBytes::from_string(topic.to_string())))
-                    .with_partition_data(vec![
-                        PartitionProduceData::default()
-                            .with_index(0)
-                            .with_records(Some(batch.freeze())),
-                    ]),
-            ]);
-        let r: ProduceResponse = self.call(ApiKey::Produce, 9, &request).await;
-        let p = &r.responses[0].partition_responses[0];
+        let p = self
+            .produce_records(topic, producer, first_sequence, &records)
+            .await;
         (
             p.error_code,
             p.error_message

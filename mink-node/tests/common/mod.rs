@@ -156,4 +156,131 @@ impl KafkaConn {
         assert_eq!(header.correlation_id, self.correlation);
         Resp::decode(&mut frame, v).unwrap()
     }
+
+    /// A new idempotent producer: (id, epoch).
+    pub async fn init_producer(&mut self) -> (i64, i16) {
+        use kafka_protocol::messages::{
+            ApiKey, InitProducerIdRequest, InitProducerIdResponse, ProducerId,
+        };
+        let r: InitProducerIdResponse = self
+            .call(
+                ApiKey::InitProducerId,
+                4,
+                &InitProducerIdRequest::default()
+                    .with_transaction_timeout_ms(60_000)
+                    .with_producer_id(ProducerId(-1))
+                    .with_producer_epoch(-1),
+            )
+            .await;
+        assert_eq!(r.error_code, 0);
+        (r.producer_id.0, r.producer_epoch)
+    }
+
+    /// Produces `records` (key, value; a `None` value is a tombstone) to partition 0
+    /// of `topic` as producer `(id, epoch)` from `first_sequence`: the partition's
+    /// answer.
+    pub async fn produce_records(
+        &mut self,
+        topic: &str,
+        producer: (i64, i16),
+        first_sequence: i32,
+        records: &[(Option<bytes::Bytes>, Option<bytes::Bytes>)],
+    ) -> kafka_protocol::messages::produce_response::PartitionProduceResponse {
+        use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+        use kafka_protocol::messages::{ApiKey, ProduceRequest, ProduceResponse, TopicName};
+        use kafka_protocol::protocol::StrBytes;
+        use kafka_protocol::records::{
+            Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64;
+        let records: Vec<Record> = records
+            .iter()
+            .enumerate()
+            .map(|(i, (key, value))| Record {
+                transactional: false,
+                control: false,
+                delete_horizon: false,
+                partition_leader_epoch: 0,
+                producer_id: producer.0,
+                producer_epoch: producer.1,
+                timestamp_type: TimestampType::Creation,
+                offset: i as i64,
+                sequence: first_sequence + i as i32,
+                timestamp: now,
+                key: key.clone(),
+                value: value.clone(),
+                headers: Default::default(),
+            })
+            .collect();
+        let mut batch = bytes::BytesMut::new();
+        RecordBatchEncoder::encode(
+            &mut batch,
+            &records,
+            &RecordEncodeOptions {
+                version: 2,
+                compression: Compression::None,
+            },
+        )
+        .unwrap();
+        let request = ProduceRequest::default()
+            .with_acks(-1)
+            .with_timeout_ms(30_000)
+            .with_topic_data(vec![
+                TopicProduceData::default()
+                    .with_name(TopicName(StrBytes::from_string(topic.to_string())))
+                    .with_partition_data(vec![
+                        PartitionProduceData::default()
+                            .with_index(0)
+                            .with_records(Some(batch.freeze())),
+                    ]),
+            ]);
+        let r: ProduceResponse = self.call(ApiKey::Produce, 9, &request).await;
+        r.responses[0].partition_responses[0].clone()
+    }
+
+    /// Creates `topic` with `partitions` and `configs` (CreateTopics v5): its error
+    /// code.
+    pub async fn create_topic(
+        &mut self,
+        topic: &str,
+        partitions: i32,
+        configs: &[(&str, &str)],
+    ) -> i16 {
+        use kafka_protocol::messages::create_topics_request::{
+            CreatableTopic, CreatableTopicConfig,
+        };
+        use kafka_protocol::messages::{
+            ApiKey, CreateTopicsRequest, CreateTopicsResponse, TopicName,
+        };
+        use kafka_protocol::protocol::StrBytes;
+        let name = |s: &str| StrBytes::from_string(s.to_string());
+        let created: CreateTopicsResponse = self
+            .call(
+                ApiKey::CreateTopics,
+                5,
+                &CreateTopicsRequest::default()
+                    .with_timeout_ms(5_000)
+                    .with_topics(vec![
+                        CreatableTopic::default()
+                            .with_name(TopicName(name(topic)))
+                            .with_num_partitions(partitions)
+                            .with_replication_factor(1)
+                            .with_configs(
+                                configs
+                                    .iter()
+                                    .map(|(k, v)| {
+                                        CreatableTopicConfig::default()
+                                            .with_name(name(k))
+                                            .with_value(Some(name(v)))
+                                    })
+                                    .collect(),
+                            ),
+                    ]),
+            )
+            .await;
+        created.topics[0].error_code
+    }
 }
