@@ -642,49 +642,51 @@ impl TableDescriptor {
             }
         }
 
-        if self.bucketing == BucketingRule::Kafka {
-            let [key] = bucket_keys.as_slice() else {
-                return Err(MinkError::invalid(
-                    "bucketing",
-                    format!(
-                        "the kafka rule needs exactly one bucket key, the table has {}",
-                        bucket_keys.len()
-                    ),
-                ));
-            };
-            if schema.column(key).map(|c| c.data_type) != Some(DataType::Bytes) {
-                return Err(MinkError::invalid(
-                    "bucketing",
-                    format!("the kafka rule buckets a BYTES column; {key:?} is not one"),
-                ));
-            }
-        }
-        if self.bucketing == BucketingRule::Iceberg {
-            let [key] = bucket_keys.as_slice() else {
-                return Err(MinkError::invalid(
-                    "bucketing",
-                    format!(
-                        "the iceberg rule needs exactly one bucket key, the table has {}",
-                        bucket_keys.len()
-                    ),
-                ));
-            };
-            let ty = schema.column(key).map(|c| c.data_type);
-            if matches!(
-                ty,
-                Some(DataType::Boolean | DataType::Float | DataType::Double)
-            ) {
-                return Err(MinkError::invalid(
+        self.validate_bucketing(&bucket_keys)?;
+
+        self.validate_properties()
+    }
+
+    /// The bucketing rule against the bucket keys: the kafka and iceberg rules take
+    /// one key, of a type they hash.
+    fn validate_bucketing(&self, bucket_keys: &[String]) -> Result<()> {
+        let schema = &self.schema;
+        let rule = match self.bucketing {
+            BucketingRule::Hash => return Ok(()),
+            BucketingRule::Kafka => "kafka",
+            BucketingRule::Iceberg => "iceberg",
+        };
+        let [key] = bucket_keys else {
+            return Err(MinkError::invalid(
+                "bucketing",
+                format!(
+                    "the {rule} rule needs exactly one bucket key, the table has {}",
+                    bucket_keys.len()
+                ),
+            ));
+        };
+        let ty = schema.column(key).map(|c| c.data_type);
+        match self.bucketing {
+            BucketingRule::Kafka if ty != Some(DataType::Bytes) => Err(MinkError::invalid(
+                "bucketing",
+                format!("the kafka rule buckets a BYTES column; {key:?} is not one"),
+            )),
+            BucketingRule::Iceberg
+                if matches!(
+                    ty,
+                    Some(DataType::Boolean | DataType::Float | DataType::Double)
+                ) =>
+            {
+                Err(MinkError::invalid(
                     "bucketing",
                     format!(
                         "the iceberg rule cannot bucket {} column {key:?}",
                         ty.map(|t| t.to_string()).unwrap_or_default()
                     ),
-                ));
+                ))
             }
+            _ => Ok(()),
         }
-
-        self.validate_properties()
     }
 
     fn validate_lake(&self) -> Result<()> {

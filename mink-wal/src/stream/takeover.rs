@@ -604,23 +604,9 @@ async fn read_owner_wal(
                 let bytes = match got {
                     Ok(bytes) => bytes,
                     Err(object_store::Error::NotFound { .. }) => {
-                        // Deleted under a newer commit of the owner, or a true loss:
-                        // only a fresh view tells.
-                        store.meta.catch_up().await?;
-                        let moved = store.meta.read(|s, _| {
-                            s.wal_floor(owner) > seq
-                                || s.streams.get(name).is_none_or(|m| {
-                                    m.wal_from > seq
-                                        || m.committed_end != meta.committed_end
-                                        || m.owner.as_ref() != Some(owner)
-                                })
-                        });
-                        if moved {
-                            return Ok(None);
-                        }
-                        return Err(WalError::Corrupt(format!(
-                            "WAL object {path} below the fence at {fence} is missing"
-                        )));
+                        // A stale view (`Ok`: read the log and try again) or a loss.
+                        missing(store, name, meta, owner, seq, fence).await?;
+                        return Ok(None);
                     }
                     Err(e) => return Err(e.into()),
                 };
@@ -659,6 +645,35 @@ async fn read_owner_wal(
         "read the previous owner's WAL"
     );
     Ok(Some(records))
+}
+
+/// WAL object `seq` of `owner`, below the fence at `fence`, is missing: deleted under
+/// a newer commit of the owner (`Ok`: the view was stale), or a true loss (`Corrupt`).
+/// Only a fresh view tells.
+async fn missing(
+    store: &Arc<StoreInner>,
+    name: &str,
+    meta: &StreamMeta,
+    owner: &WalId,
+    seq: u64,
+    fence: u64,
+) -> WalResult<()> {
+    store.meta.catch_up().await?;
+    let moved = store.meta.read(|s, _| {
+        s.wal_floor(owner) > seq
+            || s.streams.get(name).is_none_or(|m| {
+                m.wal_from > seq
+                    || m.committed_end != meta.committed_end
+                    || m.owner.as_ref() != Some(owner)
+            })
+    });
+    if moved {
+        return Ok(());
+    }
+    Err(WalError::Corrupt(format!(
+        "WAL object {} below the fence at {fence} is missing",
+        wal_path(owner, seq)
+    )))
 }
 
 /// Where `owner`'s WAL is fenced: the recorded fence, or a new fence object at the
