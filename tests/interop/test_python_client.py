@@ -82,6 +82,33 @@ def test_murmur3_and_the_iceberg_transform_match_their_published_vectors():
     assert ice([bytes([0, 1, 2, 3])], pa.binary()) == -188683207
 
 
+def test_the_kafka_rule_is_kafkas_partitioner_and_the_nodes(client):
+    """A compacted topic's bucketing: Kafka's murmur2 (its UtilsTest vectors), and rows
+    the client routes by it land in the buckets the node gives them."""
+    from mink.routing import kafka_murmur2
+
+    for key, h in [
+        (b"21", -973932308),
+        (b"foobar", -790332482),
+        (b"a-little-bit-long-string", -985981536),
+        (b"a-little-bit-longer-string", -1486304829),
+        (b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8", -58897971),
+        (b"abc", 479470107),
+    ]:
+        assert kafka_murmur2(key) == h, key
+    db = fresh_db(client, "kafka_rule")
+    schema = pa.schema([pa.field("key", pa.binary(), nullable=False), pa.field("v", pa.string())])
+    t = client.create_table(f"{db}.keyed", schema, primary_key=["key"], buckets=5, bucketing="kafka")
+    rows = [{"key": f"k-{i}".encode(), "v": str(i)} for i in range(200)]
+    with t.writer() as w:
+        w.write(rows)
+    for b in range(t.bucket_count):
+        part = t.scan(buckets=[b]).to_arrow()
+        if part.num_rows:
+            assert set(bucket_of_rows(part, t.bucket_keys, t.bucket_count, t.bucketing)) == {b}
+    assert t.scan().to_arrow().num_rows == 200
+
+
 # -- catalog --------------------------------------------------------------------------
 
 
