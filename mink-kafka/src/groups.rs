@@ -1254,10 +1254,10 @@ mod tests {
         }
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_restarted_static_member_takes_its_place_without_a_rebalance() {
-        let c = std::sync::Arc::new(coordinator());
-        // Two static members, no MEMBER_ID_REQUIRED round for them.
+    /// Static members A (`i-a`, leading) and B (`i-b`) joining group `g`, no
+    /// MEMBER_ID_REQUIRED round for them: A's first join, A's rejoin and B's join,
+    /// both in generation 2.
+    async fn two_static_members(c: &std::sync::Arc<Coordinator>) -> (Joined, Joined, Joined) {
         let a = c.join(static_join("", "i-a")).await;
         assert_eq!((a.error, a.generation), (0, 1));
         c.sync("g", 1, &a.member_id, vec![]).await;
@@ -1265,7 +1265,13 @@ mod tests {
         let b = tokio::spawn(async move { c2.join(static_join("", "i-b")).await });
         tokio::task::yield_now().await;
         let a2 = c.join(static_join(&a.member_id, "i-a")).await;
-        let b = b.await.unwrap();
+        (a, a2, b.await.unwrap())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_restarted_static_member_takes_its_place_without_a_rebalance() {
+        let c = std::sync::Arc::new(coordinator());
+        let (a, a2, b) = two_static_members(&c).await;
         assert_eq!((a2.generation, b.generation), (2, 2));
         let instances: Vec<_> = a2
             .members
@@ -1328,13 +1334,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_restarted_static_leader_is_told_to_skip_the_assignment() {
         let c = std::sync::Arc::new(coordinator());
-        let a = c.join(static_join("", "i-a")).await;
-        c.sync("g", 1, &a.member_id, vec![]).await;
-        let c2 = c.clone();
-        let b = tokio::spawn(async move { c2.join(static_join("", "i-b")).await });
-        tokio::task::yield_now().await;
-        let a2 = c.join(static_join(&a.member_id, "i-a")).await;
-        let b = b.await.unwrap();
+        let (a, a2, b) = two_static_members(&c).await;
         assert_eq!(a2.leader, a.member_id);
         assert!(!a2.skip_assignment, "a rebalance: the leader assigns");
         sync_both(&c, &a.member_id, &b.member_id).await;
