@@ -26,6 +26,14 @@ pub struct LakeConfig {
     /// The sweep keeps every object younger than this, needed or not: a round in
     /// flight has written files it has not committed yet. Default 1 h.
     pub orphan_min_age_ms: u64,
+    /// A primary-key bucket's lake is merge-on-read: each round adds the changed rows
+    /// and position deletes of the rows they replace. When the deleted rows reach this
+    /// percentage of the bucket's data file rows, the round rewrites the bucket instead
+    /// (its state in fresh files, no deletes). 1..=100; default 20.
+    pub rewrite_deleted_percent: u32,
+    /// ... or when the bucket has more than this many files written by merge-on-read
+    /// rounds (small data files and delete files). 2..=1000; default 32.
+    pub rewrite_files_max: u32,
 }
 
 impl Default for LakeConfig {
@@ -37,6 +45,8 @@ impl Default for LakeConfig {
             trim_grace_ms: 60_000,
             orphan_sweep_interval_ms: 3_600_000,
             orphan_min_age_ms: 3_600_000,
+            rewrite_deleted_percent: 20,
+            rewrite_files_max: 32,
         }
     }
 }
@@ -72,6 +82,18 @@ impl LakeConfig {
             return Err(format!(
                 "lake.orphan_min_age_ms {} is below 600000: a round in flight could lose its files",
                 self.orphan_min_age_ms
+            ));
+        }
+        if !(1..=100).contains(&self.rewrite_deleted_percent) {
+            return Err(format!(
+                "lake.rewrite_deleted_percent {} is outside 1..=100",
+                self.rewrite_deleted_percent
+            ));
+        }
+        if !(2..=1000).contains(&self.rewrite_files_max) {
+            return Err(format!(
+                "lake.rewrite_files_max {} is outside 2..=1000",
+                self.rewrite_files_max
             ));
         }
         Ok(())

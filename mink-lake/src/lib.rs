@@ -21,10 +21,12 @@ pub use iceberg::spec::DataFile;
 
 pub use config::LakeConfig;
 pub use schema::{
-    LakeRows, from_lake_batch, iceberg_schema, lake_arrow_schema, to_current_lake, to_lake_batch,
+    LakeRows, from_lake_batch, iceberg_schema, lake_arrow_schema, lake_columns, to_current_lake,
+    to_lake_batch,
 };
 pub use table::{
-    Committed, LakeFile, LakeTable, LakeVersion, SweepStats, TieredBucket, partition_value,
+    Committed, DeletedPositions, FileContent, LakeFile, LakeTable, LakeVersion, SnapshotFiles,
+    SweepStats, TieredBucket, partition_value,
 };
 
 pub(crate) fn now_ms() -> i64 {

@@ -287,6 +287,32 @@ pub fn from_lake_batch(schema: &Schema, batch: &RecordBatch) -> Result<LakeRows>
     })
 }
 
+/// Columns `indices` of the table (`schema`) out of lake rows (a whole file's or a
+/// projection of it), as the table's types: found by field id, cast where the lake's
+/// type differs. A column the file lacks (added later) is all null.
+pub fn lake_columns(
+    schema: &Schema,
+    batch: &RecordBatch,
+    indices: &[usize],
+) -> Result<Vec<ArrayRef>> {
+    let by_id = columns_by_id(batch);
+    let target = schema.to_arrow();
+    indices
+        .iter()
+        .map(|&i| {
+            let field = target.field(i);
+            Ok(
+                match by_id.get(&field_id(i)).map(|j| batch.column(*j).clone()) {
+                    Some(a) if a.data_type() == field.data_type() => a,
+                    Some(a) => cast(&a, field.data_type())
+                        .map_err(|e| cast_error(&schema.columns[i].name, e))?,
+                    None => arrow::array::new_null_array(field.data_type(), batch.num_rows()),
+                },
+            )
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -27,8 +27,8 @@ use futures::TryStreamExt;
 use iceberg::io::FileIO;
 use iceberg::spec::{
     DataContentType, DataFile, DataFileBuilder, DataFileFormat, FormatVersion, Literal,
-    ManifestList, ManifestListWriter, ManifestStatus, ManifestWriterBuilder, Operation,
-    PrimitiveLiteral, Snapshot, SnapshotReference, SnapshotRetention, Struct, Summary,
+    ManifestContentType, ManifestList, ManifestListWriter, ManifestStatus, ManifestWriterBuilder,
+    Operation, PrimitiveLiteral, Snapshot, SnapshotReference, SnapshotRetention, Struct, Summary,
     TableMetadata, TableMetadataBuilder,
 };
 use mink_types::{MinkError, Result, Schema, TablePath};
@@ -130,9 +130,12 @@ pub struct TieredBucket {
     pub from: Option<i64>,
     /// The offset after the last row tiered.
     pub to: i64,
+    /// New data files, and new position delete files (merge-on-read of a primary-key
+    /// bucket: they delete the old rows of the keys that changed).
     pub files: Vec<DataFile>,
-    /// Locations of the bucket's files `files` replace (copy-on-write of a
-    /// primary-key bucket: the new files hold its whole state). Empty for appends.
+    /// Locations of the bucket's files (data and deletes) that `files` replace (a
+    /// rewrite of a primary-key bucket: the new files hold its whole state). Empty
+    /// otherwise.
     pub replaces: Vec<String>,
 }
 
@@ -150,13 +153,64 @@ pub struct Committed {
     pub dropped: Vec<String>,
 }
 
-/// A data file of a snapshot.
+/// What a file of a snapshot holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileContent {
+    /// Rows.
+    Data,
+    /// Iceberg v2 position deletes: `(file_path, pos)` rows naming rows of data files
+    /// that are no longer part of the table (merge-on-read of primary-key tables).
+    PositionDeletes,
+}
+
+/// A file of a snapshot.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LakeFile {
     pub location: String,
+    /// Rows of a data file; deleted positions of a delete file.
     pub record_count: u64,
     pub size_bytes: u64,
+    pub content: FileContent,
+    /// Its Iceberg partition value (every file of a bucket has its partition's).
+    pub partition: Struct,
 }
+
+/// The files of a snapshot.
+#[derive(Debug, Clone, Default)]
+pub struct SnapshotFiles {
+    pub data: Vec<LakeFile>,
+    pub deletes: Vec<LakeFile>,
+}
+
+impl SnapshotFiles {
+    /// The files of one bucket (`TableBucket::stream_name`).
+    pub fn of_stream(&self, stream: &str) -> SnapshotFiles {
+        let mine = |files: &[LakeFile]| {
+            files
+                .iter()
+                .filter(|f| f.stream() == Some(stream))
+                .cloned()
+                .collect()
+        };
+        SnapshotFiles {
+            data: mine(&self.data),
+            deletes: mine(&self.deletes),
+        }
+    }
+
+    /// Every file's location, data and deletes.
+    pub fn locations(&self) -> Vec<String> {
+        self.data
+            .iter()
+            .chain(&self.deletes)
+            .map(|f| f.location.clone())
+            .collect()
+    }
+}
+
+/// The positions (row numbers from 0, across row groups) deleted from each data file,
+/// by data file location, each list ascending and without repeats.
+pub type DeletedPositions = HashMap<String, Vec<u64>>;
 
 impl LakeFile {
     /// The bucket (`TableBucket::stream_name`) whose rows the file holds: files are
@@ -164,6 +218,12 @@ impl LakeFile {
     pub fn stream(&self) -> Option<&str> {
         let (_, rest) = self.location.rsplit_once("/data/")?;
         rest.split_once('/').map(|(stream, _)| stream)
+    }
+
+    /// Written by a merge-on-read round (a delta data file, or a delete file), not by
+    /// a rewrite of its bucket.
+    pub fn is_delta(&self) -> bool {
+        self.content == FileContent::PositionDeletes || self.location.ends_with("-delta.parquet")
     }
 }
 
@@ -383,8 +443,37 @@ impl LakeTable {
         batches: &[RecordBatch],
         partition: Struct,
     ) -> Result<DataFile> {
+        let name = format!("{first_offset:020}-{}", token());
+        self.write_parquet(stream, &name, batches, partition, DataContentType::Data)
+            .await
+    }
+
+    /// As [`Self::write_data_file`], for the changed rows a merge-on-read round of a
+    /// primary-key bucket adds: named `…-delta.parquet`, so that [`LakeFile::is_delta`]
+    /// tells them from the files of a rewrite.
+    pub async fn write_delta_file(
+        &self,
+        stream: &str,
+        first_offset: i64,
+        batches: &[RecordBatch],
+        partition: Struct,
+    ) -> Result<DataFile> {
+        let name = format!("{first_offset:020}-{}-delta", token());
+        self.write_parquet(stream, &name, batches, partition, DataContentType::Data)
+            .await
+    }
+
+    /// `data/{stream}/{name}.parquet` of `batches`, and its manifest entry.
+    async fn write_parquet(
+        &self,
+        stream: &str,
+        name: &str,
+        batches: &[RecordBatch],
+        partition: Struct,
+        content: DataContentType,
+    ) -> Result<DataFile> {
         let Some(first) = batches.first() else {
-            return Err(MinkError::Internal("lake: a data file of no rows".into()));
+            return Err(MinkError::Internal("lake: a file of no rows".into()));
         };
         let props = WriterProperties::builder()
             .set_compression(Compression::SNAPPY)
@@ -402,17 +491,13 @@ impl LakeTable {
             .into_inner()
             .map_err(|e| MinkError::Internal(format!("lake: closing Parquet: {e}")))?;
         let size = bytes.len() as u64;
-        let path = Path::from(format!(
-            "{}/data/{stream}/{first_offset:020}-{}.parquet",
-            self.prefix,
-            token()
-        ));
+        let path = Path::from(format!("{}/data/{stream}/{name}.parquet", self.prefix));
         self.store
             .put(&path, PutPayload::from(bytes))
             .await
             .map_err(|e| storage(&path, e))?;
         DataFileBuilder::default()
-            .content(DataContentType::Data)
+            .content(content)
             .file_path(format!("{}/{path}", self.root_url))
             .file_format(DataFileFormat::Parquet)
             .partition(partition)
@@ -785,40 +870,44 @@ impl LakeTable {
         let mut written = Vec::new();
         let spec = (**base.default_partition_spec()).clone();
 
-        // The new files' manifest.
-        let mut manifests = Vec::new();
-        let new_manifest = |i: usize| -> Result<(String, iceberg::io::OutputFile)> {
+        // The new files' manifests (data and deletes apart: a manifest holds one kind),
+        // then the previous snapshot's, merged when there are too many or when files
+        // are replaced (a replaced file becomes a deleted entry of the merged manifest).
+        let manifest_out = |i: usize, content: ManifestContentType| -> Result<ManifestOut> {
             let location = format!("{}/metadata/{token}-m{i}.avro", self.location());
             let out = io
                 .new_output(&location)
                 .map_err(|e| iceberg_err("a manifest", e))?;
-            Ok((location, out))
+            let builder = ManifestWriterBuilder::new(
+                out,
+                Some(snapshot_id),
+                schema_ref.clone(),
+                spec.clone(),
+            );
+            let writer = match content {
+                ManifestContentType::Data => builder.build_v2_data(),
+                ManifestContentType::Deletes => builder.build_v2_deletes(),
+            };
+            Ok(ManifestOut {
+                location,
+                writer,
+                entries: 0,
+            })
         };
-        let (location, out) = new_manifest(0)?;
-        let mut writer =
-            ManifestWriterBuilder::new(out, Some(snapshot_id), schema_ref.clone(), spec.clone())
-                .build_v2_data();
-        let (mut added_files, mut added_rows, mut added_bytes) = (0u64, 0u64, 0u64);
+        let mut outs = vec![
+            manifest_out(0, ManifestContentType::Data)?,
+            manifest_out(1, ManifestContentType::Deletes)?,
+        ];
+        let mut added = Tally::default();
         for f in buckets.iter().flat_map(|b| &b.files) {
-            added_files += 1;
-            added_rows += f.record_count();
-            added_bytes += f.file_size_in_bytes();
-            writer
+            added.count(f);
+            let out = &mut outs[usize::from(f.content_type() != DataContentType::Data)];
+            out.writer
                 .add_file(f.clone(), sequence)
                 .map_err(|e| iceberg_err("a manifest entry", e))?;
+            out.entries += 1;
         }
-        // A round whose buckets' changes cancelled out (a primary-key bucket whose
-        // keys were all deleted) adds no file, and no manifest.
-        if added_files > 0 {
-            let manifest = writer
-                .write_manifest_file()
-                .await
-                .map_err(|e| iceberg_err("writing a manifest", e))?;
-            manifests.push((location, manifest));
-        }
-
-        // The previous snapshot's manifests, merged into one when there are too many.
-        let mut previous = match parent {
+        let mut previous: Vec<iceberg::spec::ManifestFile> = match parent {
             Some(p) => self
                 .manifest_list(p.manifest_list())
                 .await?
@@ -831,33 +920,32 @@ impl LakeTable {
             .iter()
             .flat_map(|b| b.replaces.iter().map(String::as_str))
             .collect();
-        let (mut deleted_files, mut deleted_rows, mut deleted_bytes) = (0u64, 0u64, 0u64);
-        if previous.len() + 1 > MANIFESTS_MAX || !replaced.is_empty() {
-            let (location, out) = new_manifest(1)?;
-            let mut merged = ManifestWriterBuilder::new(
-                out,
-                Some(snapshot_id),
-                schema_ref.clone(),
-                spec.clone(),
-            )
-            .build_v2_data();
+        let mut removed = Tally::default();
+        let new_manifests = outs.iter().filter(|o| o.entries > 0).count();
+        if previous.len() + new_manifests > MANIFESTS_MAX || !replaced.is_empty() {
+            outs.push(manifest_out(2, ManifestContentType::Data)?);
+            outs.push(manifest_out(3, ManifestContentType::Deletes)?);
             for m in &previous {
                 let manifest = self.manifest(&m.manifest_path).await?;
+                let out = &mut outs[if m.content == ManifestContentType::Data {
+                    2
+                } else {
+                    3
+                }];
                 for entry in manifest.entries() {
                     if entry.status() == ManifestStatus::Deleted {
                         continue;
                     }
                     let seq = entry.sequence_number().unwrap_or(m.sequence_number);
+                    out.entries += 1;
                     if replaced.contains(entry.file_path()) {
-                        deleted_files += 1;
-                        deleted_rows += entry.record_count();
-                        deleted_bytes += entry.file_size_in_bytes();
-                        merged
+                        removed.count(entry.data_file());
+                        out.writer
                             .add_delete_file(entry.data_file().clone(), seq, Some(seq))
                             .map_err(|e| iceberg_err("removing a replaced file", e))?;
                         continue;
                     }
-                    merged
+                    out.writer
                         .add_existing_file(
                             entry.data_file().clone(),
                             entry.snapshot_id().unwrap_or(m.added_snapshot_id),
@@ -867,26 +955,33 @@ impl LakeTable {
                         .map_err(|e| iceberg_err("merging manifests", e))?;
                 }
             }
-            let manifest = merged
-                .write_manifest_file()
-                .await
-                .map_err(|e| iceberg_err("writing a merged manifest", e))?;
-            manifests.push((location, manifest));
             previous.clear();
         }
-        for (location, _) in &manifests {
+        let mut manifests = Vec::new();
+        for out in outs {
+            // A round whose buckets' changes cancelled out (a primary-key bucket whose
+            // keys were all deleted) adds no file, and no manifest.
+            if out.entries == 0 {
+                continue;
+            }
+            let manifest = out
+                .writer
+                .write_manifest_file()
+                .await
+                .map_err(|e| iceberg_err("writing a manifest", e))?;
             let bytes = io
-                .new_input(location)
+                .new_input(&out.location)
                 .map_err(|e| iceberg_err("a manifest", e))?
                 .read()
                 .await
                 .map_err(|e| iceberg_err("a manifest", e))?;
-            let path = self.path_of(location)?;
+            let path = self.path_of(&out.location)?;
             self.store
                 .put(&path, PutPayload::from(bytes))
                 .await
                 .map_err(|e| storage(&path, e))?;
             written.push(path);
+            manifests.push(manifest);
         }
 
         // The manifest list.
@@ -903,7 +998,7 @@ impl LakeTable {
             .map_err(|e| iceberg_err("a manifest list", e))?;
         let mut list =
             ManifestListWriter::v2(file, snapshot_id, parent.map(|p| p.snapshot_id()), sequence);
-        list.add_manifests(manifests.into_iter().map(|(_, m)| m).chain(previous))
+        list.add_manifests(manifests.into_iter().chain(previous))
             .map_err(|e| iceberg_err("a manifest list", e))?;
         list.close()
             .await
@@ -926,50 +1021,25 @@ impl LakeTable {
         for b in buckets {
             offsets.insert(b.stream.clone(), b.to);
         }
-        let prev_summary = parent.map(|p| &p.summary().additional_properties);
-        let total = |key: &str, added: u64, deleted: u64| {
-            let before: u64 = prev_summary
-                .and_then(|s| s.get(key))
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
-            (before + added).saturating_sub(deleted).to_string()
+        let mut properties = summary_properties(
+            parent.map(|p| &p.summary().additional_properties),
+            &added,
+            &removed,
+        );
+        properties.insert(
+            OFFSETS_KEY.into(),
+            serde_json::to_string(&offsets).map_err(|e| MinkError::Internal(e.to_string()))?,
+        );
+        properties.insert(COMMIT_KEY.into(), token.to_string());
+        let operation = if removed.any() || (added.delete_files > 0 && added.files > 0) {
+            Operation::Overwrite
+        } else if added.delete_files > 0 {
+            Operation::Delete
+        } else {
+            Operation::Append
         };
-        let mut properties: HashMap<String, String> = HashMap::from([
-            ("added-data-files".into(), added_files.to_string()),
-            ("added-records".into(), added_rows.to_string()),
-            ("added-files-size".into(), added_bytes.to_string()),
-            (
-                "total-data-files".into(),
-                total("total-data-files", added_files, deleted_files),
-            ),
-            (
-                "total-records".into(),
-                total("total-records", added_rows, deleted_rows),
-            ),
-            (
-                "total-files-size".into(),
-                total("total-files-size", added_bytes, deleted_bytes),
-            ),
-            ("total-delete-files".into(), "0".into()),
-            ("total-position-deletes".into(), "0".into()),
-            ("total-equality-deletes".into(), "0".into()),
-            (
-                OFFSETS_KEY.into(),
-                serde_json::to_string(&offsets).map_err(|e| MinkError::Internal(e.to_string()))?,
-            ),
-            (COMMIT_KEY.into(), token.to_string()),
-        ]);
-        if deleted_files > 0 {
-            properties.insert("deleted-data-files".into(), deleted_files.to_string());
-            properties.insert("deleted-records".into(), deleted_rows.to_string());
-            properties.insert("removed-files-size".into(), deleted_bytes.to_string());
-        }
         let summary = Summary {
-            operation: if deleted_files > 0 {
-                Operation::Overwrite
-            } else {
-                Operation::Append
-            },
+            operation,
             additional_properties: properties,
         };
         let now = crate::now_ms().max(base.last_updated_ms());
@@ -1031,6 +1101,17 @@ impl LakeTable {
         version: &LakeVersion,
         snapshot_id: Option<i64>,
     ) -> Result<Vec<LakeFile>> {
+        Ok(self.contents(version, snapshot_id).await?.data)
+    }
+
+    /// The data files and the delete files of snapshot `snapshot_id` of `version` (its
+    /// current snapshot with `None`). Equality deletes (which Mink never writes: another
+    /// engine committed them) are refused: Mink would read deleted rows as live.
+    pub async fn contents(
+        &self,
+        version: &LakeVersion,
+        snapshot_id: Option<i64>,
+    ) -> Result<SnapshotFiles> {
         let snapshot = match snapshot_id {
             Some(id) => version.metadata.snapshot_by_id(id).cloned(),
             None => version.metadata.current_snapshot().cloned(),
@@ -1038,25 +1119,123 @@ impl LakeTable {
         let Some(snapshot) = snapshot else {
             return match snapshot_id {
                 Some(id) => Err(MinkError::NotFound(format!("lake snapshot {id}"))),
-                None => Ok(Vec::new()),
+                None => Ok(SnapshotFiles::default()),
             };
         };
         let list = self.manifest_list(snapshot.manifest_list()).await?;
-        let mut out = Vec::new();
+        let mut out = SnapshotFiles::default();
         for m in list.entries() {
             let manifest = self.manifest(&m.manifest_path).await?;
             for e in manifest.entries() {
-                if !e.is_alive() || e.content_type() != DataContentType::Data {
+                if !e.is_alive() {
                     continue;
                 }
-                out.push(LakeFile {
+                let content = match e.content_type() {
+                    DataContentType::Data => FileContent::Data,
+                    DataContentType::PositionDeletes => FileContent::PositionDeletes,
+                    DataContentType::EqualityDeletes => {
+                        return Err(MinkError::Unimplemented(format!(
+                            "lake table {}: equality delete file {} (Mink writes none: \
+                             another engine committed it, and Mink does not apply them)",
+                            self.prefix,
+                            e.file_path()
+                        )));
+                    }
+                };
+                let file = LakeFile {
                     location: e.file_path().to_string(),
                     record_count: e.record_count(),
                     size_bytes: e.file_size_in_bytes(),
-                });
+                    content,
+                    partition: e.data_file().partition().clone(),
+                };
+                match content {
+                    FileContent::Data => out.data.push(file),
+                    FileContent::PositionDeletes => out.deletes.push(file),
+                }
             }
         }
         Ok(out)
+    }
+
+    /// The positions the delete files `deletes` delete, by data file.
+    pub async fn read_deletes(&self, deletes: &[LakeFile]) -> Result<DeletedPositions> {
+        let mut out = DeletedPositions::new();
+        for file in deletes {
+            for b in self.read_file(file).await? {
+                let paths = b
+                    .column_by_name("file_path")
+                    .and_then(|c| c.as_string_opt::<i32>())
+                    .ok_or_else(|| storage(&file.location, "no file_path column of strings"))?;
+                let positions = b
+                    .column_by_name("pos")
+                    .and_then(|c| c.as_primitive_opt::<Int64Type>())
+                    .ok_or_else(|| storage(&file.location, "no pos column of longs"))?;
+                for i in 0..b.num_rows() {
+                    if paths.is_null(i) || positions.is_null(i) || positions.value(i) < 0 {
+                        return Err(storage(
+                            &file.location,
+                            format!("row {i} is not a position"),
+                        ));
+                    }
+                    out.entry(paths.value(i).to_string())
+                        .or_default()
+                        .push(positions.value(i) as u64);
+                }
+            }
+        }
+        for positions in out.values_mut() {
+            positions.sort_unstable();
+            positions.dedup();
+        }
+        Ok(out)
+    }
+
+    /// Writes a position delete file (Iceberg v2: `file_path`, `pos`, sorted by both)
+    /// deleting `positions` (by data file location, each list ascending) and returns its
+    /// manifest entry. Named like the bucket's data files, so it lists under its bucket.
+    pub async fn write_position_deletes(
+        &self,
+        stream: &str,
+        first_offset: i64,
+        positions: &BTreeMap<String, Vec<u64>>,
+        partition: Struct,
+    ) -> Result<DataFile> {
+        let with_id = |f: arrow::datatypes::Field, id: i32| {
+            f.with_metadata(HashMap::from([(
+                parquet::arrow::PARQUET_FIELD_ID_META_KEY.to_string(),
+                id.to_string(),
+            )]))
+        };
+        let schema = Arc::new(arrow::datatypes::Schema::new(vec![
+            with_id(
+                arrow::datatypes::Field::new("file_path", ArrowType::Utf8, false),
+                iceberg::metadata_columns::RESERVED_FIELD_ID_DELETE_FILE_PATH,
+            ),
+            with_id(
+                arrow::datatypes::Field::new("pos", ArrowType::Int64, false),
+                iceberg::metadata_columns::RESERVED_FIELD_ID_DELETE_FILE_POS,
+            ),
+        ]));
+        let paths = arrow::array::StringArray::from_iter_values(
+            positions
+                .iter()
+                .flat_map(|(path, ps)| std::iter::repeat_n(path.as_str(), ps.len())),
+        );
+        let pos = arrow::array::Int64Array::from_iter_values(
+            positions.values().flatten().map(|p| *p as i64),
+        );
+        let batch = RecordBatch::try_new(schema, vec![Arc::new(paths), Arc::new(pos)])
+            .map_err(|e| MinkError::Internal(format!("lake: position deletes: {e}")))?;
+        let name = format!("{first_offset:020}-{}-deletes", token());
+        self.write_parquet(
+            stream,
+            &name,
+            &[batch],
+            partition,
+            DataContentType::PositionDeletes,
+        )
+        .await
     }
 
     /// The rows of one data file, in the file's own (lake) Arrow schema.
@@ -1070,6 +1249,31 @@ impl LakeTable {
             .build()
             .map_err(|e| storage(&path, e))?;
         reader
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| storage(&path, e))
+    }
+
+    /// Columns `columns` (indices in the file's own schema) of a data file, in the
+    /// file's row order.
+    pub async fn read_columns(
+        &self,
+        file: &LakeFile,
+        columns: &[usize],
+    ) -> Result<Vec<RecordBatch>> {
+        let path = self.path_of(&file.location)?;
+        let bytes = self.get(&path).await?.ok_or_else(|| {
+            MinkError::StorageFailure(format!("lake: {} is missing", file.location))
+        })?;
+        let builder =
+            ParquetRecordBatchReaderBuilder::try_new(bytes).map_err(|e| storage(&path, e))?;
+        let mask = parquet::arrow::ProjectionMask::roots(
+            builder.parquet_schema(),
+            columns.iter().copied(),
+        );
+        builder
+            .with_projection(mask)
+            .build()
+            .map_err(|e| storage(&path, e))?
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(|e| storage(&path, e))
     }
@@ -1094,6 +1298,119 @@ pub struct SweepStats {
 
 fn chrono_now() -> chrono::DateTime<chrono::Utc> {
     chrono::Utc::now()
+}
+
+/// A manifest being written.
+struct ManifestOut {
+    location: String,
+    writer: iceberg::spec::ManifestWriter,
+    entries: usize,
+}
+
+/// Files a snapshot adds or removes, for its summary.
+#[derive(Default)]
+struct Tally {
+    files: u64,
+    rows: u64,
+    delete_files: u64,
+    deleted_positions: u64,
+    bytes: u64,
+}
+
+impl Tally {
+    fn count(&mut self, f: &DataFile) {
+        self.bytes += f.file_size_in_bytes();
+        if f.content_type() == DataContentType::Data {
+            self.files += 1;
+            self.rows += f.record_count();
+        } else {
+            self.delete_files += 1;
+            self.deleted_positions += f.record_count();
+        }
+    }
+
+    fn any(&self) -> bool {
+        self.files + self.delete_files > 0
+    }
+}
+
+/// A snapshot summary's counts (Iceberg's names; sizes count data and delete files),
+/// the totals carried on from the parent's.
+fn summary_properties(
+    parent: Option<&HashMap<String, String>>,
+    added: &Tally,
+    removed: &Tally,
+) -> HashMap<String, String> {
+    let total = |key: &str, added: u64, removed: u64| {
+        let before: u64 = parent
+            .and_then(|s| s.get(key))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        (before + added).saturating_sub(removed).to_string()
+    };
+    let mut p: HashMap<String, String> = HashMap::from([
+        ("added-data-files".into(), added.files.to_string()),
+        ("added-records".into(), added.rows.to_string()),
+        ("added-files-size".into(), added.bytes.to_string()),
+        (
+            "total-data-files".into(),
+            total("total-data-files", added.files, removed.files),
+        ),
+        (
+            "total-records".into(),
+            total("total-records", added.rows, removed.rows),
+        ),
+        (
+            "total-files-size".into(),
+            total("total-files-size", added.bytes, removed.bytes),
+        ),
+        (
+            "total-delete-files".into(),
+            total(
+                "total-delete-files",
+                added.delete_files,
+                removed.delete_files,
+            ),
+        ),
+        (
+            "total-position-deletes".into(),
+            total(
+                "total-position-deletes",
+                added.deleted_positions,
+                removed.deleted_positions,
+            ),
+        ),
+        ("total-equality-deletes".into(), "0".into()),
+    ]);
+    if added.delete_files > 0 {
+        p.insert("added-delete-files".into(), added.delete_files.to_string());
+        p.insert(
+            "added-position-delete-files".into(),
+            added.delete_files.to_string(),
+        );
+        p.insert(
+            "added-position-deletes".into(),
+            added.deleted_positions.to_string(),
+        );
+    }
+    if removed.any() {
+        p.insert("deleted-data-files".into(), removed.files.to_string());
+        p.insert("deleted-records".into(), removed.rows.to_string());
+        p.insert("removed-files-size".into(), removed.bytes.to_string());
+        p.insert(
+            "removed-delete-files".into(),
+            removed.delete_files.to_string(),
+        );
+        p.insert(
+            "removed-position-delete-files".into(),
+            removed.delete_files.to_string(),
+        );
+        p.insert(
+            "removed-position-deletes".into(),
+            removed.deleted_positions.to_string(),
+        );
+    }
+    p
 }
 
 struct Staged {

@@ -364,3 +364,79 @@ async fn the_orphan_sweep_deletes_only_what_nothing_needs() {
             .unwrap();
     assert!(parsed.entries().len() <= mink_lake::table::MANIFESTS_MAX);
 }
+
+/// Position delete files: committed beside data files in their own manifests, listed
+/// by `contents`, read back by `read_deletes`; kept apart through manifest merges (more
+/// rounds than `MANIFESTS_MAX`); and removed with the data files a rewrite replaces.
+#[tokio::test]
+async fn position_deletes_commit_merge_and_go_with_a_rewrite() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let table = LakeTable::new(store, "memory://", &path());
+    let s = schema();
+    let first = tier(&table, &s, 0, None, 100).await;
+    let data_location = first.files[0].file_path().to_string();
+    let mut hint = table
+        .commit(1, &s, &[], None, vec![first])
+        .await
+        .unwrap()
+        .map(|c| c.version);
+    // Each round deletes one more row of the first file and adds one row.
+    let rounds = mink_lake::table::MANIFESTS_MAX as i64 + 4;
+    for r in 0..rounds {
+        let from = 100 + r;
+        let mut delta = tier(&table, &s, 0, Some(from), from + 1).await;
+        let positions = BTreeMap::from([(data_location.clone(), vec![r as u64])]);
+        let deletes = table
+            .write_position_deletes(&delta.stream, from, &positions, iceberg_empty())
+            .await
+            .unwrap();
+        delta.files.push(deletes);
+        hint = table
+            .commit(1, &s, &[], hint, vec![delta])
+            .await
+            .unwrap()
+            .map(|c| c.version);
+    }
+    let version = table.load(hint).await.unwrap().unwrap();
+    let contents = table.contents(&version, None).await.unwrap();
+    assert_eq!(contents.data.len() as i64, 1 + rounds);
+    assert_eq!(contents.deletes.len() as i64, rounds);
+    let deleted = table.read_deletes(&contents.deletes).await.unwrap();
+    assert_eq!(
+        deleted[&data_location],
+        (0..rounds as u64).collect::<Vec<_>>()
+    );
+    let summary = &version
+        .metadata
+        .current_snapshot()
+        .unwrap()
+        .summary()
+        .additional_properties;
+    assert_eq!(summary["total-delete-files"], rounds.to_string());
+    assert_eq!(summary["total-position-deletes"], rounds.to_string());
+    // A rewrite replaces every file, deletes included.
+    let mut rewrite = tier(&table, &s, 0, Some(100 + rounds), 101 + rounds).await;
+    rewrite.replaces = contents.locations();
+    let c = table
+        .commit(1, &s, &[], hint, vec![rewrite])
+        .await
+        .unwrap()
+        .unwrap();
+    let version = table.load(Some(c.version)).await.unwrap().unwrap();
+    let contents = table.contents(&version, None).await.unwrap();
+    assert_eq!(contents.data.len(), 1);
+    assert!(contents.deletes.is_empty());
+    let summary = &version
+        .metadata
+        .current_snapshot()
+        .unwrap()
+        .summary()
+        .additional_properties;
+    assert_eq!(summary["total-delete-files"], "0");
+    assert_eq!(summary["total-position-deletes"], "0");
+    assert_eq!(summary["total-data-files"], "1");
+}
+
+fn iceberg_empty() -> iceberg::spec::Struct {
+    iceberg::spec::Struct::empty()
+}

@@ -472,9 +472,9 @@ async fn a_primary_key_table_tiers_its_state_and_union_merges_by_key() {
         .await
         .unwrap();
     assert_eq!(
-        snap["records"],
-        want.len(),
-        "replaced files no longer count"
+        snap["records"].as_u64().unwrap() - snap["position_deletes"].as_u64().unwrap(),
+        want.len() as u64,
+        "the lake's rows less its position deletes are the state"
     );
     // Deleting every key leaves an empty bucket state, which tiers too.
     let ids: Vec<i64> = want.iter().map(|(i, _)| *i).collect();
@@ -748,5 +748,99 @@ async fn a_union_reader_slower_than_the_trim_grace_fails_loudly() {
     // A new read is whole.
     let union = read(&client, ReadTicket::Union { path: path.clone() }).await;
     assert_eq!(read_ids(&union), (0..next).collect::<Vec<_>>());
+    node.stop().await;
+}
+
+/// Merge-on-read: rounds after the first add the changed rows and position deletes of
+/// the rows they replace (updates, deletes, re-inserts of deleted keys), `Lake` and `Union` read exactly the state after each, and once the delta
+/// files pass `lake.rewrite_files_max` a round rewrites the bucket with no deletes left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_key_lake_merges_on_read_then_rewrites() {
+    use mink_types::ChangeType;
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path(), &dir.path().join("objects"), "n0");
+    c.lake.check_interval_ms = 50;
+    c.lake.rewrite_deleted_percent = 100;
+    c.lake.rewrite_files_max = 6;
+    let node = Node::start(c).await.unwrap();
+    let client = MinkClient::connect(&node.flight_addr.to_string())
+        .await
+        .unwrap();
+    client.create_database("db").await.unwrap();
+    let path = TablePath::parse("db.users").unwrap();
+    let mut d = lake_events(1);
+    d.primary_key = vec!["id".into()];
+    client.create_table(&path, &d).await.unwrap();
+    let mut want: BTreeMap<i64, String> = BTreeMap::new();
+    let snapshot = || async {
+        client
+            .action::<serde_json::Value>("lake_snapshot", serde_json::json!({"path": path}))
+            .await
+            .unwrap()
+    };
+    // Each step: one Put, one round, then the lake, Union and the snapshot's counts.
+    let steps: Vec<(std::ops::Range<i64>, &str, Option<ChangeType>)> = vec![
+        (0..100, "a", None),                      // the first round: a rewrite
+        (0..10, "b", None),                       // updates
+        (10..20, "x", Some(ChangeType::Delete)),  // deletes
+        (10..15, "c", None),                      // re-inserts of deleted keys
+        (50..55, "d", None),                      // more updates
+        (95..100, "e", Some(ChangeType::Delete)), // deletes at the end of a file
+        (0..3, "f", None),                        // past rewrite_files_max: a rewrite
+    ];
+    let mut deletes_seen = 0;
+    for (n, (ids, tag, change)) in steps.into_iter().enumerate() {
+        let count = (ids.end - ids.start) as usize;
+        client
+            .put(
+                &path,
+                &state_rows(ids.clone(), tag),
+                change.map(|c| vec![c; count]),
+                None,
+            )
+            .await
+            .unwrap();
+        for i in ids {
+            match change {
+                Some(ChangeType::Delete) => want.remove(&i),
+                _ => want.insert(i, format!("{tag}{i}")),
+            };
+        }
+        until_tiered(&client, &path, log_end(&client, &path).await).await;
+        let want: Vec<(i64, String)> = want.clone().into_iter().collect();
+        let lake = client
+            .read_state_any(&ReadTicket::Lake {
+                path: path.clone(),
+                snapshot_id: None,
+            })
+            .await
+            .unwrap();
+        assert_eq!(state(&lake), want, "step {n}: the lake is the state");
+        let union = client
+            .read_state_any(&ReadTicket::Union { path: path.clone() })
+            .await
+            .unwrap();
+        assert_eq!(state(&union), want, "step {n}: Union is the state");
+        let snap = snapshot().await;
+        let live = snap["records"].as_u64().unwrap() - snap["position_deletes"].as_u64().unwrap();
+        assert_eq!(live, want.len() as u64, "step {n}: {snap}");
+        deletes_seen = deletes_seen.max(snap["delete_files"].as_u64().unwrap());
+        if n == 0 || n == 6 {
+            assert_eq!(snap["delete_files"], 0, "step {n} rewrites: {snap}");
+            assert_eq!(snap["position_deletes"], 0, "step {n}: {snap}");
+        }
+        if n == 1 {
+            assert_eq!(snap["delete_files"], 1, "step 1 merges on read: {snap}");
+            assert_eq!(snap["position_deletes"], 10, "step 1: {snap}");
+            assert_eq!(
+                snap["added_records"], 10,
+                "step 1 writes the change, not the state: {snap}"
+            );
+        }
+    }
+    assert!(
+        deletes_seen >= 4,
+        "rounds merged on read ({deletes_seen} delete files)"
+    );
     node.stop().await;
 }

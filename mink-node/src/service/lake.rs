@@ -16,8 +16,9 @@ use std::time::Instant;
 
 use futures::{StreamExt, TryStreamExt};
 use mink_lake::{
-    Committed, LakeFile, LakeTable, LakeVersion, TieredBucket, from_lake_batch, lake_arrow_schema,
-    partition_value, to_current_lake, to_lake_batch,
+    Committed, DeletedPositions, LakeFile, LakeTable, LakeVersion, SnapshotFiles, TieredBucket,
+    from_lake_batch, lake_arrow_schema, lake_columns, partition_value, to_current_lake,
+    to_lake_batch,
 };
 use mink_types::{TableId, TablePath};
 
@@ -76,6 +77,16 @@ impl KeyColumns {
         Ok(self.converter.convert_columns(&columns)?)
     }
 
+    /// The keys of lake rows (a file's, or a projection of its key columns).
+    fn lake_rows(
+        &self,
+        schema: &mink_types::Schema,
+        batch: &RecordBatch,
+    ) -> Result<arrow::row::Rows> {
+        let columns = lake_columns(schema, batch, &self.indices)?;
+        Ok(self.converter.convert_columns(&columns)?)
+    }
+
     /// Applies a changelog in order: `+I`, `+U` (and `+A`) make a key's row the one
     /// that stands, `-D` deletes it, `-U` (the old image, always followed by its `+U`)
     /// changes nothing.
@@ -109,6 +120,54 @@ impl KeyColumns {
             .map(|j| Some(!last.contains_key(&rows.row(j).owned())))
             .collect())
     }
+}
+
+/// Data files to read, and the positions deleted from them.
+#[derive(Clone, Default)]
+struct LakeFiles {
+    data: Vec<LakeFile>,
+    deleted: Arc<DeletedPositions>,
+}
+
+impl LakeFiles {
+    fn of_stream(&self, stream: &str) -> LakeFiles {
+        LakeFiles {
+            data: self
+                .data
+                .iter()
+                .filter(|f| f.stream() == Some(stream))
+                .cloned()
+                .collect(),
+            deleted: self.deleted.clone(),
+        }
+    }
+}
+
+/// `batch`, rows `start..` of a file, less the rows at `deleted` (ascending positions).
+fn without_positions(batch: &RecordBatch, start: u64, deleted: &[u64]) -> Result<RecordBatch> {
+    let end = start + batch.num_rows() as u64;
+    let from = deleted.partition_point(|p| *p < start);
+    let to = deleted.partition_point(|p| *p < end);
+    if from == to {
+        return Ok(batch.clone());
+    }
+    let mut keep = vec![true; batch.num_rows()];
+    for p in &deleted[from..to] {
+        keep[(p - start) as usize] = false;
+    }
+    Ok(arrow::compute::filter_record_batch(
+        batch,
+        &arrow::array::BooleanArray::from(keep),
+    )?)
+}
+
+/// The log offset of the first of lake rows (`__offset`, the second-last column).
+fn first_offset(rows: &RecordBatch) -> i64 {
+    rows.column(rows.num_columns() - 2)
+        .as_any()
+        .downcast_ref::<arrow::array::Int64Array>()
+        .filter(|o| !o.is_empty())
+        .map_or(0, |o| o.value(0))
 }
 
 fn parse_stream(stream: &str, table_id: TableId) -> Option<TableBucket> {
@@ -329,19 +388,15 @@ impl NodeService {
             None => BTreeMap::new(),
         };
         let existing = match (&current, table.descriptor.has_primary_key()) {
-            (Some(v), true) => lake.files(v, None).await?,
-            _ => Vec::new(),
+            (Some(v), true) => lake.contents(v, None).await?,
+            _ => SnapshotFiles::default(),
         };
         let mut tiered: Vec<TieredBucket> = Vec::new();
         for (bucket, log) in tablets {
             let stream = bucket.stream_name();
             let from = offsets.get(&stream).copied();
             let round = if table.descriptor.has_primary_key() {
-                let files: Vec<_> = existing
-                    .iter()
-                    .filter(|f| f.stream() == Some(stream.as_str()))
-                    .cloned()
-                    .collect();
+                let files = existing.of_stream(&stream);
                 self.tier_pk_bucket(&lake, table, bucket, &log, from, files)
                     .await
             } else {
@@ -458,11 +513,7 @@ impl NodeService {
         stream: &str,
         batches: &[RecordBatch],
     ) -> Result<mink_lake::DataFile> {
-        let first = batches[0]
-            .column(batches[0].num_columns() - 2)
-            .as_any()
-            .downcast_ref::<arrow::array::Int64Array>()
-            .map_or(0, |o| o.value(0));
+        let first = first_offset(&batches[0]);
         let partition = partition_value(
             &table.descriptor.schema,
             &table.descriptor.partition_keys,
@@ -537,10 +588,12 @@ impl NodeService {
         ))
     }
 
-    /// A primary-key table's bucket, copy-on-write: its changelog since the lake offset
-    /// (at most `lake.round_bytes_max` of it per round, held in memory) collapsed to
-    /// the last change of each key, applied to the rows of its current files (read one
-    /// file at a time), written as new files that replace them all.
+    /// A primary-key table's bucket: its changelog since the lake offset (at most
+    /// `lake.round_bytes_max` of it per round, held in memory) collapsed to the last
+    /// change of each key, then either merged on read (the rows that stand in a new
+    /// delta file, position deletes for the old rows of every key that changed) or,
+    /// once deletes or delta files pass `lake.rewrite_*`, the bucket rewritten (its
+    /// whole state in new files that replace all of its files).
     async fn tier_pk_bucket(
         &self,
         lake: &LakeTable,
@@ -548,7 +601,7 @@ impl NodeService {
         bucket: TableBucket,
         log: &LogTablet,
         from: Option<i64>,
-        current: Vec<LakeFile>,
+        current: SnapshotFiles,
     ) -> Result<(Option<TieredBucket>, bool)> {
         let first = Self::round_start(bucket, log, from);
         let end = log.high_watermark();
@@ -569,47 +622,37 @@ impl NodeService {
             .collect();
         let last = keys.collapse(&changes)?;
         drop(changes);
-        let lake_schema = lake_arrow_schema(&table.descriptor.schema);
+        // The rows that stand, in offset order.
+        let mut standing: Vec<(usize, usize)> = last.values().filter_map(|v| *v).collect();
+        standing.sort_unstable();
+        let lake_rows: Vec<&RecordBatch> = read.iter().map(|(_, l, _)| l).collect();
+        let standing = if standing.is_empty() {
+            None
+        } else {
+            Some(arrow::compute::interleave_record_batch(
+                &lake_rows, &standing,
+            )?)
+        };
         let stream = bucket.stream_name();
-        let target = self.config.lake.file_bytes_target as usize;
+        let rewrite = !current.data.is_empty() && self.rewrite_due(&current);
         let mut files = Vec::new();
-        let mut pending: Vec<RecordBatch> = Vec::new();
-        let mut pending_bytes = 0usize;
-        let result: Result<()> = async {
-            for file in &current {
-                for b in lake.read_file(file).await? {
-                    let b = to_current_lake(&lake_schema, &b)?;
-                    let view = from_lake_batch(&table.descriptor.schema, &b)?.batch;
-                    let keep = keys.unchanged(&view, &last)?;
-                    let kept = arrow::compute::filter_record_batch(&b, &keep)?;
-                    if kept.num_rows() == 0 {
-                        continue;
-                    }
-                    pending_bytes += kept.get_array_memory_size();
-                    pending.push(kept);
-                    if pending_bytes >= target {
-                        files.push(self.write_lake_file(lake, table, &stream, &pending).await?);
-                        pending.clear();
-                        pending_bytes = 0;
-                    }
-                }
-            }
-            let lake_rows: Vec<&RecordBatch> = read.iter().map(|(_, l, _)| l).collect();
-            let standing: Vec<(usize, usize)> = last.values().filter_map(|v| *v).collect();
-            if !standing.is_empty() {
-                pending.push(arrow::compute::interleave_record_batch(
-                    &lake_rows, &standing,
-                )?);
-            }
-            if !pending.is_empty() {
-                files.push(self.write_lake_file(lake, table, &stream, &pending).await?);
-            }
-            Ok(())
-        }
-        .await;
+        let result = if current.data.is_empty() || rewrite {
+            self.pk_rewrite(
+                lake, table, &stream, &current, &keys, &last, standing, &mut files,
+            )
+            .await
+        } else {
+            self.pk_merge_on_read(
+                lake, table, &stream, &current, &keys, &last, standing, &mut files,
+            )
+            .await
+        };
         if let Err(e) = result {
             lake.delete_files(&files).await;
             return Err(e);
+        }
+        if rewrite {
+            metrics::counter!("mink_lake_rewrites_total").increment(1);
         }
         metrics::counter!("mink_lake_tiered_rows_total").increment((to - first) as u64);
         Ok((
@@ -618,10 +661,154 @@ impl NodeService {
                 from,
                 to,
                 files,
-                replaces: current.into_iter().map(|f| f.location).collect(),
+                replaces: if rewrite {
+                    current.locations()
+                } else {
+                    Vec::new()
+                },
             }),
             to < end,
         ))
+    }
+
+    /// Whether a primary-key bucket's merge-on-read files have piled up enough that
+    /// this round rewrites it: deleted rows at `lake.rewrite_deleted_percent` of its
+    /// data rows, or more than `lake.rewrite_files_max` delta and delete files.
+    fn rewrite_due(&self, files: &SnapshotFiles) -> bool {
+        let rows: u64 = files.data.iter().map(|f| f.record_count).sum();
+        let deleted: u64 = files.deletes.iter().map(|f| f.record_count).sum();
+        let deltas = files
+            .data
+            .iter()
+            .chain(&files.deletes)
+            .filter(|f| f.is_delta())
+            .count();
+        let config = &self.config.lake;
+        deleted * 100 >= rows.max(1) * u64::from(config.rewrite_deleted_percent)
+            || deltas > config.rewrite_files_max as usize
+    }
+
+    /// Merge-on-read: the rows that stand as one delta file, and one position delete
+    /// file naming, in the bucket's data files, the live row of every key that changed.
+    /// Only the key columns of the bucket's files are read.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one round's state, passed down once"
+    )]
+    async fn pk_merge_on_read(
+        &self,
+        lake: &LakeTable,
+        table: &TableInfo,
+        stream: &str,
+        current: &SnapshotFiles,
+        keys: &KeyColumns,
+        last: &LastChanges,
+        standing: Option<RecordBatch>,
+        files: &mut Vec<mink_lake::DataFile>,
+    ) -> Result<()> {
+        let schema = &table.descriptor.schema;
+        let deleted = lake.read_deletes(&current.deletes).await?;
+        let mut columns = keys.indices.clone();
+        columns.sort_unstable();
+        columns.dedup();
+        let mut positions: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+        let mut data = current.data.clone();
+        data.sort_by(|a, b| a.location.cmp(&b.location));
+        for file in &data {
+            let gone = deleted.get(&file.location).map_or(&[][..], Vec::as_slice);
+            let mut hits = Vec::new();
+            let mut pos = 0u64;
+            for b in lake.read_columns(file, &columns).await? {
+                let rows = keys.lake_rows(schema, &b)?;
+                for j in 0..b.num_rows() {
+                    let p = pos + j as u64;
+                    if gone.binary_search(&p).is_err() && last.contains_key(&rows.row(j).owned()) {
+                        hits.push(p);
+                    }
+                }
+                pos += b.num_rows() as u64;
+            }
+            if !hits.is_empty() {
+                positions.insert(file.location.clone(), hits);
+            }
+        }
+        // Every file of a bucket is in the bucket's partition.
+        let Some(partition) = current.data.first().map(|f| f.partition.clone()) else {
+            return Ok(());
+        };
+        if let Some(rows) = standing {
+            let first = first_offset(&rows);
+            files.push(
+                lake.write_delta_file(stream, first, &[rows], partition.clone())
+                    .await?,
+            );
+        }
+        if !positions.is_empty() {
+            files.push(
+                lake.write_position_deletes(stream, 0, &positions, partition)
+                    .await?,
+            );
+        }
+        Ok(())
+    }
+
+    /// A rewrite (copy-on-write): the rows of the bucket's files that are neither
+    /// deleted nor changed (read one file at a time), then the rows that stand, in new
+    /// files cut at `lake.file_bytes_target`.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one round's state, passed down once"
+    )]
+    async fn pk_rewrite(
+        &self,
+        lake: &LakeTable,
+        table: &TableInfo,
+        stream: &str,
+        current: &SnapshotFiles,
+        keys: &KeyColumns,
+        last: &LastChanges,
+        standing: Option<RecordBatch>,
+        files: &mut Vec<mink_lake::DataFile>,
+    ) -> Result<()> {
+        let lake_schema = lake_arrow_schema(&table.descriptor.schema);
+        let target = self.config.lake.file_bytes_target as usize;
+        let deleted = lake.read_deletes(&current.deletes).await?;
+        let mut pending: Vec<RecordBatch> = Vec::new();
+        let mut pending_bytes = 0usize;
+        for file in &current.data {
+            let gone = deleted.get(&file.location).map_or(&[][..], Vec::as_slice);
+            let mut pos = 0u64;
+            for b in lake.read_file(file).await? {
+                let b = to_current_lake(&lake_schema, &b)?;
+                let rows = keys.lake_rows(&table.descriptor.schema, &b)?;
+                let keep: arrow::array::BooleanArray = (0..b.num_rows())
+                    .map(|j| {
+                        let p = pos + j as u64;
+                        Some(
+                            gone.binary_search(&p).is_err()
+                                && !last.contains_key(&rows.row(j).owned()),
+                        )
+                    })
+                    .collect();
+                pos += b.num_rows() as u64;
+                let kept = arrow::compute::filter_record_batch(&b, &keep)?;
+                if kept.num_rows() == 0 {
+                    continue;
+                }
+                pending_bytes += kept.get_array_memory_size();
+                pending.push(kept);
+                if pending_bytes >= target {
+                    files.push(self.write_lake_file(lake, table, stream, &pending).await?);
+                    pending.clear();
+                    pending_bytes = 0;
+                }
+            }
+        }
+        pending.extend(standing);
+        if !pending.is_empty() {
+            files.push(self.write_lake_file(lake, table, stream, &pending).await?);
+        }
+        Ok(())
     }
 
     /// Records a committed snapshot in the metadata log (best effort: the next round,
@@ -681,21 +868,27 @@ impl NodeService {
             "files": number("total-data-files"),
             "records": number("total-records"),
             "bytes": number("total-files-size"),
+            "delete_files": number("total-delete-files").unwrap_or(0),
+            "position_deletes": number("total-position-deletes").unwrap_or(0),
+            "added_bytes": number("added-files-size"),
+            "added_records": number("added-records"),
         }))
     }
 
-    /// The rows of lake files, one batch per row group read, as the table's current
-    /// schema sees them, each with the bucket it belongs to and its first offset. Files
-    /// are read one at a time as the stream is consumed.
+    /// The rows of lake data files, one batch per row group read, less the rows their
+    /// delete files delete, as the table's current schema sees them, each with the
+    /// bucket it belongs to and its first offset. Files are read one at a time as the
+    /// stream is consumed.
     fn lake_rows(
         &self,
         table: &TableInfo,
-        files: Vec<LakeFile>,
+        files: LakeFiles,
     ) -> futures::stream::BoxStream<'static, Result<(RecordBatch, TableBucket, i64)>> {
         let lake = self.lake_table(&table.path);
         let schema = table.descriptor.schema.clone();
         let table_id = table.id;
-        futures::stream::iter(files)
+        let deleted = files.deleted;
+        futures::stream::iter(files.data)
             .then(move |file| {
                 let lake = lake.clone();
                 async move {
@@ -708,42 +901,57 @@ impl NodeService {
                                 file.location
                             ))
                         });
-                    (bucket, lake.read_file(&file).await)
+                    (bucket, lake.read_file(&file).await, file.location)
                 }
             })
-            .flat_map(move |(bucket, read)| {
+            .flat_map(move |(bucket, read, location)| {
+                let gone = deleted.get(&location).map_or(&[][..], Vec::as_slice);
                 let out: Vec<Result<(RecordBatch, TableBucket, i64)>> = match (bucket, read) {
                     (Err(e), _) | (_, Err(e)) => vec![Err(e)],
-                    (Ok(bucket), Ok(batches)) => batches
-                        .iter()
-                        .filter(|b| b.num_rows() > 0)
-                        .map(|b| {
-                            let rows = from_lake_batch(&schema, b)?;
-                            let base = rows.offsets.value(0);
-                            Ok((rows.batch, bucket, base))
-                        })
-                        .collect(),
+                    (Ok(bucket), Ok(batches)) => {
+                        let mut pos = 0u64;
+                        batches
+                            .iter()
+                            .filter_map(|b| {
+                                let start = pos;
+                                pos += b.num_rows() as u64;
+                                let b = match without_positions(b, start, gone) {
+                                    Ok(b) => b,
+                                    Err(e) => return Some(Err(e)),
+                                };
+                                (b.num_rows() > 0).then(|| {
+                                    let rows = from_lake_batch(&schema, &b)?;
+                                    let base = rows.offsets.value(0);
+                                    Ok((rows.batch, bucket, base))
+                                })
+                            })
+                            .collect()
+                    }
                 };
                 futures::stream::iter(out)
             })
             .boxed()
     }
 
-    /// The files of a snapshot (the newest with `None`), by bucket, then offset.
+    /// The files of a snapshot (the newest with `None`): data files by bucket, then
+    /// offset, and the positions its delete files delete.
     async fn snapshot_files(
         &self,
         table: &TableInfo,
         version: &LakeVersion,
         snapshot_id: Option<i64>,
-    ) -> Result<Vec<LakeFile>> {
-        let mut files = self
-            .lake_table(&table.path)
-            .files(version, snapshot_id)
-            .await?;
+    ) -> Result<LakeFiles> {
+        let lake = self.lake_table(&table.path);
+        let contents = lake.contents(version, snapshot_id).await?;
+        let deleted = lake.read_deletes(&contents.deletes).await?;
+        let mut data = contents.data;
         // Data file names are `{stream}/{first offset:020}-…`: by name is by bucket,
         // then offset, so each bucket's rows stream in offset order.
-        files.sort_by(|a, b| a.location.cmp(&b.location));
-        Ok(files)
+        data.sort_by(|a, b| a.location.cmp(&b.location));
+        Ok(LakeFiles {
+            data,
+            deleted: Arc::new(deleted),
+        })
     }
 
     /// DoGet `Lake`: a log table's rows with `ScanBatch` metadata; a primary-key
@@ -850,7 +1058,7 @@ impl NodeService {
             }
             let files = match &version {
                 Some(v) => self.snapshot_files(&table, v, None).await?,
-                None => Vec::new(),
+                None => LakeFiles::default(),
             };
             break (offsets, files, ends);
         };
@@ -864,12 +1072,7 @@ impl NodeService {
         if table.descriptor.has_primary_key() {
             let mut parts = Vec::new();
             for (bucket, from, end) in buckets {
-                let stream = bucket.stream_name();
-                let mine: Vec<LakeFile> = files
-                    .iter()
-                    .filter(|f| f.stream() == Some(stream.as_str()))
-                    .cloned()
-                    .collect();
+                let mine = files.of_stream(&bucket.stream_name());
                 parts.push(self.merged_bucket(&table, bucket, from, end, mine).await?);
             }
             let stream = futures::stream::iter(parts).flatten();
@@ -912,7 +1115,7 @@ impl NodeService {
         bucket: TableBucket,
         from: i64,
         end: i64,
-        files: Vec<LakeFile>,
+        files: LakeFiles,
     ) -> Result<futures::stream::BoxStream<'static, Result<(RecordBatch, SnapshotBatch)>>> {
         let log: Vec<ReadBatch> = self
             .bucket_log_from(bucket, from, end)
