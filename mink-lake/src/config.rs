@@ -34,6 +34,11 @@ pub struct LakeConfig {
     /// ... or when the bucket has more than this many files written by merge-on-read
     /// rounds (small data files and delete files). 2..=1000; default 32.
     pub rewrite_files_max: u32,
+    /// A node keeps, for the primary-key buckets it tiers, where each live key's row is
+    /// in the lake (about 80 bytes plus the key per key), so that a merge-on-read round
+    /// reads no lake file; beyond this many bytes, a bucket's round reads its key
+    /// columns instead. 0 keeps none. Default 128 MiB.
+    pub key_index_bytes_max: u64,
 }
 
 impl Default for LakeConfig {
@@ -47,6 +52,7 @@ impl Default for LakeConfig {
             orphan_min_age_ms: 3_600_000,
             rewrite_deleted_percent: 20,
             rewrite_files_max: 32,
+            key_index_bytes_max: 128 << 20,
         }
     }
 }

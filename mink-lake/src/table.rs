@@ -23,7 +23,7 @@ use std::sync::Arc;
 use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::{DataType as ArrowType, Date32Type, Int32Type, Int64Type};
 use bytes::Bytes;
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use iceberg::io::FileIO;
 use iceberg::spec::{
     DataContentType, DataFile, DataFileBuilder, DataFileFormat, FormatVersion, Literal,
@@ -37,6 +37,7 @@ use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload}
 use parquet::arrow::ArrowWriter;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::basic::Compression;
+use parquet::file::metadata::ParquetMetaData;
 use parquet::file::properties::WriterProperties;
 
 use crate::schema::{field_id, iceberg_schema};
@@ -51,6 +52,11 @@ pub const TABLE_ID_KEY: &str = "mink.table-id";
 pub const SNAPSHOTS_RETAINED: usize = 100;
 /// A commit merges the table's manifests into one when it would reference more.
 pub const MANIFESTS_MAX: usize = 32;
+/// The bytes at the end of a data file fetched first when only some of its columns
+/// are read: the footer and its metadata, in one GET for the files Mink writes.
+const FOOTER_HINT_BYTES: usize = 64 << 10;
+/// Delete files read at once (each is a GET's latency on S3).
+const DELETE_READS_IN_FLIGHT: usize = 4;
 /// Commit attempts before a round gives up (each lost race re-reads and re-checks).
 const COMMIT_ATTEMPTS_MAX: usize = 32;
 
@@ -196,6 +202,47 @@ impl SnapshotFiles {
             data: mine(&self.data),
             deletes: mine(&self.deletes),
         }
+    }
+
+    /// The files after a commit of `buckets` on top of these: their new files added,
+    /// the files they replace gone.
+    pub fn after(&self, buckets: &[TieredBucket]) -> SnapshotFiles {
+        let replaced: std::collections::HashSet<&str> = buckets
+            .iter()
+            .flat_map(|b| b.replaces.iter().map(String::as_str))
+            .collect();
+        let mut out = SnapshotFiles {
+            data: self
+                .data
+                .iter()
+                .filter(|f| !replaced.contains(f.location.as_str()))
+                .cloned()
+                .collect(),
+            deletes: self
+                .deletes
+                .iter()
+                .filter(|f| !replaced.contains(f.location.as_str()))
+                .cloned()
+                .collect(),
+        };
+        for f in buckets.iter().flat_map(|b| &b.files) {
+            let file = LakeFile {
+                location: f.file_path().to_string(),
+                record_count: f.record_count(),
+                size_bytes: f.file_size_in_bytes(),
+                content: if f.content_type() == DataContentType::Data {
+                    FileContent::Data
+                } else {
+                    FileContent::PositionDeletes
+                },
+                partition: f.partition().clone(),
+            };
+            match file.content {
+                FileContent::Data => out.data.push(file),
+                FileContent::PositionDeletes => out.deletes.push(file),
+            }
+        }
+        out
     }
 
     /// Every file's location, data and deletes.
@@ -1161,8 +1208,16 @@ impl LakeTable {
     /// The positions the delete files `deletes` delete, by data file.
     pub async fn read_deletes(&self, deletes: &[LakeFile]) -> Result<DeletedPositions> {
         let mut out = DeletedPositions::new();
-        for file in deletes {
-            for b in self.read_file(file).await? {
+        let mut reads = futures::stream::iter(deletes.iter().cloned().map(|file| {
+            let lake = self.clone();
+            async move {
+                let batches = lake.read_file(&file).await?;
+                Ok::<_, MinkError>((file, batches))
+            }
+        }))
+        .buffered(DELETE_READS_IN_FLIGHT);
+        while let Some((file, batches)) = reads.try_next().await? {
+            for b in batches {
                 let paths = b
                     .column_by_name("file_path")
                     .and_then(|c| c.as_string_opt::<i32>())
@@ -1254,18 +1309,22 @@ impl LakeTable {
     }
 
     /// Columns `columns` (indices in the file's own schema) of a data file, in the
-    /// file's row order.
+    /// file's row order. Only the footer and those columns' chunks are fetched (range
+    /// GETs), not the whole file.
     pub async fn read_columns(
         &self,
         file: &LakeFile,
         columns: &[usize],
     ) -> Result<Vec<RecordBatch>> {
         let path = self.path_of(&file.location)?;
-        let bytes = self.get(&path).await?.ok_or_else(|| {
-            MinkError::StorageFailure(format!("lake: {} is missing", file.location))
-        })?;
-        let builder =
-            ParquetRecordBatchReaderBuilder::try_new(bytes).map_err(|e| storage(&path, e))?;
+        let reader = RangeReader {
+            store: self.store.clone(),
+            path: path.clone(),
+            size: file.size_bytes,
+        };
+        let builder = parquet::arrow::ParquetRecordBatchStreamBuilder::new(reader)
+            .await
+            .map_err(|e| storage(&path, e))?;
         let mask = parquet::arrow::ProjectionMask::roots(
             builder.parquet_schema(),
             columns.iter().copied(),
@@ -1274,8 +1333,57 @@ impl LakeTable {
             .with_projection(mask)
             .build()
             .map_err(|e| storage(&path, e))?
-            .collect::<std::result::Result<Vec<_>, _>>()
+            .try_collect::<Vec<_>>()
+            .await
             .map_err(|e| storage(&path, e))
+    }
+}
+
+/// A Parquet file read by ranges: the footer (with a hint large enough for its
+/// metadata) and then only the column chunks a projection needs.
+struct RangeReader {
+    store: Arc<dyn ObjectStore>,
+    path: Path,
+    size: u64,
+}
+
+impl parquet::arrow::async_reader::AsyncFileReader for RangeReader {
+    fn get_bytes(
+        &mut self,
+        range: std::ops::Range<u64>,
+    ) -> futures::future::BoxFuture<'_, parquet::errors::Result<Bytes>> {
+        Box::pin(async move {
+            self.store
+                .get_range(&self.path, range)
+                .await
+                .map_err(|e| parquet::errors::ParquetError::External(Box::new(e)))
+        })
+    }
+
+    fn get_byte_ranges(
+        &mut self,
+        ranges: Vec<std::ops::Range<u64>>,
+    ) -> futures::future::BoxFuture<'_, parquet::errors::Result<Vec<Bytes>>> {
+        Box::pin(async move {
+            self.store
+                .get_ranges(&self.path, &ranges)
+                .await
+                .map_err(|e| parquet::errors::ParquetError::External(Box::new(e)))
+        })
+    }
+
+    fn get_metadata<'a>(
+        &'a mut self,
+        _options: Option<&'a parquet::arrow::arrow_reader::ArrowReaderOptions>,
+    ) -> futures::future::BoxFuture<'a, parquet::errors::Result<Arc<ParquetMetaData>>> {
+        Box::pin(async move {
+            let size = self.size;
+            let metadata = parquet::file::metadata::ParquetMetaDataReader::new()
+                .with_prefetch_hint(Some(FOOTER_HINT_BYTES))
+                .load_and_finish(&mut *self, size)
+                .await?;
+            Ok(Arc::new(metadata))
+        })
     }
 }
 

@@ -5,7 +5,10 @@
 //!   to the same store in the same run;
 //! - lag under a steady write load (`lake.freshness` 1 s): for each committed round,
 //!   how long ago its newest row was acknowledged;
-//! - `Union` read MB/s against a log scan of the same table.
+//! - `Union` read MB/s against a log scan of the same table;
+//! - a primary-key table merged on read: what a round writes after 1% of the keys
+//!   changed against the state, its time against tiering the same rows into a log
+//!   table's lake, and `Lake` reads after ten such rounds against after a rewrite.
 //!
 //! Several runs each; the report gives min..max over runs.
 
@@ -273,12 +276,101 @@ async fn lake_bytes(client: &MinkClient, path: &TablePath) -> f64 {
     s["bytes"].as_f64().unwrap_or(0.0)
 }
 
-/// Copy-on-write of a primary-key table: `batches` batches of distinct keys tiered,
-/// then 1% of the keys updated: how long the next round takes and how many bytes of
-/// Parquet it writes, against the first round (the whole state).
-async fn pk_rounds(batches: usize) -> (f64, f64, f64, f64) {
+/// The sum and count of the node's `mink_lake_round_seconds` (committed rounds), read
+/// from its Prometheus page: the difference across one round is that round's time.
+fn round_seconds(admin: std::net::SocketAddr) -> (f64, f64) {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(admin).unwrap();
+    write!(
+        conn,
+        "GET /metrics HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut page = String::new();
+    conn.read_to_string(&mut page).unwrap();
+    let value = |name: &str| {
+        page.lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (
+        value("mink_lake_round_seconds_sum"),
+        value("mink_lake_round_seconds_count"),
+    )
+}
+
+/// What one primary-key run measured.
+struct PkRun {
+    /// The first round (the whole state), from `lake.enabled` on.
+    first_secs: f64,
+    state_mb: f64,
+    /// Merge-on-read rounds after 1% of the keys changed (10 of them): the round's own
+    /// time, and what it wrote against the state.
+    mor_secs: Vec<f64>,
+    mor_written_mb: Vec<f64>,
+    /// The same rows appended to a log table of the same node: its round's time.
+    log_secs: Vec<f64>,
+    /// `Lake` reads of the state, MB/s of Arrow data: after the 10 merge-on-read
+    /// rounds, and after the rewrite that follows them.
+    read_before_mbps: f64,
+    read_after_mbps: f64,
+    rewrite_secs: f64,
+}
+
+/// Waits for the lake of `path` to reach the log's end; the round's time (from the
+/// node's round histogram), or `None` when a round ran while the rows were still being
+/// written and the change took two.
+async fn one_round(
+    client: &MinkClient,
+    admin: std::net::SocketAddr,
+    path: &TablePath,
+    before: (f64, f64),
+) -> Option<f64> {
+    let end = log_end(client, path).await;
+    while lake_rows(client, path).await < end {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut after = round_seconds(admin);
+    // The histogram is recorded right after the commit the wait saw.
+    while after.1 <= before.1 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        after = round_seconds(admin);
+    }
+    (after.1 - before.1 == 1.0).then_some(after.0 - before.0)
+}
+
+/// The Arrow MB/s of a `Lake` read of a primary-key table (the best of three).
+async fn read_state_mbps(client: &MinkClient, path: &TablePath) -> f64 {
+    let mut best: f64 = 0.0;
+    for _ in 0..3 {
+        let start = Instant::now();
+        let batches = client
+            .read_state_any(&ReadTicket::Lake {
+                path: path.clone(),
+                snapshot_id: None,
+            })
+            .await
+            .unwrap();
+        let secs = start.elapsed().as_secs_f64();
+        let bytes: usize = batches.iter().map(|(b, _)| b.get_array_memory_size()).sum();
+        best = best.max(bytes as f64 / 1e6 / secs);
+    }
+    best
+}
+
+/// A primary-key table: `batches` batches of distinct keys tiered (the first round
+/// writes the whole state), then ten rounds after each of which 1% of the keys
+/// changed (merge-on-read: the changed rows and position deletes), each against the
+/// same rows appended to a log table's lake on the same node; then reads of the lake
+/// before and after the rewrite the eleventh round does (`rewrite_files_max` 19: ten
+/// rounds leave 20 delta and delete files).
+async fn pk_rounds(batches: usize) -> PkRun {
     let dir = tempfile::tempdir().unwrap();
-    let node = Node::start(config(dir.path())).await.unwrap();
+    let mut c = config(dir.path());
+    c.lake.rewrite_files_max = 19;
+    c.lake.rewrite_deleted_percent = 100;
+    let node = Node::start(c).await.unwrap();
+    let admin = node.admin_addr;
     let client = MinkClient::connect(&node.flight_addr.to_string())
         .await
         .unwrap();
@@ -287,6 +379,9 @@ async fn pk_rounds(batches: usize) -> (f64, f64, f64, f64) {
     let mut d = descriptor();
     d.primary_key = vec!["id".into()];
     client.create_table(&path, &d).await.unwrap();
+    let log_path = TablePath::parse("b.changes").unwrap();
+    client.create_table(&log_path, &descriptor()).await.unwrap();
+    enable(&client, &log_path).await;
     for i in 0..batches {
         client
             .put(&path, &batch(i as i64 * ROWS as i64), None, None)
@@ -300,27 +395,75 @@ async fn pk_rounds(batches: usize) -> (f64, f64, f64, f64) {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let first_secs = start.elapsed().as_secs_f64();
-    let first_bytes = lake_bytes(&client, &path).await;
-    // 1% of the keys change.
+    let state_mb = lake_bytes(&client, &path).await / 1e6;
     let changed = (batches * ROWS / 100).max(1);
-    // Same keys, other values (an upsert that changes nothing emits no changelog).
-    let n = changed.min(ROWS);
-    let (keys, values) = (batch(0).slice(0, n), batch(7).slice(0, n));
-    let update = RecordBatch::try_new(
-        keys.schema(),
-        vec![keys.column(0).clone(), values.column(1).clone()],
-    )
-    .unwrap();
-    client.put(&path, &update, None, None).await.unwrap();
-    let end = log_end(&client, &path).await;
-    let start = Instant::now();
-    while lake_rows(&client, &path).await < end {
-        tokio::time::sleep(Duration::from_millis(5)).await;
+    let (mut mor_secs, mut mor_written_mb, mut log_secs) = (Vec::new(), Vec::new(), Vec::new());
+    let update = |round: usize| {
+        // 1% of the keys, other ones each round, spread over the whole key range;
+        // same keys, other values (an upsert that changes nothing emits no changelog).
+        let keys: Vec<i64> = (0..changed)
+            .map(|k| ((k * 100 + round * 7) % (batches * ROWS)) as i64)
+            .collect();
+        let values = batch(7 + round as i64).slice(0, changed);
+        RecordBatch::try_new(
+            values.schema(),
+            vec![Arc::new(Int64Array::from(keys)), values.column(1).clone()],
+        )
+        .unwrap()
+    };
+    for round in 0..10 {
+        let rows = update(round);
+        let before = round_seconds(admin);
+        client.put(&path, &rows, None, None).await.unwrap();
+        let mor = one_round(&client, admin, &path, before).await;
+        let snap: serde_json::Value = client
+            .action("lake_snapshot", serde_json::json!({"path": path}))
+            .await
+            .unwrap();
+        assert!(snap["delete_files"].as_u64().unwrap() > 0, "{snap}");
+        if mor.is_some() {
+            mor_written_mb.push(snap["added_bytes"].as_f64().unwrap_or(0.0) / 1e6);
+        }
+        let before = round_seconds(admin);
+        client.append(&log_path, &rows).await.unwrap();
+        // A pair is kept only when each change took one round.
+        if let (Some(m), Some(l)) = (mor, one_round(&client, admin, &log_path, before).await) {
+            mor_secs.push(m);
+            log_secs.push(l);
+        }
     }
-    let next_secs = start.elapsed().as_secs_f64();
-    let next_bytes = lake_bytes(&client, &path).await;
+    let read_before_mbps = read_state_mbps(&client, &path).await;
+    let before = round_seconds(admin);
+    client.put(&path, &update(10), None, None).await.unwrap();
+    let rewrite_secs = one_round(&client, admin, &path, before)
+        .await
+        .unwrap_or(f64::NAN);
+    let snap: serde_json::Value = client
+        .action("lake_snapshot", serde_json::json!({"path": path}))
+        .await
+        .unwrap();
+    assert_eq!(
+        snap["delete_files"], 0,
+        "the eleventh round rewrites: {snap}"
+    );
+    let read_after_mbps = read_state_mbps(&client, &path).await;
     node.stop().await;
-    (first_secs, first_bytes / 1e6, next_secs, next_bytes / 1e6)
+    PkRun {
+        first_secs,
+        state_mb,
+        mor_secs,
+        mor_written_mb,
+        log_secs,
+        read_before_mbps,
+        read_after_mbps,
+        rewrite_secs,
+    }
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 fn range(v: &[f64]) -> String {
@@ -332,9 +475,14 @@ fn range(v: &[f64]) -> String {
 #[tokio::main]
 async fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
+    // `cargo bench -p mink-node --bench lake -- --pk-only`: the primary-key part alone.
+    let pk_only = std::env::args().any(|a| a == "--pk-only");
     let (runs, batches, secs) = if quick { (1, 10, 3.0) } else { (3, 100, 20.0) };
     let mut b = Vec::new();
     for _ in 0..runs {
+        if pk_only {
+            break;
+        }
         b.push(backlog(batches).await);
     }
     let col = |f: fn(&Backlog) -> f64| b.iter().map(f).collect::<Vec<_>>();
@@ -368,24 +516,68 @@ async fn main() {
          | target MB/s | achieved MB/s | lag p50 | lag p99 | lag max |\n|---|---|---|---|---|\n"
     ));
     for _ in 0..runs {
+        if pk_only {
+            break;
+        }
         let (achieved, p50, p99, max) = lag(50.0, secs).await;
         out.push_str(&format!(
             "| 50 | {achieved:.1} | {p50:.2} s | {p99:.2} s | {max:.2} s |\n"
         ));
     }
-    out.push_str(
-        "\nPrimary-key table, copy-on-write: the first round tiers the whole state; after \
-         1% of the keys change, the next round rewrites the changed buckets' whole state \
-         (the write amplification copy-on-write pays for being readable everywhere; the \
-         round is measured from the update, so it includes up to one freshness interval \
-         of waiting).\n\n| run | first round | state in the lake | round after 1% updated | lake after it (all rewritten: every bucket changed) |\n|---|---|---|---|---|\n",
-    );
-    for run in 0..runs {
-        let (first, state, next, written) = pk_rounds(batches / 2).await;
-        out.push_str(&format!(
-            "| {} | {first:.2} s | {state:.1} MB | {next:.2} s | {written:.1} MB |\n",
-            run + 1
-        ));
-    }
+    let pk: Vec<PkRun> = {
+        let mut v = Vec::new();
+        for _ in 0..runs {
+            v.push(pk_rounds(batches / 2).await);
+        }
+        v
+    };
+    let all = |f: fn(&PkRun) -> Vec<f64>| pk.iter().flat_map(f).collect::<Vec<_>>();
+    let written_share: Vec<f64> = pk
+        .iter()
+        .flat_map(|r| r.mor_written_mb.iter().map(|w| w / r.state_mb))
+        .collect();
+    let time_ratio: Vec<f64> = pk
+        .iter()
+        .flat_map(|r| r.mor_secs.iter().zip(&r.log_secs).map(|(m, l)| m / l))
+        .collect();
+
+    out.push_str(&format!(
+        "\nPrimary-key table, merge-on-read: a state of {} MB of Parquet ({} keys, 1 KB \
+         rows, {BUCKETS} buckets); then ten rounds, each after 1% of the keys changed \
+         (every bucket), each against the same rows appended to a log table's lake on \
+         the same node; round times are the node's own (`mink_lake_round_seconds`). \
+         {runs} runs, min..max over every round of every run.\n\n\
+         | measure | value | baseline | ratio |\n|---|---|---|---|\n",
+        range(&pk.iter().map(|r| r.state_mb).collect::<Vec<_>>()),
+        batches / 2 * ROWS,
+    ));
+    out.push_str(&format!(
+        "| first round (the whole state), from `lake.enabled` | {} s | | |\n",
+        range(&pk.iter().map(|r| r.first_secs).collect::<Vec<_>>())
+    ));
+    out.push_str(&format!(
+        "| bytes a round writes after 1% changed (data + deletes + nothing else) | {} MB | the state | {} |\n",
+        range(&all(|r| r.mor_written_mb.clone())),
+        range(&written_share)
+    ));
+    out.push_str(&format!(
+        "| the round's time | {} s | tiering the same rows into a log table's lake: {} s | {} (median {:.2}, {} of {} above 2) |\n",
+        range(&all(|r| r.mor_secs.clone())),
+        range(&all(|r| r.log_secs.clone())),
+        range(&time_ratio),
+        median(&time_ratio),
+        time_ratio.iter().filter(|r| **r > 2.0).count(),
+        time_ratio.len(),
+    ));
+    out.push_str(&format!(
+        "| `Lake` read after the ten rounds (20 delta and delete files per bucket) | {} MB/s | after the rewrite: {} MB/s | {} |\n",
+        range(&pk.iter().map(|r| r.read_before_mbps).collect::<Vec<_>>()),
+        range(&pk.iter().map(|r| r.read_after_mbps).collect::<Vec<_>>()),
+        range(&pk.iter().map(|r| r.read_before_mbps / r.read_after_mbps).collect::<Vec<_>>())
+    ));
+    out.push_str(&format!(
+        "| the rewrite round (the eleventh: the whole state again) | {} s | | |\n",
+        range(&pk.iter().map(|r| r.rewrite_secs).collect::<Vec<_>>())
+    ));
     print!("{out}");
 }

@@ -756,12 +756,24 @@ async fn a_union_reader_slower_than_the_trim_grace_fails_loudly() {
 /// files pass `lake.rewrite_files_max` a round rewrites the bucket with no deletes left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_primary_key_lake_merges_on_read_then_rewrites() {
+    merges_on_read_then_rewrites(128 << 20).await;
+}
+
+/// The same without a key index: every round finds the changed keys' rows from the
+/// key columns of the bucket's files (range reads).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_key_lake_merges_on_read_from_its_key_columns() {
+    merges_on_read_then_rewrites(0).await;
+}
+
+async fn merges_on_read_then_rewrites(key_index_bytes_max: u64) {
     use mink_types::ChangeType;
     let dir = tempfile::tempdir().unwrap();
     let mut c = config(dir.path(), &dir.path().join("objects"), "n0");
     c.lake.check_interval_ms = 50;
     c.lake.rewrite_deleted_percent = 100;
     c.lake.rewrite_files_max = 6;
+    c.lake.key_index_bytes_max = key_index_bytes_max;
     let node = Node::start(c).await.unwrap();
     let client = MinkClient::connect(&node.flight_addr.to_string())
         .await

@@ -35,6 +35,14 @@ pub(crate) struct LakeState {
     /// (`lake.round_bytes_max`): their next round runs at once.
     backlog: std::collections::HashSet<TableId>,
     offsets: HashMap<TableId, BTreeMap<String, i64>>,
+    /// Primary-key buckets' key indexes, by stream, within `lake.key_index_bytes_max`.
+    indexes: HashMap<String, KeyIndex>,
+    /// A primary-key table's files at the version this node's last round committed
+    /// (when it committed right on top of the version it read): the next round, if the
+    /// version is still that one, reads no manifest.
+    /// Keyed by version and snapshot id (random): a lake purged and rebuilt to the same
+    /// version number meanwhile does not match.
+    contents: HashMap<TableId, (u64, i64, SnapshotFiles)>,
 }
 
 /// A primary-key table's key columns as comparable rows (arrow's row format), to find
@@ -121,6 +129,71 @@ impl KeyColumns {
             .collect())
     }
 }
+
+/// What the lake holds of a primary-key bucket when its round starts: its files, and
+/// the key index this node kept of them (if any).
+struct BucketLake {
+    files: SnapshotFiles,
+    index: Option<KeyIndex>,
+}
+
+/// One primary-key bucket's round: where it writes, what the lake holds of the
+/// bucket, and the changes it tiers.
+struct PkRound<'a> {
+    lake: &'a LakeTable,
+    table: &'a TableInfo,
+    stream: String,
+    current: SnapshotFiles,
+    keys: KeyColumns,
+    last: LastChanges,
+    /// The rows that stand (lake rows, in offset order).
+    standing: Option<RecordBatch>,
+}
+
+/// Where each live key of a primary-key bucket's lake is, kept by the bucket's leader
+/// between rounds so that a merge-on-read round need not read the bucket's key
+/// columns. Used only while it describes exactly the bucket's files: another writer's
+/// round (a leader that moved), a rewrite or a lost commit makes the next round build
+/// it again from the files.
+#[derive(Default)]
+pub(crate) struct KeyIndex {
+    /// The bucket's files (data and deletes), sorted, as the index knows them.
+    files: Vec<String>,
+    /// Data file locations, by the number `keys` gives.
+    data: Vec<String>,
+    /// Each live key's encoded bytes: its data file's number and its position there.
+    keys: HashMap<Box<[u8]>, (u32, u64)>,
+    bytes: usize,
+}
+
+impl KeyIndex {
+    /// Memory per key beside the key's bytes: the map's slot (box, file, position)
+    /// and control byte at its load factor, and the key's allocation.
+    const OVERHEAD: usize = 80;
+
+    fn describes(&self, files: &SnapshotFiles) -> bool {
+        let mut locations = files.locations();
+        locations.sort_unstable();
+        locations == self.files
+    }
+
+    fn insert(&mut self, key: &[u8], file: u32, pos: u64) {
+        if self.keys.insert(key.into(), (file, pos)).is_none() {
+            self.bytes += key.len() + Self::OVERHEAD;
+        }
+    }
+
+    fn remove(&mut self, key: &[u8]) -> Option<(u32, u64)> {
+        let found = self.keys.remove(key);
+        if found.is_some() {
+            self.bytes -= key.len() + Self::OVERHEAD;
+        }
+        found
+    }
+}
+
+/// Lake files a round or a read fetches at once.
+const LAKE_READS_IN_FLIGHT: usize = 4;
 
 /// Data files to read, and the positions deleted from them.
 #[derive(Clone, Default)]
@@ -253,6 +326,18 @@ impl NodeService {
             state
                 .offsets
                 .retain(|id, _| tables.iter().any(|t| t.id == *id));
+            // Key indexes of buckets led elsewhere now are of no use here.
+            let led: std::collections::HashSet<String> = self.meta.read(|s| {
+                s.buckets
+                    .values()
+                    .filter(|b| b.leader.as_deref() == Some(me.as_str()))
+                    .map(|b| b.bucket.stream_name())
+                    .collect()
+            });
+            state.indexes.retain(|stream, _| led.contains(stream));
+            state
+                .contents
+                .retain(|id, _| tables.iter().any(|t| t.id == *id));
             for table in tables {
                 if *shutdown.borrow() {
                     return;
@@ -341,14 +426,43 @@ impl NodeService {
         }
     }
 
-    /// One round of `table` for the buckets this node leads; `None` when there was
-    /// nothing new to tier (then no object-store request is made) or another writer
-    /// tiered everything first.
-    pub(crate) async fn tier_table(
+    /// What a node keeps of a committed round for the next: the offsets, the table's
+    /// files (when the commit went right on top of version `read`, so that they are
+    /// `after`), and the key indexes of the buckets it holds, within the budget.
+    fn remember_round(
+        &self,
+        state: &mut LakeState,
+        table_id: TableId,
+        read: u64,
+        c: &Committed,
+        after: Option<SnapshotFiles>,
+        indexes: Vec<(String, KeyIndex)>,
+    ) {
+        state.offsets.insert(table_id, c.offsets.clone());
+        // Right on top of the version read, every bucket in: the files are known.
+        let on_top = read + 1 == c.version;
+        if let Some(after) = after.filter(|_| on_top && c.dropped.is_empty()) {
+            state
+                .contents
+                .insert(table_id, (c.version, c.snapshot_id, after));
+        }
+        // The indexes of the buckets this commit holds, within the node's budget.
+        let budget = self.config.lake.key_index_bytes_max as usize;
+        for (stream, index) in indexes {
+            let used: usize = state.indexes.values().map(|i| i.bytes).sum();
+            if !c.dropped.contains(&stream) && used + index.bytes <= budget {
+                state.indexes.insert(stream, index);
+            }
+        }
+    }
+
+    /// The buckets of `table` this node leads that have rows the lake lacks, as far as
+    /// it knows (all of them before its first round of the table), with their logs.
+    async fn buckets_due(
         &self,
         table: &TableInfo,
-        state: &mut LakeState,
-    ) -> Result<Option<Committed>> {
+        state: &LakeState,
+    ) -> Vec<(TableBucket, LogTablet)> {
         let me = self.meta.node_id().to_string();
         let buckets: Vec<TableBucket> = self.meta.read(|s| {
             s.buckets
@@ -378,6 +492,18 @@ impl NodeService {
         // Rows of this node's buckets the lake lacked when the round began (as far as
         // the node knew: after a restart, until its first round, all of the log).
         metrics::gauge!("mink_lake_lag_rows", "table" => table.path.to_string()).set(lag as f64);
+        tablets
+    }
+
+    /// One round of `table` for the buckets this node leads; `None` when there was
+    /// nothing new to tier (then no object-store request is made) or another writer
+    /// tiered everything first.
+    pub(crate) async fn tier_table(
+        &self,
+        table: &TableInfo,
+        state: &mut LakeState,
+    ) -> Result<Option<Committed>> {
+        let tablets = self.buckets_due(table, state).await;
         if tablets.is_empty() {
             return Ok(None);
         }
@@ -387,18 +513,42 @@ impl NodeService {
             Some(v) => v.offsets(None)?,
             None => BTreeMap::new(),
         };
-        let existing = match (&current, table.descriptor.has_primary_key()) {
-            (Some(v), true) => lake.contents(v, None).await?,
+        let known = state.contents.remove(&table.id);
+        let existing = match (&current, table.descriptor.has_primary_key(), known) {
+            (Some(v), true, Some((version, snapshot, files)))
+                if version == v.version && Some(snapshot) == v.snapshot_id() =>
+            {
+                files
+            }
+            (Some(v), true, _) => lake.contents(v, None).await?,
             _ => SnapshotFiles::default(),
         };
         let mut tiered: Vec<TieredBucket> = Vec::new();
+        let mut indexes: Vec<(String, KeyIndex)> = Vec::new();
         for (bucket, log) in tablets {
             let stream = bucket.stream_name();
             let from = offsets.get(&stream).copied();
             let round = if table.descriptor.has_primary_key() {
-                let files = existing.of_stream(&stream);
-                self.tier_pk_bucket(&lake, table, bucket, &log, from, files)
+                let now = BucketLake {
+                    files: existing.of_stream(&stream),
+                    index: state.indexes.remove(&stream),
+                };
+                match self
+                    .tier_pk_bucket(&lake, table, bucket, &log, from, now)
                     .await
+                {
+                    // Nothing tiered: the index is as good as before.
+                    Ok((None, short, Some(index))) => {
+                        state.indexes.insert(stream.clone(), index);
+                        Ok((None, short))
+                    }
+                    // Kept only once the commit holds the round.
+                    Ok((round, short, index)) => {
+                        indexes.extend(index.map(|i| (stream.clone(), i)));
+                        Ok((round, short))
+                    }
+                    Err(e) => Err(e),
+                }
             } else {
                 self.tier_log_bucket(&lake, table, bucket, &log, from).await
             };
@@ -421,6 +571,10 @@ impl NodeService {
             state.offsets.insert(table.id, offsets);
             return Ok(None);
         }
+        let after = table
+            .descriptor
+            .has_primary_key()
+            .then(|| existing.after(&tiered));
         let committed = lake
             .commit(
                 table.id,
@@ -434,7 +588,8 @@ impl NodeService {
             state.offsets.remove(&table.id);
             return Ok(None);
         };
-        state.offsets.insert(table.id, c.offsets.clone());
+        let read = current.as_ref().map_or(0, |v| v.version);
+        self.remember_round(state, table.id, read, &c, after, indexes);
         self.record_lake_pointer(table.id, &c).await;
         Ok(Some(c))
     }
@@ -593,7 +748,8 @@ impl NodeService {
     /// change of each key, then either merged on read (the rows that stand in a new
     /// delta file, position deletes for the old rows of every key that changed) or,
     /// once deletes or delta files pass `lake.rewrite_*`, the bucket rewritten (its
-    /// whole state in new files that replace all of its files).
+    /// whole state in new files that replace all of its files). Also the bucket's key
+    /// index after the round, to keep should the round commit.
     async fn tier_pk_bucket(
         &self,
         lake: &LakeTable,
@@ -601,19 +757,23 @@ impl NodeService {
         bucket: TableBucket,
         log: &LogTablet,
         from: Option<i64>,
-        current: SnapshotFiles,
-    ) -> Result<(Option<TieredBucket>, bool)> {
+        now: BucketLake,
+    ) -> Result<(Option<TieredBucket>, bool, Option<KeyIndex>)> {
+        let BucketLake {
+            files: current,
+            index,
+        } = now;
         let first = Self::round_start(bucket, log, from);
         let end = log.high_watermark();
         if first >= end {
-            return Ok((None, false));
+            return Ok((None, false, index));
         }
         let round_max = self.config.lake.round_bytes_max as usize;
         let (read, to) = self
             .read_for_lake(table, bucket, log, first, end, round_max)
             .await?;
         if to <= first {
-            return Ok((None, false));
+            return Ok((None, false, index));
         }
         let keys = KeyColumns::new(table)?;
         let changes: Vec<(RecordBatch, Vec<ChangeType>)> = read
@@ -633,41 +793,47 @@ impl NodeService {
                 &lake_rows, &standing,
             )?)
         };
-        let stream = bucket.stream_name();
-        let rewrite = !current.data.is_empty() && self.rewrite_due(&current);
-        let mut files = Vec::new();
-        let result = if current.data.is_empty() || rewrite {
-            self.pk_rewrite(
-                lake, table, &stream, &current, &keys, &last, standing, &mut files,
-            )
-            .await
-        } else {
-            self.pk_merge_on_read(
-                lake, table, &stream, &current, &keys, &last, standing, &mut files,
-            )
-            .await
+        let round = PkRound {
+            lake,
+            table,
+            stream: bucket.stream_name(),
+            current,
+            keys,
+            last,
+            standing,
         };
-        if let Err(e) = result {
-            lake.delete_files(&files).await;
-            return Err(e);
-        }
+        let rewrite = !round.current.data.is_empty() && self.rewrite_due(&round.current);
+        let mut files = Vec::new();
+        let result = if round.current.data.is_empty() || rewrite {
+            self.pk_rewrite(&round, &mut files).await
+        } else {
+            self.pk_merge_on_read(&round, index, &mut files).await
+        };
+        let index = match result {
+            Ok(index) => index,
+            Err(e) => {
+                lake.delete_files(&files).await;
+                return Err(e);
+            }
+        };
         if rewrite {
             metrics::counter!("mink_lake_rewrites_total").increment(1);
         }
         metrics::counter!("mink_lake_tiered_rows_total").increment((to - first) as u64);
         Ok((
             Some(TieredBucket {
-                stream,
+                stream: round.stream,
                 from,
                 to,
                 files,
                 replaces: if rewrite {
-                    current.locations()
+                    round.current.locations()
                 } else {
                     Vec::new()
                 },
             }),
             to < end,
+            index,
         ))
     }
 
@@ -690,125 +856,250 @@ impl NodeService {
 
     /// Merge-on-read: the rows that stand as one delta file, and one position delete
     /// file naming, in the bucket's data files, the live row of every key that changed.
-    /// Only the key columns of the bucket's files are read.
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "one round's state, passed down once"
-    )]
+    /// Where those rows are comes from the bucket's key index when it describes exactly
+    /// the bucket's files; otherwise from the key columns of the bucket's data files
+    /// (range reads), which also build the index. Returns the index after the round.
     async fn pk_merge_on_read(
         &self,
-        lake: &LakeTable,
-        table: &TableInfo,
-        stream: &str,
-        current: &SnapshotFiles,
-        keys: &KeyColumns,
-        last: &LastChanges,
-        standing: Option<RecordBatch>,
+        round: &PkRound<'_>,
+        index: Option<KeyIndex>,
         files: &mut Vec<mink_lake::DataFile>,
-    ) -> Result<()> {
-        let schema = &table.descriptor.schema;
+    ) -> Result<Option<KeyIndex>> {
+        let (lake, current) = (round.lake, &round.current);
+        let (mut index, mut positions) = match index.filter(|i| i.describes(current)) {
+            Some(mut index) => {
+                let mut positions: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+                for key in round.last.keys() {
+                    if let Some((file, pos)) = index.remove(key.row().data()) {
+                        positions
+                            .entry(index.data[file as usize].clone())
+                            .or_default()
+                            .push(pos);
+                    }
+                }
+                (Some(index), positions)
+            }
+            None => self.pk_scan_keys(round).await?,
+        };
+        for p in positions.values_mut() {
+            p.sort_unstable();
+        }
+        // Every file of a bucket is in the bucket's partition.
+        let Some(partition) = current.data.first().map(|f| f.partition.clone()) else {
+            return Ok(None);
+        };
+        // The two files are written at once; either written is the caller's to delete
+        // should the other fail.
+        let delta = async {
+            match &round.standing {
+                Some(rows) => lake
+                    .write_delta_file(
+                        &round.stream,
+                        first_offset(rows),
+                        std::slice::from_ref(rows),
+                        partition.clone(),
+                    )
+                    .await
+                    .map(Some),
+                None => Ok(None),
+            }
+        };
+        let deletes = async {
+            if positions.is_empty() {
+                return Ok(None);
+            }
+            lake.write_position_deletes(&round.stream, 0, &positions, partition.clone())
+                .await
+                .map(Some)
+        };
+        let (delta, deletes) = tokio::join!(delta, deletes);
+        let mut first_error = None;
+        let mut delta_location = None;
+        for (i, written) in [delta, deletes].into_iter().enumerate() {
+            match written {
+                Ok(Some(f)) => {
+                    if i == 0 {
+                        delta_location = Some(f.file_path().to_string());
+                    }
+                    if let Some(index) = index.as_mut() {
+                        index.files.push(f.file_path().to_string());
+                    }
+                    files.push(f);
+                }
+                Ok(None) => {}
+                Err(e) => first_error = first_error.or(Some(e)),
+            }
+        }
+        if let Some(e) = first_error {
+            return Err(e);
+        }
+        let Some(mut index) = index else {
+            return Ok(None);
+        };
+        if let (Some(rows), Some(location)) = (&round.standing, delta_location) {
+            let number = index.data.len() as u32;
+            index.data.push(location);
+            let keys = round.keys.lake_rows(&round.table.descriptor.schema, rows)?;
+            for j in 0..rows.num_rows() {
+                index.insert(keys.row(j).data(), number, j as u64);
+            }
+        }
+        index.files.sort_unstable();
+        let budget = self.config.lake.key_index_bytes_max as usize;
+        Ok((index.bytes <= budget).then_some(index))
+    }
+
+    /// Scans the key columns of a bucket's data files (a few read at once, by ranges),
+    /// less the positions its delete files delete: the positions of the live rows of
+    /// the keys the round changed (every such row, should a key have two), and the key
+    /// index of the other live rows, unless it outgrew `lake.key_index_bytes_max`
+    /// (then the scan goes on without it: memory stays within the budget).
+    async fn pk_scan_keys(
+        &self,
+        round: &PkRound<'_>,
+    ) -> Result<(Option<KeyIndex>, BTreeMap<String, Vec<u64>>)> {
+        let (lake, current) = (round.lake, &round.current);
+        let schema = &round.table.descriptor.schema;
+        let budget = self.config.lake.key_index_bytes_max as usize;
         let deleted = lake.read_deletes(&current.deletes).await?;
-        let mut columns = keys.indices.clone();
+        let changed: std::collections::HashSet<&[u8]> =
+            round.last.keys().map(|k| k.row().data()).collect();
+        let mut columns = round.keys.indices.clone();
         columns.sort_unstable();
         columns.dedup();
+        let mut index = Some(KeyIndex {
+            files: current.locations(),
+            data: current.data.iter().map(|f| f.location.clone()).collect(),
+            ..KeyIndex::default()
+        });
+        if let Some(i) = index.as_mut() {
+            i.files.sort_unstable();
+        }
         let mut positions: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-        let mut data = current.data.clone();
-        data.sort_by(|a, b| a.location.cmp(&b.location));
-        for file in &data {
+        let mut reads = futures::stream::iter(current.data.iter().cloned().enumerate().map(
+            |(number, file)| {
+                let (lake, columns) = (lake.clone(), columns.clone());
+                async move {
+                    let batches = lake.read_columns(&file, &columns).await?;
+                    Ok::<_, MinkError>((number as u32, file, batches))
+                }
+            },
+        ))
+        .buffered(LAKE_READS_IN_FLIGHT);
+        while let Some((number, file, batches)) = reads.try_next().await? {
             let gone = deleted.get(&file.location).map_or(&[][..], Vec::as_slice);
-            let mut hits = Vec::new();
             let mut pos = 0u64;
-            for b in lake.read_columns(file, &columns).await? {
-                let rows = keys.lake_rows(schema, &b)?;
+            for b in batches {
+                let rows = round.keys.lake_rows(schema, &b)?;
                 for j in 0..b.num_rows() {
                     let p = pos + j as u64;
-                    if gone.binary_search(&p).is_err() && last.contains_key(&rows.row(j).owned()) {
-                        hits.push(p);
+                    if gone.binary_search(&p).is_ok() {
+                        continue;
+                    }
+                    let key = rows.row(j);
+                    if changed.contains(key.data()) {
+                        positions.entry(file.location.clone()).or_default().push(p);
+                    } else if let Some(i) = index.as_mut() {
+                        i.insert(key.data(), number, p);
+                        if i.bytes > budget {
+                            index = None;
+                        }
                     }
                 }
                 pos += b.num_rows() as u64;
             }
-            if !hits.is_empty() {
-                positions.insert(file.location.clone(), hits);
-            }
         }
-        // Every file of a bucket is in the bucket's partition.
-        let Some(partition) = current.data.first().map(|f| f.partition.clone()) else {
-            return Ok(());
-        };
-        if let Some(rows) = standing {
-            let first = first_offset(&rows);
-            files.push(
-                lake.write_delta_file(stream, first, &[rows], partition.clone())
-                    .await?,
-            );
-        }
-        if !positions.is_empty() {
-            files.push(
-                lake.write_position_deletes(stream, 0, &positions, partition)
-                    .await?,
-            );
-        }
-        Ok(())
+        metrics::counter!("mink_lake_key_index_scans_total").increment(1);
+        Ok((index, positions))
     }
 
     /// A rewrite (copy-on-write): the rows of the bucket's files that are neither
     /// deleted nor changed (read one file at a time), then the rows that stand, in new
-    /// files cut at `lake.file_bytes_target`.
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "one round's state, passed down once"
-    )]
+    /// files cut at `lake.file_bytes_target`. Returns the key index of the new files
+    /// (unless it outgrew `lake.key_index_bytes_max`).
     async fn pk_rewrite(
         &self,
-        lake: &LakeTable,
-        table: &TableInfo,
-        stream: &str,
-        current: &SnapshotFiles,
-        keys: &KeyColumns,
-        last: &LastChanges,
-        standing: Option<RecordBatch>,
+        round: &PkRound<'_>,
         files: &mut Vec<mink_lake::DataFile>,
-    ) -> Result<()> {
-        let lake_schema = lake_arrow_schema(&table.descriptor.schema);
+    ) -> Result<Option<KeyIndex>> {
+        let (lake, table, stream) = (round.lake, round.table, round.stream.as_str());
+        let schema = &table.descriptor.schema;
+        let lake_schema = lake_arrow_schema(schema);
         let target = self.config.lake.file_bytes_target as usize;
-        let deleted = lake.read_deletes(&current.deletes).await?;
+        let budget = self.config.lake.key_index_bytes_max as usize;
+        let deleted = lake.read_deletes(&round.current.deletes).await?;
+        let mut index = Some(KeyIndex::default());
         let mut pending: Vec<RecordBatch> = Vec::new();
-        let mut pending_bytes = 0usize;
-        for file in &current.data {
+        let (mut pending_bytes, mut pending_rows) = (0usize, 0u64);
+        // The rows of the file being filled: their keys, at their positions in it.
+        let add = |index: &mut Option<KeyIndex>, rows: &arrow::row::Rows, js: &[usize], at: u64| {
+            if let Some(i) = index.as_mut() {
+                let number = i.data.len() as u32;
+                for (k, j) in js.iter().enumerate() {
+                    i.insert(rows.row(*j).data(), number, at + k as u64);
+                }
+            }
+            if index.as_ref().is_some_and(|i| i.bytes > budget) {
+                *index = None;
+            }
+        };
+        for file in &round.current.data {
             let gone = deleted.get(&file.location).map_or(&[][..], Vec::as_slice);
             let mut pos = 0u64;
             for b in lake.read_file(file).await? {
                 let b = to_current_lake(&lake_schema, &b)?;
-                let rows = keys.lake_rows(&table.descriptor.schema, &b)?;
-                let keep: arrow::array::BooleanArray = (0..b.num_rows())
-                    .map(|j| {
-                        let p = pos + j as u64;
-                        Some(
-                            gone.binary_search(&p).is_err()
-                                && !last.contains_key(&rows.row(j).owned()),
-                        )
+                let rows = round.keys.lake_rows(schema, &b)?;
+                let kept: Vec<usize> = (0..b.num_rows())
+                    .filter(|j| {
+                        gone.binary_search(&(pos + *j as u64)).is_err()
+                            && !round.last.contains_key(&rows.row(*j).owned())
                     })
                     .collect();
                 pos += b.num_rows() as u64;
-                let kept = arrow::compute::filter_record_batch(&b, &keep)?;
-                if kept.num_rows() == 0 {
+                if kept.is_empty() {
                     continue;
                 }
-                pending_bytes += kept.get_array_memory_size();
-                pending.push(kept);
+                add(&mut index, &rows, &kept, pending_rows);
+                let keep: arrow::array::BooleanArray = {
+                    let mut mask = vec![false; b.num_rows()];
+                    for j in &kept {
+                        mask[*j] = true;
+                    }
+                    mask.into()
+                };
+                let kept_rows = arrow::compute::filter_record_batch(&b, &keep)?;
+                pending_bytes += kept_rows.get_array_memory_size();
+                pending_rows += kept_rows.num_rows() as u64;
+                pending.push(kept_rows);
                 if pending_bytes >= target {
-                    files.push(self.write_lake_file(lake, table, stream, &pending).await?);
+                    let f = self.write_lake_file(lake, table, stream, &pending).await?;
+                    if let Some(i) = index.as_mut() {
+                        i.data.push(f.file_path().to_string());
+                    }
+                    files.push(f);
                     pending.clear();
-                    pending_bytes = 0;
+                    (pending_bytes, pending_rows) = (0, 0);
                 }
             }
         }
-        pending.extend(standing);
-        if !pending.is_empty() {
-            files.push(self.write_lake_file(lake, table, stream, &pending).await?);
+        if let Some(rows) = &round.standing {
+            let keys = round.keys.lake_rows(schema, rows)?;
+            let all: Vec<usize> = (0..rows.num_rows()).collect();
+            add(&mut index, &keys, &all, pending_rows);
+            pending.push(rows.clone());
         }
-        Ok(())
+        if !pending.is_empty() {
+            let f = self.write_lake_file(lake, table, stream, &pending).await?;
+            if let Some(i) = index.as_mut() {
+                i.data.push(f.file_path().to_string());
+            }
+            files.push(f);
+        }
+        Ok(index.map(|mut i| {
+            i.files = i.data.clone();
+            i.files.sort_unstable();
+            i
+        }))
     }
 
     /// Records a committed snapshot in the metadata log (best effort: the next round,
@@ -889,7 +1180,7 @@ impl NodeService {
         let table_id = table.id;
         let deleted = files.deleted;
         futures::stream::iter(files.data)
-            .then(move |file| {
+            .map(move |file| {
                 let lake = lake.clone();
                 async move {
                     let bucket = file
@@ -904,6 +1195,8 @@ impl NodeService {
                     (bucket, lake.read_file(&file).await, file.location)
                 }
             })
+            // The next file's GET overlaps the reader's work on this one.
+            .buffered(2)
             .flat_map(move |(bucket, read, location)| {
                 let gone = deleted.get(&location).map_or(&[][..], Vec::as_slice);
                 let out: Vec<Result<(RecordBatch, TableBucket, i64)>> = match (bucket, read) {
