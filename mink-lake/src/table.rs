@@ -490,8 +490,7 @@ impl LakeTable {
         batches: &[RecordBatch],
         partition: Struct,
     ) -> Result<DataFile> {
-        let name = format!("{first_offset:020}-{}", token());
-        self.write_parquet(stream, &name, batches, partition, DataContentType::Data)
+        self.write_rows(stream, first_offset, "", batches, partition)
             .await
     }
 
@@ -505,7 +504,20 @@ impl LakeTable {
         batches: &[RecordBatch],
         partition: Struct,
     ) -> Result<DataFile> {
-        let name = format!("{first_offset:020}-{}-delta", token());
+        self.write_rows(stream, first_offset, "-delta", batches, partition)
+            .await
+    }
+
+    /// `data/{stream}/{first_offset:020}-{token}{suffix}.parquet` of lake rows.
+    async fn write_rows(
+        &self,
+        stream: &str,
+        first_offset: i64,
+        suffix: &str,
+        batches: &[RecordBatch],
+        partition: Struct,
+    ) -> Result<DataFile> {
+        let name = format!("{first_offset:020}-{}{suffix}", token());
         self.write_parquet(stream, &name, batches, partition, DataContentType::Data)
             .await
     }

@@ -360,6 +360,37 @@ fn state(
     out
 }
 
+/// A `Lake` read of a primary-key table's state.
+async fn lake_state(
+    client: &MinkClient,
+    path: &TablePath,
+) -> Vec<(
+    arrow::array::RecordBatch,
+    mink_flight::protocol::SnapshotBatch,
+)> {
+    client
+        .read_state_any(&ReadTicket::Lake {
+            path: path.clone(),
+            snapshot_id: None,
+        })
+        .await
+        .unwrap()
+}
+
+/// A `Union` read of a primary-key table's state.
+async fn union_state(
+    client: &MinkClient,
+    path: &TablePath,
+) -> Vec<(
+    arrow::array::RecordBatch,
+    mink_flight::protocol::SnapshotBatch,
+)> {
+    client
+        .read_state_any(&ReadTicket::Union { path: path.clone() })
+        .await
+        .unwrap()
+}
+
 async fn log_end(client: &MinkClient, path: &TablePath) -> i64 {
     let answer: serde_json::Value = client
         .action(
@@ -419,18 +450,9 @@ async fn a_primary_key_table_tiers_its_state_and_union_merges_by_key() {
         .unwrap();
     until_tiered(&client, &path, log_end(&client, &path).await).await;
     let want = expect(&[(0..20, "b"), (20..40, "a")]);
-    let lake = client
-        .read_state_any(&ReadTicket::Lake {
-            path: path.clone(),
-            snapshot_id: None,
-        })
-        .await
-        .unwrap();
+    let lake = lake_state(&client, &path).await;
     assert_eq!(state(&lake), want, "the lake holds the state");
-    let union = client
-        .read_state_any(&ReadTicket::Union { path: path.clone() })
-        .await
-        .unwrap();
+    let union = union_state(&client, &path).await;
     assert_eq!(state(&union), want);
 
     // Changes the lake has not seen yet: Union merges them by key at once.
@@ -452,20 +474,11 @@ async fn a_primary_key_table_tiers_its_state_and_union_merges_by_key() {
         .await
         .unwrap();
     let want = expect(&[(5..20, "b"), (20..30, "c"), (30..40, "a"), (100..105, "d")]);
-    let union = client
-        .read_state_any(&ReadTicket::Union { path: path.clone() })
-        .await
-        .unwrap();
+    let union = union_state(&client, &path).await;
     assert_eq!(state(&union), want, "Union is the state now");
     // Once tiered, the lake (files rewritten, the old ones replaced) agrees.
     until_tiered(&client, &path, log_end(&client, &path).await).await;
-    let lake = client
-        .read_state_any(&ReadTicket::Lake {
-            path: path.clone(),
-            snapshot_id: None,
-        })
-        .await
-        .unwrap();
+    let lake = lake_state(&client, &path).await;
     assert_eq!(state(&lake), want);
     let snap: serde_json::Value = client
         .action("lake_snapshot", serde_json::json!({"path": path}))
@@ -490,13 +503,7 @@ async fn a_primary_key_table_tiers_its_state_and_union_merges_by_key() {
             .unwrap();
     }
     until_tiered(&client, &path, log_end(&client, &path).await).await;
-    let lake = client
-        .read_state_any(&ReadTicket::Lake {
-            path: path.clone(),
-            snapshot_id: None,
-        })
-        .await
-        .unwrap();
+    let lake = lake_state(&client, &path).await;
     assert!(state(&lake).is_empty());
     node.stop().await;
 }
@@ -820,18 +827,9 @@ async fn merges_on_read_then_rewrites(key_index_bytes_max: u64) {
         }
         until_tiered(&client, &path, log_end(&client, &path).await).await;
         let want: Vec<(i64, String)> = want.clone().into_iter().collect();
-        let lake = client
-            .read_state_any(&ReadTicket::Lake {
-                path: path.clone(),
-                snapshot_id: None,
-            })
-            .await
-            .unwrap();
+        let lake = lake_state(&client, &path).await;
         assert_eq!(state(&lake), want, "step {n}: the lake is the state");
-        let union = client
-            .read_state_any(&ReadTicket::Union { path: path.clone() })
-            .await
-            .unwrap();
+        let union = union_state(&client, &path).await;
         assert_eq!(state(&union), want, "step {n}: Union is the state");
         let snap = snapshot().await;
         let live = snap["records"].as_u64().unwrap() - snap["position_deletes"].as_u64().unwrap();
@@ -917,10 +915,7 @@ async fn merge_on_read_rounds_race_random_upserts_and_deletes() {
                 }
             }
             if step % 5 == 0 {
-                let union = client
-                    .read_state_any(&ReadTicket::Union { path: path.clone() })
-                    .await
-                    .unwrap();
+                let union = union_state(&client, &path).await;
                 let want: Vec<(i64, String)> = model.clone().into_iter().collect();
                 assert_eq!(state(&union), want, "seed {seed} step {step}: Union");
             }
@@ -928,13 +923,7 @@ async fn merge_on_read_rounds_race_random_upserts_and_deletes() {
         }
         until_tiered(&client, &path, log_end(&client, &path).await).await;
         let want: Vec<(i64, String)> = model.into_iter().collect();
-        let lake = client
-            .read_state_any(&ReadTicket::Lake {
-                path: path.clone(),
-                snapshot_id: None,
-            })
-            .await
-            .unwrap();
+        let lake = lake_state(&client, &path).await;
         assert_eq!(
             state(&lake),
             want,

@@ -192,6 +192,25 @@ impl KeyIndex {
     }
 }
 
+/// Whose a lake table is, to a table of id `table_id` at its path.
+#[derive(Debug, PartialEq, Eq)]
+enum LakeOwner {
+    This,
+    /// A dropped table's (or one without `mink.table-id`: -1): to purge.
+    Older(TableId),
+    /// A table created after this one (table ids only grow): the caller's catalog is
+    /// behind, and the lake is not its to touch.
+    Newer(TableId),
+}
+
+fn lake_owner(lake_table_id: Option<TableId>, table_id: TableId) -> LakeOwner {
+    match lake_table_id {
+        Some(id) if id == table_id => LakeOwner::This,
+        Some(id) if id > table_id => LakeOwner::Newer(id),
+        other => LakeOwner::Older(other.unwrap_or(-1)),
+    }
+}
+
 /// Lake files a round or a read fetches at once.
 const LAKE_READS_IN_FLIGHT: usize = 4;
 
@@ -271,14 +290,24 @@ impl NodeService {
     /// The newest lake version of a table that belongs to it. A lake table left by a
     /// dropped table of the same name (its `drop_table` purge failed or has not run
     /// yet) is no lake of this table: reads see none, and a tiering round (`purge`)
-    /// purges it and answers `Unavailable` until that is done.
+    /// purges it and answers `Unavailable` until that is done. A lake table of a
+    /// *newer* table is never purged: this node's catalog is behind (the table was
+    /// dropped and its name taken since), and the round fails until it catches up.
     async fn lake_version(&self, table: &TableInfo, purge: bool) -> Result<Option<LakeVersion>> {
         let lake = self.lake_table(&table.path);
         let version = lake.load(self.lake_hint(table.id)).await?;
-        match version {
-            Some(v) if v.table_id() != Some(table.id) && !purge => Ok(None),
-            Some(v) if v.table_id() != Some(table.id) => {
-                let stale = v.table_id().unwrap_or(-1);
+        let Some(v) = version else {
+            return Ok(None);
+        };
+        match lake_owner(v.table_id(), table.id) {
+            LakeOwner::This => Ok(Some(v)),
+            _ if !purge => Ok(None),
+            LakeOwner::Newer(newer) => Err(MinkError::Unavailable(format!(
+                "the lake table of {} belongs to table id {newer}, newer than {}: this \
+                 node's catalog is behind; not tiering it",
+                table.path, table.id
+            ))),
+            LakeOwner::Older(stale) => {
                 tracing::info!(
                     table = %table.path,
                     "the lake table is a dropped table's (id {stale}); purging it"
@@ -289,7 +318,6 @@ impl NodeService {
                     table.path
                 )))
             }
-            other => Ok(other),
         }
     }
 
@@ -1548,5 +1576,39 @@ impl NodeService {
             end_offset: Some(end),
         };
         self.forwarder.read(&addr, &ticket).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lake_of_a_newer_table_is_never_anothers_to_purge() {
+        assert_eq!(lake_owner(Some(7), 7), LakeOwner::This);
+        assert_eq!(lake_owner(Some(3), 7), LakeOwner::Older(3));
+        assert_eq!(lake_owner(None, 7), LakeOwner::Older(-1));
+        // A node whose catalog still shows the dropped table 7 meets table 9's lake.
+        assert_eq!(lake_owner(Some(9), 7), LakeOwner::Newer(9));
+    }
+
+    #[test]
+    fn positions_are_dropped_within_their_batch() {
+        let batch = RecordBatch::try_new(
+            Arc::new(arrow::datatypes::Schema::new(vec![
+                arrow::datatypes::Field::new("x", arrow::datatypes::DataType::Int64, false),
+            ])),
+            vec![Arc::new(arrow::array::Int64Array::from_iter_values(10..15))],
+        )
+        .unwrap();
+        // Rows 10..15 of a file: 9 and 15 are another batch's, 11 and 14 are here.
+        let kept = without_positions(&batch, 10, &[9, 11, 14, 15]).unwrap();
+        let kept = kept
+            .column(0)
+            .as_any()
+            .downcast_ref::<arrow::array::Int64Array>()
+            .unwrap();
+        assert_eq!(kept.values(), &[10, 12, 13]);
+        assert_eq!(without_positions(&batch, 10, &[]).unwrap().num_rows(), 5);
     }
 }
