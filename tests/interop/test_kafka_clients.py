@@ -232,8 +232,8 @@ def offset_for_leader_epoch(node, topic, current_epoch, epoch):
 
 def test_leader_epochs_across_a_leader_move_with_kafka_python(cluster):
     """A kafka-python consumer reads a partition, its leader moves to another node,
-    and it goes on after validating its position with OffsetForLeaderEpoch (it stalls
-    forever without it); the answers are Kafka's for the old epoch, the current one,
+    and it goes on (usually after validating its position with OffsetForLeaderEpoch);
+    the node's answers to OffsetForLeaderEpoch are Kafka's for the old epoch, the current one,
     and a stale or unknown current_leader_epoch."""
     nodes, clients = cluster
     boot = ",".join(n.bootstrap for n in nodes)
@@ -290,7 +290,11 @@ def test_leader_epochs_across_a_leader_move_with_kafka_python(cluster):
         # Each batch carries the epoch it was written under.
         assert {e for o, e in got if o < 10} == {old_epoch}
         assert {e for o, e in got if o >= 10} == {new["epoch"]}
-        assert any("Sending OffsetForLeaderEpoch" in v for v in validations), validations
+        # Whether kafka-python validates its position with OffsetForLeaderEpoch here is
+        # the client's choice and its timing: it did in most runs, but one fresh-clone
+        # run got all 20 records from the new leader without it. So the test does not
+        # require it; the node's answers to it are checked directly below.
+        print("kafka-python validations:", validations)
 
         leader = nodes[int(other[1:])]
         current = new["epoch"]
