@@ -360,6 +360,21 @@ fn state(
     out
 }
 
+/// A node of config `c` with a lake-enabled primary-key table `db.users` of
+/// `buckets` buckets.
+async fn pk_table_on(c: mink_node::MinkConfig, buckets: u32) -> (Node, MinkClient, TablePath) {
+    let node = Node::start(c).await.unwrap();
+    let client = MinkClient::connect(&node.flight_addr.to_string())
+        .await
+        .unwrap();
+    client.create_database("db").await.unwrap();
+    let path = TablePath::parse("db.users").unwrap();
+    let mut d = lake_events(buckets);
+    d.primary_key = vec!["id".into()];
+    client.create_table(&path, &d).await.unwrap();
+    (node, client, path)
+}
+
 /// A `Lake` read of a primary-key table's state.
 async fn lake_state(
     client: &MinkClient,
@@ -781,15 +796,7 @@ async fn merges_on_read_then_rewrites(key_index_bytes_max: u64) {
     c.lake.rewrite_deleted_percent = 100;
     c.lake.rewrite_files_max = 6;
     c.lake.key_index_bytes_max = key_index_bytes_max;
-    let node = Node::start(c).await.unwrap();
-    let client = MinkClient::connect(&node.flight_addr.to_string())
-        .await
-        .unwrap();
-    client.create_database("db").await.unwrap();
-    let path = TablePath::parse("db.users").unwrap();
-    let mut d = lake_events(1);
-    d.primary_key = vec!["id".into()];
-    client.create_table(&path, &d).await.unwrap();
+    let (node, client, path) = pk_table_on(c, 1).await;
     let mut want: BTreeMap<i64, String> = BTreeMap::new();
     let snapshot = || async {
         client
@@ -872,15 +879,7 @@ async fn merge_on_read_rounds_race_random_upserts_and_deletes() {
         if seed % 2 == 1 {
             c.lake.key_index_bytes_max = 0;
         }
-        let node = Node::start(c).await.unwrap();
-        let client = MinkClient::connect(&node.flight_addr.to_string())
-            .await
-            .unwrap();
-        client.create_database("db").await.unwrap();
-        let path = TablePath::parse("db.users").unwrap();
-        let mut d = lake_events(2);
-        d.primary_key = vec!["id".into()];
-        client.create_table(&path, &d).await.unwrap();
+        let (node, client, path) = pk_table_on(c, 2).await;
         let mut rng = seed
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407)
