@@ -6,6 +6,11 @@
 //! each append's acknowledgement latency. The monthly bill uses S3 Standard list
 //! prices: $0.005 per 1,000 PUT/LIST requests, $0.0004 per 1,000 GET/HEAD requests
 //! (DELETE is free).
+//!
+//! A primary-key table at 10 MB/s shows what upserts add: every row after the first
+//! pass over the keys is an update, whose changelog carries the old and the new row.
+//! The column "stored bytes per byte sent" divides the bytes the node PUT to the store
+//! (WAL, segments, metadata, KV snapshots) by the bytes of the rows clients sent.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -34,31 +39,77 @@ const SECONDS_PER_MONTH: f64 = 30.0 * 24.0 * 3600.0;
 const PUT_PRICE: f64 = mink_wal::accounting::Op::Put.list_price_usd();
 const GET_PRICE: f64 = mink_wal::accounting::Op::Get.list_price_usd();
 
-fn descriptor() -> TableDescriptor {
-    TableDescriptor {
-        bucket_count: BUCKETS,
-        ..TableDescriptor::log_table(Schema::new(
-            1,
-            vec![
-                Column::new("id", DataType::BigInt, false),
-                Column::new("body", DataType::String, true),
-            ],
-        ))
+/// Keys of one sender on the primary-key table: after its first 16 appends, every row
+/// it sends is an update.
+const KEYS_PER_SENDER: usize = 16 * ROWS;
+
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Log,
+    PrimaryKey,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Log => "log",
+            Kind::PrimaryKey => "primary key",
+        }
     }
 }
 
-fn batch() -> RecordBatch {
-    let body = "x".repeat(1000);
-    RecordBatch::try_new(
-        descriptor().schema.to_arrow(),
+fn descriptor(kind: Kind) -> TableDescriptor {
+    let schema = Schema::new(
+        1,
         vec![
-            Arc::new(Int64Array::from_iter_values(0..ROWS as i64)),
+            Column::new("id", DataType::BigInt, false),
+            Column::new("body", DataType::String, true),
+        ],
+    );
+    let mut descriptor = TableDescriptor::log_table(schema);
+    descriptor.bucket_count = BUCKETS;
+    if kind == Kind::PrimaryKey {
+        descriptor.primary_key = vec!["id".into()];
+    }
+    descriptor
+}
+
+/// The `n`th batch of sender `sender`: on the primary-key table, its own keys in turn,
+/// with a body that differs from the one the key had (so every update is a change).
+fn batch(kind: Kind, sender: usize, n: usize) -> RecordBatch {
+    let (first, body) = match kind {
+        Kind::Log => (0, "x".repeat(1000)),
+        Kind::PrimaryKey => {
+            let offset = n * ROWS % KEYS_PER_SENDER;
+            let pass = n * ROWS / KEYS_PER_SENDER;
+            let fill = if pass.is_multiple_of(2) { "x" } else { "y" };
+            (sender * KEYS_PER_SENDER + offset, fill.repeat(1000))
+        }
+    };
+    RecordBatch::try_new(
+        descriptor(kind).schema.to_arrow(),
+        vec![
+            Arc::new(Int64Array::from_iter_values(
+                (first..first + ROWS).map(|k| k as i64),
+            )),
             Arc::new(StringArray::from_iter_values(
                 (0..ROWS).map(|_| body.as_str()),
             )),
         ],
     )
     .unwrap()
+}
+
+async fn write(
+    client: &MinkClient,
+    kind: Kind,
+    path: &TablePath,
+    rows: &RecordBatch,
+) -> mink_types::Result<()> {
+    match kind {
+        Kind::Log => client.append(path, rows).await.map(drop),
+        Kind::PrimaryKey => client.put(path, rows, None, None).await.map(drop),
+    }
 }
 
 fn count(report: &AccountingReport, ops: &[Op], purpose: Option<Purpose>) -> u64 {
@@ -80,9 +131,16 @@ struct Cell {
     p50_ms: f64,
     p99_ms: f64,
     dollars_per_month: f64,
+    stored_per_sent: f64,
 }
 
-async fn cell(target_mbps: f64, linger_ms: u64, warmup: Duration, window: Duration) -> Cell {
+async fn cell(
+    kind: Kind,
+    target_mbps: f64,
+    linger_ms: u64,
+    warmup: Duration,
+    window: Duration,
+) -> Cell {
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn ObjectStore> = Arc::new(FaultyStore::new(
         Arc::new(object_store::memory::InMemory::new()),
@@ -105,11 +163,12 @@ async fn cell(target_mbps: f64, linger_ms: u64, warmup: Duration, window: Durati
     let admin = MinkClient::connect(&addr).await.unwrap();
     admin.create_database("b").await.unwrap();
     let path = TablePath::parse("b.cost").unwrap();
-    admin.create_table(&path, &descriptor()).await.unwrap();
-    let rows = batch();
-    let batch_bytes = rows.get_array_memory_size() as f64;
+    admin.create_table(&path, &descriptor(kind)).await.unwrap();
+    let batch_bytes = batch(kind, 0, 0).get_array_memory_size() as f64;
+    // Until the bucket has a leader: rows of keys no sender writes.
+    let first = batch(kind, SENDERS, 0);
     for _ in 0..100 {
-        if admin.append(&path, &rows).await.is_ok() {
+        if write(&admin, kind, &path, &first).await.is_ok() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -120,7 +179,7 @@ async fn cell(target_mbps: f64, linger_ms: u64, warmup: Duration, window: Durati
     let stop_at = measure_from + window;
     let senders: Vec<_> = (0..SENDERS)
         .map(|s| {
-            let (addr, path, rows) = (addr.clone(), path.clone(), rows.clone());
+            let (addr, path) = (addr.clone(), path.clone());
             tokio::spawn(async move {
                 let client = Arc::new(MinkClient::connect(&addr).await.unwrap());
                 let slots = Arc::new(tokio::sync::Semaphore::new(SENDER_IN_FLIGHT_MAX));
@@ -133,10 +192,11 @@ async fn cell(target_mbps: f64, linger_ms: u64, warmup: Duration, window: Durati
                 while Instant::now() < stop_at {
                     tick.tick().await;
                     let permit = slots.clone().acquire_owned().await.unwrap();
-                    let (client, path, rows) = (client.clone(), path.clone(), rows.clone());
+                    let rows = batch(kind, s, appends.len());
+                    let (client, path) = (client.clone(), path.clone());
                     appends.push(tokio::spawn(async move {
                         let sent = Instant::now();
-                        client.append(&path, &rows).await.unwrap();
+                        write(&client, kind, &path, &rows).await.unwrap();
                         drop(permit);
                         (sent, sent.elapsed())
                     }));
@@ -173,6 +233,7 @@ async fn cell(target_mbps: f64, linger_ms: u64, warmup: Duration, window: Durati
     let gets = delta(&[Op::Get, Op::GetRange, Op::Head], None);
     let lists = delta(&[Op::List], None);
     let mbps = latencies.len() as f64 * batch_bytes / elapsed / 1e6;
+    let stored = (after.bytes_sent - before.bytes_sent) as f64 / elapsed;
     Cell {
         mbps,
         puts_per_s: puts,
@@ -190,6 +251,11 @@ async fn cell(target_mbps: f64, linger_ms: u64, warmup: Duration, window: Durati
             .copied()
             .unwrap_or(0.0),
         dollars_per_month: ((puts + lists) * PUT_PRICE + gets * GET_PRICE) * SECONDS_PER_MONTH,
+        stored_per_sent: if mbps > 0.0 {
+            stored / (mbps * 1e6)
+        } else {
+            0.0
+        },
     }
 }
 
@@ -208,30 +274,43 @@ async fn main() {
          the node's own accounting over a {} s window after {} s of warm-up (compaction \
          every 30 s is included; with a shorter window it may fall outside). PUTs include \
          heartbeats, metadata and segments; the bill counts PUT and LIST at $0.005 and \
-         GET and HEAD at $0.0004 per 1,000 (S3 Standard list prices), DELETE free.\n",
+         GET and HEAD at $0.0004 per 1,000 (S3 Standard list prices), DELETE free. \
+         The primary-key rows Put the same rows, each sender over its own {} keys, so \
+         that after the first pass every row is an update with a changed body (its \
+         changelog holds the old and the new row); a KV snapshot (every 10 minutes by \
+         default) falls outside the window. Stored bytes per byte sent: bytes the node \
+         PUT to the store over the bytes of the rows the clients sent.\n",
         window.as_secs(),
-        warmup.as_secs()
+        warmup.as_secs(),
+        KEYS_PER_SENDER
     );
     println!(
-        "| target MB/s | linger_ms | achieved MB/s | PUTs/s (WAL) | MiB per WAL PUT | GETs/s | LISTs/s | ack p50 | ack p99 | $/month |"
+        "| table | target MB/s | linger_ms | achieved MB/s | PUTs/s (WAL) | MiB per WAL PUT | GETs/s | LISTs/s | ack p50 | ack p99 | $/month | stored bytes per byte sent |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
-    for target in [1.0, 10.0, 50.0] {
-        for linger in [0u64, 10, 50, 250] {
-            eprintln!("cost: {target} MB/s, linger {linger} ms");
-            let c = cell(target, linger, warmup, window).await;
-            println!(
-                "| {target:.0} | {linger} | {:.1} | {:.1} ({:.1}) | {:.2} | {:.1} | {:.2} | {:.1} ms | {:.1} ms | {:.0} |",
-                c.mbps,
-                c.puts_per_s,
-                c.wal_puts_per_s,
-                c.mib_per_wal_put,
-                c.gets_per_s,
-                c.lists_per_s,
-                c.p50_ms,
-                c.p99_ms,
-                c.dollars_per_month
-            );
-        }
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let cells = [1.0, 10.0, 50.0]
+        .into_iter()
+        .flat_map(|t| [0u64, 10, 50, 250].map(|l| (Kind::Log, t, l)))
+        .chain([0u64, 50].map(|l| (Kind::PrimaryKey, 10.0, l)));
+    for (kind, target, linger) in cells {
+        eprintln!(
+            "cost: {} table, {target} MB/s, linger {linger} ms",
+            kind.name()
+        );
+        let c = cell(kind, target, linger, warmup, window).await;
+        println!(
+            "| {} | {target:.0} | {linger} | {:.1} | {:.1} ({:.1}) | {:.2} | {:.1} | {:.2} | {:.1} ms | {:.1} ms | {:.0} | {:.2} |",
+            kind.name(),
+            c.mbps,
+            c.puts_per_s,
+            c.wal_puts_per_s,
+            c.mib_per_wal_put,
+            c.gets_per_s,
+            c.lists_per_s,
+            c.p50_ms,
+            c.p99_ms,
+            c.dollars_per_month,
+            c.stored_per_sent
+        );
     }
 }
