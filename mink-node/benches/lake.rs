@@ -279,6 +279,15 @@ async fn lake_bytes(client: &MinkClient, path: &TablePath) -> f64 {
 /// The sum and count of the node's `mink_lake_round_seconds` (committed rounds), read
 /// from its Prometheus page: the difference across one round is that round's time.
 fn round_seconds(admin: std::net::SocketAddr) -> (f64, f64) {
+    let page = metrics_page(admin);
+    (
+        metric(&page, "mink_lake_round_seconds_sum"),
+        metric(&page, "mink_lake_round_seconds_count"),
+    )
+}
+
+/// The node's Prometheus page.
+fn metrics_page(admin: std::net::SocketAddr) -> String {
     use std::io::{Read, Write};
     let mut conn = std::net::TcpStream::connect(admin).unwrap();
     write!(
@@ -288,15 +297,14 @@ fn round_seconds(admin: std::net::SocketAddr) -> (f64, f64) {
     .unwrap();
     let mut page = String::new();
     conn.read_to_string(&mut page).unwrap();
-    let value = |name: &str| {
-        page.lines()
-            .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    (
-        value("mink_lake_round_seconds_sum"),
-        value("mink_lake_round_seconds_count"),
-    )
+    page
+}
+
+/// The value of the unlabelled series `name` on `page` (0 when absent).
+fn metric(page: &str, name: &str) -> f64 {
+    page.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
+        .unwrap_or(0.0)
 }
 
 /// What one primary-key run measured.
@@ -427,7 +435,12 @@ async fn pk_rounds(batches: usize) -> PkRun {
         let before = round_seconds(admin);
         client.append(&log_path, &rows).await.unwrap();
         // A pair is kept only when each change took one round.
-        if let (Some(m), Some(l)) = (mor, one_round(&client, admin, &log_path, before).await) {
+        let log = one_round(&client, admin, &log_path, before).await;
+        // Each round on stderr, with the key-column scans so far (a round without a
+        // usable key index scans): what a slow round did.
+        let scans = metric(&metrics_page(admin), "mink_lake_key_index_scans_total");
+        eprintln!("pk round {round}: merge-on-read {mor:?} s, log {log:?} s, key scans {scans}");
+        if let (Some(m), Some(l)) = (mor, log) {
             mor_secs.push(m);
             log_secs.push(l);
         }

@@ -851,6 +851,15 @@ mod tests {
         let weak = Arc::downgrade(&failed.inner);
         failed.release();
         drop((s, failed));
+        // The WAL writer task answers the failed append before it drops the append's
+        // job, which holds the stream, which holds the service: on another worker
+        // thread, a moment after the answer (a fresh-clone run saw it still held).
+        for _ in 0..500 {
+            if weak.upgrade().is_none() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
         assert!(weak.upgrade().is_none(), "the failed generation is freed");
         assert_eq!(
             taken.read(0, 1 << 20).await.unwrap()[0].payload.as_ref(),
