@@ -2,8 +2,6 @@
 //! writes, then restarted on the same address: the Rust client's in-flight write is
 //! retried with its sequence, and afterwards every acknowledged row is there, once.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,48 +9,7 @@ use mink_flight::MinkClient;
 use mink_types::{TableDescriptor, TablePath};
 
 mod common;
-use common::{ids, rows};
-
-/// Starts the node binary on `flight` (port 0 for any) and returns it with the address
-/// it reports; its log is drained in the background.
-fn spawn(data: &std::path::Path, store: &std::path::Path, flight: &str) -> (Child, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_mink-node"))
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("RUST_LOG", "info")
-        .env("MINK_NODE_ID", "n0")
-        .env("MINK_DATA_DIR", data)
-        .env(
-            "MINK_OBJECT_STORE__URL",
-            format!("file://{}", store.display()),
-        )
-        .env("MINK_LISTENERS__FLIGHT", flight)
-        .env("MINK_LISTENERS__ADMIN", "127.0.0.1:0")
-        .env("MINK_LISTENERS__KAFKA", "127.0.0.1:0")
-        .env("MINK_META__HEARTBEAT_INTERVAL_MS", "200")
-        .env("MINK_META__LEASE_TIMEOUT_MS", "2000")
-        .env("MINK_META__NODE_SESSION_TIMEOUT_MS", "3000")
-        .env("MINK_META__TAIL_IDLE_INTERVAL_MAX_MS", "200")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the mink-node binary starts");
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let marker = "Flight listening on ";
-    let addr = loop {
-        let line = lines
-            .next()
-            .expect("the node reports its Flight address before exiting")
-            .unwrap();
-        if let Some(at) = line.find(marker) {
-            let rest = &line[at + marker.len()..];
-            break rest.split_whitespace().next().unwrap().to_string();
-        }
-    };
-    std::thread::spawn(move || lines.for_each(drop));
-    (child, addr)
-}
+use common::{ids, rows, spawn_node};
 
 fn events() -> TableDescriptor {
     common::events_in(3)
@@ -62,7 +19,7 @@ fn events() -> TableDescriptor {
 async fn sigkill_mid_stream_loses_no_acknowledged_row_and_duplicates_none() {
     let dir = tempfile::tempdir().unwrap();
     let (data, store) = (dir.path().join("n0"), dir.path().join("objects"));
-    let (mut node, addr) = spawn(&data, &store, "127.0.0.1:0");
+    let (mut node, addr) = spawn_node(&data, &store, "127.0.0.1:0", &[]);
     let client = Arc::new(MinkClient::connect(&addr).await.unwrap());
     client.create_database("db").await.unwrap();
     let path = TablePath::parse("db.events").unwrap();
@@ -91,7 +48,7 @@ async fn sigkill_mid_stream_loses_no_acknowledged_row_and_duplicates_none() {
     node.kill().unwrap();
     node.wait().unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let (mut node, again) = spawn(&data, &store, &addr);
+    let (mut node, again) = spawn_node(&data, &store, &addr, &[]);
     assert_eq!(again, addr);
     // Some more acknowledged batches after the restart, then stop.
     let restarted_at = *acked_rx.borrow();

@@ -284,3 +284,53 @@ impl KafkaConn {
         created.topics[0].error_code
     }
 }
+
+/// Starts the node binary (node id `n0`) on `flight` (port 0 for any), with `extra`
+/// environment, and returns it with the address it reports; its log is drained in the
+/// background.
+pub fn spawn_node(
+    data: &std::path::Path,
+    store: &std::path::Path,
+    flight: &str,
+    extra: &[(&str, &str)],
+) -> (std::process::Child, String) {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mink-node"))
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("RUST_LOG", "info")
+        .env("MINK_NODE_ID", "n0")
+        .env("MINK_DATA_DIR", data)
+        .env(
+            "MINK_OBJECT_STORE__URL",
+            format!("file://{}", store.display()),
+        )
+        .env("MINK_LISTENERS__FLIGHT", flight)
+        .env("MINK_LISTENERS__ADMIN", "127.0.0.1:0")
+        .env("MINK_LISTENERS__KAFKA", "127.0.0.1:0")
+        .env("MINK_META__HEARTBEAT_INTERVAL_MS", "200")
+        .env("MINK_META__LEASE_TIMEOUT_MS", "2000")
+        .env("MINK_META__NODE_SESSION_TIMEOUT_MS", "3000")
+        .env("MINK_META__TAIL_IDLE_INTERVAL_MAX_MS", "200")
+        .envs(extra.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the mink-node binary starts");
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let marker = "Flight listening on ";
+    let addr = loop {
+        let line = lines
+            .next()
+            .expect("the node reports its Flight address before exiting")
+            .unwrap();
+        if let Some(at) = line.find(marker) {
+            let rest = &line[at + marker.len()..];
+            break rest.split_whitespace().next().unwrap().to_string();
+        }
+    };
+    std::thread::spawn(move || lines.for_each(drop));
+    (child, addr)
+}
