@@ -93,6 +93,33 @@ fn is_out_of_order(e: &MinkError) -> bool {
     }
 }
 
+/// A writer-sequence refusal (`OutOfOrderSequence`, `UnknownWriter`, `WriterFenced`)
+/// from a status's details, where the node put it (see `server::status`).
+fn writer_error(details: &[u8]) -> Option<MinkError> {
+    match serde_json::from_slice::<MinkError>(details).ok()? {
+        e @ (MinkError::OutOfOrderSequence { .. }
+        | MinkError::UnknownWriter { .. }
+        | MinkError::WriterFenced { .. }) => Some(e),
+        _ => None,
+    }
+}
+
+/// Whether `e` says the leader's window of the writer ends before sequences the
+/// client had acknowledged: it expects a sequence above 0 (it knows the writer) but
+/// below the batch's first. A batch of the writer that any attempt recorded would be
+/// in that window (a recorded batch is either durable, and rebuilt into the window
+/// of every later incarnation of the tablet, or lost with the incarnation that held
+/// it), and the window can never reach it: the batch was not written and never will
+/// be under this writer. It happens when a primary-key tablet reopens after Puts that
+/// changed nothing, which leave no log record.
+fn window_behind_acknowledged(e: &MinkError) -> bool {
+    matches!(
+        e,
+        MinkError::OutOfOrderSequence { first_sequence, expected, .. }
+            if 0 < *expected && expected < first_sequence
+    )
+}
+
 /// Classifies an error of one bucket write attempt, as the client sees it (after
 /// [`status_to_error`], so transport failures are here too).
 ///
@@ -104,10 +131,12 @@ fn is_out_of_order(e: &MinkError) -> bool {
 ///   `LimitExceeded`, `Unimplemented`: the checks of a write (descriptor, schema,
 ///   batch, table and bucket, limits) that a node makes before it submits the batch
 ///   to its log: refused.
-/// - `InvalidArgument` on `batch_sequence` (the leader's `OutOfOrderSequence`): not
-///   recorded, but the leader's window no longer follows this writer (it lost a batch
-///   that wrote nothing when it restarted, say), so every later sequence would be
-///   refused too: unknown, retire the writer.
+/// - `OutOfOrderSequence` (from a node before it put the error in the status details:
+///   `InvalidArgument` on `batch_sequence`), `UnknownWriter`, `WriterFenced`: not
+///   recorded by this attempt, but the leader's window no longer follows this writer
+///   (it lost a batch that wrote nothing when it restarted, say), so every later
+///   sequence would be refused too: unknown, retire the writer (and see
+///   [`MinkClient::write_bucket`] for when the batch goes again).
 /// - `Internal` (a node's error after its log took the batch, such as a failed KV
 ///   flush after the changelog is durable, or a transport failure tonic reports as
 ///   `INTERNAL`), `OffsetOutOfRange` and anything else: unknown.
@@ -175,6 +204,11 @@ struct PipeState {
     /// timeout around `append`): the leader may hold its sequence, so the writer is
     /// retired before the next batch is admitted.
     abandoned: Option<i64>,
+    /// A writer with a batch in this bucket resolved without an acknowledgement and
+    /// without freeing its sequence (an unknown outcome, or a refusal behind which a
+    /// later sequence was handed out): an out-of-order answer to a later batch may be
+    /// that batch's doing.
+    unacknowledged: Option<i64>,
 }
 
 #[derive(Debug, Default)]
@@ -252,10 +286,12 @@ impl Admitted {
         self.resolved = true;
         let mut st = self.pipe.lock();
         st.unresolved.remove(&self.sequence);
-        if st.writer_id == Some(self.writer_id)
-            && let Some(leader) = acked_by
-        {
-            st.acked_by = Some(leader.to_string());
+        match acked_by {
+            Some(leader) if st.writer_id == Some(self.writer_id) => {
+                st.acked_by = Some(leader.to_string());
+            }
+            Some(_) => {}
+            None => st.unacknowledged = Some(self.writer_id),
         }
         drop(st);
         self.pipe.changed.notify_waiters();
@@ -350,6 +386,11 @@ pub fn status_to_error(status: tonic::Status) -> MinkError {
     let message = status.message().to_string();
     // The server's message is a MinkError's text; drop the prefix the variant adds back.
     let strip = |prefix: &str| message.strip_prefix(prefix).unwrap_or(&message).to_string();
+    if status.code() == tonic::Code::FailedPrecondition
+        && let Some(e) = writer_error(status.details())
+    {
+        return e;
+    }
     match status.code() {
         tonic::Code::FailedPrecondition if message.starts_with("not the leader") => {
             match serde_json::from_slice::<Redirect>(status.details()) {
@@ -722,10 +763,11 @@ impl MinkClient {
     /// leader may hold; so does a write whose caller went away mid-write.
     ///
     /// A batch refused as out of order with nothing before it in flight, that no
-    /// attempt may have recorded, goes once more under a new writer: the leader's
-    /// window lost this writer's latest sequences (a primary-key tablet reopened after
-    /// Puts that changed nothing, which leave no log record), and the batch itself was
-    /// not written.
+    /// attempt may have recorded or whose refusal expects a sequence the client had
+    /// acknowledged (see [`window_behind_acknowledged`]), goes once more under a new
+    /// writer: the leader's window lost this writer's latest sequences (a primary-key
+    /// tablet reopened after Puts that changed nothing, which leave no log record), and
+    /// the batch itself was not written.
     async fn write_bucket(
         &self,
         path: &TablePath,
@@ -861,18 +903,23 @@ impl MinkClient {
                 last = Some(e);
                 continue;
             }
-            // A writer retired, or with a batch its caller gave up on (which may still
-            // land), has an earlier batch of unknown outcome.
-            let unknown_before = self
-                .retired
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .contains(&writer_id)
-                || admitted.pipe.lock().abandoned == Some(writer_id);
-            if is_out_of_order(&e) && !maybe_recorded && !unknown_before {
+            // Whether an earlier batch of this writer in this bucket was not
+            // acknowledged (its outcome unknown, its caller gone, or refused behind a
+            // later sequence): then the refusal may be that batch's doing. Retired for
+            // another bucket's sake, the writer's sequences here are still whole.
+            let unknown_before = {
+                let st = admitted.pipe.lock();
+                st.unacknowledged == Some(writer_id) || st.abandoned == Some(writer_id)
+            };
+            if is_out_of_order(&e)
+                && !unknown_before
+                && (!maybe_recorded || window_behind_acknowledged(&e))
+            {
                 // Not recorded, and nothing of this writer before it is in flight or of
                 // unknown outcome: the leader's window does not follow this writer any
-                // more.
+                // more. An attempt that may have been recorded does not change that
+                // when the window ends before sequences acknowledged to this writer
+                // (see `window_behind_acknowledged`).
                 self.retire_writer(writer_id).await;
                 admitted.resolve(None);
                 return Err(WriteEnd::Restart(e));

@@ -154,7 +154,12 @@ pub fn status(err: MinkError) -> Status {
         MinkError::AlreadyExists(_) => Status::already_exists(message),
         MinkError::OutOfOrderSequence { .. }
         | MinkError::UnknownWriter { .. }
-        | MinkError::WriterFenced { .. } => Status::failed_precondition(message),
+        | MinkError::WriterFenced { .. } => {
+            // The error itself in the details, so that a client (or a node forwarding
+            // the answer) gets the writer's expected sequence without parsing text.
+            let body = serde_json::to_vec(&err).unwrap_or_default();
+            Status::with_details(tonic::Code::FailedPrecondition, message, Bytes::from(body))
+        }
         MinkError::OffsetOutOfRange { .. } => Status::out_of_range(message),
         MinkError::Fenced(_) => Status::aborted(message),
         MinkError::LimitExceeded { .. } => Status::resource_exhausted(message),

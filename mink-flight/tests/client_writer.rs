@@ -75,6 +75,9 @@ struct State {
     max_in_flight_before_first: usize,
     /// Writes refused as out of order.
     out_of_order: usize,
+    /// Whether a writer without a window starts only at sequence 0 (a primary-key
+    /// tablet), else anywhere.
+    strict_start: bool,
 }
 
 /// A one-bucket leader with writer windows (duplicate: original offsets; a gap:
@@ -226,14 +229,18 @@ impl Leader {
                 duplicated: true,
             });
         }
-        if let Some((latest, _, _)) = window.last()
-            && sequence != latest + 1
+        let expected = match window.last() {
+            Some((latest, _, _)) => Some(latest + 1),
+            None => s.strict_start.then_some(0),
+        };
+        if let Some(expected) = expected
+            && sequence != expected
         {
             return Err(MinkError::OutOfOrderSequence {
                 bucket: BUCKET,
                 writer_id,
                 first_sequence: sequence,
-                expected: latest + 1,
+                expected,
             });
         }
         let first = s.log.iter().map(|h| h.ids.len() as i64).sum::<i64>();
@@ -359,6 +366,59 @@ async fn an_out_of_order_answer_sends_the_batch_again_under_a_new_writer() {
     assert_ne!(log[2].writer_id, log[0].writer_id);
     assert_eq!((log[2].sequence, log[3].sequence), (0, 1));
     assert_eq!(log[3].writer_id, log[2].writer_id);
+}
+
+/// The same after an attempt that may have been recorded (its answer lost as the
+/// leader restarted): the leader's window ends before a sequence the client had
+/// acknowledged, so no attempt of this batch can be in it, and the batch goes again
+/// under a new writer rather than failing.
+#[tokio::test]
+async fn an_out_of_order_answer_behind_acknowledged_sequences_restarts_the_writer() {
+    let (leader, client) = start().await;
+    client.append(&path(), &rows(&[1])).await.unwrap();
+    client.append(&path(), &rows(&[2])).await.unwrap();
+    leader.with(|s| {
+        s.strict_start = true;
+        for w in s.windows.values_mut() {
+            w.pop();
+        }
+        s.faults.push_back(Fault::Refuse(MinkError::Unavailable(
+            "connection reset".into(),
+        )));
+    });
+    let written = client.append(&path(), &rows(&[3])).await.unwrap();
+    assert!(!written[0].duplicated, "{written:?}");
+    let log = leader.log();
+    assert_eq!(leader.ids(), vec![1, 2, 3]);
+    assert_ne!(log[2].writer_id, log[0].writer_id);
+    assert_eq!(log[2].sequence, 0);
+    assert_eq!(leader.with(|s| s.out_of_order), 1);
+}
+
+/// But a leader that does not know the writer at all (its window evicted, or its
+/// batches trimmed away) may have recorded the attempt whose answer was lost: the
+/// client does not send the batch again, and retires the writer.
+#[tokio::test]
+async fn an_out_of_order_answer_from_a_leader_that_forgot_the_writer_is_not_resent() {
+    let (leader, client) = start().await;
+    client.append(&path(), &rows(&[1])).await.unwrap();
+    client.append(&path(), &rows(&[2])).await.unwrap();
+    leader.with(|s| {
+        s.strict_start = true;
+        s.windows.clear();
+        s.faults.push_back(Fault::Refuse(MinkError::Unavailable(
+            "connection reset".into(),
+        )));
+    });
+    let err = client.append(&path(), &rows(&[3])).await.unwrap_err();
+    assert!(
+        matches!(err, MinkError::OutOfOrderSequence { expected: 0, .. }),
+        "{err:?}"
+    );
+    client.append(&path(), &rows(&[4])).await.unwrap();
+    let log = leader.log();
+    assert_eq!(leader.ids(), vec![1, 2, 4]);
+    assert_ne!(log[2].writer_id, log[0].writer_id);
 }
 
 #[tokio::test]

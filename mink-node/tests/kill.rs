@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mink_flight::MinkClient;
-use mink_types::{TableDescriptor, TablePath};
+use mink_types::{ChangeType, TableDescriptor, TablePath};
 
 mod common;
 use common::{ids, rows, spawn_node};
@@ -65,6 +65,72 @@ async fn sigkill_mid_stream_loses_no_acknowledged_row_and_duplicates_none() {
         (0..written).collect::<Vec<_>>(),
         "every acknowledged row"
     );
+    node.kill().unwrap();
+    node.wait().unwrap();
+}
+
+/// A Put that changed nothing (a delete of an absent key) advances its writer's
+/// sequence in the leader's memory only: it leaves no log record. Killed after it and
+/// restarted, the node's window for that writer ends one sequence early. The client's
+/// next Put is sent while the node is down (a refused connection, which may have
+/// recorded it as far as the client can tell), and its retry at the restarted node is
+/// refused as out of order, expecting the sequence already acknowledged. The Put must
+/// still land, once: no attempt of it can be in that window, so the client sends it
+/// again under a new writer. Four buckets, each with its own lost sequence: the writer
+/// is retired for the first bucket's sake while the others still hold its sequences,
+/// and each of them must go again just the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_after_a_restart_that_lost_a_no_op_put_lands_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, store) = (dir.path().join("n0"), dir.path().join("objects"));
+    let (mut node, addr) = spawn_node(&data, &store, "127.0.0.1:0", &[]);
+    let client = Arc::new(MinkClient::connect(&addr).await.unwrap());
+    client.create_database("db").await.unwrap();
+    let path = TablePath::parse("db.users").unwrap();
+    let mut d = common::events_in(4);
+    d.primary_key = vec!["id".into()];
+    client.create_table(&path, &d).await.unwrap();
+
+    client.put(&path, &rows(0..12), None, None).await.unwrap();
+    let deleted = client
+        .put(
+            &path,
+            &rows(100..112),
+            Some(vec![ChangeType::Delete; 12]),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(deleted.len(), 4, "every bucket has a delete: {deleted:?}");
+    for d in &deleted {
+        assert_eq!(
+            d.last_offset,
+            d.first_offset - 1,
+            "the delete of absent keys changed nothing: {deleted:?}"
+        );
+    }
+    node.kill().unwrap();
+    node.wait().unwrap();
+    let put = {
+        let (client, path) = (client.clone(), path.clone());
+        tokio::spawn(async move { client.put(&path, &rows(12..24), None, None).await })
+    };
+    // Let its first attempts meet the closed port.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (mut node, again) = spawn_node(&data, &store, &addr, &[]);
+    assert_eq!(again, addr);
+    let written = put
+        .await
+        .unwrap()
+        .expect("the Put after the restart is written");
+    assert_eq!(written.len(), 4, "{written:?}");
+    assert!(written.iter().all(|w| !w.duplicated), "{written:?}");
+    client.put(&path, &rows(24..30), None, None).await.unwrap();
+    let state = client
+        .lookup(&path, (0..40).map(|i| vec![serde_json::json!(i)]).collect())
+        .await
+        .unwrap();
+    assert_eq!(ids(&state), (0..30).collect::<Vec<_>>());
     node.kill().unwrap();
     node.wait().unwrap();
 }

@@ -1070,14 +1070,10 @@ async fn merge_on_read_rounds_follow_buckets_that_move_between_nodes() {
 /// lake once it caught up, and `Union` is the model's state throughout. Seeds replay
 /// (`MINK_MOR_KILL_SEED=S`, `MINK_MOR_KILL_SEEDS=N`).
 ///
-/// Ignored: one fresh-clone run of seed 0 failed at 1.5 s. A Put after a restart was
-/// refused with "out-of-order sequence from writer 0 on table 1 bucket 0: got 128,
-/// expected 127" (`InvalidArgument`), so the restarted node's state for that writer
-/// lacked one sequence the client had finished. Six seeds passed here. The cause is
-/// not found: a Put that changed nothing, killed before a restart, did not reproduce
-/// it alone. See the issue 27 note.
+/// A Put that changed nothing leaves no log record, so a restart loses its writer's
+/// sequence: the client's next Put is refused as out of order and goes again under a
+/// new writer (`kill.rs` pins that case alone).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a Put after a restart was once refused as out of order (issue 27 note); under investigation"]
 async fn merge_on_read_rounds_survive_a_killed_node() {
     let env = [
         ("MINK_LAKE__CHECK_INTERVAL_MS", "20"),

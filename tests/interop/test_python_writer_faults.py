@@ -660,3 +660,31 @@ def test_out_of_order_behind_an_earlier_batch_is_resent_under_the_same_writer(ma
     assert log_ids(cluster, 0) == [0, 1, 2]
     writers = {writer for writer, _, _ in cluster.batches.values()}
     assert len(writers) == 1, f"batch 2 was written under another writer: {writers}"
+
+
+def test_out_of_order_behind_acknowledged_sequences_is_resent_under_a_new_writer(make_cluster):
+    """The leader's window lost the writer's last acknowledged batch (a primary-key
+    tablet reopened after a Put that changed nothing, which leaves no log record), and
+    the next batch's first attempt fails in a way that may have recorded it. Its retry
+    is refused as out of order, expecting the sequence already acknowledged: no attempt
+    can be in that window, so the batch goes again under a new writer instead of
+    failing (docs/protocol.md)."""
+
+    def plan(batch: str, attempt: int) -> Fault:
+        if batch == name(2) and attempt == 0:
+            return Fault("unavailable")
+        return Fault()
+
+    cluster, w = make_cluster(plan, buckets=1)
+    w.write(rows_of([0], [0]))
+    w.write(rows_of([1], [0]))
+    with cluster.cond:
+        (window,) = cluster.windows.values()
+        window.pop()
+    written = w.write(rows_of([2], [0]))
+    assert not written[0].duplicated
+    assert not cluster.violations, cluster.violations
+    assert log_ids(cluster, 0) == [0, 1, 2]
+    assert cluster.stats["out_of_order"] == 1
+    writers = [cluster.batches[(0, i)][0] for i in range(3)]
+    assert writers[0] == writers[1] != writers[2], writers

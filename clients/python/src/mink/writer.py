@@ -122,6 +122,18 @@ class _Unknown(Exception):
     """A bucket write whose outcome the client cannot know: its writer is retired."""
 
 
+def _window_behind_acknowledged(e: OutOfOrderSequence) -> bool:
+    """Whether the leader's window of the writer ends before sequences acknowledged to
+    it: it expects a sequence above 0 (it knows the writer) but below the batch's. Any
+    recorded attempt of the batch would be in that window (durable, so rebuilt into every
+    later incarnation of the tablet, or lost with the one that held it), and the window
+    can never reach it: the batch was not written, even if an earlier attempt's answer
+    was lost. A primary-key tablet reopened after Puts that changed nothing (they leave
+    no log record) answers so (docs/protocol.md)."""
+    seq, expected = e.sequence, e.expected
+    return seq is not None and expected is not None and 0 < expected < seq
+
+
 class Writer:
     """Routes rows on the client and writes each bucket's part straight to its leader,
     idempotently. Get one with :meth:`Table.writer`; share it between threads.
@@ -481,7 +493,7 @@ class Writer:
                         self._wait_earlier_or_unknown(lane, seq, deadline)
                         attempt += 1
                         continue
-                    if not maybe_recorded and not unknown_before:
+                    if not unknown_before and (not maybe_recorded or _window_behind_acknowledged(e)):
                         self._retire(lane)
                         raise _Restart() from e
                     self._retire(lane)
