@@ -13,7 +13,7 @@ use tokio::sync::{Semaphore, watch};
 
 use crate::batch::{self, ATTR_CHANGE_TYPES, BatchHeader, LogBatch, NO_WRITER};
 use crate::config::LogConfig;
-use crate::window::{Check, Entry, Outcome, Windows};
+use crate::window::{Check, Decision, Entry, Outcome, Rules, Windows};
 
 /// One batch to append.
 #[derive(Debug, Clone)]
@@ -512,57 +512,37 @@ impl LogTablet {
         Ok(())
     }
 
-    /// `strict_start`: see [`LogTablet::submit_producer`].
-    #[expect(
-        clippy::too_many_lines,
-        reason = "to split into a pure decision and its action (issue 28, decide/act on the hot paths)"
-    )]
+    /// The admission rules of a batch: a Kafka producer's when `producer` (see
+    /// [`LogTablet::submit_producer`]), a Flight writer's otherwise.
+    fn rules(&self, producer: bool) -> Rules {
+        Rules {
+            producer,
+            start_anywhere: self.starts_anywhere(),
+        }
+    }
+
+    /// Submits `req`: encodes it outside the lock, waits (up to `reorder_wait`) for
+    /// its writer's predecessors and for an append slot and WAL memory, then decides
+    /// under the tablet lock ([`Windows::decide`]) and, for a new batch, stamps and
+    /// appends it there ([`LogTablet::append_locked`]); its durability is settled on a
+    /// task of its own ([`LogTablet::settle_when_durable`]). `producer`: see
+    /// [`LogTablet::submit_producer`].
     async fn submit_within(
         &self,
         req: AppendRequest,
         reorder_wait: Duration,
-        strict_start: bool,
+        producer: bool,
     ) -> Result<Submitted> {
         let bucket = self.inner.bucket;
         self.validate(&req)?;
-        let rows = req.batch.num_rows() as i64;
-        let header = BatchHeader {
-            base_offset: 0,
-            record_count: rows as i32,
-            commit_timestamp: 0,
-            leader_epoch: self.inner.epoch as i64,
-            schema_id: req.schema_id,
-            writer_id: req.writer_id,
-            first_sequence: req.first_sequence,
-            last_sequence: req.last_sequence,
-            attributes: if self.inner.primary_key {
-                ATTR_CHANGE_TYPES
-            } else {
-                0
-            },
-            change_types: req.change_types.clone().unwrap_or_default(),
-        };
-        // Encoded once, outside the lock; stamped with offset and time under it.
-        let encoded = match &req.ipc {
-            Some(ipc) => batch::encode_from_ipc(&header, &req.batch, ipc)?,
-            None => batch::encode(&header, &req.batch)?,
-        };
-        if encoded.len() as u64 > self.inner.config.batch_bytes_max {
-            return Err(MinkError::LimitExceeded {
-                what: format!("{bucket}: encoded batch bytes"),
-                limit: self.inner.config.batch_bytes_max,
-                actual: encoded.len() as u64,
-            });
-        }
+        let encoded = self.encode(&req)?;
         let record_time = self.record_time_of(&req.batch)?;
         // Wait for predecessors before taking a slot and memory: a batch that waits
         // must not hold what its predecessor needs to be submitted.
         let reorder_deadline = tokio::time::Instant::now() + reorder_wait;
-        self.wait_for_predecessors(
-            (req.writer_id, req.first_sequence, req.last_sequence),
-            reorder_deadline,
-        )
-        .await?;
+        let sequences = (req.first_sequence, req.last_sequence);
+        self.wait_for_predecessors((req.writer_id, sequences.0, sequences.1), reorder_deadline)
+            .await?;
         let slot = self
             .inner
             .inflight
@@ -576,158 +556,182 @@ impl LogTablet {
             .reserve(encoded.len())
             .await
             .map_err(|e| wal_error(bucket, e))?;
-
-        let mut reservation = Some(reservation);
-        let mut encoded = Some(encoded);
-        let (step, pending) = loop {
+        let mut staged = Some((encoded, reservation, slot));
+        let rules = self.rules(producer);
+        loop {
             let advanced = self.inner.advanced.notified();
             tokio::pin!(advanced);
             advanced.as_mut().enable();
-            // `None`: wait for the batches before this one, then look again.
             self.check_waitable()?;
-            let decided = 'decide: {
+            {
                 let mut state = self.lock();
                 if let Some(e) = &state.failed {
                     return Err(e.clone());
                 }
-                let mut duplicate = None;
-                if req.writer_id != NO_WRITER {
-                    // Only a Kafka producer's id carries an epoch; any other writer id
-                    // above the base range would fence writers sharing its low bits.
-                    if !strict_start && mink_types::split_writer(req.writer_id).1 != 0 {
-                        return Err(MinkError::invalid(
-                            "writer_id",
-                            format!(
-                                "{} is above the largest writer id, {}",
-                                req.writer_id,
-                                mink_types::WRITER_BASE_MAX
-                            ),
-                        ));
+                let decision = if req.writer_id == NO_WRITER {
+                    Decision::Append
+                } else {
+                    let may_wait = tokio::time::Instant::now() < reorder_deadline;
+                    state
+                        .windows
+                        .decide(bucket, req.writer_id, sequences, rules, may_wait)?
+                };
+                let step = match decision {
+                    Decision::Wait => None,
+                    Decision::Duplicate(entry) => Some(Step::Duplicate(entry)),
+                    Decision::Append => {
+                        // Stamp and submit under the lock; durability is settled apart.
+                        let (encoded, reservation, slot) =
+                            staged.take().expect("a batch is appended once");
+                        let (step, outcome, pending) = self.append_locked(
+                            &mut state,
+                            &req,
+                            encoded,
+                            reservation,
+                            record_time,
+                        )?;
+                        drop(state);
+                        let (base, _) = step_offsets(&step);
+                        let rows = req.batch.num_rows() as i64;
+                        self.settle_when_durable(
+                            (req.writer_id, base, rows),
+                            outcome,
+                            pending,
+                            slot,
+                        );
+                        Some(step)
                     }
-                    if let Some(newer) = state.windows.fenced(req.writer_id) {
-                        return Err(MinkError::WriterFenced {
-                            bucket,
-                            writer_id: req.writer_id,
-                            epoch: mink_types::split_writer(req.writer_id).1,
-                            newer,
-                        });
-                    }
-                    if strict_start
-                        && req.first_sequence != 0
-                        && !state.windows.knows(req.writer_id)
-                    {
-                        return Err(MinkError::UnknownWriter {
-                            bucket,
-                            writer_id: req.writer_id,
-                            first_sequence: req.first_sequence,
-                        });
-                    }
-                    match state.windows.check(
-                        req.writer_id,
-                        req.first_sequence,
-                        req.last_sequence,
-                        self.starts_anywhere(),
-                    ) {
-                        Check::New => {}
-                        Check::Duplicate(entry) => duplicate = Some(entry),
-                        Check::OutOfOrder { expected } => {
-                            if req.first_sequence > expected
-                                && tokio::time::Instant::now() < reorder_deadline
-                            {
-                                // Ahead of its predecessors: wait for them a while.
-                                break 'decide None;
-                            }
-                            return Err(MinkError::OutOfOrderSequence {
-                                bucket,
-                                writer_id: req.writer_id,
-                                first_sequence: req.first_sequence,
-                                expected,
-                            });
-                        }
-                    }
-                }
-                Some(match duplicate {
-                    Some(entry) => (Step::Duplicate(entry), None),
-                    None => {
-                        let base = self.inner.stream.next_offset() as i64;
-                        let ts = now_ms().max(state.last_commit_timestamp);
-                        let mut encoded = encoded.take().expect("a batch is appended once");
-                        batch::stamp(&mut encoded, base, ts, self.inner.epoch as i64);
-                        let crc = batch::whole_crc(&encoded);
-                        let pending = match self.inner.stream.append_with_crc(
-                            reservation.take().expect("a batch is appended once"),
-                            self.inner.epoch,
-                            rows as u32,
-                            record_time.unwrap_or(ts),
-                            encoded.freeze(),
-                            crc,
-                        ) {
-                            Ok(p) => p,
-                            Err(e) => {
-                                let err = wal_error(bucket, e);
-                                state.failed = Some(err.clone());
-                                self.inner.advanced.notify_waiters();
-                                return Err(err);
-                            }
-                        };
-                        state.last_commit_timestamp = ts;
-                        let outcome = Arc::new(watch::channel(None).0);
-                        if req.writer_id != NO_WRITER {
-                            state.windows.push_next(
-                                req.writer_id,
-                                Entry {
-                                    first_sequence: req.first_sequence,
-                                    last_sequence: req.last_sequence,
-                                    first_offset: base,
-                                    last_offset: base + rows - 1,
-                                    commit_timestamp: ts,
-                                    pending: Some(outcome.clone()),
-                                },
-                            );
-                            self.inner.advanced.notify_waiters();
-                        }
-                        let step = Step::New {
-                            first: base,
-                            last: base + rows - 1,
-                            ts,
-                            outcome: outcome.clone(),
-                        };
-                        (step, Some((pending, outcome)))
-                    }
-                })
-            };
-            match decided {
-                Some(decided) => break decided,
-                None => {
-                    let _ = tokio::time::timeout_at(reorder_deadline, advanced).await;
+                };
+                if let Some(step) = step {
+                    return Ok(Submitted {
+                        tablet: self.clone(),
+                        step,
+                    });
                 }
             }
+            // Ahead of its predecessors: wait for them a while, then decide again.
+            let _ = tokio::time::timeout_at(reorder_deadline, advanced).await;
+        }
+    }
+
+    /// `req` encoded as a log batch (offset and time stamped later, under the lock),
+    /// within `batch_bytes_max`.
+    fn encode(&self, req: &AppendRequest) -> Result<bytes::BytesMut> {
+        let header = BatchHeader {
+            base_offset: 0,
+            record_count: req.batch.num_rows() as i32,
+            commit_timestamp: 0,
+            leader_epoch: self.inner.epoch as i64,
+            schema_id: req.schema_id,
+            writer_id: req.writer_id,
+            first_sequence: req.first_sequence,
+            last_sequence: req.last_sequence,
+            attributes: if self.inner.primary_key {
+                ATTR_CHANGE_TYPES
+            } else {
+                0
+            },
+            change_types: req.change_types.clone().unwrap_or_default(),
         };
-        if let Some((pending, outcome)) = pending {
-            let tablet = self.clone();
-            let writer_id = req.writer_id;
-            let (base, _) = step_offsets(&step);
-            tokio::spawn(async move {
-                let result = match pending.durable().await {
-                    Ok(range) => {
-                        debug_assert_eq!(
-                            range.start as i64, base,
-                            "the stream assigned another offset"
-                        );
-                        metrics::counter!("mink_log_appended_rows_total").increment(rows as u64);
-                        Ok(())
-                    }
-                    Err(e) => Err(wal_error(tablet.inner.bucket, e)),
-                };
-                tablet.complete(writer_id, &outcome, result);
-                // Appends count against `inflight_appends_max` until they resolve.
-                drop(slot);
+        let encoded = match &req.ipc {
+            Some(ipc) => batch::encode_from_ipc(&header, &req.batch, ipc)?,
+            None => batch::encode(&header, &req.batch)?,
+        };
+        if encoded.len() as u64 > self.inner.config.batch_bytes_max {
+            return Err(MinkError::LimitExceeded {
+                what: format!("{}: encoded batch bytes", self.inner.bucket),
+                limit: self.inner.config.batch_bytes_max,
+                actual: encoded.len() as u64,
             });
         }
-        Ok(Submitted {
-            tablet: self.clone(),
-            step,
-        })
+        Ok(encoded)
+    }
+
+    /// Stamps a new batch with the stream's next offset and the commit time and
+    /// appends it to the stream, under the tablet lock (`state`), so that offsets,
+    /// times and window entries follow the order of appends. A failed append fails
+    /// the tablet.
+    fn append_locked(
+        &self,
+        state: &mut State,
+        req: &AppendRequest,
+        mut encoded: bytes::BytesMut,
+        reservation: mink_wal::Reservation,
+        record_time: Option<i64>,
+    ) -> Result<(Step, Arc<watch::Sender<Outcome>>, mink_wal::PendingAppend)> {
+        let rows = req.batch.num_rows() as i64;
+        let base = self.inner.stream.next_offset() as i64;
+        let ts = now_ms().max(state.last_commit_timestamp);
+        batch::stamp(&mut encoded, base, ts, self.inner.epoch as i64);
+        let crc = batch::whole_crc(&encoded);
+        let pending = self
+            .inner
+            .stream
+            .append_with_crc(
+                reservation,
+                self.inner.epoch,
+                rows as u32,
+                record_time.unwrap_or(ts),
+                encoded.freeze(),
+                crc,
+            )
+            .map_err(|e| {
+                let err = wal_error(self.inner.bucket, e);
+                state.failed = Some(err.clone());
+                self.inner.advanced.notify_waiters();
+                err
+            })?;
+        state.last_commit_timestamp = ts;
+        let outcome = Arc::new(watch::channel(None).0);
+        if req.writer_id != NO_WRITER {
+            state.windows.push_next(
+                req.writer_id,
+                Entry {
+                    first_sequence: req.first_sequence,
+                    last_sequence: req.last_sequence,
+                    first_offset: base,
+                    last_offset: base + rows - 1,
+                    commit_timestamp: ts,
+                    pending: Some(outcome.clone()),
+                },
+            );
+            self.inner.advanced.notify_waiters();
+        }
+        let step = Step::New {
+            first: base,
+            last: base + rows - 1,
+            ts,
+            outcome: outcome.clone(),
+        };
+        Ok((step, outcome, pending))
+    }
+
+    /// Records the outcome of the append at offsets `base..base + rows` once the
+    /// stream answers `pending` ([`LogTablet::complete`]), on a task of its own; `slot`
+    /// (an append in flight, against `inflight_appends_max`) is held until then.
+    fn settle_when_durable(
+        &self,
+        (writer_id, base, rows): (i64, i64, i64),
+        outcome: Arc<watch::Sender<Outcome>>,
+        pending: mink_wal::PendingAppend,
+        slot: tokio::sync::OwnedSemaphorePermit,
+    ) {
+        let tablet = self.clone();
+        tokio::spawn(async move {
+            let result = match pending.durable().await {
+                Ok(range) => {
+                    debug_assert_eq!(
+                        range.start as i64, base,
+                        "the stream assigned another offset"
+                    );
+                    metrics::counter!("mink_log_appended_rows_total").increment(rows as u64);
+                    Ok(())
+                }
+                Err(e) => Err(wal_error(tablet.inner.bucket, e)),
+            };
+            tablet.complete(writer_id, &outcome, result);
+            drop(slot);
+        });
     }
 
     /// Records the outcome of an append (or of a batch that wrote nothing): its window
@@ -765,50 +769,22 @@ impl LogTablet {
         if writer_id == NO_WRITER {
             return Ok(None);
         }
-        let bucket = self.inner.bucket;
         let state = self.lock();
         if let Some(e) = &state.failed {
             return Err(e.clone());
         }
-        if !kafka && mink_types::split_writer(writer_id).1 != 0 {
-            return Err(MinkError::invalid(
-                "writer_id",
-                format!(
-                    "{writer_id} is above the largest writer id, {}",
-                    mink_types::WRITER_BASE_MAX
-                ),
-            ));
-        }
-        if let Some(newer) = state.windows.fenced(writer_id) {
-            return Err(MinkError::WriterFenced {
-                bucket,
-                writer_id,
-                epoch: mink_types::split_writer(writer_id).1,
-                newer,
-            });
-        }
-        if kafka && first != 0 && !state.windows.knows(writer_id) {
-            return Err(MinkError::UnknownWriter {
-                bucket,
-                writer_id,
-                first_sequence: first,
-            });
-        }
-        match state
-            .windows
-            .check(writer_id, first, last, self.starts_anywhere())
-        {
-            Check::New => Ok(None),
-            Check::Duplicate(entry) => Ok(Some(Submitted {
+        match state.windows.decide(
+            self.inner.bucket,
+            writer_id,
+            (first, last),
+            self.rules(kafka),
+            false,
+        )? {
+            Decision::Append | Decision::Wait => Ok(None),
+            Decision::Duplicate(entry) => Ok(Some(Submitted {
                 tablet: self.clone(),
                 step: Step::Duplicate(entry),
             })),
-            Check::OutOfOrder { expected } => Err(MinkError::OutOfOrderSequence {
-                bucket: self.inner.bucket,
-                writer_id,
-                first_sequence: first,
-                expected,
-            }),
         }
     }
 

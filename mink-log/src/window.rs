@@ -33,7 +33,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use mink_types::{MinkError, split_writer};
+use mink_types::{MinkError, TableBucket, split_writer};
 use tokio::sync::watch;
 
 /// Batches remembered per writer.
@@ -66,6 +66,30 @@ pub enum Check {
     OutOfOrder { expected: i64 },
 }
 
+/// What a tablet does with a writer's batch ([`Windows::decide`]).
+#[derive(Debug)]
+pub enum Decision {
+    /// Append it.
+    Append,
+    /// A retry of this entry: answered with its offsets once it is durable.
+    Duplicate(Entry),
+    /// Ahead of its writer's next sequence: wait for the predecessors, then decide
+    /// again.
+    Wait,
+}
+
+/// The rules a writer's batch is admitted under, by who sends it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rules {
+    /// A Kafka producer: its id carries an epoch, and a producer the window does not
+    /// know must start at sequence 0 (`UnknownWriter` otherwise). Any other writer id
+    /// must have epoch 0.
+    pub producer: bool,
+    /// Whether a writer the window does not know may start at any sequence (a log
+    /// tablet) or only at 0 (a primary-key tablet; see the module docs).
+    pub start_anywhere: bool,
+}
+
 #[derive(Debug, Default)]
 pub struct Windows {
     writers: HashMap<i64, VecDeque<Entry>>,
@@ -96,6 +120,73 @@ impl Windows {
             },
             _ => Check::New,
         }
+    }
+
+    /// Decides what a tablet does with `writer`'s batch `first..=last` on `bucket`,
+    /// under `rules`: append it, answer it as a duplicate, wait (only when `may_wait`,
+    /// and only for a batch ahead of its writer's next sequence, whose predecessors
+    /// may still arrive), or refuse it.
+    pub fn decide(
+        &self,
+        bucket: TableBucket,
+        writer: i64,
+        (first, last): (i64, i64),
+        rules: Rules,
+        may_wait: bool,
+    ) -> Result<Decision, MinkError> {
+        Ok(match self.admit(bucket, writer, (first, last), rules)? {
+            Check::New => Decision::Append,
+            Check::Duplicate(entry) => Decision::Duplicate(entry),
+            Check::OutOfOrder { expected } if may_wait && first > expected => Decision::Wait,
+            Check::OutOfOrder { expected } => {
+                return Err(MinkError::OutOfOrderSequence {
+                    bucket,
+                    writer_id: writer,
+                    first_sequence: first,
+                    expected,
+                });
+            }
+        })
+    }
+
+    /// [`Windows::decide`] up to the window check: a refusal that no wait can change
+    /// (a writer id out of range, a fenced epoch, an unknown producer past 0) is the
+    /// error; otherwise the [`Windows::check`].
+    fn admit(
+        &self,
+        bucket: TableBucket,
+        writer: i64,
+        (first, last): (i64, i64),
+        rules: Rules,
+    ) -> Result<Check, MinkError> {
+        let epoch = split_writer(writer).1;
+        // Only a Kafka producer's id carries an epoch; any other writer id above the
+        // base range would fence writers sharing its low bits.
+        if !rules.producer && epoch != 0 {
+            return Err(MinkError::invalid(
+                "writer_id",
+                format!(
+                    "{writer} is above the largest writer id, {}",
+                    mink_types::WRITER_BASE_MAX
+                ),
+            ));
+        }
+        if let Some(newer) = self.fenced(writer) {
+            return Err(MinkError::WriterFenced {
+                bucket,
+                writer_id: writer,
+                epoch,
+                newer,
+            });
+        }
+        if rules.producer && first != 0 && !self.knows(writer) {
+            return Err(MinkError::UnknownWriter {
+                bucket,
+                writer_id: writer,
+                first_sequence: first,
+            });
+        }
+        Ok(self.check(writer, first, last, rules.start_anywhere))
     }
 
     /// The newer epoch of `writer`'s base that fences it, if one has written.
@@ -265,6 +356,124 @@ mod tests {
         ));
         assert!(matches!(w.check(1, 1, 1, false), Check::New));
         assert!(matches!(w.check(1, 0, 0, false), Check::Duplicate(_)));
+    }
+
+    const BUCKET: TableBucket = TableBucket {
+        table_id: 1,
+        partition_id: None,
+        bucket: 0,
+    };
+    const FLIGHT_LOG: Rules = Rules {
+        producer: false,
+        start_anywhere: true,
+    };
+    const FLIGHT_PK: Rules = Rules {
+        producer: false,
+        start_anywhere: false,
+    };
+    const PRODUCER: Rules = Rules {
+        producer: true,
+        start_anywhere: true,
+    };
+
+    #[test]
+    fn admit_refuses_what_no_wait_can_change_and_checks_the_rest() {
+        let mut w = Windows::default();
+        let epoch1 = mink_types::writer_id(7, 1).unwrap();
+        // A writer id with an epoch is a Kafka producer's only.
+        assert!(matches!(
+            w.admit(BUCKET, epoch1, (0, 0), FLIGHT_LOG),
+            Err(MinkError::InvalidArgument { field, .. }) if field == "writer_id"
+        ));
+        assert!(matches!(
+            w.admit(BUCKET, epoch1, (0, 0), PRODUCER),
+            Ok(Check::New)
+        ));
+        // An unknown producer starts at 0; an unknown Flight writer anywhere on a log
+        // tablet, at 0 on a primary-key one (a gap, not a refusal: it may wait).
+        assert!(matches!(
+            w.admit(BUCKET, epoch1, (3, 4), PRODUCER),
+            Err(MinkError::UnknownWriter {
+                first_sequence: 3,
+                ..
+            })
+        ));
+        assert!(matches!(
+            w.admit(BUCKET, 9, (3, 3), FLIGHT_LOG),
+            Ok(Check::New)
+        ));
+        assert!(matches!(
+            w.admit(BUCKET, 9, (3, 3), FLIGHT_PK),
+            Ok(Check::OutOfOrder { expected: 0 })
+        ));
+        // A newer epoch fences the older one of its base, whatever its sequence.
+        w.push(epoch1, entry(0, 0, 0));
+        let epoch0 = 7;
+        assert!(matches!(
+            w.admit(BUCKET, epoch0, (0, 0), PRODUCER),
+            Err(MinkError::WriterFenced {
+                epoch: 0,
+                newer: 1,
+                ..
+            })
+        ));
+        // A known producer follows its window.
+        assert!(matches!(
+            w.admit(BUCKET, epoch1, (0, 0), PRODUCER),
+            Ok(Check::Duplicate(_))
+        ));
+        assert!(matches!(
+            w.admit(BUCKET, epoch1, (2, 2), PRODUCER),
+            Ok(Check::OutOfOrder { expected: 1 })
+        ));
+        assert!(matches!(
+            w.admit(BUCKET, epoch1, (1, 5), PRODUCER),
+            Ok(Check::New)
+        ));
+    }
+
+    #[test]
+    fn decide_waits_only_for_a_batch_ahead_and_only_when_allowed() {
+        let mut w = Windows::default();
+        w.push(9, entry(0, 0, 0));
+        assert!(matches!(
+            w.decide(BUCKET, 9, (1, 1), FLIGHT_PK, true),
+            Ok(Decision::Append)
+        ));
+        assert!(matches!(
+            w.decide(BUCKET, 9, (0, 0), FLIGHT_PK, true),
+            Ok(Decision::Duplicate(e)) if e.first_offset == 0
+        ));
+        assert!(matches!(
+            w.decide(BUCKET, 9, (3, 3), FLIGHT_PK, true),
+            Ok(Decision::Wait)
+        ));
+        assert!(matches!(
+            w.decide(BUCKET, 9, (3, 3), FLIGHT_PK, false),
+            Err(MinkError::OutOfOrderSequence {
+                first_sequence: 3,
+                expected: 1,
+                ..
+            })
+        ));
+        // A rewind never waits: its predecessors are in already.
+        let mut short = Windows::default();
+        short.push(9, entry(5, 5, 0));
+        assert!(matches!(
+            short.decide(BUCKET, 9, (4, 4), FLIGHT_PK, true),
+            Err(MinkError::OutOfOrderSequence { expected: 6, .. })
+        ));
+        // A refusal of the writer itself does not wait either.
+        assert!(matches!(
+            w.decide(
+                BUCKET,
+                mink_types::writer_id(9, 1).unwrap(),
+                (3, 3),
+                PRODUCER,
+                true
+            ),
+            Err(MinkError::UnknownWriter { .. })
+        ));
     }
 
     #[test]
