@@ -161,6 +161,84 @@ fn classify_write_error(e: &MinkError) -> WriteFailure {
     }
 }
 
+/// The attempts of one bucket write so far ([`MinkClient::write_bucket`]).
+#[derive(Debug, Default)]
+struct Attempts {
+    /// Whether the next attempt looks the leader up again (after a stale answer).
+    refresh: bool,
+    /// Whether the next attempt waits first (a backoff).
+    pause: bool,
+    /// Whether an attempt may have been recorded: a refusal of a later one then does
+    /// not free the sequence.
+    maybe_recorded: bool,
+    /// The last failure, returned when the attempts run out.
+    last: Option<MinkError>,
+}
+
+impl Attempts {
+    /// After `e`: the next attempt backs off and looks the leader up again.
+    fn back_off(&mut self, e: MinkError) {
+        self.refresh = true;
+        self.pause = true;
+        self.last = Some(e);
+    }
+}
+
+/// What a bucket write attempt knew when it failed ([`after_failure`]).
+#[derive(Debug, Clone, Copy, Default)]
+struct Facts {
+    /// An earlier batch of the writer in this bucket was in flight when the attempt
+    /// was sent, or still is.
+    overtaken: bool,
+    /// An earlier batch of the writer in this bucket was resolved without an
+    /// acknowledgement (an unknown outcome, a caller gone, or refused behind a later
+    /// sequence).
+    unacknowledged_before: bool,
+    /// An earlier attempt of this batch may have been recorded.
+    maybe_recorded: bool,
+}
+
+/// What a bucket write does after a failed attempt ([`after_failure`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AfterFailure {
+    /// It overtook an earlier batch in flight (not recorded): send it again at once
+    /// once the earlier ones are resolved.
+    AfterEarlier,
+    /// Retry the same sequence after a backoff, at a leader looked up again;
+    /// `maybe_recorded`: whether this attempt may have been recorded.
+    Retry { maybe_recorded: bool },
+    /// Not recorded, and the leader's window no longer follows this writer: retire
+    /// it and send the batch again under a new one.
+    Restart,
+    /// Refused before recording: return the error; the sequence is free again.
+    Free,
+    /// Its outcome is unknown: return the error and retire the writer.
+    Retire,
+}
+
+/// Decides what a bucket write does after attempt error `e` (docs/protocol.md,
+/// "Writes", holds the rules; [`classify_write_error`] reads the error).
+fn after_failure(e: &MinkError, facts: Facts) -> AfterFailure {
+    if is_out_of_order(e) {
+        if facts.overtaken {
+            return AfterFailure::AfterEarlier;
+        }
+        // Not recorded, and nothing of this writer before it is in flight or
+        // unacknowledged: the leader's window does not follow this writer any more.
+        // An attempt that may have been recorded does not change that when the window
+        // ends before sequences acknowledged to this writer.
+        if !facts.unacknowledged_before && (!facts.maybe_recorded || window_behind_acknowledged(e))
+        {
+            return AfterFailure::Restart;
+        }
+    }
+    match classify_write_error(e) {
+        WriteFailure::Retry { maybe_recorded } => AfterFailure::Retry { maybe_recorded },
+        WriteFailure::Refused if !facts.maybe_recorded => AfterFailure::Free,
+        WriteFailure::Refused | WriteFailure::Unknown => AfterFailure::Retire,
+    }
+}
+
 /// How one writer's attempt at a bucket write ended, when it did not succeed.
 enum WriteEnd {
     Failed(MinkError),
@@ -273,6 +351,18 @@ impl Admitted {
                 .unresolved
                 .range(..self.sequence)
                 .any(|(_, to)| to.as_deref().is_some_and(|to| to != leader))
+    }
+
+    /// What this batch's pipeline says of its failed attempt ([`after_failure`]):
+    /// `had_earlier` whether an earlier batch was in flight when it was sent.
+    fn facts(&self, had_earlier: bool, maybe_recorded: bool) -> Facts {
+        let st = self.pipe.lock();
+        Facts {
+            overtaken: had_earlier || st.unresolved.range(..self.sequence).next().is_some(),
+            unacknowledged_before: st.unacknowledged == Some(self.writer_id)
+                || st.abandoned == Some(self.writer_id),
+            maybe_recorded,
+        }
     }
 
     fn sending_to(&self, leader: &str) {
@@ -796,11 +886,8 @@ impl MinkClient {
         }
     }
 
-    /// [`MinkClient::write_bucket`] under one writer id.
-    #[expect(
-        clippy::too_many_lines,
-        reason = "to split into a pure decision and its action (issue 28, decide/act on the hot paths)"
-    )]
+    /// [`MinkClient::write_bucket`] under one writer id: attempts at the leader until
+    /// one is acknowledged, or [`after_failure`] ends the write.
     async fn write_bucket_once(
         &self,
         path: &TablePath,
@@ -810,16 +897,10 @@ impl MinkClient {
         changes: Option<Vec<ChangeType>>,
         depth: usize,
     ) -> Result<BucketWritten, WriteEnd> {
-        let pipe = self
-            .sequences
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(bucket)
-            .or_default()
-            .clone();
         let deadline = tokio::time::Instant::now() + WRITE_DEADLINE;
         let late =
             || MinkError::Unavailable(format!("{bucket}: not written within {WRITE_DEADLINE:?}"));
+        let pipe = self.pipeline(bucket);
         let mut admitted = match tokio::time::timeout_at(deadline, self.admit(&pipe, depth)).await {
             Ok(admitted) => admitted.map_err(WriteEnd::Failed)?,
             Err(_) => return Err(WriteEnd::Failed(late())),
@@ -830,32 +911,25 @@ impl MinkClient {
             changes,
         };
         let descriptor = make(writer_id);
-        let mut refresh = false;
-        let mut last = None;
-        // Whether an earlier attempt may have been recorded: a refusal of a later one
-        // then does not free the sequence.
-        let mut maybe_recorded = false;
-        let mut pause = false;
+        let mut attempts = Attempts::default();
         for attempt in 0..WRITE_ATTEMPTS_MAX {
-            if pause {
+            if attempts.pause {
                 tokio::time::sleep(Duration::from_millis(50 << attempt.min(5))).await;
             }
-            let leader = match self.leader_of(path, bucket, refresh).await {
+            let leader = match self.leader_of(path, bucket, attempts.refresh).await {
                 Ok(l) => l,
                 Err(e) => {
-                    refresh = true;
-                    pause = true;
-                    last = Some(e);
+                    attempts.back_off(e);
                     continue;
                 }
             };
             // A new leader sees this writer's batches in order.
-            if (refresh || admitted.must_follow_earlier(&leader))
+            if (attempts.refresh || admitted.must_follow_earlier(&leader))
                 && tokio::time::timeout_at(deadline, admitted.wait_for_earlier())
                     .await
                     .is_err()
             {
-                last = Some(late());
+                attempts.last = Some(late());
                 break;
             }
             admitted.sending_to(&leader);
@@ -867,7 +941,7 @@ impl MinkClient {
                     .await;
             let Ok(answer) = answer else {
                 // Perhaps recorded: unknown.
-                last = Some(late());
+                attempts.last = Some(late());
                 break;
             };
             let e = match answer {
@@ -889,61 +963,32 @@ impl MinkClient {
                 )),
                 Err(e) => e,
             };
-            if is_out_of_order(&e) && (had_earlier || admitted.earlier_in_flight()) {
-                // It overtook an earlier batch in flight: not recorded; send it again
-                // once the earlier ones are resolved.
-                if tokio::time::timeout_at(deadline, admitted.wait_for_earlier())
-                    .await
-                    .is_err()
-                {
-                    last = Some(late());
-                    break;
-                }
-                pause = false;
-                last = Some(e);
-                continue;
-            }
-            // Whether an earlier batch of this writer in this bucket was not
-            // acknowledged (its outcome unknown, its caller gone, or refused behind a
-            // later sequence): then the refusal may be that batch's doing. Retired for
-            // another bucket's sake, the writer's sequences here are still whole.
-            let unknown_before = {
-                let st = admitted.pipe.lock();
-                st.unacknowledged == Some(writer_id) || st.abandoned == Some(writer_id)
-            };
-            if is_out_of_order(&e)
-                && !unknown_before
-                && (!maybe_recorded || window_behind_acknowledged(&e))
-            {
-                // Not recorded, and nothing of this writer before it is in flight or of
-                // unknown outcome: the leader's window does not follow this writer any
-                // more. An attempt that may have been recorded does not change that
-                // when the window ends before sequences acknowledged to this writer
-                // (see `window_behind_acknowledged`).
-                self.retire_writer(writer_id).await;
-                admitted.resolve(None);
-                return Err(WriteEnd::Restart(e));
-            }
-            match classify_write_error(&e) {
-                WriteFailure::Retry {
-                    maybe_recorded: recorded,
-                } => {
-                    maybe_recorded |= recorded;
-                    refresh = true;
-                    pause = true;
-                    last = Some(e);
-                }
-                WriteFailure::Refused if !maybe_recorded => {
-                    // Not recorded: the sequence is free again, unless a later batch
-                    // took the next one; then the leader will refuse that one as out of
-                    // order, and this writer is done.
-                    if !admitted.try_free() {
-                        self.retire_writer(writer_id).await;
-                        admitted.resolve(None);
+            match after_failure(&e, admitted.facts(had_earlier, attempts.maybe_recorded)) {
+                AfterFailure::AfterEarlier => {
+                    if tokio::time::timeout_at(deadline, admitted.wait_for_earlier())
+                        .await
+                        .is_err()
+                    {
+                        attempts.last = Some(late());
+                        break;
                     }
-                    return Err(WriteEnd::Failed(e));
+                    attempts.pause = false;
+                    attempts.last = Some(e);
                 }
-                WriteFailure::Refused | WriteFailure::Unknown => {
+                AfterFailure::Retry { maybe_recorded } => {
+                    attempts.maybe_recorded |= maybe_recorded;
+                    attempts.back_off(e);
+                }
+                AfterFailure::Restart => {
+                    self.retire_writer(writer_id).await;
+                    admitted.resolve(None);
+                    return Err(WriteEnd::Restart(e));
+                }
+                // The sequence is free again, unless a later batch took the next one;
+                // then the leader will refuse that one as out of order, and this
+                // writer is done.
+                AfterFailure::Free if admitted.try_free() => return Err(WriteEnd::Failed(e)),
+                AfterFailure::Free | AfterFailure::Retire => {
                     self.retire_writer(writer_id).await;
                     admitted.resolve(None);
                     return Err(WriteEnd::Failed(e));
@@ -953,9 +998,19 @@ impl MinkClient {
         // Perhaps written, perhaps not: this writer's sequences are unknown from here.
         self.retire_writer(writer_id).await;
         admitted.resolve(None);
-        Err(WriteEnd::Failed(last.unwrap_or_else(|| {
+        Err(WriteEnd::Failed(attempts.last.unwrap_or_else(|| {
             MinkError::Unavailable(format!("{bucket}: no attempt made"))
         })))
+    }
+
+    /// `bucket`'s pipeline of the current writer (see [`PipeState`]).
+    fn pipeline(&self, bucket: TableBucket) -> Arc<Pipeline> {
+        self.sequences
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(bucket)
+            .or_default()
+            .clone()
     }
 
     /// Takes the next sequence of `pipe` for a batch, once the pipeline has room (see
@@ -1442,5 +1497,101 @@ mod tests {
         assert_eq!(back.to_string(), sent.to_string());
         let odd = status_to_error(tonic::Status::resource_exhausted("too many"));
         assert!(matches!(odd, MinkError::LimitExceeded { ref what, .. } if what == "too many"));
+    }
+
+    #[test]
+    fn a_writer_sequence_error_reads_back_from_the_status_details_even_when_forwarded() {
+        let sent = MinkError::OutOfOrderSequence {
+            bucket: TableBucket::new(1, None, 2),
+            writer_id: 7,
+            first_sequence: 12,
+            expected: 10,
+        };
+        let status = crate::server::status(sent.clone());
+        assert_eq!(status_to_error(status.clone()), sent);
+        // A node forwarding the answer prefixes its own address to the message.
+        let forwarded = tonic::Status::with_details(
+            status.code(),
+            format!("127.0.0.1:9120: {}", status.message()),
+            status.details().to_vec().into(),
+        );
+        assert_eq!(status_to_error(forwarded), sent);
+        // Without details (an older node): the text, as a batch_sequence refusal.
+        let bare = status_to_error(tonic::Status::failed_precondition(sent.to_string()));
+        assert!(is_out_of_order(&bare), "{bare:?}");
+    }
+
+    fn out_of_order(first_sequence: i64, expected: i64) -> MinkError {
+        MinkError::OutOfOrderSequence {
+            bucket: TableBucket::new(1, None, 0),
+            writer_id: 3,
+            first_sequence,
+            expected,
+        }
+    }
+
+    #[test]
+    fn after_failure_follows_the_write_rules() {
+        let clean = Facts::default();
+        let recorded = Facts {
+            maybe_recorded: true,
+            ..Facts::default()
+        };
+        let unacknowledged = Facts {
+            unacknowledged_before: true,
+            ..Facts::default()
+        };
+        let overtaken = Facts {
+            overtaken: true,
+            maybe_recorded: true,
+            unacknowledged_before: true,
+        };
+        let unavailable = MinkError::Unavailable("connection refused".into());
+        let not_leader = MinkError::NotLeader {
+            bucket: TableBucket::new(1, None, 0),
+            leader: None,
+        };
+        let invalid = MinkError::invalid("batch", "a null key");
+        let internal = MinkError::Internal("the KV flush failed".into());
+        let cases = [
+            // Overtaking an earlier batch in flight explains any out-of-order answer.
+            (out_of_order(5, 4), overtaken, AfterFailure::AfterEarlier),
+            // The window lost the writer, and no attempt may have been recorded.
+            (out_of_order(5, 4), clean, AfterFailure::Restart),
+            (out_of_order(5, 0), clean, AfterFailure::Restart),
+            // An attempt may have been recorded: only a window behind acknowledged
+            // sequences proves it was not.
+            (out_of_order(5, 4), recorded, AfterFailure::Restart),
+            (out_of_order(5, 0), recorded, AfterFailure::Retire),
+            (out_of_order(5, 6), recorded, AfterFailure::Retire),
+            // An earlier batch of the bucket unacknowledged: the refusal may be its doing.
+            (out_of_order(5, 4), unacknowledged, AfterFailure::Retire),
+            (
+                MinkError::invalid("batch_sequence", "out-of-order sequence …"),
+                recorded,
+                AfterFailure::Retire,
+            ),
+            (
+                unavailable.clone(),
+                clean,
+                AfterFailure::Retry {
+                    maybe_recorded: true,
+                },
+            ),
+            (
+                not_leader,
+                recorded,
+                AfterFailure::Retry {
+                    maybe_recorded: false,
+                },
+            ),
+            (invalid.clone(), clean, AfterFailure::Free),
+            (invalid, recorded, AfterFailure::Retire),
+            (internal, clean, AfterFailure::Retire),
+        ];
+        for (e, facts, expected) in cases {
+            assert_eq!(after_failure(&e, facts), expected, "{e:?} with {facts:?}");
+        }
+        assert!(!window_behind_acknowledged(&unavailable));
     }
 }
