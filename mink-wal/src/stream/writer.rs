@@ -275,10 +275,91 @@ async fn read_back(
     Ok(true)
 }
 
-#[expect(
-    clippy::too_many_lines,
-    reason = "to split into a pure decision and its action (issue 28, decide/act on the hot paths)"
-)]
+/// When the open group is sealed ([`SealRules::seal_now`]): the writer's limits.
+#[derive(Debug, Clone, Copy)]
+struct SealRules {
+    linger: Duration,
+    cork_max: Duration,
+    group_bytes_max: u64,
+    inflight_max: usize,
+}
+
+/// The open group and the uploads, as [`SealRules`] look at them.
+#[derive(Debug, Clone, Copy)]
+struct GroupState {
+    jobs: usize,
+    bytes: u64,
+    age: Duration,
+    /// A cork is held (see [`Cork`]).
+    corks: bool,
+    uploads: usize,
+    /// Whether appends may still arrive.
+    open: bool,
+}
+
+impl SealRules {
+    /// Whether a cork holds the group back: one is held and the group is younger than
+    /// `cork_max`.
+    fn corked(&self, g: &GroupState) -> bool {
+        g.corks && g.age < self.cork_max
+    }
+
+    /// Whether the group takes no more appends for now. An empty group is never full
+    /// (its header alone may reach a tiny limit).
+    fn full(&self, g: &GroupState) -> bool {
+        g.jobs > 0 && g.bytes >= self.group_bytes_max
+    }
+
+    /// Whether the group is sealed now: it has appends, an upload slot is free, and it
+    /// is full, lingered long enough without a cork, or the last one (the channel
+    /// closed).
+    fn seal_now(&self, g: &GroupState) -> bool {
+        let due = g.age >= self.linger && !self.corked(g);
+        g.jobs > 0 && g.uploads < self.inflight_max && (self.full(g) || due || !g.open)
+    }
+}
+
+/// What a completed upload of sequence `seq` means, with `next_ack` the sequence the
+/// next acknowledgement must have: acknowledged, or why not. A writer retired
+/// meanwhile acknowledges nothing more, even an upload that landed; and a hole under
+/// an acknowledgement would be a broken writer, which stops rather than acknowledge
+/// past it (docs/s3stream.md, "Invariants").
+fn upload_outcome(
+    result: Result<(), UploadError>,
+    retired: bool,
+    seq: u64,
+    next_ack: u64,
+) -> Result<(), UploadError> {
+    match result {
+        Ok(()) if retired => Err(UploadError::Retired),
+        Ok(()) if seq != next_ack => Err(UploadError::Hole { expected: next_ack }),
+        result => result,
+    }
+}
+
+type Upload = std::pin::Pin<Box<dyn Future<Output = Result<(), UploadError>> + Send>>;
+
+/// The writer task's state between events (see the module docs).
+struct Writer {
+    store: Arc<dyn ObjectStore>,
+    wal: WalId,
+    shared: Arc<WriterShared>,
+    rules: SealRules,
+    upload_budget: Duration,
+    group: Group,
+    /// Uploads in flight, completed in sequence order.
+    uploads: FuturesOrdered<Upload>,
+    /// Their groups, in the same order.
+    sealed: VecDeque<Sealed>,
+    /// Whether appends may still arrive.
+    open: bool,
+    /// The sequence the next acknowledged upload must have. Acknowledged WAL objects
+    /// are a contiguous run from the first sequence: a takeover fences at the first
+    /// free sequence at or above the owner's floor, so an acknowledged object above a
+    /// hole would be ignored by everyone (docs/s3stream.md, "Invariants").
+    next_ack: u64,
+}
+
 pub(crate) async fn run_writer(
     store: Arc<dyn ObjectStore>,
     wal: WalId,
@@ -286,163 +367,223 @@ pub(crate) async fn run_writer(
     shared: Arc<WriterShared>,
     mut rx: mpsc::UnboundedReceiver<Job>,
 ) {
-    let linger = Duration::from_millis(config.linger_ms);
-    let cork_max = Duration::from_millis(config.cork_max_ms);
-    let inflight_max = config.inflight_uploads_max.max(1) as usize;
-    let mut group = Group::new();
-    let mut inflight = FuturesOrdered::new();
-    let mut inflight_seqs: VecDeque<u64> = VecDeque::new();
-    let mut inflight_jobs: VecDeque<Sealed> = VecDeque::new();
-    let mut open = true;
-    // The sequence the next acknowledged upload must have. Acknowledged WAL objects are
-    // a contiguous run from the first sequence: a takeover fences at the first free
-    // sequence at or above the owner's floor, so an acknowledged object above a hole
-    // would be ignored by everyone (docs/s3stream.md, "Invariants").
-    let mut next_ack = shared.next_seq.load(Ordering::SeqCst);
-    loop {
-        // Seal and upload while the rules allow.
-        let age = group.opened.elapsed();
-        let corked = shared.corked() && age < cork_max;
-        let due = age >= linger && !corked;
-        // An empty group is never full (its header alone may reach a tiny limit).
-        let full = !group.jobs.is_empty() && group.builder.len() as u64 >= config.group_bytes_max;
-        if !group.jobs.is_empty() && inflight.len() < inflight_max && (full || due || !open) {
-            let sealed = std::mem::replace(&mut group, Group::new());
-            let seq = shared.next_seq.fetch_add(1, Ordering::SeqCst);
-            if inflight_seqs.is_empty() {
-                shared.oldest_unacked.store(seq, Ordering::SeqCst);
+    let next_ack = shared.next_seq.load(Ordering::SeqCst);
+    let mut writer = Writer {
+        store,
+        wal,
+        shared,
+        rules: SealRules {
+            linger: Duration::from_millis(config.linger_ms),
+            cork_max: Duration::from_millis(config.cork_max_ms),
+            group_bytes_max: config.group_bytes_max,
+            inflight_max: config.inflight_uploads_max.max(1) as usize,
+        },
+        upload_budget: Duration::from_millis(config.upload_retry_budget_ms),
+        group: Group::new(),
+        uploads: FuturesOrdered::new(),
+        sealed: VecDeque::new(),
+        open: true,
+        next_ack,
+    };
+    if let Err(err) = writer.run(&mut rx).await {
+        writer.fail_all(err, rx).await;
+    }
+}
+
+impl Writer {
+    fn group_state(&self) -> GroupState {
+        GroupState {
+            jobs: self.group.jobs.len(),
+            bytes: self.group.builder.len() as u64,
+            age: self.group.opened.elapsed(),
+            corks: self.shared.corked(),
+            uploads: self.uploads.len(),
+            open: self.open,
+        }
+    }
+
+    /// Seals, uploads and acknowledges until the channel is closed and everything in
+    /// it is durable (`Ok`), or until the writer must fail (the error).
+    async fn run(&mut self, rx: &mut mpsc::UnboundedReceiver<Job>) -> Result<(), WalError> {
+        loop {
+            let g = self.group_state();
+            if self.rules.seal_now(&g) {
+                self.seal();
+                continue;
             }
-            inflight_seqs.push_back(seq);
-            let len = sealed.builder.len();
-            let bytes = sealed.builder.finish();
-            metrics::histogram!("mink_wal_group_records").record(sealed.jobs.len() as f64);
-            metrics::histogram!("mink_wal_group_bytes").record(len as f64);
-            let path = wal_path(&wal, seq);
-            let store = store.clone();
-            inflight_jobs.push_back(Sealed {
-                seq,
-                jobs: sealed.jobs,
-                bytes: len,
-            });
-            let budget = Duration::from_millis(config.upload_retry_budget_ms);
-            let span = tracing::debug_span!("wal.upload", %wal, seq, bytes = len, records = inflight_jobs.back().map_or(0, |s| s.jobs.len()));
-            inflight.push_back(tracing::Instrument::instrument(
-                upload(store, path, bytes, budget),
-                span,
-            ));
-            continue;
-        }
-        if !open && inflight.is_empty() && group.jobs.is_empty() {
-            return;
-        }
-        let linger_deadline = tokio::time::Instant::from_std(group.opened + linger);
-        let cork_deadline = tokio::time::Instant::from_std(group.opened + cork_max);
-        let waiting_on_cork = corked && !group.jobs.is_empty() && inflight.len() < inflight_max;
-        // Biased, completions first: acknowledgements are never starved by a steady
-        // stream of appends, and a seeded test replays the same interleaving.
-        tokio::select! {
-            biased;
-            Some(result) = inflight.next(), if !inflight.is_empty() => {
-                inflight_seqs.pop_front();
-                let Some(sealed) = inflight_jobs.pop_front() else {
-                    unreachable!("an upload completed without its group");
-                };
-                // Retired meanwhile: nothing more is acknowledged, even an upload
-                // that landed.
-                let result = match (result, shared.failure()) {
-                    (Ok(_), Some(_)) => Err(UploadError::Retired),
-                    // A hole under this acknowledgement would be a broken writer: it
-                    // stops (tests panic on it) rather than acknowledge past the hole.
-                    (Ok(_), None) if sealed.seq != next_ack => {
-                        debug_assert_eq!(sealed.seq, next_ack, "WAL {wal}: acknowledgements must follow the sequences with no hole");
-                        Err(UploadError::Hole { expected: next_ack })
-                    }
-                    (result, _) => result,
-                };
-                match result {
-                    Ok(_) => {
-                        next_ack += 1;
-                        metrics::counter!("mink_wal_uploads_total").increment(1);
-                        metrics::counter!("mink_wal_upload_bytes_total").increment(sealed.bytes as u64);
-                        for (job, range) in sealed.jobs {
-                            metrics::histogram!("mink_wal_ack_latency_seconds").record(job.enqueued.elapsed().as_secs_f64());
-                            job.stream.on_durable(&job.record, sealed.seq, range);
-                            let _ = job.done.send(Ok(()));
-                        }
-                        let oldest = inflight_seqs.front().copied().unwrap_or_else(|| shared.next_seq.load(Ordering::SeqCst));
-                        shared.oldest_unacked.store(oldest, Ordering::SeqCst);
-                        // The appenders just acknowledged often append again at once.
-                        // Let them run and gather what they send before sealing, so they
-                        // ride the next upload instead of waiting for the one after.
-                        for _ in 0..ACK_GATHER_YIELDS {
-                            tokio::task::yield_now().await;
-                            while (group.builder.len() as u64) < config.group_bytes_max
-                                && let Ok(job) = rx.try_recv()
-                            {
-                                group.add(job);
-                            }
-                        }
-                    }
-                    Err(e) => {
-                        let err = match e {
-                            UploadError::Fenced => {
-                                metrics::counter!("mink_wal_fenced_total").increment(1);
-                                WalError::Fenced(format!("WAL {wal} was fenced at sequence {}", sealed.seq))
-                            }
-                            UploadError::Failed(other) => {
-                                metrics::counter!("mink_wal_upload_failures_total").increment(1);
-                                WalError::Storage(format!("WAL {wal} upload {} failed: {other}", sealed.seq))
-                            }
-                            UploadError::Hole { expected } => WalError::Corrupt(format!(
-                                "WAL {wal}: upload {} completed where {expected} was next",
-                                sealed.seq
-                            )),
-                            UploadError::Retired => shared
-                                .failure()
-                                .unwrap_or_else(|| WalError::Fenced(format!("WAL {wal} was retired"))),
-                        };
-                        // Later uploads may still land, but none is acknowledged.
-                        drop(inflight);
-                        let unacked = std::iter::once(sealed).chain(inflight_jobs).map(|s| s.jobs);
-                        fail_all(&shared, err, unacked.chain([group.jobs]), rx).await;
-                        return;
-                    }
+            if !self.open && self.uploads.is_empty() && self.group.jobs.is_empty() {
+                return Ok(());
+            }
+            let (corked, full) = (self.rules.corked(&g), self.rules.full(&g));
+            let slot_free = g.uploads < self.rules.inflight_max;
+            let lingering = g.jobs > 0 && !self.rules.linger.is_zero() && slot_free && !corked;
+            let waiting_on_cork = corked && g.jobs > 0 && slot_free;
+            let linger_deadline =
+                tokio::time::Instant::from_std(self.group.opened + self.rules.linger);
+            let cork_deadline =
+                tokio::time::Instant::from_std(self.group.opened + self.rules.cork_max);
+            let shared = self.shared.clone();
+            // Biased, completions first: acknowledgements are never starved by a steady
+            // stream of appends, and a seeded test replays the same interleaving.
+            tokio::select! {
+                biased;
+                Some(result) = self.uploads.next(), if !self.uploads.is_empty() => {
+                    self.on_uploaded(result, rx).await?;
                 }
-            },
-            _ = shared.retire.notified() => {
-                let err = shared
-                    .retired
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .clone()
-                    .unwrap_or_else(|| WalError::Fenced(format!("WAL {wal} was retired")));
-                drop(inflight);
-                let unacked = inflight_jobs.into_iter().map(|s| s.jobs);
-                fail_all(&shared, err, unacked.chain([group.jobs]), rx).await;
-                return;
-            },
-            job = rx.recv(), if open && !full => match job {
-                Some(job) => {
-                    group.add(job);
-                    // Everything already queued joins the group before it can be
-                    // sealed: appends enqueued together (the parts of a table write,
-                    // whose cork may be gone before this task wakes) share an upload.
-                    while (group.builder.len() as u64) < config.group_bytes_max
-                        && let Ok(job) = rx.try_recv()
-                    {
-                        group.add(job);
-                    }
-                }
-                None => open = false,
-            },
-            // Only while an upload slot is free: a lingered group that waits for a slot
-            // would otherwise wake this loop without end.
-            // While corked the cork's branches below wake the loop instead (a linger
-            // shorter than the cork would otherwise be ready on every pass).
-            _ = tokio::time::sleep_until(linger_deadline), if !group.jobs.is_empty() && !linger.is_zero() && inflight.len() < inflight_max && !corked => {}
-            _ = shared.uncorked.notified(), if waiting_on_cork => {}
-            _ = tokio::time::sleep_until(cork_deadline), if waiting_on_cork => {}
+                () = shared.retire.notified() => return Err(self.retired_error()),
+                job = rx.recv(), if self.open && !full => match job {
+                    Some(job) => self.gather(job, rx),
+                    None => self.open = false,
+                },
+                // Only while an upload slot is free: a lingered group that waits for a
+                // slot would otherwise wake this loop without end. While corked the
+                // cork's branches below wake the loop instead (a linger shorter than the
+                // cork would otherwise be ready on every pass).
+                () = tokio::time::sleep_until(linger_deadline), if lingering => {}
+                () = shared.uncorked.notified(), if waiting_on_cork => {}
+                () = tokio::time::sleep_until(cork_deadline), if waiting_on_cork => {}
+            }
         }
+    }
+
+    /// Adds `job` to the open group, and everything already queued before the group
+    /// can be sealed: appends enqueued together (the parts of a table write, whose
+    /// cork may be gone before this task wakes) share an upload.
+    fn gather(&mut self, job: Job, rx: &mut mpsc::UnboundedReceiver<Job>) {
+        self.group.add(job);
+        self.take_queued(rx);
+    }
+
+    /// Moves the queued appends into the open group while it has room.
+    fn take_queued(&mut self, rx: &mut mpsc::UnboundedReceiver<Job>) {
+        while (self.group.builder.len() as u64) < self.rules.group_bytes_max
+            && let Ok(job) = rx.try_recv()
+        {
+            self.group.add(job);
+        }
+    }
+
+    /// Seals the open group as the next WAL sequence and starts its upload.
+    fn seal(&mut self) {
+        let group = std::mem::replace(&mut self.group, Group::new());
+        let seq = self.shared.next_seq.fetch_add(1, Ordering::SeqCst);
+        if self.sealed.is_empty() {
+            self.shared.oldest_unacked.store(seq, Ordering::SeqCst);
+        }
+        let len = group.builder.len();
+        let records = group.jobs.len();
+        let bytes = group.builder.finish();
+        metrics::histogram!("mink_wal_group_records").record(records as f64);
+        metrics::histogram!("mink_wal_group_bytes").record(len as f64);
+        self.sealed.push_back(Sealed {
+            seq,
+            jobs: group.jobs,
+            bytes: len,
+        });
+        let span = tracing::debug_span!("wal.upload", wal = %self.wal, seq, bytes = len, records);
+        let upload = upload(
+            self.store.clone(),
+            wal_path(&self.wal, seq),
+            bytes,
+            self.upload_budget,
+        );
+        self.uploads
+            .push_back(Box::pin(tracing::Instrument::instrument(upload, span)));
+    }
+
+    /// The oldest upload completed with `result`: acknowledges its appends, then
+    /// gathers what their appenders send at once; or answers why the writer must fail
+    /// (the group stays first among the unacknowledged).
+    async fn on_uploaded(
+        &mut self,
+        result: Result<(), UploadError>,
+        rx: &mut mpsc::UnboundedReceiver<Job>,
+    ) -> Result<(), WalError> {
+        let Some(sealed) = self.sealed.pop_front() else {
+            unreachable!("an upload completed without its group");
+        };
+        let retired = self.shared.failure().is_some();
+        let outcome = upload_outcome(result, retired, sealed.seq, self.next_ack);
+        debug_assert!(
+            !matches!(outcome, Err(UploadError::Hole { .. })),
+            "WAL {}: acknowledgements must follow the sequences with no hole",
+            self.wal
+        );
+        if let Err(e) = outcome {
+            let err = self.upload_error(e, sealed.seq);
+            self.sealed.push_front(sealed);
+            return Err(err);
+        }
+        self.next_ack += 1;
+        metrics::counter!("mink_wal_uploads_total").increment(1);
+        metrics::counter!("mink_wal_upload_bytes_total").increment(sealed.bytes as u64);
+        for (job, range) in sealed.jobs {
+            metrics::histogram!("mink_wal_ack_latency_seconds")
+                .record(job.enqueued.elapsed().as_secs_f64());
+            job.stream.on_durable(&job.record, sealed.seq, range);
+            let _ = job.done.send(Ok(()));
+        }
+        let oldest = self
+            .sealed
+            .front()
+            .map_or_else(|| self.shared.next_seq.load(Ordering::SeqCst), |s| s.seq);
+        self.shared.oldest_unacked.store(oldest, Ordering::SeqCst);
+        // The appenders just acknowledged often append again at once. Let them run and
+        // gather what they send before sealing, so they ride the next upload instead of
+        // waiting for the one after.
+        for _ in 0..ACK_GATHER_YIELDS {
+            tokio::task::yield_now().await;
+            self.take_queued(rx);
+        }
+        Ok(())
+    }
+
+    /// The writer's error for upload `seq`'s failure `e`.
+    fn upload_error(&self, e: UploadError, seq: u64) -> WalError {
+        let wal = &self.wal;
+        match e {
+            UploadError::Fenced => {
+                metrics::counter!("mink_wal_fenced_total").increment(1);
+                WalError::Fenced(format!("WAL {wal} was fenced at sequence {seq}"))
+            }
+            UploadError::Failed(other) => {
+                metrics::counter!("mink_wal_upload_failures_total").increment(1);
+                WalError::Storage(format!("WAL {wal} upload {seq} failed: {other}"))
+            }
+            UploadError::Hole { expected } => WalError::Corrupt(format!(
+                "WAL {wal}: upload {seq} completed where {expected} was next"
+            )),
+            UploadError::Retired => self.retired_error(),
+        }
+    }
+
+    /// Why the writer was retired ([`WriterShared::retire`]).
+    fn retired_error(&self) -> WalError {
+        let retired = self
+            .shared
+            .retired
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        retired
+            .or_else(|| self.shared.failure())
+            .unwrap_or_else(|| WalError::Fenced(format!("WAL {} was retired", self.wal)))
+    }
+
+    /// Fails every append not acknowledged (uploads in flight, the open group) and
+    /// every later one with `err`. Later uploads may still land, but none is
+    /// acknowledged: they are dropped first.
+    async fn fail_all(self, err: WalError, rx: mpsc::UnboundedReceiver<Job>) {
+        let Self {
+            shared,
+            uploads,
+            sealed,
+            group,
+            ..
+        } = self;
+        drop(uploads);
+        let unacked = sealed.into_iter().map(|s| s.jobs).chain([group.jobs]);
+        fail_all(&shared, err, unacked, rx).await;
     }
 }
 
@@ -462,5 +603,90 @@ async fn fail_all(
     rx.close();
     while let Some(job) = rx.recv().await {
         let _ = job.done.send(Err(err.clone()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RULES: SealRules = SealRules {
+        linger: Duration::from_millis(5),
+        cork_max: Duration::from_millis(20),
+        group_bytes_max: 1_000,
+        inflight_max: 2,
+    };
+
+    fn group(jobs: usize, bytes: u64, age_ms: u64) -> GroupState {
+        GroupState {
+            jobs,
+            bytes,
+            age: Duration::from_millis(age_ms),
+            corks: false,
+            uploads: 0,
+            open: true,
+        }
+    }
+
+    #[test]
+    fn a_group_is_sealed_when_full_lingered_or_last_with_a_slot_free() {
+        assert!(
+            !RULES.seal_now(&group(0, 0, 100)),
+            "an empty group is never sealed"
+        );
+        assert!(!RULES.seal_now(&group(1, 10, 1)), "younger than the linger");
+        assert!(RULES.seal_now(&group(1, 10, 5)), "lingered long enough");
+        assert!(RULES.seal_now(&group(3, 1_000, 0)), "full");
+        let last = GroupState {
+            open: false,
+            ..group(1, 10, 0)
+        };
+        assert!(
+            RULES.seal_now(&last),
+            "the channel closed: nothing more will join"
+        );
+        let busy = GroupState {
+            uploads: 2,
+            ..group(3, 5_000, 100)
+        };
+        assert!(
+            !RULES.seal_now(&busy),
+            "every upload slot is taken: it keeps growing"
+        );
+        // An empty group whose header alone reaches a tiny limit is not full.
+        assert!(!RULES.full(&group(0, 5_000, 0)));
+    }
+
+    #[test]
+    fn a_cork_holds_a_lingered_group_until_cork_max_but_not_a_full_one() {
+        let corked = |age_ms, bytes| GroupState {
+            corks: true,
+            ..group(2, bytes, age_ms)
+        };
+        assert!(RULES.corked(&corked(10, 10)));
+        assert!(!RULES.seal_now(&corked(10, 10)), "lingered, but corked");
+        assert!(RULES.seal_now(&corked(20, 10)), "the cork is past cork_max");
+        assert!(
+            RULES.seal_now(&corked(10, 1_000)),
+            "a full group goes corked or not"
+        );
+    }
+
+    #[test]
+    fn an_upload_is_acknowledged_only_in_sequence_and_not_once_retired() {
+        assert!(upload_outcome(Ok(()), false, 7, 7).is_ok());
+        assert!(matches!(
+            upload_outcome(Ok(()), true, 7, 7),
+            Err(UploadError::Retired)
+        ));
+        assert!(matches!(
+            upload_outcome(Ok(()), false, 8, 7),
+            Err(UploadError::Hole { expected: 7 })
+        ));
+        // A failure stays what it was, retired or not.
+        assert!(matches!(
+            upload_outcome(Err(UploadError::Fenced), true, 7, 7),
+            Err(UploadError::Fenced)
+        ));
     }
 }
