@@ -887,11 +887,9 @@ impl LakeTable {
     }
 
     /// Writes the manifest and manifest list of a new snapshot on top of `current` and
-    /// builds the new metadata (not yet committed).
-    #[expect(
-        clippy::too_many_lines,
-        reason = "to split into a pure decision and its action (issue 28, decide/act on the hot paths)"
-    )]
+    /// builds the new metadata (not yet committed), in phases: the schema, the
+    /// manifests ([`Stager::manifests`]), the manifest list, the snapshot, and the
+    /// snapshots it expires.
     async fn stage(
         &self,
         current: &LakeVersion,
@@ -900,73 +898,22 @@ impl LakeTable {
         token: &str,
     ) -> Result<Staged> {
         let base = &current.metadata;
-        let mut builder = TableMetadataBuilder::new_from_metadata(
+        let builder = TableMetadataBuilder::new_from_metadata(
             base.clone(),
             Some(self.metadata_location(current.version)),
         );
-        // Schema evolution: the table's newest schema becomes the current one. The id
-        // it gets is the builder's to choose (an existing identical schema is reused),
-        // so it is learnt first: the manifests name it too.
-        let wanted = iceberg_schema(schema)?;
-        let schema_ref = if base.current_schema().as_struct() == wanted.as_struct() {
-            base.current_schema().clone()
-        } else {
-            builder = builder
-                .add_current_schema(wanted.clone())
-                .map_err(|e| iceberg_err("adding a schema", e))?;
-            TableMetadataBuilder::new_from_metadata(base.clone(), None)
-                .add_current_schema(wanted)
-                .and_then(|b| b.build())
-                .map_err(|e| iceberg_err("adding a schema", e))?
-                .metadata
-                .current_schema()
-                .clone()
-        };
-        let snapshot_id = (uuid::Uuid::new_v4().as_u64_pair().0 >> 1) as i64;
-        let sequence = base.next_sequence_number();
+        let (mut builder, schema_ref) = with_schema(base, builder, schema)?;
         let parent = base.current_snapshot();
-        let io = FileIO::new_with_memory();
-        let mut written = Vec::new();
-        let spec = (**base.default_partition_spec()).clone();
-
-        // The new files' manifests (data and deletes apart: a manifest holds one kind),
-        // then the previous snapshot's, merged when there are too many or when files
-        // are replaced (a replaced file becomes a deleted entry of the merged manifest).
-        let manifest_out = |i: usize, content: ManifestContentType| -> Result<ManifestOut> {
-            let location = format!("{}/metadata/{token}-m{i}.avro", self.location());
-            let out = io
-                .new_output(&location)
-                .map_err(|e| iceberg_err("a manifest", e))?;
-            let builder = ManifestWriterBuilder::new(
-                out,
-                Some(snapshot_id),
-                schema_ref.clone(),
-                spec.clone(),
-            );
-            let writer = match content {
-                ManifestContentType::Data => builder.build_v2_data(),
-                ManifestContentType::Deletes => builder.build_v2_deletes(),
-            };
-            Ok(ManifestOut {
-                location,
-                writer,
-                entries: 0,
-            })
+        let stager = Stager {
+            table: self,
+            io: FileIO::new_with_memory(),
+            token,
+            snapshot_id: (uuid::Uuid::new_v4().as_u64_pair().0 >> 1) as i64,
+            sequence: base.next_sequence_number(),
+            schema: schema_ref.clone(),
+            spec: (**base.default_partition_spec()).clone(),
         };
-        let mut outs = vec![
-            manifest_out(0, ManifestContentType::Data)?,
-            manifest_out(1, ManifestContentType::Deletes)?,
-        ];
-        let mut added = Tally::default();
-        for f in buckets.iter().flat_map(|b| &b.files) {
-            added.count(f);
-            let out = &mut outs[usize::from(f.content_type() != DataContentType::Data)];
-            out.writer
-                .add_file(f.clone(), sequence)
-                .map_err(|e| iceberg_err("a manifest entry", e))?;
-            out.entries += 1;
-        }
-        let mut previous: Vec<iceberg::spec::ManifestFile> = match parent {
+        let previous: Vec<iceberg::spec::ManifestFile> = match parent {
             Some(p) => self
                 .manifest_list(p.manifest_list())
                 .await?
@@ -975,164 +922,62 @@ impl LakeTable {
                 .collect(),
             None => Vec::new(),
         };
-        let replaced: std::collections::HashSet<&str> = buckets
-            .iter()
-            .flat_map(|b| b.replaces.iter().map(String::as_str))
-            .collect();
-        let mut removed = Tally::default();
-        let new_manifests = outs.iter().filter(|o| o.entries > 0).count();
-        if previous.len() + new_manifests > MANIFESTS_MAX || !replaced.is_empty() {
-            outs.push(manifest_out(2, ManifestContentType::Data)?);
-            outs.push(manifest_out(3, ManifestContentType::Deletes)?);
-            for m in &previous {
-                let manifest = self.manifest(&m.manifest_path).await?;
-                let out = &mut outs[if m.content == ManifestContentType::Data {
-                    2
-                } else {
-                    3
-                }];
-                for entry in manifest.entries() {
-                    if entry.status() == ManifestStatus::Deleted {
-                        continue;
-                    }
-                    let seq = entry.sequence_number().unwrap_or(m.sequence_number);
-                    out.entries += 1;
-                    if replaced.contains(entry.file_path()) {
-                        removed.count(entry.data_file());
-                        out.writer
-                            .add_delete_file(entry.data_file().clone(), seq, Some(seq))
-                            .map_err(|e| iceberg_err("removing a replaced file", e))?;
-                        continue;
-                    }
-                    out.writer
-                        .add_existing_file(
-                            entry.data_file().clone(),
-                            entry.snapshot_id().unwrap_or(m.added_snapshot_id),
-                            seq,
-                            Some(seq),
-                        )
-                        .map_err(|e| iceberg_err("merging manifests", e))?;
-                }
-            }
-            previous.clear();
-        }
-        let mut manifests = Vec::new();
-        for out in outs {
-            // A round whose buckets' changes cancelled out (a primary-key bucket whose
-            // keys were all deleted) adds no file, and no manifest.
-            if out.entries == 0 {
-                continue;
-            }
-            let manifest = out
-                .writer
-                .write_manifest_file()
-                .await
-                .map_err(|e| iceberg_err("writing a manifest", e))?;
-            let bytes = io
-                .new_input(&out.location)
-                .map_err(|e| iceberg_err("a manifest", e))?
-                .read()
-                .await
-                .map_err(|e| iceberg_err("a manifest", e))?;
-            let path = self.path_of(&out.location)?;
-            self.store
-                .put(&path, PutPayload::from(bytes))
-                .await
-                .map_err(|e| storage(&path, e))?;
-            written.push(path);
-            manifests.push(manifest);
-        }
+        let manifests = stager.manifests(buckets, previous).await?;
+        let (list_location, list_path) = stager
+            .manifest_list(parent.map(|p| p.snapshot_id()), manifests.files)
+            .await?;
+        let mut written = manifests.written;
+        written.push(list_path);
 
-        // The manifest list.
-        let list_location = format!(
-            "{}/metadata/snap-{snapshot_id}-{token}.avro",
-            self.location()
-        );
-        let out = io
-            .new_output(&list_location)
-            .map_err(|e| iceberg_err("a manifest list", e))?;
-        let file = out
-            .writer()
-            .await
-            .map_err(|e| iceberg_err("a manifest list", e))?;
-        let mut list =
-            ManifestListWriter::v2(file, snapshot_id, parent.map(|p| p.snapshot_id()), sequence);
-        list.add_manifests(manifests.into_iter().chain(previous))
-            .map_err(|e| iceberg_err("a manifest list", e))?;
-        list.close()
-            .await
-            .map_err(|e| iceberg_err("a manifest list", e))?;
-        let bytes = io
-            .new_input(&list_location)
-            .map_err(|e| iceberg_err("a manifest list", e))?
-            .read()
-            .await
-            .map_err(|e| iceberg_err("a manifest list", e))?;
-        let path = self.path_of(&list_location)?;
-        self.store
-            .put(&path, PutPayload::from(bytes))
-            .await
-            .map_err(|e| storage(&path, e))?;
-        written.push(path);
-
-        // The snapshot.
         let mut offsets = current.offsets(None)?;
         for b in buckets {
             offsets.insert(b.stream.clone(), b.to);
         }
         let mut properties = summary_properties(
             parent.map(|p| &p.summary().additional_properties),
-            &added,
-            &removed,
+            &manifests.added,
+            &manifests.removed,
         );
         properties.insert(
             OFFSETS_KEY.into(),
             serde_json::to_string(&offsets).map_err(|e| MinkError::Internal(e.to_string()))?,
         );
         properties.insert(COMMIT_KEY.into(), token.to_string());
-        let operation = if removed.any() || (added.delete_files > 0 && added.files > 0) {
-            Operation::Overwrite
-        } else if added.delete_files > 0 {
-            Operation::Delete
-        } else {
-            Operation::Append
-        };
         let summary = Summary {
-            operation,
+            operation: operation_of(&manifests.added, &manifests.removed),
             additional_properties: properties,
         };
-        let now = crate::now_ms().max(base.last_updated_ms());
         let snapshot = Snapshot::builder()
-            .with_snapshot_id(snapshot_id)
+            .with_snapshot_id(stager.snapshot_id)
             .with_parent_snapshot_id(parent.map(|p| p.snapshot_id()))
-            .with_sequence_number(sequence)
-            .with_timestamp_ms(now)
+            .with_sequence_number(stager.sequence)
+            .with_timestamp_ms(crate::now_ms().max(base.last_updated_ms()))
             .with_manifest_list(list_location)
             .with_summary(summary)
             .with_schema_id(schema_ref.schema_id())
             .build();
         builder = builder
-            .add_snapshot(snapshot.clone())
+            .add_snapshot(snapshot)
             .map_err(|e| iceberg_err("adding a snapshot", e))?
             .set_ref(
                 "main",
-                SnapshotReference::new(snapshot_id, SnapshotRetention::branch(None, None, None)),
+                SnapshotReference::new(
+                    stager.snapshot_id,
+                    SnapshotRetention::branch(None, None, None),
+                ),
             )
             .map_err(|e| iceberg_err("moving main", e))?;
-        // Expire the oldest snapshots beyond the retained count.
-        let mut all: Vec<_> = base
-            .snapshots()
-            .map(|s| {
-                (
-                    s.sequence_number(),
-                    s.snapshot_id(),
-                    s.manifest_list().to_string(),
-                )
-            })
-            .collect();
-        all.sort();
-        let excess = (all.len() + 1).saturating_sub(SNAPSHOTS_RETAINED);
-        let expired: Vec<_> = all.into_iter().take(excess).collect();
+        let expired = expired_snapshots(
+            base.snapshots()
+                .map(|s| {
+                    (
+                        s.sequence_number(),
+                        s.snapshot_id(),
+                        s.manifest_list().to_string(),
+                    )
+                })
+                .collect(),
+        );
         if !expired.is_empty() {
             let ids: Vec<i64> = expired.iter().map(|(_, id, _)| *id).collect();
             builder = builder.remove_snapshots(&ids);
@@ -1427,6 +1272,259 @@ struct ManifestOut {
     entries: usize,
 }
 
+/// The table's newest schema made the current one of `builder` (schema evolution),
+/// and the Iceberg schema that is: its id is the builder's to choose (an existing
+/// identical schema is reused), so it is learnt first, as the manifests name it too.
+fn with_schema(
+    base: &TableMetadata,
+    builder: TableMetadataBuilder,
+    schema: &Schema,
+) -> Result<(TableMetadataBuilder, iceberg::spec::SchemaRef)> {
+    let wanted = iceberg_schema(schema)?;
+    if base.current_schema().as_struct() == wanted.as_struct() {
+        return Ok((builder, base.current_schema().clone()));
+    }
+    let builder = builder
+        .add_current_schema(wanted.clone())
+        .map_err(|e| iceberg_err("adding a schema", e))?;
+    let schema_ref = TableMetadataBuilder::new_from_metadata(base.clone(), None)
+        .add_current_schema(wanted)
+        .and_then(|b| b.build())
+        .map_err(|e| iceberg_err("adding a schema", e))?
+        .metadata
+        .current_schema()
+        .clone();
+    Ok((builder, schema_ref))
+}
+
+/// A snapshot's operation: `overwrite` when it removes files or adds both data and
+/// delete files, `delete` when it adds delete files alone, `append` otherwise.
+fn operation_of(added: &Tally, removed: &Tally) -> Operation {
+    if removed.any() || (added.delete_files > 0 && added.files > 0) {
+        Operation::Overwrite
+    } else if added.delete_files > 0 {
+        Operation::Delete
+    } else {
+        Operation::Append
+    }
+}
+
+/// The oldest of `snapshots` (sequence number, id, manifest list) beyond
+/// [`SNAPSHOTS_RETAINED`] once a new one is added.
+fn expired_snapshots(mut snapshots: Vec<(i64, i64, String)>) -> Vec<(i64, i64, String)> {
+    snapshots.sort();
+    let excess = (snapshots.len() + 1).saturating_sub(SNAPSHOTS_RETAINED);
+    snapshots.truncate(excess);
+    snapshots
+}
+
+/// Whether a snapshot's manifests are merged into new ones: too many with the new
+/// ones, or files are replaced (a replaced file becomes a deleted entry of the merged
+/// manifest).
+fn merges_manifests(previous: usize, new: usize, replaces: bool) -> bool {
+    previous + new > MANIFESTS_MAX || replaces
+}
+
+/// What a new snapshot is written with ([`LakeTable::stage`]).
+struct Stager<'a> {
+    table: &'a LakeTable,
+    io: FileIO,
+    token: &'a str,
+    snapshot_id: i64,
+    sequence: i64,
+    schema: iceberg::spec::SchemaRef,
+    spec: iceberg::spec::PartitionSpec,
+}
+
+/// The manifests of a new snapshot ([`Stager::manifests`]).
+struct Manifests {
+    /// Every manifest the snapshot's list names, new ones first.
+    files: Vec<iceberg::spec::ManifestFile>,
+    /// The objects written.
+    written: Vec<Path>,
+    added: Tally,
+    removed: Tally,
+}
+
+impl Stager<'_> {
+    /// A manifest writer of `content` (a manifest holds one kind), the `i`th of the
+    /// round.
+    fn manifest_out(&self, i: usize, content: ManifestContentType) -> Result<ManifestOut> {
+        let location = format!(
+            "{}/metadata/{}-m{i}.avro",
+            self.table.location(),
+            self.token
+        );
+        let out = self
+            .io
+            .new_output(&location)
+            .map_err(|e| iceberg_err("a manifest", e))?;
+        let builder = ManifestWriterBuilder::new(
+            out,
+            Some(self.snapshot_id),
+            self.schema.clone(),
+            self.spec.clone(),
+        );
+        let writer = match content {
+            ManifestContentType::Data => builder.build_v2_data(),
+            ManifestContentType::Deletes => builder.build_v2_deletes(),
+        };
+        Ok(ManifestOut {
+            location,
+            writer,
+            entries: 0,
+        })
+    }
+
+    /// The new files' manifests (data and deletes apart), then the previous
+    /// snapshot's, merged into new ones when [`merges_manifests`] says so; each
+    /// written to the store.
+    async fn manifests(
+        &self,
+        buckets: &[TieredBucket],
+        mut previous: Vec<iceberg::spec::ManifestFile>,
+    ) -> Result<Manifests> {
+        let mut outs = vec![
+            self.manifest_out(0, ManifestContentType::Data)?,
+            self.manifest_out(1, ManifestContentType::Deletes)?,
+        ];
+        let mut added = Tally::default();
+        for f in buckets.iter().flat_map(|b| &b.files) {
+            added.count(f);
+            let out = &mut outs[usize::from(f.content_type() != DataContentType::Data)];
+            out.writer
+                .add_file(f.clone(), self.sequence)
+                .map_err(|e| iceberg_err("a manifest entry", e))?;
+            out.entries += 1;
+        }
+        let replaced: std::collections::HashSet<&str> = buckets
+            .iter()
+            .flat_map(|b| b.replaces.iter().map(String::as_str))
+            .collect();
+        let mut removed = Tally::default();
+        let new_manifests = outs.iter().filter(|o| o.entries > 0).count();
+        if merges_manifests(previous.len(), new_manifests, !replaced.is_empty()) {
+            outs.push(self.manifest_out(2, ManifestContentType::Data)?);
+            outs.push(self.manifest_out(3, ManifestContentType::Deletes)?);
+            for m in &previous {
+                let out = &mut outs[if m.content == ManifestContentType::Data {
+                    2
+                } else {
+                    3
+                }];
+                self.merge(m, out, &replaced, &mut removed).await?;
+            }
+            previous.clear();
+        }
+        let mut files = Vec::new();
+        let mut written = Vec::new();
+        for out in outs {
+            // A round whose buckets' changes cancelled out (a primary-key bucket whose
+            // keys were all deleted) adds no file, and no manifest.
+            if out.entries == 0 {
+                continue;
+            }
+            let manifest = out
+                .writer
+                .write_manifest_file()
+                .await
+                .map_err(|e| iceberg_err("writing a manifest", e))?;
+            written.push(self.upload(&out.location, "a manifest").await?);
+            files.push(manifest);
+        }
+        files.extend(previous);
+        Ok(Manifests {
+            files,
+            written,
+            added,
+            removed,
+        })
+    }
+
+    /// Carries manifest `m`'s live entries into `out`: as existing files, or, for the
+    /// files in `replaced`, as deleted entries (counted in `removed`).
+    async fn merge(
+        &self,
+        m: &iceberg::spec::ManifestFile,
+        out: &mut ManifestOut,
+        replaced: &std::collections::HashSet<&str>,
+        removed: &mut Tally,
+    ) -> Result<()> {
+        let manifest = self.table.manifest(&m.manifest_path).await?;
+        for entry in manifest.entries() {
+            if entry.status() == ManifestStatus::Deleted {
+                continue;
+            }
+            let seq = entry.sequence_number().unwrap_or(m.sequence_number);
+            out.entries += 1;
+            if replaced.contains(entry.file_path()) {
+                removed.count(entry.data_file());
+                out.writer
+                    .add_delete_file(entry.data_file().clone(), seq, Some(seq))
+                    .map_err(|e| iceberg_err("removing a replaced file", e))?;
+                continue;
+            }
+            out.writer
+                .add_existing_file(
+                    entry.data_file().clone(),
+                    entry.snapshot_id().unwrap_or(m.added_snapshot_id),
+                    seq,
+                    Some(seq),
+                )
+                .map_err(|e| iceberg_err("merging manifests", e))?;
+        }
+        Ok(())
+    }
+
+    /// Writes the snapshot's manifest list naming `manifests`; its location and path.
+    async fn manifest_list(
+        &self,
+        parent: Option<i64>,
+        manifests: Vec<iceberg::spec::ManifestFile>,
+    ) -> Result<(String, Path)> {
+        let location = format!(
+            "{}/metadata/snap-{}-{}.avro",
+            self.table.location(),
+            self.snapshot_id,
+            self.token
+        );
+        let out = self
+            .io
+            .new_output(&location)
+            .map_err(|e| iceberg_err("a manifest list", e))?;
+        let file = out
+            .writer()
+            .await
+            .map_err(|e| iceberg_err("a manifest list", e))?;
+        let mut list = ManifestListWriter::v2(file, self.snapshot_id, parent, self.sequence);
+        list.add_manifests(manifests.into_iter())
+            .map_err(|e| iceberg_err("a manifest list", e))?;
+        list.close()
+            .await
+            .map_err(|e| iceberg_err("a manifest list", e))?;
+        let path = self.upload(&location, "a manifest list").await?;
+        Ok((location, path))
+    }
+
+    /// Copies what was written at `location` in memory to the store.
+    async fn upload(&self, location: &str, what: &str) -> Result<Path> {
+        let bytes = self
+            .io
+            .new_input(location)
+            .map_err(|e| iceberg_err(what, e))?
+            .read()
+            .await
+            .map_err(|e| iceberg_err(what, e))?;
+        let path = self.table.path_of(location)?;
+        self.table
+            .store
+            .put(&path, PutPayload::from(bytes))
+            .await
+            .map_err(|e| storage(&path, e))?;
+        Ok(path)
+    }
+}
+
 /// Files a snapshot adds or removes, for its summary.
 #[derive(Default)]
 struct Tally {
@@ -1577,4 +1675,58 @@ pub fn partition_value(
         values.push(Some(Literal::Primitive(v)));
     }
     Ok(Struct::from_iter(values))
+}
+
+#[cfg(test)]
+mod stage_tests {
+    use super::*;
+
+    #[test]
+    fn a_snapshot_operation_follows_what_it_adds_and_removes() {
+        let tally = |files, delete_files| Tally {
+            files,
+            delete_files,
+            ..Tally::default()
+        };
+        let none = Tally::default();
+        assert_eq!(operation_of(&tally(2, 0), &none), Operation::Append);
+        assert_eq!(operation_of(&tally(0, 1), &none), Operation::Delete);
+        // A merge-on-read round: a delta file and its position deletes.
+        assert_eq!(operation_of(&tally(1, 1), &none), Operation::Overwrite);
+        // A rewrite: new files replace old ones.
+        assert_eq!(
+            operation_of(&tally(1, 0), &tally(3, 2)),
+            Operation::Overwrite
+        );
+        assert_eq!(operation_of(&none, &none), Operation::Append);
+    }
+
+    #[test]
+    fn the_oldest_snapshots_past_the_retained_count_expire() {
+        let snapshots = |n: i64| -> Vec<(i64, i64, String)> {
+            // Out of order, as a table's metadata may list them.
+            (0..n)
+                .rev()
+                .map(|i| (i, 100 + i, format!("l{i}")))
+                .collect()
+        };
+        assert!(expired_snapshots(snapshots(SNAPSHOTS_RETAINED as i64 - 1)).is_empty());
+        let expired = expired_snapshots(snapshots(SNAPSHOTS_RETAINED as i64 + 2));
+        assert_eq!(
+            expired,
+            vec![
+                (0, 100, "l0".to_string()),
+                (1, 101, "l1".to_string()),
+                (2, 102, "l2".to_string())
+            ],
+            "the new one makes three too many"
+        );
+    }
+
+    #[test]
+    fn manifests_merge_past_the_limit_or_when_files_are_replaced() {
+        assert!(!merges_manifests(MANIFESTS_MAX - 2, 2, false));
+        assert!(merges_manifests(MANIFESTS_MAX - 1, 2, false));
+        assert!(merges_manifests(0, 1, true));
+    }
 }
