@@ -1025,6 +1025,9 @@ impl MinkClient {
                 let mut st = pipe.lock();
                 if st.abandoned == Some(writer_id) {
                     st.abandoned = None;
+                    // Batches of the writer still in flight here must still see that
+                    // an earlier one's outcome is unknown (`Facts`).
+                    st.unacknowledged = Some(writer_id);
                 }
             }
             let writer_id = self.writer_id().await?;
