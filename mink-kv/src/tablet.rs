@@ -101,7 +101,7 @@ pub struct PendingPut {
 enum PendingStep {
     /// A retry of a Put already submitted: its outcome.
     Duplicate(mink_log::Submitted),
-    /// A Put that changed nothing: acknowledged once everything before it is durable.
+    /// A Put that changed nothing: its sequence marker, acknowledged in WAL order.
     Empty(mink_log::Submitted),
     /// Its changelog, on its way.
     Written(mink_log::Submitted),
@@ -725,16 +725,22 @@ impl KvTablet {
             staged,
         } = merged;
         let Some(batch) = batch else {
-            // Nothing changed; the writer's sequence still advances. The merge may have
-            // read versions staged by Puts whose appends are not durable yet, so this
-            // Put is acknowledged only once every earlier append is, and fails with them.
-            let empty = self.inner.log.submit_empty(
-                req.writer_id,
-                req.batch_sequence,
-                req.last_sequence(),
-            )?;
-            drop(guard);
+            // Nothing changed; the writer's sequence still advances, durably: a
+            // sequence marker takes its place in the log (no rows). The merge may have
+            // read versions staged by Puts whose appends are not durable yet; the
+            // marker is acknowledged after them, in WAL order, and fails with them.
+            let empty = self
+                .inner
+                .log
+                .submit_marker(
+                    req.writer_id,
+                    (req.batch_sequence, req.last_sequence()),
+                    schema.schema_id,
+                )
+                .await;
             drop(cork.take());
+            let empty = empty?;
+            drop(guard);
             return Ok(PendingPut {
                 tablet: self.clone(),
                 step: PendingStep::Empty(empty),

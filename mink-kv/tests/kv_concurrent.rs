@@ -891,12 +891,13 @@ async fn join_within(
 // ---------------------------------------------------------------------------------
 // The checker.
 
-/// The whole changelog, from the log start.
+/// The whole changelog, from the log start, with the sequence markers of Puts that
+/// changed nothing.
 async fn changelog(log: &LogTablet) -> mink_types::Result<Vec<LogBatch>> {
     let mut out = Vec::new();
     let mut pos = log.log_start();
     while pos < log.high_watermark() {
-        let scan = log.scan(pos, 1 << 20).await?;
+        let scan = log.scan_with_markers(pos, 1 << 20).await?;
         let next = scan.next_offset(pos);
         out.extend(scan.batches);
         if next == pos {
@@ -1006,6 +1007,33 @@ fn walk(
                 ));
             }
             check_unchanged(at, &ids, &state, violations);
+        }
+        if h.is_marker() {
+            // A Put that changed nothing: it must change nothing over the state here,
+            // and be in the log once.
+            let Some(&id) = by_sequence.get(&(h.writer_id, h.first_sequence)) else {
+                if h.writer_id != NO_WRITER {
+                    violations.push(format!(
+                        "the sequence marker at {base} (writer {}, sequence {}) is no Put's",
+                        h.writer_id, h.first_sequence
+                    ));
+                }
+                continue;
+            };
+            if !applied.insert(id) {
+                violations.push(format!(
+                    "put {id} is in the log twice, again as a marker at {base}"
+                ));
+            }
+            if let Some(acked) = puts[&id].acked
+                && acked != (base + 1, base)
+            {
+                violations.push(format!(
+                    "put {id} was acknowledged at {acked:?} but is a sequence marker at {base}"
+                ));
+            }
+            check_unchanged(base + 1, &[id], &state, violations);
+            continue;
         }
         let rows: Vec<Change> = rows_of(&b.batch)
             .into_iter()

@@ -499,8 +499,12 @@ async fn schema_evolution_reads_old_rows_with_nulls(backend: KvBackend) {
     .unwrap();
     assert_eq!(
         t.log().high_watermark(),
-        hw,
-        "no changelog for an unchanged row"
+        hw + 1,
+        "a sequence marker, no changelog, for an unchanged row"
+    );
+    assert!(
+        t.log().scan(hw, 1 << 20).await.unwrap().batches.is_empty(),
+        "no changelog rows for an unchanged row"
     );
     let b2 = RecordBatch::try_new(
         v2.to_arrow(),
@@ -1049,12 +1053,14 @@ fn spawn_put(
     })
 }
 
-/// A Put that changes nothing advances its writer's sequence without a log record;
-/// after the tablet is reopened (windows rebuilt from the log) the writer's next batch
-/// is refused as out of order, not taken past a gap that could be a Put still on its
-/// way: nothing is written, a retry of a logged batch is still a duplicate, and a new
-/// writer goes on.
-async fn a_writer_after_a_no_op_put_and_a_reopen_is_refused_not_skipped(backend: KvBackend) {
+/// A Put that changes nothing is logged as a sequence marker (one offset, no rows), so
+/// its writer's sequence is as durable as any batch's. After the tablet is reopened
+/// (windows rebuilt from the log) the writer goes on after it, and a stale attempt of
+/// it that arrives late (parked in some node's admission while the client's retry was
+/// acknowledged, then released at the next leader) is a duplicate: it is not merged
+/// again over what another writer wrote since. Readers step over the marker: scans
+/// return no rows for it, and a KV store rebuilt from the log replays across it.
+async fn a_no_op_put_is_durable_and_a_stale_attempt_of_it_changes_nothing(backend: KvBackend) {
     let mut env = Env::new(backend).await;
     let d = table(&[]);
     let writer = |id: i64, seq: i64, rows: &[(i64, Option<&str>, Option<i64>)]| PutRequest {
@@ -1076,29 +1082,64 @@ async fn a_writer_after_a_no_op_put_and_a_reopen_is_refused_not_skipped(backend:
         noop.last_offset + 1,
         "an empty range: {noop:?}"
     );
-    drop(t);
-    let t = env.open(&d).await;
-    let hw = t.log().high_watermark();
-    let err = t
-        .put(writer(9, 2, &[(1, Some("b"), Some(2))]))
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, MinkError::OutOfOrderSequence { expected: 1, .. }),
-        "{err}"
+    assert_eq!(
+        t.log().high_watermark(),
+        noop.first_offset,
+        "the marker takes one offset"
     );
-    assert_eq!(t.log().high_watermark(), hw, "nothing written");
-    assert!(
-        t.put(writer(9, 0, &[(1, Some("a"), Some(1))]))
-            .await
-            .unwrap()
-            .duplicated
-    );
-    assert_eq!(get(&t, &[1]), vec![v(Some("a"), Some(1))]);
-    t.put(writer(10, 0, &[(1, Some("b"), Some(2))]))
+    // Another writer changes the key after the no-op was acknowledged.
+    t.put(writer(10, 0, &[(1, Some("c"), Some(3))]))
         .await
         .unwrap();
+    drop(t);
+
+    let dir = tempfile::tempdir().unwrap();
+    let t = env.open_in(&d, dir.path()).await;
+    assert_eq!(
+        get(&t, &[1]),
+        vec![v(Some("c"), Some(3))],
+        "a store rebuilt from the log replays across the marker"
+    );
+    let hw = t.log().high_watermark();
+    let stale = t
+        .put(writer(9, 1, &[(1, Some("a"), Some(1))]))
+        .await
+        .unwrap();
+    assert!(
+        stale.duplicated,
+        "the stale attempt is a duplicate: {stale:?}"
+    );
+    assert_eq!(
+        (stale.first_offset, stale.last_offset),
+        (noop.first_offset, noop.last_offset),
+        "answered as the original was"
+    );
+    assert_eq!(t.log().high_watermark(), hw, "nothing written");
+    assert_eq!(get(&t, &[1]), vec![v(Some("c"), Some(3))]);
+    // The writer goes on after its no-op.
+    let next = t
+        .put(writer(9, 2, &[(1, Some("b"), Some(2))]))
+        .await
+        .unwrap();
+    assert!(!next.duplicated);
     assert_eq!(get(&t, &[1]), vec![v(Some("b"), Some(2))]);
+
+    // Scans see rows only; a read that ends at the marker steps past it.
+    let scan = t.log().scan(0, 1 << 20).await.unwrap();
+    assert_eq!(
+        scan.batches
+            .iter()
+            .map(|b| b.header.base_offset)
+            .collect::<Vec<_>>(),
+        vec![0, noop.first_offset, next.first_offset],
+        "{scan:?}"
+    );
+    assert!(scan.batches.iter().all(|b| b.batch.num_rows() > 0));
+    assert_eq!(scan.next_offset(0), t.log().high_watermark());
+    let marker = noop.last_offset;
+    let at_marker = t.log().scan(marker, 1).await.unwrap();
+    assert!(at_marker.batches.is_empty());
+    assert_eq!(at_marker.next_offset(marker), marker + 1);
 }
 
 /// Pipelined Puts of one writer through a WAL failure: 5 fails with the WAL, the
@@ -1208,15 +1249,15 @@ async fn a_no_op_put_waits_for_the_staged_write_it_read(backend: KvBackend) {
     assert!(!b.duplicated);
     assert_eq!(
         (b.first_offset, b.last_offset),
-        (1, 0),
-        "an empty range after A"
+        (2, 1),
+        "an empty range after A and B's sequence marker (offset 1)"
     );
     assert!(a_at >= start + WAL_UPLOAD_HELD);
     assert!(b_at >= a_at, "B resolved before A was durable");
     let (retry, _) = retry.await.unwrap();
     let retry = retry.unwrap();
     assert!(retry.duplicated);
-    assert_eq!((retry.first_offset, retry.last_offset), (1, 0));
+    assert_eq!((retry.first_offset, retry.last_offset), (2, 1));
     assert_eq!(changelog(&t).await, vec![c("+I", 1, Some("a"), Some(1))]);
     assert_eq!(get(&t, &[1]), vec![v(Some("a"), Some(1))]);
 }
@@ -1475,7 +1516,7 @@ both!(
     a_snapshot_from_before_add_column_loads_with_nulls,
     a_snapshot_without_a_schema_id_loads_by_its_columns,
     prefix_lookups_use_the_leading_key_columns,
-    a_writer_after_a_no_op_put_and_a_reopen_is_refused_not_skipped,
+    a_no_op_put_is_durable_and_a_stale_attempt_of_it_changes_nothing,
     a_put_never_overtakes_its_predecessor_after_a_reopen,
     a_put_covers_a_range_of_its_writers_sequences,
     a_superseded_tablet_writes_nothing_to_the_store;

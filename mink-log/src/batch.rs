@@ -23,6 +23,13 @@ pub const FIXED_HEADER_LEN: usize = 4 + 8 + 8 + 8 + 4 + 4 + 4 + 8 + 8 + 8 + 2;
 pub const CRC_AT: usize = 4 + 8 + 8 + 8;
 /// Attribute bit: the header holds one change type per row (primary-key tables).
 pub const ATTR_CHANGE_TYPES: u16 = 1;
+/// Attribute bit: a **sequence marker**, the log record of a primary-key Put that
+/// changed nothing. It holds no rows (an IPC length of 0, no change types) but takes
+/// one offset, so that its writer's sequence is durable like any other batch's and a
+/// window rebuilt from the log knows it (a stale attempt of it arriving after a
+/// reopen is then a duplicate, not a new Put applied out of order). Readers never see
+/// it as rows: [`crate::LogTablet::scan`] leaves it out.
+pub const ATTR_MARKER: u16 = 1 << 1;
 /// The writer id of a batch written without idempotence.
 pub const NO_WRITER: i64 = -1;
 
@@ -43,6 +50,11 @@ pub struct BatchHeader {
 }
 
 impl BatchHeader {
+    /// Whether this is a sequence marker ([`ATTR_MARKER`]).
+    pub fn is_marker(&self) -> bool {
+        self.attributes & ATTR_MARKER != 0
+    }
+
     /// The offset after the batch's last row.
     pub fn end_offset(&self) -> i64 {
         self.base_offset + self.record_count as i64
@@ -96,6 +108,22 @@ pub fn encode(header: &BatchHeader, batch: &RecordBatch) -> Result<BytesMut> {
     let mut buf = writer.into_inner()?.buf;
     set_crc(&mut buf);
     Ok(buf)
+}
+
+/// A sequence marker ([`ATTR_MARKER`]) for `header`'s writer and sequences: the header
+/// with one record, no change types, and an IPC message length of 0.
+pub fn encode_marker(header: &BatchHeader) -> BytesMut {
+    let header = BatchHeader {
+        record_count: 1,
+        attributes: ATTR_MARKER,
+        change_types: vec![],
+        ..header.clone()
+    };
+    let mut buf = BytesMut::with_capacity(FIXED_HEADER_LEN + 4);
+    put_header(&mut buf, &header);
+    buf.put_u32_le(0);
+    set_crc(&mut buf);
+    buf
 }
 
 /// The IPC stream marker before a message's length: a batch whose IPC part begins with
@@ -283,6 +311,12 @@ pub fn decode_header(bytes: &[u8]) -> Result<(BatchHeader, usize)> {
     if header.record_count < 1 {
         return Err(corrupt(format!("record count {}", header.record_count)));
     }
+    if header.is_marker() && (header.record_count != 1 || header.attributes != ATTR_MARKER) {
+        return Err(corrupt(format!(
+            "a sequence marker with record count {} and attributes {:#06x}",
+            header.record_count, header.attributes
+        )));
+    }
     if header.attributes & ATTR_CHANGE_TYPES != 0 {
         let n = header.record_count as usize;
         if cur.len() < n + 4 {
@@ -330,6 +364,16 @@ pub fn decode(
             .try_into()
             .map_err(|_| corrupt("truncated"))?,
     ) as usize;
+    if header.is_marker() {
+        if ipc_len != 0 || bytes.len() != ipc_start {
+            return Err(corrupt("a sequence marker with rows"));
+        }
+        return Ok(LogBatch {
+            header,
+            batch: RecordBatch::new_empty(schema),
+            size: bytes.len(),
+        });
+    }
     let message = arrow::ipc::root_as_message(&bytes[ipc_start..ipc_start + ipc_len])
         .map_err(|e| corrupt(format!("bad IPC message: {e}")))?;
     let ipc_batch = message
@@ -553,5 +597,47 @@ mod tests {
         let unknown = decode(&bytes, |_| None).unwrap_err();
         assert!(matches!(unknown, MinkError::SchemaMismatch(_)));
         assert!(unknown.to_string().contains("schema id 1"));
+    }
+
+    /// A sequence marker keeps its writer and sequences, takes one record, holds no
+    /// rows, and is stamped like any batch; one that claims rows or more records is
+    /// corrupt.
+    #[test]
+    fn a_sequence_marker_round_trips_without_rows() {
+        let (header, _) = sample(true);
+        let mut buf = encode_marker(&header);
+        stamp(&mut buf, 99, 5, 3);
+        assert_eq!(whole_crc(&buf), crc32c::crc32c(&buf));
+        let bytes = buf.freeze();
+        let decoded = decode(&bytes, schemas(&registry())).unwrap();
+        assert!(decoded.header.is_marker());
+        assert_eq!(decoded.header.record_count, 1);
+        assert_eq!(decoded.header.end_offset(), 100);
+        assert!(decoded.header.change_types.is_empty());
+        assert_eq!(
+            (decoded.header.writer_id, decoded.header.first_sequence),
+            (header.writer_id, header.first_sequence)
+        );
+        assert_eq!(decoded.batch.num_rows(), 0);
+        assert_eq!(decoded.batch.schema(), schema());
+        assert_eq!(decode_header(&bytes).unwrap().0, decoded.header);
+
+        let recrc = |mut b: Vec<u8>| {
+            let crc = crc32c::crc32c(&b[CRC_AT + 4..]);
+            b[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
+            Bytes::from(b)
+        };
+        let mut two = bytes.to_vec();
+        two[CRC_AT + 4..CRC_AT + 8].copy_from_slice(&2i32.to_le_bytes());
+        let e = decode(&recrc(two), schemas(&registry())).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("a sequence marker with record count 2"),
+            "{e}"
+        );
+        let mut rows = bytes.to_vec();
+        rows.extend_from_slice(&[0; 8]);
+        let e = decode(&recrc(rows), schemas(&registry())).unwrap_err();
+        assert!(e.to_string().contains("a sequence marker with rows"), "{e}");
     }
 }

@@ -41,10 +41,25 @@ pub struct Appended {
     pub commit_timestamp: i64,
 }
 
+/// The stream records, first and last offset of a batch of `rows` at `base`: its rows,
+/// or, for a sequence marker (no rows), one record answered as the empty range after it.
+fn record_offsets(base: i64, rows: i64) -> (u32, i64, i64) {
+    if rows == 0 {
+        (1, base + 1, base)
+    } else {
+        (rows as u32, base, base + rows - 1)
+    }
+}
+
 /// Rows read from the log.
 #[derive(Debug, Clone)]
 pub struct ScanResult {
+    /// The batches of rows read; sequence markers (see [`batch::ATTR_MARKER`]) are
+    /// left out, so offsets may skip one between batches.
     pub batches: Vec<LogBatch>,
+    /// The offset after the last record read, markers included: where the next read
+    /// starts. Past the last batch's end when the read ended in markers.
+    pub end: i64,
     pub high_watermark: i64,
     pub log_start: i64,
 }
@@ -55,9 +70,11 @@ impl ScanResult {
         self.batches.iter().map(|b| b.size).sum()
     }
 
-    /// The offset after the last row returned (or `from` when empty).
+    /// The offset after the last record read (`from` when nothing was read): where a
+    /// reader goes on. Use it, not the last batch's end, which stops short of
+    /// trailing sequence markers.
     pub fn next_offset(&self, from: i64) -> i64 {
-        self.batches.last().map_or(from, |b| b.header.end_offset())
+        self.end.max(from)
     }
 }
 
@@ -533,10 +550,24 @@ impl LogTablet {
         reorder_wait: Duration,
         producer: bool,
     ) -> Result<Submitted> {
-        let bucket = self.inner.bucket;
         self.validate(&req)?;
         let encoded = self.encode(&req)?;
         let record_time = self.record_time_of(&req.batch)?;
+        self.submit_encoded(req, encoded, record_time, reorder_wait, producer)
+            .await
+    }
+
+    /// [`LogTablet::submit_within`] of a checked and encoded batch (a batch of rows,
+    /// or a sequence marker of no rows).
+    async fn submit_encoded(
+        &self,
+        req: AppendRequest,
+        encoded: bytes::BytesMut,
+        record_time: Option<i64>,
+        reorder_wait: Duration,
+        producer: bool,
+    ) -> Result<Submitted> {
+        let bucket = self.inner.bucket;
         // Wait for predecessors before taking a slot and memory: a batch that waits
         // must not hold what its predecessor needs to be submitted.
         let reorder_deadline = tokio::time::Instant::now() + reorder_wait;
@@ -583,7 +614,7 @@ impl LogTablet {
                         // Stamp and submit under the lock; durability is settled apart.
                         let (encoded, reservation, slot) =
                             staged.take().expect("a batch is appended once");
-                        let (step, outcome, pending) = self.append_locked(
+                        let (step, outcome, pending, base) = self.append_locked(
                             &mut state,
                             &req,
                             encoded,
@@ -591,7 +622,6 @@ impl LogTablet {
                             record_time,
                         )?;
                         drop(state);
-                        let (base, _) = step_offsets(&step);
                         let rows = req.batch.num_rows() as i64;
                         self.settle_when_durable(
                             (req.writer_id, base, rows),
@@ -658,9 +688,15 @@ impl LogTablet {
         mut encoded: bytes::BytesMut,
         reservation: mink_wal::Reservation,
         record_time: Option<i64>,
-    ) -> Result<(Step, Arc<watch::Sender<Outcome>>, mink_wal::PendingAppend)> {
+    ) -> Result<(
+        Step,
+        Arc<watch::Sender<Outcome>>,
+        mink_wal::PendingAppend,
+        i64,
+    )> {
         let rows = req.batch.num_rows() as i64;
         let base = self.inner.stream.next_offset() as i64;
+        let (records, first, last) = record_offsets(base, rows);
         let ts = now_ms().max(state.last_commit_timestamp);
         batch::stamp(&mut encoded, base, ts, self.inner.epoch as i64);
         let crc = batch::whole_crc(&encoded);
@@ -670,7 +706,7 @@ impl LogTablet {
             .append_with_crc(
                 reservation,
                 self.inner.epoch,
-                rows as u32,
+                records,
                 record_time.unwrap_or(ts),
                 encoded.freeze(),
                 crc,
@@ -689,8 +725,8 @@ impl LogTablet {
                 Entry {
                     first_sequence: req.first_sequence,
                     last_sequence: req.last_sequence,
-                    first_offset: base,
-                    last_offset: base + rows - 1,
+                    first_offset: first,
+                    last_offset: last,
                     commit_timestamp: ts,
                     pending: Some(outcome.clone()),
                 },
@@ -698,12 +734,12 @@ impl LogTablet {
             self.inner.advanced.notify_waiters();
         }
         let step = Step::New {
-            first: base,
-            last: base + rows - 1,
+            first,
+            last,
             ts,
             outcome: outcome.clone(),
         };
-        Ok((step, outcome, pending))
+        Ok((step, outcome, pending, base))
     }
 
     /// Records the outcome of the append at offsets `base..base + rows` once the
@@ -788,78 +824,68 @@ impl LogTablet {
         }
     }
 
-    /// Records a writer's batch that produced no rows (a Put that changed nothing), so
-    /// that its sequence advances. It occupies no offset: its range is empty, at the
-    /// current end. Kept in memory only: after a restart the window ends at the last
-    /// batch in the log (see docs/log-format.md).
+    /// Logs a writer's batch that produced no rows (a Put that changed nothing) as a
+    /// **sequence marker** ([`batch::ATTR_MARKER`]): a record of one offset and no
+    /// rows, so that the sequence is as durable as any other batch's. A window rebuilt
+    /// from the log after a restart or a move then knows it, and a stale attempt of
+    /// the batch that reaches the next leader late (parked in a node's admission while
+    /// the client's retry was acknowledged) is answered as a duplicate instead of
+    /// being merged again, out of order. Readers never see it as rows
+    /// ([`LogTablet::scan`] leaves it out); it is answered with an empty range
+    /// (`first_offset` = its offset + 1 = `last_offset` + 1).
     ///
     /// "Nothing changed" was decided over everything submitted before it (a KV
-    /// tablet's merge reads rows staged by appends that are not durable yet), so the
-    /// returned [`Submitted`] resolves only once all of that is durable, and fails if
-    /// any of it fails: an acknowledgement must never rest on state that may never
-    /// exist. A retry that arrives meanwhile waits on the same outcome.
-    pub fn submit_empty(&self, writer_id: i64, first: i64, last: i64) -> Result<Submitted> {
-        let mut state = self.lock();
-        if let Some(e) = &state.failed {
-            return Err(e.clone());
+    /// tablet's merge reads rows staged by appends that are not durable yet); the
+    /// marker is acknowledged in WAL order, so only once all of that is durable, and it
+    /// fails if any of it fails. The caller checked the sequence under its own lock
+    /// ([`LogTablet::check_sequence`]), so the batch is not ahead of its writer.
+    pub async fn submit_marker(
+        &self,
+        writer_id: i64,
+        (first, last): (i64, i64),
+        schema_id: SchemaId,
+    ) -> Result<Submitted> {
+        let bucket = self.inner.bucket;
+        if !self.inner.primary_key {
+            return Err(MinkError::Internal(format!(
+                "{bucket}: a sequence marker is logged for a primary-key tablet's Put only"
+            )));
         }
-        let at = self.inner.stream.next_offset() as i64;
-        let ts = now_ms().max(state.last_commit_timestamp);
-        let outcome = Arc::new(watch::channel(None).0);
-        if writer_id != NO_WRITER {
-            state.windows.push_next(
-                writer_id,
-                Entry {
-                    first_sequence: first,
-                    last_sequence: last,
-                    first_offset: at,
-                    last_offset: at - 1,
-                    commit_timestamp: ts,
-                    pending: Some(outcome.clone()),
-                },
-            );
-            // A batch waiting for this sequence may go on.
-            self.inner.advanced.notify_waiters();
-        }
-        drop(state);
-        let tablet = self.clone();
-        let done = outcome.clone();
-        tokio::spawn(async move {
-            let result = tablet.wait_durable(at).await;
-            tablet.complete(writer_id, &done, result);
-        });
-        Ok(Submitted {
-            tablet: self.clone(),
-            step: Step::New {
-                first: at,
-                last: at - 1,
-                ts,
-                outcome,
-            },
-        })
-    }
-
-    /// Resolves once every offset below `end` is durable; fails when an append below
-    /// it failed (the WAL then acknowledges nothing more).
-    async fn wait_durable(&self, end: i64) -> Result<()> {
-        if self.high_watermark() >= end {
-            return Ok(());
-        }
-        if let Some(e) = self.failure() {
-            return Err(e);
-        }
-        // Resolves when every append enqueued on the stream so far is durable, or with
-        // the WAL's failure: that covers `end` (offsets only grow), perhaps a little more.
-        self.inner
-            .stream
-            .flush()
-            .await
-            .map_err(|e| wal_error(self.inner.bucket, e))?;
-        debug_assert!(
-            self.high_watermark() >= end,
-            "a flushed stream is durable up to its end"
-        );
-        Ok(())
+        let arrow = self.arrow_schema(schema_id).ok_or_else(|| {
+            MinkError::invalid(
+                "schema_id",
+                format!("{bucket}: the table has no schema {schema_id}"),
+            )
+        })?;
+        let header = BatchHeader {
+            base_offset: 0,
+            record_count: 1,
+            commit_timestamp: 0,
+            leader_epoch: self.inner.epoch as i64,
+            schema_id,
+            writer_id,
+            first_sequence: first,
+            last_sequence: last,
+            attributes: batch::ATTR_MARKER,
+            change_types: vec![],
+        };
+        let req = AppendRequest {
+            writer_id,
+            first_sequence: first,
+            last_sequence: last,
+            schema_id,
+            change_types: Some(vec![]),
+            batch: RecordBatch::new_empty(arrow),
+            ipc: None,
+        };
+        self.submit_encoded(
+            req,
+            batch::encode_marker(&header),
+            None,
+            Duration::ZERO,
+            false,
+        )
+        .await
     }
 
     /// Decodes a stream record into a batch, checking that its header agrees with
@@ -885,6 +911,15 @@ impl LogTablet {
     /// is cut to start at it. `from` below the log start or above the high watermark
     /// is `OffsetOutOfRange`.
     pub async fn scan(&self, from: i64, max_bytes: usize) -> Result<ScanResult> {
+        let mut result = self.scan_with_markers(from, max_bytes).await?;
+        result.batches.retain(|b| !b.header.is_marker());
+        Ok(result)
+    }
+
+    /// [`LogTablet::scan`] with the sequence markers kept (each a batch of no rows over
+    /// its one offset, [`BatchHeader::is_marker`]): for readers of batch headers rather
+    /// than rows, to whom every offset is some batch's.
+    pub async fn scan_with_markers(&self, from: i64, max_bytes: usize) -> Result<ScanResult> {
         let bucket = self.inner.bucket;
         let (log_start, hw) = (self.log_start(), self.high_watermark());
         if from < log_start || from > hw {
@@ -911,6 +946,7 @@ impl LogTablet {
             Err(e) => return Err(wal_error(bucket, e)),
         };
         let mut batches = Vec::with_capacity(records.len());
+        let end = records.last().map_or(from, |r| r.end() as i64);
         for record in &records {
             let mut b = self.decode(record)?;
             if b.header.base_offset < from {
@@ -926,6 +962,7 @@ impl LogTablet {
         }
         Ok(ScanResult {
             batches,
+            end,
             high_watermark: self.high_watermark(),
             log_start: self.log_start(),
         })
@@ -1059,7 +1096,7 @@ impl LogTablet {
         let epoch_at = |offset: i64| async move {
             let mut at = offset;
             let scan = loop {
-                match self.scan(at, 1).await {
+                match self.scan_with_markers(at, 1).await {
                     Err(MinkError::OffsetOutOfRange { log_start, .. }) if log_start > at => {
                         at = log_start;
                     }
@@ -1237,8 +1274,13 @@ impl LogTablet {
             .inner
             .stream
             .object_store_for(mink_wal::Purpose::Checkpoint);
-        if let Some(c) =
-            crate::checkpoint::latest(&store, self.inner.stream.name(), end as i64).await
+        // A checkpoint below the log start describes batches that are all trimmed, and
+        // misses those between it and the start: its windows would end before the
+        // writers' trimmed batches. Without it those writers are unknown, as writers
+        // whose batches are all trimmed are.
+        if let Some(c) = crate::checkpoint::latest(&store, self.inner.stream.name(), end as i64)
+            .await
+            .filter(|c| c.offset >= pos as i64)
         {
             windows = c.windows();
             last_ts = c.last_commit_timestamp;
@@ -1268,13 +1310,19 @@ impl LogTablet {
                 }
                 last_ts = last_ts.max(h.commit_timestamp);
                 if h.writer_id != NO_WRITER {
+                    let rows = if h.is_marker() {
+                        0
+                    } else {
+                        i64::from(h.record_count)
+                    };
+                    let (_, first_offset, last_offset) = record_offsets(h.base_offset, rows);
                     windows.push(
                         h.writer_id,
                         Entry {
                             first_sequence: h.first_sequence,
                             last_sequence: h.last_sequence,
-                            first_offset: h.base_offset,
-                            last_offset: h.end_offset() - 1,
+                            first_offset,
+                            last_offset,
                             commit_timestamp: h.commit_timestamp,
                             pending: None,
                         },
@@ -1354,8 +1402,8 @@ impl LogTablet {
 enum Step {
     /// A retry of this window entry: answered as the original is.
     Duplicate(Entry),
-    /// A new batch at `first..=last` (an empty range for a batch that wrote nothing,
-    /// [`LogTablet::submit_empty`]), resolved through `outcome` by its own task.
+    /// A new batch at `first..=last` (the empty range after a sequence marker,
+    /// [`LogTablet::submit_marker`]), resolved through `outcome` by its own task.
     New {
         first: i64,
         last: i64,

@@ -15,13 +15,10 @@
 //! a batch ahead of it waits a little for it ([`crate::tablet::REORDER_WAIT`]) and is
 //! refused as out of order otherwise.
 //!
-//! A batch that changes nothing (a primary-key Put merged into no change) advances
-//! its writer's sequence without a log record, so windows rebuilt from the log after a
-//! reopen may lack a writer's latest sequences when those were such batches: its next
-//! batch is then refused as out of order (expected: the sequence after the last one in
-//! the log). Nothing is lost by it (the refused batch is not recorded, and the missing
-//! ones changed nothing); the writer starts over under a new id, as the Rust client
-//! does by itself.
+//! A batch that changes nothing (a primary-key Put merged into no change) is logged as
+//! a sequence marker of no rows (docs/log-format.md), so windows rebuilt from the log
+//! after a reopen end at every writer's last acknowledged sequence, and a stale attempt
+//! of such a batch is a duplicate there, not a new batch merged out of order.
 //!
 //! Epochs: a writer id is `base | epoch << 48` (a Kafka producer id and its
 //! epoch; Flight writers have epoch 0, so their id is the base; `mink_types::writer`). Each epoch of a base
@@ -205,7 +202,8 @@ impl Windows {
 
     /// [`Windows::push`] of a batch [`Windows::check`] took as new: it follows the
     /// writer's last sequence (or starts the writer). Recovery, which replays the log
-    /// (where Puts that changed nothing left gaps), pushes with [`Windows::push`].
+    /// from where it begins (a writer's earlier batches may be trimmed, or in logs
+    /// written before sequence markers, missing), pushes with [`Windows::push`].
     pub fn push_next(&mut self, writer: i64, entry: Entry) {
         debug_assert!(
             self.writers

@@ -345,6 +345,49 @@ async fn recovery_starts_from_the_newest_checkpoint() {
     );
 }
 
+/// A log trimmed past its newest checkpoint took with it every batch the checkpoint
+/// describes and those after it up to the log start: a reopen forgets the writers the
+/// checkpoint names instead of rebuilding a window that ends before their trimmed
+/// batches (their next batch would be refused as out of order, expecting a sequence
+/// the writer used long ago: read by the clients as "never written"). A writer whose
+/// batches are all trimmed is unknown, as docs/protocol.md says.
+#[tokio::test]
+async fn a_checkpoint_below_the_log_start_is_not_used() {
+    let mut env = Env::new().await;
+    let tablet = env.tablet(false).await;
+    for seq in 0..3 {
+        tablet.append(req(5, seq, seq..seq + 1)).await.unwrap();
+    }
+    assert_eq!(tablet.checkpoint().await.unwrap(), 3);
+    for seq in 3..5 {
+        tablet.append(req(5, seq, seq..seq + 1)).await.unwrap();
+    }
+    tablet.append(req(6, 0, 5..6)).await.unwrap();
+    tablet.append(req(6, 1, 6..7)).await.unwrap();
+    env.node.compact().await.unwrap(); // only compacted data is trimmed
+    assert_eq!(tablet.trim_before(5).await.unwrap(), 5);
+    let six = tablet.writer_window(6);
+    drop(tablet);
+    let tablet = env.tablet(true).await;
+    assert_eq!(tablet.log_start(), 5);
+    assert_eq!(
+        tablet.recovered_from(),
+        5,
+        "headers read from the log start"
+    );
+    assert!(
+        tablet.writer_window(5).is_empty(),
+        "a writer whose batches are all trimmed is unknown: {:?}",
+        tablet.writer_window(5)
+    );
+    assert_eq!(tablet.writer_window(6), six);
+    // The writer goes on as a writer the tablet does not know (a log tablet takes its
+    // first batch at any sequence).
+    let next = tablet.append(req(5, 5, 7..8)).await.unwrap();
+    assert!(!next.duplicated);
+    assert_eq!(next.first_offset, 7);
+}
+
 #[tokio::test]
 async fn a_tail_wakes_when_data_arrives() {
     let mut env = Env::new().await;

@@ -69,18 +69,17 @@ async fn sigkill_mid_stream_loses_no_acknowledged_row_and_duplicates_none() {
     node.wait().unwrap();
 }
 
-/// A Put that changed nothing (a delete of an absent key) advances its writer's
-/// sequence in the leader's memory only: it leaves no log record. Killed after it and
-/// restarted, the node's window for that writer ends one sequence early. The client's
-/// next Put is sent while the node is down (a refused connection, which may have
-/// recorded it as far as the client can tell), and its retry at the restarted node is
-/// refused as out of order, expecting the sequence already acknowledged. The Put must
-/// still land, once: no attempt of it can be in that window, so the client sends it
-/// again under a new writer. Four buckets, each with its own lost sequence: the writer
-/// is retired for the first bucket's sake while the others still hold its sequences,
-/// and each of them must go again just the same.
+/// A Put that changed nothing (a delete of an absent key) in every one of four
+/// buckets, then the node is killed. The client's next Put is sent while the node is
+/// down (a refused connection, which may have recorded it as far as the client can
+/// tell) and retried at the restarted node; it must land, once, in every bucket. The
+/// no-op Puts are in the log as sequence markers, so the restarted node's windows end
+/// at the acknowledged sequences and the retry is taken as the next batch. (Before
+/// markers, the windows ended one sequence early and the retry was refused as out of
+/// order; the client then sent it again under a new writer, bucket by bucket: the
+/// rule in docs/protocol.md, which this test pinned first.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_put_after_a_restart_that_lost_a_no_op_put_lands_once() {
+async fn a_put_after_a_restart_following_a_no_op_put_lands_once() {
     let dir = tempfile::tempdir().unwrap();
     let (data, store) = (dir.path().join("n0"), dir.path().join("objects"));
     let (mut node, addr) = spawn_node(&data, &store, "127.0.0.1:0", &[]);

@@ -268,6 +268,64 @@ def test_primary_key_tables_upsert_partially_update_delete_and_look_up(node):
     assert lookup(client, [key]) == {key: ("w", 1)}
 
 
+def test_a_put_that_changes_nothing_is_durable_and_readers_step_over_it(node, mink_node, tmp_path):
+    """A Put that changes nothing is logged as a sequence marker: one offset, no rows
+    (docs/log-format.md). A pyarrow scan that ends at it gets an empty batch whose
+    base_offset is past it, so a reader going on from base_offset + rows reaches the
+    high watermark; GetFlightInfo reads every row. After a restart, a late attempt of
+    the no-op (the same writer and sequence) is a duplicate: it does not undo what
+    another writer wrote since."""
+    proc, client = node
+    action(client, "create_database", {"name": "db"})
+    action(client, "create_table", {"path": "db.users", "descriptor": {**USERS, "bucket_count": 1}})
+    bucket = action(client, "metadata", {"path": "db.users"})["buckets"][0]["bucket"]
+    writer_id = action(client, "init_writer")["writer_id"]
+    descriptor = flight.FlightDescriptor.for_command(
+        json.dumps({"Put": {"bucket": bucket, "schema_id": 1, "writer_id": writer_id}})
+    )
+
+    def put(c, sequence, name):
+        writer, reader = c.do_put(descriptor, USER_SCHEMA)
+        batch = pa.record_batch([pa.array([7], pa.int64()), pa.array([name]), pa.array([1], pa.int64())], schema=USER_SCHEMA)
+        writer.write_with_metadata(batch, pa.py_buffer(json.dumps({"batch_sequence": sequence}).encode()))
+        writer.done_writing()
+        answer = reader.read()
+        writer.close()
+        return json.loads(answer.to_pybytes())["Written"]
+
+    first = retry(lambda: put(client, 0, "ann"))
+    noop = put(client, 1, "ann")  # the row it already holds
+    assert noop["duplicated"] is False
+    assert noop["first_offset"] == noop["last_offset"] + 1 == first["last_offset"] + 2, noop
+    [latest] = action(client, "list_offsets", {"path": "db.users", "spec": "latest"})
+    assert latest["offset"] == noop["first_offset"], "the marker takes one offset"
+
+    ticket = flight.Ticket(json.dumps({"Scan": {"bucket": bucket, "offset": 0}}).encode())
+    chunks = [(json.loads(c.app_metadata.to_pybytes()), c.data) for c in client.do_get(ticket)]
+    assert [(m["base_offset"], d.num_rows) for m, d in chunks] == [(0, 1), (latest["offset"], 0)], chunks
+    base, rows = chunks[-1][0]["base_offset"], chunks[-1][1].num_rows
+    assert base + rows == chunks[-1][0]["high_watermark"], "a reader steps over the marker"
+    _, read = read_flight(client, "db.users")
+    assert [(r["id"], r["name"]) for r in read] == [(7, "ann")]
+
+    # Another writer changes the key after the no-op; then a restart.
+    put_table(client, pa.record_batch([pa.array([7], pa.int64()), pa.array(["bob"]), pa.array([2], pa.int64())], schema=USER_SCHEMA))
+    client.close()
+    assert proc.stop() == 0
+    again = NodeProcess(mink_node, tmp_path)
+    try:
+        c2 = flight.connect(again.location)
+        stale = retry(lambda: put(c2, 1, "ann"))
+        assert stale["duplicated"] is True, stale
+        assert (stale["first_offset"], stale["last_offset"]) == (noop["first_offset"], noop["last_offset"])
+        [result] = c2.do_action(flight.Action("lookup", json.dumps({"path": "db.users", "keys": [[7]]}).encode()))
+        assert pa.ipc.open_stream(result.body.to_pybytes()).read_all().to_pylist() == [{"id": 7, "name": "bob", "score": 2}]
+        assert put(c2, 2, "cy")["duplicated"] is False, "the writer goes on after its no-op"
+        c2.close()
+    finally:
+        again.kill()
+
+
 def test_sigkill_loses_nothing_acknowledged(node, mink_node, tmp_path):
     import signal
 

@@ -642,10 +642,16 @@ impl NodeService {
         let mut bytes = 0usize;
         while pos < end && bytes < max_bytes {
             let scan = log.scan(pos, scan_max).await?;
+            // Where the read goes on when every batch is taken: past trailing sequence
+            // markers too (they hold no rows, so stepping over one loses nothing).
+            let read_end = scan.next_offset(pos).min(end);
             let mut next = pos;
+            let mut stopped = false;
             for b in scan.batches {
                 let base = b.header.base_offset;
                 if base >= end || bytes >= max_bytes {
+                    next = next.max(base.min(end));
+                    stopped = true;
                     break;
                 }
                 let take = ((end - base) as usize).min(b.batch.num_rows());
@@ -663,6 +669,9 @@ impl NodeService {
                 changes.truncate(take);
                 out.push((batch, rows, changes));
                 next = base + take as i64;
+            }
+            if !stopped {
+                next = next.max(read_end);
             }
             if next <= pos {
                 break;

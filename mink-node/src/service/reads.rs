@@ -213,7 +213,26 @@ pub(super) fn read_batches(
     schema: &SchemaRef,
 ) -> Result<Vec<ReadBatch>> {
     let high_watermark = scan.high_watermark;
-    scan.batches
+    // A read that ended in sequence markers (a primary-key Put that changed nothing
+    // takes an offset but holds no rows) ends with an empty batch at the offset after
+    // them, so that a client going on from `base_offset + rows` steps over them.
+    let rows_end = scan
+        .batches
+        .last()
+        .map_or(i64::MIN, |b| b.header.end_offset());
+    let past_markers = (scan.end > rows_end).then(|| {
+        let meta = ScanBatch {
+            bucket,
+            base_offset: scan.end,
+            high_watermark,
+            change_types: None,
+            writer_id: None,
+            commit_timestamp: None,
+        };
+        (RecordBatch::new_empty(schema.clone()), meta)
+    });
+    let mut batches: Vec<ReadBatch> = scan
+        .batches
         .into_iter()
         .map(|b| {
             let meta = ScanBatch {
@@ -228,5 +247,7 @@ pub(super) fn read_batches(
             };
             Ok((as_schema(b.batch, schema)?, meta))
         })
-        .collect()
+        .collect::<Result<_>>()?;
+    batches.extend(past_markers);
+    Ok(batches)
 }

@@ -295,6 +295,10 @@ class Tail:
             if chunk.data is None:
                 continue
             base = int(meta.get("base_offset", offset))
+            if chunk.data.num_rows == 0:
+                # Past sequence markers (Puts that changed nothing): no rows to hand out.
+                offset = base
+                continue
             self._put(
                 TailBatch(
                     chunk.data,

@@ -128,8 +128,8 @@ def _window_behind_acknowledged(e: OutOfOrderSequence) -> bool:
     recorded attempt of the batch would be in that window (durable, so rebuilt into every
     later incarnation of the tablet, or lost with the one that held it), and the window
     can never reach it: the batch was not written, even if an earlier attempt's answer
-    was lost. A primary-key tablet reopened after Puts that changed nothing (they leave
-    no log record) answers so (docs/protocol.md)."""
+    was lost. A primary-key tablet rebuilt from a log written before sequence markers,
+    after Puts that changed nothing, answers so (docs/protocol.md)."""
     seq, expected = e.sequence, e.expected
     return seq is not None and expected is not None and 0 < expected < seq
 
