@@ -91,6 +91,53 @@ struct Merged {
     staged: Vec<(Vec<u8>, Option<Vec<u8>>)>,
 }
 
+/// What decides how a Put is merged ([`merge_path`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PutShape {
+    /// A Kafka producer's batch (a compacted topic's Produce).
+    kafka: bool,
+    /// A partial update (`target_columns`).
+    partial: bool,
+    /// The table merges with `last_row`.
+    last_row: bool,
+    /// The batch is of the table's current schema.
+    current_schema: bool,
+    /// The batch deletes keys.
+    deletes: bool,
+    image: ChangelogImage,
+}
+
+/// How a Put is merged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MergePath {
+    /// Every record is one change, a tombstone a delete; nothing is read
+    /// ([`KvTablet::merge_records`]).
+    Records,
+    /// Every row a `+U` of itself; nothing is read ([`KvTablet::merge_wal`]).
+    Wal,
+    /// Column-wise over the batch, old rows read once per key
+    /// ([`KvTablet::merge_last_row`]).
+    LastRow,
+    /// Row by row through the merge engine ([`KvTablet::merge_rows`]).
+    Rows { before_images: bool },
+}
+
+/// The merge a Put takes. The column-wise paths need a whole-row `last_row` Put of
+/// the current schema; of those, a Kafka batch maps each record to one change, and a
+/// Put without deletes skips reading old rows when the changelog carries no before
+/// images. Everything else goes row by row through the merge engine.
+fn merge_path(shape: PutShape) -> MergePath {
+    let column_wise = !shape.partial && shape.last_row && shape.current_schema;
+    match (column_wise, shape.image) {
+        (true, _) if shape.kafka => MergePath::Records,
+        (true, ChangelogImage::Wal) if !shape.deletes => MergePath::Wal,
+        (true, ChangelogImage::Full) if !shape.deletes => MergePath::LastRow,
+        _ => MergePath::Rows {
+            before_images: shape.image == ChangelogImage::Full,
+        },
+    }
+}
+
 /// A Put submitted ([`KvTablet::submit_put`]): wait for it to be durable.
 #[must_use = "a submitted Put is acknowledged only once `wait` returns"]
 pub struct PendingPut {
@@ -641,10 +688,11 @@ impl KvTablet {
     /// are ordered: a caller that submits A then B has A merged and logged before B
     /// (a Kafka connection submits its requests' Puts one at a time, as it does its
     /// appends). [`PendingPut::wait`] is the second half, durability.
-    #[expect(
-        clippy::too_many_lines,
-        reason = "to split into a pure decision and its action (issue 28, decide/act on the hot paths)"
-    )]
+    ///
+    /// Decide, then act: the sequence is checked under the bucket's merge lock
+    /// ([`LogTablet::check_sequence`]), the merge reads and decides the changelog
+    /// ([`merge_path`] picks how, [`KvTablet::merge`] makes it), and
+    /// [`KvTablet::log_and_stage`] submits it and stages the new rows.
     pub async fn submit_put(
         &self,
         req: PutRequest,
@@ -654,7 +702,7 @@ impl KvTablet {
         if let Some(e) = self.failure() {
             return Err(e);
         }
-        let (mask, deletes, keys, batch_schema) = self.prepare(&req)?;
+        let prepared = self.prepare(&req)?;
         let kafka = req.kafka.is_some();
         // A Put ahead of its writer's next sequence waits a little for the ones before
         // it (pipelined requests may arrive out of order), outside the merge lock so
@@ -682,6 +730,9 @@ impl KvTablet {
                 step: PendingStep::Duplicate(duplicate),
             });
         }
+        // Everything that can fail is done before the submit: once the changelog is on
+        // its way the rows must be staged, and an error would no longer mean "not
+        // written" to the client.
         let (schema, merger, image) = {
             let table = self.table();
             (
@@ -690,35 +741,63 @@ impl KvTablet {
                 table.descriptor.properties.changelog_image,
             )
         };
-        // Everything that can fail is done before the submit: once the changelog is on
-        // its way the rows must be staged, and an error would no longer mean "not
-        // written" to the client.
-        // The column-wise path takes the batch as rows of the schema it merges into:
-        // not when an alter_table changed the schema since `prepare` checked the batch.
-        let column_wise =
-            mask.is_none() && merger.is_last_row() && batch_schema.schema_id == schema.schema_id;
-        let merged = match (column_wise, image) {
-            // A Kafka batch: every record is one change, a tombstone a delete.
-            (true, _) if kafka => self.merge_records(&req.batch, &deletes, keys, &schema)?,
-            (true, ChangelogImage::Wal) if !deletes.contains(&true) => {
-                self.merge_wal(&req.batch, keys, &schema)?
-            }
-            (true, ChangelogImage::Full) if !deletes.contains(&true) => {
-                self.merge_last_row(&req.batch, keys, &schema)?
-            }
-            _ => {
+        let merged = self.merge(&req, prepared, &schema, &merger, image)?;
+        let step = self.log_and_stage(&req, merged, &schema, &mut cork).await;
+        drop(cork.take());
+        drop(guard);
+        Ok(PendingPut {
+            tablet: self.clone(),
+            step: step?,
+        })
+    }
+
+    /// A Put's changelog and staged rows, by the path [`merge_path`] picks for it.
+    fn merge(
+        &self,
+        req: &PutRequest,
+        (mask, deletes, keys, batch_schema): Prepared,
+        schema: &Schema,
+        merger: &Merger,
+        image: ChangelogImage,
+    ) -> Result<Merged> {
+        let path = merge_path(PutShape {
+            kafka: req.kafka.is_some(),
+            partial: mask.is_some(),
+            last_row: merger.is_last_row(),
+            // Not when an alter_table changed the schema since `prepare` checked it.
+            current_schema: batch_schema.schema_id == schema.schema_id,
+            deletes: deletes.contains(&true),
+            image,
+        });
+        match path {
+            MergePath::Records => self.merge_records(&req.batch, &deletes, keys, schema),
+            MergePath::Wal => self.merge_wal(&req.batch, keys, schema),
+            MergePath::LastRow => self.merge_last_row(&req.batch, keys, schema),
+            MergePath::Rows { before_images } => {
                 let rows = self.full_rows(&req.batch, &batch_schema)?;
-                let before_images = image == ChangelogImage::Full;
                 self.merge_rows(
                     rows,
                     mask.as_deref(),
                     deletes,
                     keys,
-                    &schema,
-                    (&merger, before_images),
-                )?
+                    schema,
+                    (merger, before_images),
+                )
             }
-        };
+        }
+    }
+
+    /// Submits a merged Put to the log, under the merge lock (held by the caller):
+    /// its changelog, then its new rows staged in the prewrite buffer at the
+    /// changelog's last offset; or, when it changed nothing, its sequence marker. The
+    /// cork is released once the batch is on its way.
+    async fn log_and_stage(
+        &self,
+        req: &PutRequest,
+        merged: Merged,
+        schema: &Schema,
+        cork: &mut Option<mink_wal::Cork>,
+    ) -> Result<PendingStep> {
         let Merged {
             change_types,
             batch,
@@ -729,7 +808,7 @@ impl KvTablet {
             // sequence marker takes its place in the log (no rows). The merge may have
             // read versions staged by Puts whose appends are not durable yet; the
             // marker is acknowledged after them, in WAL order, and fails with them.
-            let empty = self
+            let marker = self
                 .inner
                 .log
                 .submit_marker(
@@ -739,12 +818,7 @@ impl KvTablet {
                 )
                 .await;
             drop(cork.take());
-            let empty = empty?;
-            drop(guard);
-            return Ok(PendingPut {
-                tablet: self.clone(),
-                step: PendingStep::Empty(empty),
-            });
+            return Ok(PendingStep::Empty(marker?));
         };
         // No flush between the submit (offsets) and the staging below.
         let flushes = self.inner.flushes.lock().await;
@@ -752,7 +826,6 @@ impl KvTablet {
         // buffer under it: the merge may have read older rows. The failing flush held
         // the lock, so its failure is visible here.
         if let Some(e) = self.failure() {
-            drop(cork.take());
             return Err(e);
         }
         let append = AppendRequest {
@@ -764,7 +837,7 @@ impl KvTablet {
             batch,
             ipc: None,
         };
-        let submitted = if kafka {
+        let submitted = if req.kafka.is_some() {
             self.inner.log.submit_producer(append).await
         } else {
             self.inner.log.submit_in_order(append).await
@@ -773,28 +846,19 @@ impl KvTablet {
         let submitted = submitted?;
         if submitted.is_duplicate() {
             // Cannot happen under the put lock; answer as the duplicate it is.
-            drop(guard);
-            return Ok(PendingPut {
-                tablet: self.clone(),
-                step: PendingStep::Duplicate(submitted),
-            });
+            return Ok(PendingStep::Duplicate(submitted));
         }
         let (_, last_offset) = submitted.offsets();
-        {
-            let mut prewrite = self.prewrite();
-            for (key, bytes) in staged {
-                prewrite
-                    .entry(key)
-                    .or_default()
-                    .push_back((last_offset, bytes));
-            }
+        let mut prewrite = self.prewrite();
+        for (key, bytes) in staged {
+            prewrite
+                .entry(key)
+                .or_default()
+                .push_back((last_offset, bytes));
         }
+        drop(prewrite);
         drop(flushes);
-        drop(guard);
-        Ok(PendingPut {
-            tablet: self.clone(),
-            step: PendingStep::Written(submitted),
-        })
+        Ok(PendingStep::Written(submitted))
     }
 
     /// A Kafka batch's merge (a compacted topic's Produce under `last_row`): each
@@ -1313,5 +1377,85 @@ impl KvTablet {
         }
         tracing::debug!(bucket = %self.inner.bucket, replayed, high_watermark = hw, "KV tablet recovered");
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape() -> PutShape {
+        PutShape {
+            kafka: false,
+            partial: false,
+            last_row: true,
+            current_schema: true,
+            deletes: false,
+            image: ChangelogImage::Full,
+        }
+    }
+
+    #[test]
+    fn a_whole_row_last_row_put_merges_column_wise() {
+        assert_eq!(merge_path(shape()), MergePath::LastRow);
+        let wal = PutShape {
+            image: ChangelogImage::Wal,
+            ..shape()
+        };
+        assert_eq!(merge_path(wal), MergePath::Wal, "nothing to read");
+        let kafka = PutShape {
+            kafka: true,
+            deletes: true,
+            ..wal
+        };
+        assert_eq!(
+            merge_path(kafka),
+            MergePath::Records,
+            "a Kafka batch, tombstones and all"
+        );
+    }
+
+    #[test]
+    fn deletes_partial_updates_other_engines_and_old_schemas_go_row_by_row() {
+        let full = MergePath::Rows {
+            before_images: true,
+        };
+        for other in [
+            PutShape {
+                deletes: true,
+                ..shape()
+            },
+            PutShape {
+                partial: true,
+                ..shape()
+            },
+            PutShape {
+                last_row: false,
+                ..shape()
+            },
+            PutShape {
+                current_schema: false,
+                ..shape()
+            },
+            PutShape {
+                kafka: true,
+                last_row: false,
+                ..shape()
+            },
+        ] {
+            assert_eq!(merge_path(other), full, "{other:?}");
+        }
+        let wal_deletes = PutShape {
+            deletes: true,
+            image: ChangelogImage::Wal,
+            ..shape()
+        };
+        assert_eq!(
+            merge_path(wal_deletes),
+            MergePath::Rows {
+                before_images: false
+            },
+            "a delete reads its old row even without before images"
+        );
     }
 }
