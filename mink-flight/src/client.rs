@@ -1401,6 +1401,22 @@ impl MinkClient {
         offset: i64,
         max_wait: Duration,
     ) -> Result<(Vec<RecordBatch>, i64)> {
+        let (batches, next) = self
+            .poll_with_offsets(path, bucket, offset, max_wait)
+            .await?;
+        Ok((batches.into_iter().map(|(_, b)| b).collect(), next))
+    }
+
+    /// [`MinkClient::poll`] with each batch's first offset (row `i` is at that offset
+    /// plus `i`; offsets may skip between batches, past sequence markers), batches of
+    /// no rows left out.
+    pub async fn poll_with_offsets(
+        &self,
+        path: &TablePath,
+        bucket: TableBucket,
+        offset: i64,
+        max_wait: Duration,
+    ) -> Result<(Vec<(i64, RecordBatch)>, i64)> {
         let result = self.poll_leader(path, bucket, offset, max_wait).await;
         self.stale_routing(path, result).await
     }
@@ -1411,7 +1427,7 @@ impl MinkClient {
         bucket: TableBucket,
         offset: i64,
         max_wait: Duration,
-    ) -> Result<(Vec<RecordBatch>, i64)> {
+    ) -> Result<(Vec<(i64, RecordBatch)>, i64)> {
         let leader = self.leader_of(path, bucket, false).await?;
         let mut client = self.connection(&leader).await?;
         let cmd = serde_json::to_vec(&crate::protocol::ExchangeDescriptor::Tail { bucket })
@@ -1451,11 +1467,20 @@ impl MinkClient {
                         &data,
                     )?))
                 }
-                Some(s) => batches.push(arrow_flight::utils::flight_data_to_arrow_batch(
-                    &data,
-                    s.clone(),
-                    &HashMap::new(),
-                )?),
+                Some(s) => {
+                    let meta: ScanBatch =
+                        serde_json::from_slice(&data.app_metadata).map_err(|e| {
+                            MinkError::Internal(format!("a tail batch's metadata: {e}"))
+                        })?;
+                    let batch = arrow_flight::utils::flight_data_to_arrow_batch(
+                        &data,
+                        s.clone(),
+                        &HashMap::new(),
+                    )?;
+                    if batch.num_rows() > 0 {
+                        batches.push((meta.base_offset, batch));
+                    }
+                }
             }
         }
         Err(MinkError::Unavailable(

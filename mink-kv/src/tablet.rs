@@ -803,6 +803,15 @@ impl KvTablet {
             batch,
             staged,
         } = merged;
+        // No flush between the submit (offsets) and the staging below.
+        let flushes = self.inner.flushes.lock().await;
+        // A flush that failed the tablet (fenced) while this Put merged cleared the
+        // buffer under it: the merge may have read older rows, and "nothing changed"
+        // may be as wrong as a changelog. The failing flush held the lock, so its
+        // failure is visible here.
+        if let Some(e) = self.failure() {
+            return Err(e);
+        }
         let Some(batch) = batch else {
             // Nothing changed; the writer's sequence still advances, durably: a
             // sequence marker takes its place in the log (no rows). The merge may have
@@ -818,16 +827,9 @@ impl KvTablet {
                 )
                 .await;
             drop(cork.take());
+            drop(flushes);
             return Ok(PendingStep::Empty(marker?));
         };
-        // No flush between the submit (offsets) and the staging below.
-        let flushes = self.inner.flushes.lock().await;
-        // A flush that failed the tablet (fenced) while this Put merged cleared the
-        // buffer under it: the merge may have read older rows. The failing flush held
-        // the lock, so its failure is visible here.
-        if let Some(e) = self.failure() {
-            return Err(e);
-        }
         let append = AppendRequest {
             writer_id: req.writer_id,
             first_sequence: req.batch_sequence,
@@ -965,7 +967,14 @@ impl KvTablet {
                 })
                 .collect()
         };
-        if !ops.is_empty() {
+        // With nothing to write, the store's offset still goes to the high watermark
+        // when it is behind (sequence markers take offsets and stage nothing): a
+        // snapshot then covers them, and an idle bucket is not snapshotted again.
+        let behind = || {
+            self.with_store(|store| store.flushed_offset())
+                .map(|flushed| flushed.is_none_or(|o| o < hw))
+        };
+        if !ops.is_empty() || behind()? {
             match self.with_store(|store| store.write(&ops, hw)) {
                 Ok(()) => {}
                 Err(e @ MinkError::Fenced(_)) => return Err(self.fail(e)),

@@ -1138,8 +1138,47 @@ async fn a_no_op_put_is_durable_and_a_stale_attempt_of_it_changes_nothing(backen
     assert_eq!(scan.next_offset(0), t.log().high_watermark());
     let marker = noop.last_offset;
     let at_marker = t.log().scan(marker, 1).await.unwrap();
-    assert!(at_marker.batches.is_empty());
-    assert_eq!(at_marker.next_offset(marker), marker + 1);
+    assert_eq!(
+        at_marker
+            .batches
+            .iter()
+            .map(|b| b.header.base_offset)
+            .collect::<Vec<_>>(),
+        vec![noop.first_offset],
+        "a read at the marker goes on to the rows after it"
+    );
+
+    // A run of markers longer than a read ends the log: a read finds nothing and
+    // ends at the high watermark, and a snapshot covers the run (the store's offset
+    // goes past markers, which stage nothing).
+    let run_from = t.log().high_watermark();
+    for seq in 3..40 {
+        let same = t
+            .put(writer(9, seq, &[(1, Some("b"), Some(2))]))
+            .await
+            .unwrap();
+        assert_eq!(same.first_offset, same.last_offset + 1);
+    }
+    let hw = t.log().high_watermark();
+    assert_eq!(hw, run_from + 37);
+    let tail = t.log().scan(run_from, 1).await.unwrap();
+    assert!(tail.batches.is_empty());
+    assert_eq!(tail.next_offset(run_from), hw);
+    let snapshot = t.snapshot().await.unwrap().unwrap();
+    assert_eq!(snapshot.log_offset, hw, "the snapshot covers the markers");
+    // Rows after the run: a small read steps over all of it to them.
+    let after = t
+        .put(writer(9, 40, &[(1, Some("d"), Some(4))]))
+        .await
+        .unwrap();
+    let read = t.log().scan(run_from, 1).await.unwrap();
+    assert_eq!(
+        read.batches
+            .iter()
+            .map(|b| b.header.base_offset)
+            .collect::<Vec<_>>(),
+        vec![after.first_offset]
+    );
 }
 
 /// Pipelined Puts of one writer through a WAL failure: 5 fails with the WAL, the

@@ -42,14 +42,15 @@ impl Checkpoint {
     /// The entries of `windows` below `high_watermark`, or below the first pending
     /// entry if one starts lower: every entry below the checkpoint's offset is in it
     /// (an entry durable but not yet marked so would otherwise be missed, and a retry
-    /// of its batch written twice).
+    /// of its batch written twice). A pending sequence marker's record is at its
+    /// `last_offset` (its range is the empty one after it), so that is where it starts.
     pub fn of(windows: &Windows, high_watermark: i64, last_commit_timestamp: i64) -> Self {
         let all = windows.entries();
         let offset = all
             .iter()
             .flat_map(|(_, entries)| entries.iter())
             .filter(|e| e.pending.is_some())
-            .map(|e| e.first_offset)
+            .map(|e| e.first_offset.min(e.last_offset))
             .chain(std::iter::once(high_watermark))
             .min()
             .unwrap_or(high_watermark);
@@ -169,4 +170,60 @@ pub(crate) async fn latest(
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(sequence: i64, (first_offset, last_offset): (i64, i64), pending: bool) -> Entry {
+        Entry {
+            first_sequence: sequence,
+            last_sequence: sequence,
+            first_offset,
+            last_offset,
+            commit_timestamp: 1,
+            pending: pending.then(|| Arc::new(tokio::sync::watch::channel(None).0)),
+        }
+    }
+
+    /// A sequence marker durable in the stream but not yet marked so (its settle task
+    /// has not run) holds the checkpoint below its record, as a batch of rows does: a
+    /// checkpoint at the high watermark would leave it out, and a recovery from there
+    /// would never read its header.
+    #[test]
+    fn a_pending_marker_holds_the_checkpoint_at_its_record() {
+        let mut windows = Windows::default();
+        windows.push(7, entry(0, (0, 2), false));
+        // The marker at offset 3: answered as the empty range 4..=3.
+        windows.push(7, entry(1, (4, 3), true));
+        let c = Checkpoint::of(&windows, 4, 1);
+        assert_eq!(c.offset, 3, "recovery reads the marker's header");
+        assert_eq!(
+            c.writers,
+            vec![(
+                7,
+                vec![SavedEntry {
+                    first_sequence: 0,
+                    last_sequence: 0,
+                    first_offset: 0,
+                    last_offset: 2,
+                    commit_timestamp: 1,
+                }]
+            )]
+        );
+
+        // Marked durable: the checkpoint goes to the high watermark and holds it.
+        let mut windows = Windows::default();
+        windows.push(7, entry(0, (0, 2), false));
+        windows.push(7, entry(1, (4, 3), false));
+        let c = Checkpoint::of(&windows, 4, 1);
+        assert_eq!(c.offset, 4);
+        assert_eq!(c.writers[0].1.len(), 2);
+        // Recovered from it, a retry of the marker's sequence is a duplicate.
+        assert!(matches!(
+            c.windows().check(7, 1, 1, false),
+            crate::window::Check::Duplicate(_)
+        ));
+    }
 }

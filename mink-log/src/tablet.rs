@@ -910,9 +910,18 @@ impl LogTablet {
     /// least one batch, capped by `scan_bytes_max`). A batch that begins before `from`
     /// is cut to start at it. `from` below the log start or above the high watermark
     /// is `OffsetOutOfRange`.
+    ///
+    /// Sequence markers are left out, and a read that found nothing but markers goes
+    /// on past them: a result without batches ends at the high watermark (markers
+    /// hold no rows, so a long run of them must not look like the end of the log to
+    /// a reader that stops at an empty read, as a Kafka fetch or a tail would).
     pub async fn scan(&self, from: i64, max_bytes: usize) -> Result<ScanResult> {
         let mut result = self.scan_with_markers(from, max_bytes).await?;
         result.batches.retain(|b| !b.header.is_marker());
+        while result.batches.is_empty() && result.end < result.high_watermark {
+            result = self.scan_with_markers(result.end, max_bytes).await?;
+            result.batches.retain(|b| !b.header.is_marker());
+        }
         Ok(result)
     }
 

@@ -186,25 +186,28 @@ pub async fn tail(
         .map(|(bucket, offset)| {
             let tb = TableBucket::new(info.id, partition, *bucket);
             let path = &path;
-            async move { (tb, *offset, client.poll(path, tb, *offset, wait).await) }
+            async move {
+                let answer = client.poll_with_offsets(path, tb, *offset, wait).await;
+                (tb, answer)
+            }
         })
         .collect();
     let mut next: BTreeMap<String, i64> =
         cursors.iter().map(|(b, o)| (b.to_string(), *o)).collect();
     let mut rows = Vec::new();
-    while let Some((tb, offset, answer)) = polls.next().await {
+    while let Some((tb, answer)) = polls.next().await {
         let (batches, next_offset) = answer?;
         next.insert(tb.bucket.to_string(), next_offset);
-        let mut at = offset;
-        for batch in &batches {
-            for mut row in rows_json(batch)? {
+        for (base_offset, batch) in &batches {
+            // Row by row from the batch's own first offset: offsets skip between
+            // batches past sequence markers.
+            for (at, mut row) in (*base_offset..).zip(rows_json(batch)?) {
                 decorate(
                     &mut row,
                     tb,
                     params.get("partition").map(String::as_str),
                     at,
                 );
-                at += 1;
                 rows.push(Value::Object(row));
             }
         }
