@@ -69,7 +69,7 @@ pub struct RecordError {
 }
 
 impl RecordError {
-    fn new(code: ResponseError, message: impl Into<String>) -> Self {
+    pub(crate) fn new(code: ResponseError, message: impl Into<String>) -> Self {
         Self {
             code,
             message: message.into(),

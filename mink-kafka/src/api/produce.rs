@@ -10,7 +10,7 @@ use mink_types::MinkError;
 
 use super::{Ctx, ProduceTurn, now_ms, s};
 use crate::handler::{PendingProduce, ProducerBatch, error_code};
-use crate::records::decode_produce;
+use crate::records::{ProducedBatch, RecordError, decode_produce};
 use crate::refused::is_retriable_refusal;
 
 fn failed(index: i32, code: ResponseError, message: String, v: i16) -> PartitionProduceResponse {
@@ -127,86 +127,31 @@ fn produce_error_code(e: &MinkError) -> ResponseError {
     }
 }
 
-#[expect(
-    clippy::too_many_lines,
-    reason = "to split into a pure decision and its action (issue 28, decide/act on the hot paths)"
-)]
+/// One topic-partition's batch: decoded and checked, its producer read, submitted to
+/// the handler (creating the topic on first use), and the outcome mapped to Kafka's
+/// answer.
 async fn one(ctx: &Ctx, topic: &str, index: i32, records: Option<bytes::Bytes>, v: i16) -> Step {
+    let refused = |e: RecordError| Step::Done(failed(index, e.code, e.message, v));
     let Some(records) = records else {
-        return Step::Done(failed(
-            index,
-            ResponseError::InvalidRecord,
-            "no records".into(),
-            v,
-        ));
+        return refused(RecordError::new(ResponseError::InvalidRecord, "no records"));
     };
-    if records.len() as u64 > ctx.config.message_bytes_max() {
-        return Step::Done(failed(
-            index,
-            ResponseError::MessageTooLarge,
-            format!(
-                "the record batch is {} bytes, more than max.message.bytes ({})",
-                records.len(),
-                ctx.config.message_bytes_max()
-            ),
-            v,
-        ));
-    }
-    let now = now_ms();
-    let latest = now.saturating_add(ctx.config.timestamp_after_max_ms.min(i64::MAX as u64) as i64);
-    let max = usize::try_from(ctx.config.max_request_bytes).unwrap_or(usize::MAX);
-    let batch = match decode_produce(&records, now, latest, max) {
+    let batch = match decoded(ctx, &records) {
         Ok(b) => b,
         Err(e) => {
-            tracing::debug!(topic, partition = index, "kafka produce refused: {e}");
-            return Step::Done(failed(index, e.code, e.message, v));
+            tracing::debug!(
+                topic,
+                partition = index,
+                "kafka produce refused: {}",
+                e.message
+            );
+            return refused(e);
         }
     };
-    // The writer id carries the producer epoch (`mink_types::writer`): each epoch is a
-    // writer of its own, starting at sequence 0, and fences the older ones.
-    let producer = if batch.producer_id < 0 {
-        None
-    } else {
-        let Some(writer) = mink_types::writer_id(batch.producer_id, batch.producer_epoch) else {
-            let (code, why) = if batch.producer_epoch < 0 {
-                (
-                    ResponseError::InvalidProducerEpoch,
-                    format!("producer epoch {}", batch.producer_epoch),
-                )
-            } else {
-                (
-                    ResponseError::UnknownProducerId,
-                    format!("producer id {} was not issued here", batch.producer_id),
-                )
-            };
-            return Step::Done(failed(index, code, why, v));
-        };
-        Some(ProducerBatch {
-            producer_id: writer,
-            first_sequence: i64::from(batch.base_sequence),
-            last_sequence: i64::from(batch.base_sequence) + batch.rows.num_rows() as i64 - 1,
-        })
+    let producer = match producer_of(&batch) {
+        Ok(p) => p,
+        Err(e) => return refused(e),
     };
-    let mut attempt = ctx
-        .handler
-        .produce(topic, index, batch.rows.clone(), producer, records.len())
-        .await;
-    if matches!(attempt, Err(MinkError::NotFound(_))) && ctx.config.auto_create_topics {
-        // Created on first use; a partition it lacks stays unknown.
-        match ctx
-            .handler
-            .topic(topic, Some(ctx.config.default_partitions))
-            .await
-        {
-            Ok(_) => {
-                attempt = ctx
-                    .handler
-                    .produce(topic, index, batch.rows, producer, records.len())
-                    .await
-            }
-            Err(e) => attempt = Err(e),
-        }
-    }
+    let attempt = submit(ctx, topic, index, batch.rows, producer, records.len()).await;
     match attempt {
         Ok(pending) => {
             if let Some(b) = producer {
@@ -215,47 +160,135 @@ async fn one(ctx: &Ctx, topic: &str, index: i32, records: Option<bytes::Bytes>, 
             }
             Step::Pending(index, pending, producer)
         }
-        Err(e) => {
-            let code = match &e {
-                MinkError::InvalidArgument { field, .. } if field == "topic" => {
-                    ResponseError::InvalidTopicException
-                }
-                // A record the topic refuses (a compacted topic's without a key, or
-                // with a key of another partition), as Kafka refuses it.
-                MinkError::InvalidArgument { field, .. } if field == "record" => {
-                    ResponseError::InvalidRecord
-                }
-                other => produce_error_code(other),
-            };
-            let Some(b) = producer else {
-                return Step::Done(failed(index, code, e.to_string(), v));
-            };
-            // A gap left by a batch refused as not persisted is refused the same
-            // retriable way, so that the producer retries in order (`crate::refused`).
-            let expected = match &e {
-                MinkError::OutOfOrderSequence { expected, .. } => Some(Some(*expected)),
-                MinkError::UnknownWriter { .. } => Some(None),
-                _ => None,
-            };
-            let explained = expected.and_then(|expected| {
-                ctx.refused
-                    .explains(topic, index, b.producer_id, b.first_sequence, expected)
-            });
-            if let Some(refused) = explained {
-                let why = format!(
-                    "{topic}-{index}: sequence {} follows this producer's batch at \
-                     sequence {refused}, which was not persisted; send both again in order",
-                    b.first_sequence
-                );
-                tracing::debug!("kafka produce refused: {why}");
-                return Step::Done(failed(index, ResponseError::LeaderNotAvailable, why, v));
-            }
-            if is_retriable_refusal(code) {
-                ctx.refused
-                    .unwritten(topic, index, b.producer_id, b.first_sequence);
-            }
-            Step::Done(failed(index, code, e.to_string(), v))
+        Err(e) => Step::Done(refusal(ctx, topic, index, &e, producer, v)),
+    }
+}
+
+/// The records decoded into rows, within `max.message.bytes` and the request bound,
+/// timestamps no further ahead than `timestamp_after_max_ms`.
+fn decoded(ctx: &Ctx, records: &bytes::Bytes) -> Result<ProducedBatch, RecordError> {
+    if records.len() as u64 > ctx.config.message_bytes_max() {
+        return Err(RecordError::new(
+            ResponseError::MessageTooLarge,
+            format!(
+                "the record batch is {} bytes, more than max.message.bytes ({})",
+                records.len(),
+                ctx.config.message_bytes_max()
+            ),
+        ));
+    }
+    let now = now_ms();
+    let latest = now.saturating_add(ctx.config.timestamp_after_max_ms.min(i64::MAX as u64) as i64);
+    let max = usize::try_from(ctx.config.max_request_bytes).unwrap_or(usize::MAX);
+    decode_produce(records, now, latest, max)
+}
+
+/// The batch's idempotent producer as a writer: `None` without one. The writer id
+/// carries the producer epoch (`mink_types::writer`): each epoch is a writer of its
+/// own, starting at sequence 0, and fences the older ones.
+fn producer_of(batch: &ProducedBatch) -> Result<Option<ProducerBatch>, RecordError> {
+    if batch.producer_id < 0 {
+        return Ok(None);
+    }
+    let Some(writer) = mink_types::writer_id(batch.producer_id, batch.producer_epoch) else {
+        return Err(if batch.producer_epoch < 0 {
+            RecordError::new(
+                ResponseError::InvalidProducerEpoch,
+                format!("producer epoch {}", batch.producer_epoch),
+            )
+        } else {
+            RecordError::new(
+                ResponseError::UnknownProducerId,
+                format!("producer id {} was not issued here", batch.producer_id),
+            )
+        });
+    };
+    Ok(Some(ProducerBatch {
+        producer_id: writer,
+        first_sequence: i64::from(batch.base_sequence),
+        last_sequence: i64::from(batch.base_sequence) + batch.rows.num_rows() as i64 - 1,
+    }))
+}
+
+/// Submits the rows to the handler; a topic it does not know is created on first use
+/// when `auto_create_topics` is on (a partition the topic lacks stays unknown).
+async fn submit(
+    ctx: &Ctx,
+    topic: &str,
+    index: i32,
+    rows: arrow::array::RecordBatch,
+    producer: Option<ProducerBatch>,
+    bytes: usize,
+) -> Result<PendingProduce, MinkError> {
+    let attempt = ctx
+        .handler
+        .produce(topic, index, rows.clone(), producer, bytes)
+        .await;
+    if !(matches!(attempt, Err(MinkError::NotFound(_))) && ctx.config.auto_create_topics) {
+        return attempt;
+    }
+    ctx.handler
+        .topic(topic, Some(ctx.config.default_partitions))
+        .await?;
+    ctx.handler
+        .produce(topic, index, rows, producer, bytes)
+        .await
+}
+
+/// A refused write as the partition's answer. An idempotent producer's gap left by a
+/// batch refused as not persisted is refused the same retriable way
+/// (LEADER_NOT_AVAILABLE), so that the producer retries in order
+/// (`crate::refused`); a retriable refusal of its own leaves such a gap.
+fn refusal(
+    ctx: &Ctx,
+    topic: &str,
+    index: i32,
+    e: &MinkError,
+    producer: Option<ProducerBatch>,
+    v: i16,
+) -> PartitionProduceResponse {
+    let code = refusal_code(e);
+    let Some(b) = producer else {
+        return failed(index, code, e.to_string(), v);
+    };
+    let expected = match e {
+        MinkError::OutOfOrderSequence { expected, .. } => Some(Some(*expected)),
+        MinkError::UnknownWriter { .. } => Some(None),
+        _ => None,
+    };
+    let explained = expected.and_then(|expected| {
+        ctx.refused
+            .explains(topic, index, b.producer_id, b.first_sequence, expected)
+    });
+    if let Some(refused) = explained {
+        let why = format!(
+            "{topic}-{index}: sequence {} follows this producer's batch at \
+             sequence {refused}, which was not persisted; send both again in order",
+            b.first_sequence
+        );
+        tracing::debug!("kafka produce refused: {why}");
+        return failed(index, ResponseError::LeaderNotAvailable, why, v);
+    }
+    if is_retriable_refusal(code) {
+        ctx.refused
+            .unwritten(topic, index, b.producer_id, b.first_sequence);
+    }
+    failed(index, code, e.to_string(), v)
+}
+
+/// The Kafka error of a refused write: a bad topic name is INVALID_TOPIC_EXCEPTION; a
+/// record the topic refuses (a compacted topic's without a key, or with a key of
+/// another partition) INVALID_RECORD, as Kafka refuses it; the rest as
+/// [`produce_error_code`].
+fn refusal_code(e: &MinkError) -> ResponseError {
+    match e {
+        MinkError::InvalidArgument { field, .. } if field == "topic" => {
+            ResponseError::InvalidTopicException
         }
+        MinkError::InvalidArgument { field, .. } if field == "record" => {
+            ResponseError::InvalidRecord
+        }
+        other => produce_error_code(other),
     }
 }
 

@@ -40,6 +40,18 @@ fn host_port(addr: &str) -> Option<(String, i32)> {
 }
 
 impl NodeService {
+    /// Rows written through Flight to a table Kafka serves as a topic: their headers
+    /// must be what a Kafka consumer can read (`mink_kafka::records::check_headers`),
+    /// or every fetch of the partition would stop at them. The Kafka adapter's check,
+    /// which the Flight write path asks of every log table's rows.
+    pub(super) fn check_topic_rows(&self, table: &TableInfo, batch: &RecordBatch) -> Result<()> {
+        if table.path.database.as_str() == self.config.kafka.database && is_kafka_topic(table) {
+            mink_kafka::records::check_headers(batch)
+                .map_err(|e| MinkError::invalid("headers", e))?;
+        }
+        Ok(())
+    }
+
     /// The table path of a topic; an invalid Mink name is `InvalidArgument` on `topic`.
     pub(super) fn topic_path(&self, topic: &str) -> Result<TablePath> {
         let invalid = |e: MinkError| {
@@ -179,10 +191,7 @@ impl NodeService {
         admitted: crate::admission::Admitted,
     ) -> Result<PendingProduce> {
         let (batch, changes) = compacted_put(topic, partition, table, &rows)?;
-        let tablet = match self.kv_tablet(bucket).await {
-            Ok(t) => t,
-            Err(e) => return Err(self.redirect_stale(bucket, e).await),
-        };
+        let tablet = self.write_target(bucket).await?;
         let (writer_id, first_sequence, last_sequence) = match producer {
             Some(p) => (p.producer_id, p.first_sequence, p.last_sequence),
             None => (NO_WRITER, 0, 0),
@@ -199,20 +208,11 @@ impl NodeService {
         let log_append_time = is_log_append_time(table);
         // Submitted here, in the connection's produce turn, so that the producer's
         // batches are merged in the order it sent them; durability is awaited after.
-        let pending = match tablet.submit_put(request, None).await {
-            Ok(p) => p,
+        let submitted = match submit(bucket, &tablet, BucketWrite::Put(request), None).await {
+            Ok(s) => s,
             Err(e) => return Err(self.redirect_stale(bucket, e).await),
         };
-        Ok(Box::pin(async move {
-            let _admitted = admitted;
-            let appended = pending.wait().await?;
-            Ok(Produced {
-                base_offset: appended.first_offset,
-                log_start_offset: tablet.log().log_start(),
-                duplicated: appended.duplicated,
-                log_append_time: log_append_time.then_some(appended.commit_timestamp),
-            })
-        }))
+        Ok(produced(submitted, admitted, log_append_time))
     }
 
     /// Creates the Kafka database when it is missing.
@@ -625,10 +625,7 @@ impl KafkaHandler for NodeService {
                 .await;
         }
         let log_append_time = is_log_append_time(&table);
-        let tablet = match self.log_tablet(bucket).await {
-            Ok(t) => t,
-            Err(e) => return Err(self.redirect_stale(bucket, e).await),
-        };
+        let tablet = self.write_target(bucket).await?;
         let (writer_id, first_sequence, last_sequence) = match producer {
             Some(p) => (p.producer_id, p.first_sequence, p.last_sequence),
             None => (NO_WRITER, 0, 0),
@@ -644,25 +641,17 @@ impl KafkaHandler for NodeService {
         };
         // An idempotent producer's first batch at this bucket must start at sequence
         // 0 (`LogTablet::submit_producer`).
-        let submitted = if writer_id == NO_WRITER {
-            tablet.submit_in_order(request).await
+        let order = if writer_id == NO_WRITER {
+            Sequencing::Ordered
         } else {
-            tablet.submit_producer(request).await
+            Sequencing::Producer
         };
-        let submitted = match submitted {
+        let write = BucketWrite::Append { request, order };
+        let submitted = match submit(bucket, &tablet, write, None).await {
             Ok(s) => s,
             Err(e) => return Err(self.redirect_stale(bucket, e).await),
         };
-        Ok(Box::pin(async move {
-            let _admitted = admitted;
-            let appended = submitted.wait().await?;
-            Ok(Produced {
-                base_offset: appended.first_offset,
-                log_start_offset: tablet.log_start(),
-                duplicated: appended.duplicated,
-                log_append_time: log_append_time.then_some(appended.commit_timestamp),
-            })
-        }))
+        Ok(produced(submitted, admitted, log_append_time))
     }
 
     async fn fetch(
@@ -828,6 +817,26 @@ impl KafkaHandler for NodeService {
             .await?;
         Ok(())
     }
+}
+
+/// A submitted Produce's answer, once durable; `admitted` (its bytes, see
+/// `crate::admission`) is held until then.
+fn produced(
+    submitted: Submission,
+    admitted: crate::admission::Admitted,
+    log_append_time: bool,
+) -> PendingProduce {
+    Box::pin(async move {
+        let _admitted = admitted;
+        let log = submitted.log().clone();
+        let appended = submitted.wait().await?;
+        Ok(Produced {
+            base_offset: appended.first_offset,
+            log_start_offset: log.log_start(),
+            duplicated: appended.duplicated,
+            log_append_time: log_append_time.then_some(appended.commit_timestamp),
+        })
+    })
 }
 
 #[cfg(test)]

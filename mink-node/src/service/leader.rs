@@ -41,7 +41,32 @@ impl Leader {
     }
 }
 
+/// Where a request for a bucket is served ([`NodeService::route_bucket`]).
+pub(crate) enum Route {
+    /// Here: this node leads the bucket; its tablet.
+    Here(Tablet),
+    /// At the leader's Flight address: forward the request there.
+    There(String),
+}
+
 impl NodeService {
+    /// Where a request any node may take for `bucket` (a lookup, a list of offsets) is
+    /// served: here when this node leads it, else at the leader's address, which the
+    /// caller forwards to. The one place such requests decide it, from the view
+    /// ([`NodeService::known_leader`]), not by catching a `NotLeader`.
+    pub(crate) async fn route_bucket(&self, bucket: TableBucket) -> Result<Route> {
+        match self.known_leader(bucket).await? {
+            Leader::Me { epoch } => Ok(Route::Here(self.open_tablet(bucket, epoch).await?)),
+            Leader::Other {
+                address: Some(address),
+                ..
+            } => Ok(Route::There(address)),
+            other => Err(other
+                .redirect(bucket)
+                .unwrap_or_else(|| MinkError::Unavailable(format!("{bucket} has no leader yet")))),
+        }
+    }
+
     /// Who leads `bucket` in this node's current view; `None` for a bucket the view
     /// does not know.
     pub(crate) fn leader(&self, bucket: TableBucket) -> Option<Leader> {

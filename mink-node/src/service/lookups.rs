@@ -71,14 +71,12 @@ impl NodeService {
         let mut found = Vec::new();
         // Partition (existing ones only), then bucket; each bucket asked where it is led.
         for (bucket, rows) in self.route(&table, &keys, false).await? {
-            match self.kv_tablet(bucket).await {
-                Ok(tablet) => {
+            match self.route_bucket(bucket).await? {
+                Route::Here(tablet) => {
                     let sub = take_record_batch(&keys, &arrow::array::UInt32Array::from(rows))?;
-                    found.push(tablet.lookup(&sub)?.batch);
+                    found.push(kv_of(bucket, tablet)?.lookup(&sub)?.batch);
                 }
-                Err(MinkError::NotLeader {
-                    leader: Some(addr), ..
-                }) => {
+                Route::There(addr) => {
                     let subset: Vec<_> = rows
                         .iter()
                         .map(|r| body.keys[*r as usize].clone())
@@ -86,7 +84,6 @@ impl NodeService {
                     let body = serde_json::json!({"path": body.path, "keys": subset});
                     found.extend(self.forwarded_rows(&addr, "lookup", &body).await?);
                 }
-                Err(e) => return Err(e),
             }
         }
         ipc_stream(&schema, &found)
@@ -164,19 +161,16 @@ impl NodeService {
         let mut found = Vec::new();
         // One bucket (none when the partition does not exist), asked where it is led.
         if let Some((bucket, _)) = self.route(&table, &prefix_row, false).await?.pop() {
-            match self.kv_tablet(bucket).await {
-                Ok(tablet) => {
+            match self.route_bucket(bucket).await? {
+                Route::Here(tablet) => {
                     let limit = body.limit.unwrap_or(LOOKUP_KEYS_MAX).min(LOOKUP_KEYS_MAX);
-                    found.push(tablet.prefix_lookup(&encoded, limit)?);
+                    found.push(kv_of(bucket, tablet)?.prefix_lookup(&encoded, limit)?);
                 }
-                Err(MinkError::NotLeader {
-                    leader: Some(addr), ..
-                }) => {
+                Route::There(addr) => {
                     let body = serde_json::json!({"path": body.path, "prefix": body.prefix,
                         "limit": body.limit});
                     found.extend(self.forwarded_rows(&addr, "prefix_lookup", &body).await?);
                 }
-                Err(e) => return Err(e),
             }
         }
         ipc_stream(&schema, &found)

@@ -35,7 +35,8 @@ use mink_wal::StreamStore;
 
 use crate::MinkConfig;
 use crate::tablets::{Tablet, Tablets, snapshot_prefix};
-pub(crate) use leader::Leader;
+pub(crate) use leader::{Leader, Route};
+pub(crate) use submit::{BucketWrite, Sequencing, Submission, submit};
 
 mod actions;
 mod console;
@@ -45,6 +46,7 @@ mod lake;
 mod leader;
 mod lookups;
 mod reads;
+mod submit;
 mod writes;
 
 /// The node's service.
@@ -173,6 +175,25 @@ impl NodeService {
     /// The tablet of `bucket`, opened under the bucket's current epoch when this node
     /// leads it; `NotLeader` (with the leader's address) or `Unavailable` otherwise.
     pub(crate) async fn tablet(&self, bucket: TableBucket) -> Result<Tablet> {
+        match self.known_leader(bucket).await? {
+            Leader::Me { epoch } => self.open_tablet(bucket, epoch).await,
+            other => Err(other.redirect(bucket).unwrap_or_else(|| {
+                MinkError::Internal(format!("{bucket}: a leader elsewhere without a redirect"))
+            })),
+        }
+    }
+
+    /// `bucket`'s tablet, opened under `epoch` (this node leads it under it).
+    pub(crate) async fn open_tablet(&self, bucket: TableBucket, epoch: u64) -> Result<Tablet> {
+        let table = self.table_by_id(bucket.table_id).await?;
+        self.tablets.get(bucket, epoch, table).await
+    }
+
+    /// Who leads `bucket`, catching up once for a bucket younger than this node's view
+    /// and waiting (bounded by `meta.applied_index_wait_max_ms`) while it has no leader
+    /// yet: `Me` or `Other`; `NotFound` for a bucket the view does not know,
+    /// `Unavailable` when it still has no leader.
+    pub(crate) async fn known_leader(&self, bucket: TableBucket) -> Result<Leader> {
         if self
             .meta
             .read(|s| !s.buckets.contains_key(&bucket.stream_name()))
@@ -185,29 +206,20 @@ impl NodeService {
         let deadline = tokio::time::Instant::now()
             + Duration::from_millis(self.config.meta.applied_index_wait_max_ms);
         let mut changes = self.meta.subscribe();
-        let epoch = loop {
+        loop {
             match self.leader(bucket) {
                 None => return Err(MinkError::NotFound(format!("{bucket}"))),
-                Some(Leader::Me { epoch }) => break epoch,
-                Some(other @ Leader::Other { .. }) => {
-                    return Err(other.redirect(bucket).unwrap_or_else(|| {
-                        MinkError::Internal(format!(
-                            "{bucket}: a leader elsewhere without a redirect"
-                        ))
-                    }));
-                }
-                Some(unknown @ Leader::Unknown) => {
+                Some(Leader::Unknown) => {
                     let wait = tokio::time::timeout_at(deadline, changes.changed()).await;
                     if !matches!(wait, Ok(Ok(()))) {
-                        return Err(unknown.redirect(bucket).unwrap_or_else(|| {
-                            MinkError::Unavailable(format!("{bucket} has no leader yet"))
-                        }));
+                        return Err(MinkError::Unavailable(format!(
+                            "{bucket} has no leader yet"
+                        )));
                     }
                 }
+                Some(known) => return Ok(known),
             }
-        };
-        let table = self.table_by_id(bucket.table_id).await?;
-        self.tablets.get(bucket, epoch, table).await
+        }
     }
 
     pub(crate) async fn log_tablet(&self, bucket: TableBucket) -> Result<LogTablet> {
@@ -221,13 +233,18 @@ impl NodeService {
     }
 
     pub(crate) async fn kv_tablet(&self, bucket: TableBucket) -> Result<KvTablet> {
-        match self.tablet(bucket).await? {
-            Tablet::Kv(k) => Ok(k),
-            Tablet::Log(_) => Err(MinkError::invalid(
-                "descriptor",
-                format!("{bucket} belongs to a log table: use Append"),
-            )),
-        }
+        kv_of(bucket, self.tablet(bucket).await?)
+    }
+}
+
+/// The KV tablet of a primary-key bucket; a log table's is `InvalidArgument`.
+pub(crate) fn kv_of(bucket: TableBucket, tablet: Tablet) -> Result<KvTablet> {
+    match tablet {
+        Tablet::Kv(k) => Ok(k),
+        Tablet::Log(_) => Err(MinkError::invalid(
+            "descriptor",
+            format!("{bucket} belongs to a log table: use Append"),
+        )),
     }
 }
 

@@ -79,35 +79,6 @@ impl NodeService {
         }
     }
 
-    /// Rows written through Flight to a table Kafka serves as a topic: their headers
-    /// must be what a Kafka consumer can read (`mink_kafka::records::check_headers`),
-    /// or every fetch of the partition would stop at them.
-    fn check_topic_rows(&self, table: &TableInfo, batch: &RecordBatch) -> Result<()> {
-        if table.path.database.as_str() == self.config.kafka.database
-            && super::kafka::is_kafka_topic(table)
-        {
-            mink_kafka::records::check_headers(batch)
-                .map_err(|e| MinkError::invalid("headers", e))?;
-        }
-        Ok(())
-    }
-
-    /// A write that failed because this node's stream of `bucket` was fenced or moved
-    /// to a newer epoch: answered as `NotLeader` with the new leader when leadership
-    /// moved (the client follows the redirect), `Unavailable` (retry) otherwise.
-    pub(crate) async fn redirect_stale(&self, bucket: TableBucket, err: MinkError) -> MinkError {
-        if !matches!(err, MinkError::Fenced(_)) {
-            return err;
-        }
-        self.meta.inner_catch_up().await;
-        match self.leader(bucket) {
-            Some(other @ Leader::Other { .. }) => other.redirect(bucket).unwrap_or(err),
-            _ => MinkError::Unavailable(format!(
-                "{bucket}: the bucket is being reopened ({err}); retry"
-            )),
-        }
-    }
-
     /// A bucket-addressed write must carry only rows of that bucket (when the table
     /// has bucket keys): otherwise lookups would look for them elsewhere.
     pub(crate) async fn check_rows_belong(
@@ -195,10 +166,7 @@ impl NodeService {
                 }
             }
         };
-        let tablet = match self.kv_tablet(bucket).await {
-            Ok(t) => t,
-            Err(e) => return Err(self.redirect_stale(bucket, e).await),
-        };
+        let tablet = self.write_target(bucket).await?;
         let request = PutRequest {
             writer_id,
             batch_sequence,
@@ -208,7 +176,10 @@ impl NodeService {
             changes,
             batch,
         };
-        let appended = match tablet.put_corked(request, cork).await {
+        let appended = self
+            .submit_and_wait(bucket, &tablet, BucketWrite::Put(request), cork)
+            .await;
+        let appended = match appended {
             Ok(a) => a,
             Err(e) => return Err(self.after_write_error(bucket, writer, e).await),
         };
@@ -218,6 +189,17 @@ impl NodeService {
             last_offset: appended.last_offset,
             duplicated: appended.duplicated,
         })
+    }
+
+    /// A Flight write through the front door (`submit.rs`), waited for at once.
+    async fn submit_and_wait(
+        &self,
+        bucket: TableBucket,
+        tablet: &Tablet,
+        write: BucketWrite,
+        cork: Option<Cork>,
+    ) -> Result<mink_log::Appended> {
+        submit(bucket, tablet, write, cork).await?.wait().await
     }
 
     /// The error of a write that reached its tablet. With a writer id a retry is
@@ -259,10 +241,7 @@ impl NodeService {
             .as_ref()
             .map_or_else(|| batch.get_array_memory_size(), |i| i.len());
         let _admitted = self.admission.admit(bytes as u64).await?;
-        let tablet = match self.log_tablet(bucket).await {
-            Ok(t) => t,
-            Err(e) => return Err(self.redirect_stale(bucket, e).await),
-        };
+        let tablet = self.write_target(bucket).await?;
         let (writer_id, sequence) = Self::sequence(writer, meta)?;
         self.check_rows_belong(bucket, &batch).await?;
         let request = AppendRequest {
@@ -274,10 +253,11 @@ impl NodeService {
             batch,
             ipc,
         };
-        let appended = match cork {
-            Some(cork) => tablet.append_corked(request, cork).await,
-            None => tablet.append(request).await,
+        let write = BucketWrite::Append {
+            request,
+            order: Sequencing::Pipelined,
         };
+        let appended = self.submit_and_wait(bucket, &tablet, write, cork).await;
         let appended = match appended {
             Ok(a) => a,
             Err(e) => return Err(self.after_write_error(bucket, writer, e).await),

@@ -55,11 +55,9 @@ impl NodeService {
                 ));
             }
             let tb = TableBucket::new(table.id, partition, bucket);
-            let offset = match self.tablet(tb).await {
-                Ok(tablet) => tablet.log().list_offsets(spec).await?,
-                Err(MinkError::NotLeader {
-                    leader: Some(addr), ..
-                }) => {
+            let offset = match self.route_bucket(tb).await? {
+                Route::Here(tablet) => tablet.log().list_offsets(spec).await?,
+                Route::There(addr) => {
                     let one = ListOffsets {
                         buckets: Some(vec![bucket]),
                         ..r.clone()
@@ -67,7 +65,6 @@ impl NodeService {
                     let answer = self.forwarder.call(&addr, &one).await?;
                     answer.first().and_then(|b| b.offset)
                 }
-                Err(e) => return Err(e),
             };
             out.push(BucketOffset { bucket: tb, offset });
         }
