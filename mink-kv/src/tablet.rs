@@ -950,6 +950,12 @@ impl KvTablet {
             false => Some(self.inner.puts.lock().await),
         };
         let _guard = self.inner.flushes.lock().await;
+        // A failed tablet dropped its staged rows (some acknowledged, not yet in the
+        // store): it writes nothing more, so that the store's offset stays where a
+        // replay from the log finds them. A failing flush held this lock.
+        if self.failure().is_some() {
+            return Ok(());
+        }
         let hw = self.inner.log.high_watermark();
         let ops: Vec<KvOp> = {
             let prewrite = self.prewrite();
@@ -970,16 +976,16 @@ impl KvTablet {
         // With nothing to write, the store's offset still goes to the high watermark
         // when it is behind (sequence markers take offsets and stage nothing): a
         // snapshot then covers them, and an idle bucket is not snapshotted again.
-        let behind = || {
-            self.with_store(|store| store.flushed_offset())
-                .map(|flushed| flushed.is_none_or(|o| o < hw))
-        };
-        if !ops.is_empty() || behind()? {
-            match self.with_store(|store| store.write(&ops, hw)) {
-                Ok(()) => {}
-                Err(e @ MinkError::Fenced(_)) => return Err(self.fail(e)),
-                Err(e) => return Err(e),
+        let write = |store: &dyn KvNamespace| {
+            if ops.is_empty() && store.flushed_offset()?.is_some_and(|o| o >= hw) {
+                return Ok(());
             }
+            store.write(&ops, hw)
+        };
+        match self.with_store(write) {
+            Ok(()) => {}
+            Err(e @ MinkError::Fenced(_)) => return Err(self.fail(e)),
+            Err(e) => return Err(e),
         }
         let mut prewrite = self.prewrite();
         prewrite.retain(|_, versions| {

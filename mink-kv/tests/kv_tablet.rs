@@ -1345,6 +1345,40 @@ async fn a_no_op_put_fails_when_the_staged_write_it_read_fails(backend: KvBacken
     assert!(t.prefix_lookup(&[], 10).is_err());
 }
 
+/// A Put durable but not yet flushed when a later one failed the tablet: failing
+/// dropped the staged rows, the earlier Put's among them. A flush after that (here a
+/// snapshot's) must write nothing, not even the high watermark as the store's offset,
+/// so that a reopen on the same store replays the Put from the log instead of skipping
+/// it (and no snapshot claims to hold it).
+async fn a_failed_tablet_flushes_nothing_so_replay_finds_its_acknowledged_rows(backend: KvBackend) {
+    let (mut env, faulty) = faulty_env(backend).await;
+    let d = table(&[]);
+    let t = env.open(&d).await;
+    t.put(put(&[(1, Some("a"), Some(1))])).await.unwrap();
+    // A is durable, its rows staged; its waiter (which flushes) has not run.
+    let a = t
+        .submit_put(put(&[(2, Some("b"), Some(2))]), None)
+        .await
+        .unwrap();
+    while t.log().high_watermark() < 2 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // B's upload fails: the tablet fails and drops what it staged, A's row among it.
+    faulty.fail_next_puts(1);
+    assert!(t.put(put(&[(3, Some("c"), Some(3))])).await.is_err());
+    assert!(t.failure().is_some(), "the tablet failed with B");
+    let _ = t.snapshot().await;
+    assert_eq!(a.wait().await.unwrap().first_offset, 1, "A was durable");
+    drop(t);
+    env.replace_wal().await;
+    let t = env.open(&d).await;
+    assert_eq!(
+        get(&t, &[1, 2]),
+        vec![v(Some("a"), Some(1)), v(Some("b"), Some(2))],
+        "the acknowledged Put is in the reopened tablet"
+    );
+}
+
 /// A bucket's KV tablet opened again on the same local store while an older one is
 /// alive (a reopen after a failure or a leadership move, two opens under different
 /// epochs racing, as a node's tablet manager may run them) holds the store from then
@@ -1561,5 +1595,6 @@ both!(
     a_superseded_tablet_writes_nothing_to_the_store;
     paused:
     a_no_op_put_waits_for_the_staged_write_it_read,
-    a_no_op_put_fails_when_the_staged_write_it_read_fails
+    a_no_op_put_fails_when_the_staged_write_it_read_fails,
+    a_failed_tablet_flushes_nothing_so_replay_finds_its_acknowledged_rows
 );

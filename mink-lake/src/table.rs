@@ -712,10 +712,12 @@ impl LakeTable {
     /// its offset to `to`. A bucket whose offset in the newest version is no longer its
     /// `from` was tiered by another writer meanwhile (a leader that moved); it is left
     /// out and its files deleted. `None` when nothing was left to commit.
-    #[expect(
-        clippy::too_many_lines,
-        reason = "to split into a pure decision and its action (issue 28, decide/act on the hot paths)"
-    )]
+    ///
+    /// Each attempt loads the newest version, keeps the buckets still at their `from`
+    /// ([`LakeTable::keep_current`]), stages the new version, checks the round's files
+    /// are all there ([`LakeTable::files_present`]), and creates the version
+    /// ([`LakeTable::create_version`]); a version another writer created first sends
+    /// it round again.
     pub async fn commit(
         &self,
         table_id: i64,
@@ -740,100 +742,24 @@ impl LakeTable {
                     current.table_id()
                 )));
             }
-            let offsets = current.offsets(None)?;
-            let (keep, lost): (Vec<_>, Vec<_>) = buckets
-                .into_iter()
-                .partition(|b| offsets.get(&b.stream).copied() == b.from);
-            for b in &lost {
-                tracing::info!(
-                    table = %self.prefix,
-                    stream = %b.stream,
-                    "another writer tiered this bucket meanwhile; this round's files for it are dropped"
-                );
-                self.delete_files(&b.files).await;
-                dropped.push(b.stream.clone());
-            }
-            buckets = keep;
+            buckets = self.keep_current(&current, buckets, &mut dropped).await?;
             if buckets.is_empty() {
                 return Ok(None);
             }
             let staged = self.stage(&current, schema, &buckets, &token).await?;
-            // The round's data files must all still be there (an orphan sweep deletes
-            // uncommitted files older than its minimum age; a round never runs that
-            // long, and this makes sure): a version never names a missing file.
-            for f in buckets.iter().flat_map(|b| &b.files) {
-                let path = self.path_of(f.file_path())?;
-                if let Err(e) = self.store.head(&path).await {
-                    self.unstage(&staged).await;
-                    for b in &buckets {
-                        self.delete_files(&b.files).await;
-                    }
-                    return Err(storage(format!("a data file of this round ({path})"), e));
+            if let Err(e) = self.files_present(&buckets).await {
+                self.unstage(&staged).await;
+                for b in &buckets {
+                    self.delete_files(&b.files).await;
                 }
+                return Err(e);
             }
             let next = current.version + 1;
-            let path = self.metadata_path(next);
-            let bytes = serde_json::to_vec(&staged.metadata)
-                .map_err(|e| MinkError::Internal(format!("lake: metadata JSON: {e}")))?;
-            let put = self
-                .store
-                .put_opts(
-                    &path,
-                    PutPayload::from(bytes),
-                    PutOptions::from(PutMode::Create),
-                )
-                .await;
-            let landed = match put {
-                Ok(_) => true,
-                // Lost the race, or our own create landed and its answer was lost (a
-                // retried create meets itself): the token tells which.
-                Err(object_store::Error::AlreadyExists { .. }) => {
-                    self.is_ours(next, &token).await?
-                }
-                Err(e) => {
-                    // Ambiguous: read it back.
-                    match self.read_version(next).await {
-                        Ok(Some(v)) => v.commit_token() == Some(token.as_str()),
-                        // Not there now, but a timed-out create may still land: the
-                        // staged manifests stay (the orphan sweep takes them if it
-                        // never does), or the version would name deleted objects.
-                        Ok(None) => return Err(storage(format!("committing v{next}"), e)),
-                        Err(read) => {
-                            return Err(storage(
-                                format!("committing v{next} (and reading it back: {read})"),
-                                e,
-                            ));
-                        }
-                    }
-                }
-            };
-            if !landed {
+            if !self.create_version(next, &staged, &token).await? {
                 self.unstage(&staged).await;
                 continue;
             }
-            self.write_hint(next).await;
-            for expired in &staged.expired_lists {
-                if let Ok(p) = self.path_of(expired) {
-                    let _ = self.store.delete(&p).await;
-                }
-            }
-            for old in &staged.expired_metadata {
-                if let Ok(p) = self.path_of(old) {
-                    let _ = self.store.delete(&p).await;
-                }
-            }
-            let snapshot = staged
-                .metadata
-                .current_snapshot()
-                .ok_or_else(|| MinkError::Internal("lake: committed no snapshot".into()))?;
-            return Ok(Some(Committed {
-                version: next,
-                snapshot_id: snapshot.snapshot_id(),
-                timestamp_ms: snapshot.timestamp_ms(),
-                metadata_location: self.metadata_location(next),
-                offsets: staged.offsets,
-                dropped,
-            }));
+            return self.committed(next, staged, dropped).await.map(Some);
         }
         for b in &buckets {
             self.delete_files(&b.files).await;
@@ -842,6 +768,105 @@ impl LakeTable {
             "lake table {}: {COMMIT_ATTEMPTS_MAX} commit attempts lost to other writers",
             self.prefix
         )))
+    }
+
+    /// The buckets whose offset in `current` is still their round's `from`; the
+    /// others' files are deleted and their streams added to `dropped`.
+    async fn keep_current(
+        &self,
+        current: &LakeVersion,
+        buckets: Vec<TieredBucket>,
+        dropped: &mut Vec<String>,
+    ) -> Result<Vec<TieredBucket>> {
+        let offsets = current.offsets(None)?;
+        let (keep, lost): (Vec<_>, Vec<_>) = buckets
+            .into_iter()
+            .partition(|b| offsets.get(&b.stream).copied() == b.from);
+        for b in &lost {
+            tracing::info!(
+                table = %self.prefix,
+                stream = %b.stream,
+                "another writer tiered this bucket meanwhile; this round's files for it are dropped"
+            );
+            self.delete_files(&b.files).await;
+            dropped.push(b.stream.clone());
+        }
+        Ok(keep)
+    }
+
+    /// Whether the round's data files are all still there (an orphan sweep deletes
+    /// uncommitted files older than its minimum age; a round never runs that long,
+    /// and this makes sure): a version never names a missing file.
+    async fn files_present(&self, buckets: &[TieredBucket]) -> Result<()> {
+        for f in buckets.iter().flat_map(|b| &b.files) {
+            let path = self.path_of(f.file_path())?;
+            if let Err(e) = self.store.head(&path).await {
+                return Err(storage(format!("a data file of this round ({path})"), e));
+            }
+        }
+        Ok(())
+    }
+
+    /// Creates version `next` (a conditional create): `true` when this commit's own
+    /// create landed, `false` when another writer's version is there. An ambiguous
+    /// answer is settled by reading the version back (its commit token tells whose);
+    /// when it is not there, a timed-out create may still land, so the staged
+    /// manifests stay (the orphan sweep takes them if it never does) and the error is
+    /// returned.
+    async fn create_version(&self, next: u64, staged: &Staged, token: &str) -> Result<bool> {
+        let path = self.metadata_path(next);
+        let bytes = serde_json::to_vec(&staged.metadata)
+            .map_err(|e| MinkError::Internal(format!("lake: metadata JSON: {e}")))?;
+        let put = self
+            .store
+            .put_opts(
+                &path,
+                PutPayload::from(bytes),
+                PutOptions::from(PutMode::Create),
+            )
+            .await;
+        match put {
+            Ok(_) => Ok(true),
+            // Lost the race, or our own create landed and its answer was lost (a
+            // retried create meets itself): the token tells which.
+            Err(object_store::Error::AlreadyExists { .. }) => self.is_ours(next, token).await,
+            Err(e) => match self.read_version(next).await {
+                Ok(Some(v)) => Ok(v.commit_token() == Some(token)),
+                Ok(None) => Err(storage(format!("committing v{next}"), e)),
+                Err(read) => Err(storage(
+                    format!("committing v{next} (and reading it back: {read})"),
+                    e,
+                )),
+            },
+        }
+    }
+
+    /// After version `next` landed: the hint moves to it, the manifest lists and
+    /// metadata files it expired are deleted, and the commit is described.
+    async fn committed(
+        &self,
+        next: u64,
+        staged: Staged,
+        dropped: Vec<String>,
+    ) -> Result<Committed> {
+        self.write_hint(next).await;
+        for expired in staged.expired_lists.iter().chain(&staged.expired_metadata) {
+            if let Ok(p) = self.path_of(expired) {
+                let _ = self.store.delete(&p).await;
+            }
+        }
+        let snapshot = staged
+            .metadata
+            .current_snapshot()
+            .ok_or_else(|| MinkError::Internal("lake: committed no snapshot".into()))?;
+        Ok(Committed {
+            version: next,
+            snapshot_id: snapshot.snapshot_id(),
+            timestamp_ms: snapshot.timestamp_ms(),
+            metadata_location: self.metadata_location(next),
+            offsets: staged.offsets,
+            dropped,
+        })
     }
 
     async fn is_ours(&self, version: u64, token: &str) -> Result<bool> {

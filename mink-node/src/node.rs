@@ -79,10 +79,11 @@ impl Node {
         Self::start_inner(config, store, stores, accounting, None).await
     }
 
-    #[expect(
-        clippy::too_many_lines,
-        reason = "to split into a pure decision and its action (issue 28, decide/act on the hot paths)"
-    )]
+    /// Starts a node, in order: the data directory and a probe of the store; the
+    /// listeners (the admin endpoint first, answering 503 until the node serves; the
+    /// Kafka listener before the node registers, so that it advertises the bound
+    /// address); the metadata node, the WAL and the KV store under one service; the
+    /// node's duties; then Flight and Kafka are served.
     async fn start_inner(
         config: MinkConfig,
         store: Arc<dyn ObjectStore>,
@@ -90,39 +91,10 @@ impl Node {
         accounting: Arc<Accounting>,
         fault: Option<mink_wal::fault::FaultyStore>,
     ) -> anyhow::Result<Self> {
-        std::fs::create_dir_all(&config.data_dir).map_err(|e| {
-            anyhow::anyhow!(
-                "data_dir {}: cannot create it: {e}",
-                config.data_dir.display()
-            )
-        })?;
-        // One cheap request proves the store is reachable and the credentials work.
-        let probe = Path::from("meta/nodes");
-        let mut listing = stores.get(Purpose::Meta).list(Some(&probe));
-        if let Some(Err(e)) = listing.next().await {
-            anyhow::bail!(
-                "object store {} is not usable: {e}",
-                config.object_store.url
-            );
-        }
-        drop(listing);
+        prepare(&config, &stores).await?;
         let (shutdown, _) = watch::channel(false);
-        let stopped = |tx: &watch::Sender<bool>| {
-            let mut rx = tx.subscribe();
-            async move {
-                let _ = rx.wait_for(|s| *s).await;
-            }
-        };
-        // The admin endpoint first: it answers 503 while the node starts.
-        let admin_listener = TcpListener::bind(config.listeners.admin)
-            .await
-            .map_err(|e| {
-                anyhow::anyhow!(
-                    "listeners.admin {}: cannot bind: {e}",
-                    config.listeners.admin
-                )
-            })?;
-        let admin_addr = admin_listener.local_addr()?;
+        let listeners = Listeners::bind(&config).await?;
+        let (admin_addr, flight_addr, kafka_addr) = listeners.addresses()?;
         let admin = crate::admin::AdminState::new();
         if let Some(faulty) = fault {
             tracing::warn!(
@@ -130,45 +102,16 @@ impl Node {
             );
             let _ = admin.fault.set(faulty);
         }
-        let mut tasks = Vec::new();
-        tasks.push(tokio::spawn(crate::admin::serve(
-            admin_listener,
+        let mut tasks = vec![tokio::spawn(crate::admin::serve(
+            listeners.admin,
             admin.clone(),
             stopped(&shutdown),
-        )));
-        let listener = TcpListener::bind(config.listeners.flight)
-            .await
-            .map_err(|e| {
-                anyhow::anyhow!(
-                    "listeners.flight {}: cannot bind: {e}",
-                    config.listeners.flight
-                )
-            })?;
-        let flight_addr = listener.local_addr()?;
+        ))];
         let advertised = config
             .advertised
             .flight
             .clone()
             .unwrap_or_else(|| flight_addr.to_string());
-        // The Kafka listener is bound before the node registers, so that the address
-        // it advertises is the bound one (port 0 in tests).
-        let kafka_listener = if config.kafka.enabled {
-            let l = TcpListener::bind(config.listeners.kafka)
-                .await
-                .map_err(|e| {
-                    anyhow::anyhow!(
-                        "listeners.kafka {}: cannot bind: {e}",
-                        config.listeners.kafka
-                    )
-                })?;
-            Some(l)
-        } else {
-            None
-        };
-        let kafka_addr = kafka_listener
-            .as_ref()
-            .map(|l| l.local_addr())
-            .transpose()?;
         let advertised_kafka = match (&config.advertised.kafka, kafka_addr) {
             (Some(a), _) => a.clone(),
             (None, Some(bound)) => bound.to_string(),
@@ -196,52 +139,9 @@ impl Node {
             kv,
         ));
         let _ = admin.service.set(service.clone());
-        {
-            let service = service.clone();
-            let stop = shutdown.subscribe();
-            tasks.push(tokio::spawn(
-                async move { service.run_handovers(stop).await },
-            ));
-        }
-        {
-            let service = service.clone();
-            let stop = shutdown.subscribe();
-            tasks.push(tokio::spawn(
-                async move { service.run_lake_tiering(stop).await },
-            ));
-        }
-        tasks.push(tokio::spawn(revive_if_declared_dead(
-            meta.clone(),
-            Duration::from_millis(config.meta.heartbeat_interval_ms.max(10)),
-            shutdown.subscribe(),
-        )));
-        tasks.push(tokio::spawn(supervise_wal(
-            service.clone(),
-            meta.clone(),
-            stores,
-            config.clone(),
-            shutdown.subscribe(),
-        )));
-        let max = config.flight.message_bytes_max as usize;
-        let flight = FlightServiceServer::new(FlightServer::new(service.clone()))
-            .max_decoding_message_size(max)
-            .max_encoding_message_size(max);
-        // Without TCP_NODELAY small answers wait for delayed ACKs (~40 ms each).
-        let incoming =
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-        let stop = stopped(&shutdown);
-        let concurrent = config.flight.concurrent_streams_max;
-        tasks.push(tokio::spawn(async move {
-            let served = tonic::transport::Server::builder()
-                .max_concurrent_streams(concurrent)
-                .add_service(flight)
-                .serve_with_incoming_shutdown(incoming, stop)
-                .await;
-            if let Err(e) = served {
-                tracing::error!("the Flight server stopped: {e}");
-            }
-        }));
-        if let Some(listener) = kafka_listener {
+        tasks.extend(spawn_duties(&service, &meta, stores, &config, &shutdown));
+        tasks.push(serve_flight(listeners.flight, &service, &config, &shutdown));
+        if let Some(listener) = listeners.kafka {
             let handler: Arc<dyn mink_kafka::KafkaHandler> = service.clone();
             tasks.push(tokio::spawn(mink_kafka::server::serve(
                 listener,
@@ -290,6 +190,131 @@ impl Node {
         }
         self.meta.shutdown(true).await;
     }
+}
+
+/// Resolves once `shutdown` says stop.
+fn stopped(shutdown: &watch::Sender<bool>) -> impl std::future::Future<Output = ()> + use<> {
+    let mut rx = shutdown.subscribe();
+    async move {
+        let _ = rx.wait_for(|s| *s).await;
+    }
+}
+
+/// Creates the data directory and proves, with one cheap request, that the object
+/// store is reachable and the credentials work.
+async fn prepare(config: &MinkConfig, stores: &Stores) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&config.data_dir).map_err(|e| {
+        anyhow::anyhow!(
+            "data_dir {}: cannot create it: {e}",
+            config.data_dir.display()
+        )
+    })?;
+    let probe = Path::from("meta/nodes");
+    let mut listing = stores.get(Purpose::Meta).list(Some(&probe));
+    if let Some(Err(e)) = listing.next().await {
+        anyhow::bail!(
+            "object store {} is not usable: {e}",
+            config.object_store.url
+        );
+    }
+    Ok(())
+}
+
+/// The node's listeners, bound (`None` for Kafka with `kafka.enabled` off).
+struct Listeners {
+    admin: TcpListener,
+    flight: TcpListener,
+    kafka: Option<TcpListener>,
+}
+
+impl Listeners {
+    async fn bind(config: &MinkConfig) -> anyhow::Result<Self> {
+        let bind = |name: &'static str, addr: SocketAddr| async move {
+            TcpListener::bind(addr)
+                .await
+                .map_err(|e| anyhow::anyhow!("listeners.{name} {addr}: cannot bind: {e}"))
+        };
+        let admin = bind("admin", config.listeners.admin).await?;
+        let flight = bind("flight", config.listeners.flight).await?;
+        let kafka = match config.kafka.enabled {
+            true => Some(bind("kafka", config.listeners.kafka).await?),
+            false => None,
+        };
+        Ok(Self {
+            admin,
+            flight,
+            kafka,
+        })
+    }
+
+    /// The bound addresses: admin, Flight, Kafka.
+    fn addresses(&self) -> anyhow::Result<(SocketAddr, SocketAddr, Option<SocketAddr>)> {
+        Ok((
+            self.admin.local_addr()?,
+            self.flight.local_addr()?,
+            self.kafka.as_ref().map(|l| l.local_addr()).transpose()?,
+        ))
+    }
+}
+
+/// The node's duties, each on a task of its own until shutdown: bucket handovers,
+/// lake tiering, coming back when declared dead while alive, and the WAL's compactor
+/// and replacement ([`supervise_wal`]).
+fn spawn_duties(
+    service: &Arc<NodeService>,
+    meta: &MetaNode,
+    stores: Stores,
+    config: &MinkConfig,
+    shutdown: &watch::Sender<bool>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let handovers = {
+        let (service, stop) = (service.clone(), shutdown.subscribe());
+        tokio::spawn(async move { service.run_handovers(stop).await })
+    };
+    let tiering = {
+        let (service, stop) = (service.clone(), shutdown.subscribe());
+        tokio::spawn(async move { service.run_lake_tiering(stop).await })
+    };
+    let revive = tokio::spawn(revive_if_declared_dead(
+        meta.clone(),
+        Duration::from_millis(config.meta.heartbeat_interval_ms.max(10)),
+        shutdown.subscribe(),
+    ));
+    let wal = tokio::spawn(supervise_wal(
+        service.clone(),
+        meta.clone(),
+        stores,
+        config.clone(),
+        shutdown.subscribe(),
+    ));
+    vec![handovers, tiering, revive, wal]
+}
+
+/// Serves Flight on `listener` until shutdown.
+fn serve_flight(
+    listener: TcpListener,
+    service: &Arc<NodeService>,
+    config: &MinkConfig,
+    shutdown: &watch::Sender<bool>,
+) -> tokio::task::JoinHandle<()> {
+    let max = config.flight.message_bytes_max as usize;
+    let flight = FlightServiceServer::new(FlightServer::new(service.clone()))
+        .max_decoding_message_size(max)
+        .max_encoding_message_size(max);
+    // Without TCP_NODELAY small answers wait for delayed ACKs (~40 ms each).
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let stop = stopped(shutdown);
+    let concurrent = config.flight.concurrent_streams_max;
+    tokio::spawn(async move {
+        let served = tonic::transport::Server::builder()
+            .max_concurrent_streams(concurrent)
+            .add_service(flight)
+            .serve_with_incoming_shutdown(incoming, stop)
+            .await;
+        if let Err(e) = served {
+            tracing::error!("the Flight server stopped: {e}");
+        }
+    })
 }
 
 /// Runs the compactor of the node's WAL and replaces the WAL when it fails: a WAL

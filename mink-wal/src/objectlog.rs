@@ -500,33 +500,32 @@ impl<S: LogState> ObjectLog<S> {
     }
 
     /// Validates `entry` and appends it (see the module docs).
-    #[expect(
-        clippy::too_many_lines,
-        reason = "to split into a pure decision and its action (issue 28, decide/act on the hot paths)"
-    )]
+    ///
+    /// Each round catches up (a listing when the last is stale or the round asks for
+    /// one, else a probe; either looks for this append's token once a create may have
+    /// landed), validates the entry against the view, and creates the next entry
+    /// ([`ObjectLog::create_entry`]). What a create's outcome leads to is decided by
+    /// [`Attempts::after_create`]; its counters bound every retry.
     pub async fn append(&self, entry: &S::Entry) -> WalResult<Appended<S::Rejection>> {
         let token: [u8; 16] = *uuid::Uuid::new_v4().as_bytes();
         let payload = encode_entry(&token, entry)?;
         let _guard = self.writer.lock().await;
-        let mut conflicts = 0;
-        let mut storage_errors = 0;
-        let mut maybe_landed = false;
-        let mut list = false;
-        let mut stale_creates = 0;
+        let mut attempts = Attempts::default();
         loop {
-            let stale = self.listing_is_stale();
-            let found = if list || stale {
-                list = false;
-                self.catch_up_locked(maybe_landed.then_some(&token)).await
+            let look_for = attempts.maybe_landed.then_some(&token);
+            let found = if std::mem::take(&mut attempts.list) || self.listing_is_stale() {
+                self.catch_up_locked(look_for).await
             } else {
-                self.probe_locked(maybe_landed.then_some(&token)).await
+                self.probe_locked(look_for).await
             };
             let found = match found {
                 Ok(found) => found,
-                Err(WalError::Storage(e)) if storage_errors < APPEND_STORAGE_RETRIES_MAX => {
-                    storage_errors += 1;
+                Err(WalError::Storage(e))
+                    if attempts.storage_errors < APPEND_STORAGE_RETRIES_MAX =>
+                {
+                    attempts.storage_errors += 1;
                     tracing::debug!("object log catch-up failed, retrying: {e}");
-                    tokio::time::sleep(backoff(storage_errors)).await;
+                    tokio::time::sleep(backoff(attempts.storage_errors)).await;
                     continue;
                 }
                 Err(e) => return Err(e),
@@ -549,8 +548,8 @@ impl<S: LogState> ObjectLog<S> {
             // land. (A log that deletes with no grace, as some tests do, has no such
             // window to keep.)
             if self.too_old_to_create() {
-                stale_creates += 1;
-                if stale_creates > APPEND_STORAGE_RETRIES_MAX {
+                attempts.stale_creates += 1;
+                if attempts.stale_creates > APPEND_STORAGE_RETRIES_MAX {
                     return Err(WalError::Storage(format!(
                         "object log {}: every catch-up took longer than delete_grace - \
                          list_refresh; appending on so old a view is not safe",
@@ -558,73 +557,58 @@ impl<S: LogState> ObjectLog<S> {
                     )));
                 }
                 tracing::debug!(log = %self.log_dir, "the view went stale before the create; listing again");
-                list = true;
+                attempts.list = true;
                 continue;
             }
-            let opts = PutOptions {
-                mode: PutMode::Create,
-                ..Default::default()
-            };
-            // And it must land within `list_refresh` of being sent: object_store retries
-            // a failed request within the call (minutes, by default), and a retry that
-            // lands late could still meet an index freed under a snapshot meanwhile. A
-            // create cut off here is ambiguous, as any failed one.
-            let entry_path = self.entry_path(next);
-            let create = self
-                .store
-                .put_opts(&entry_path, PutPayload::from(payload.clone()), opts);
-            let created = if self.options.list_refresh.is_zero() {
-                create.await
-            } else {
-                match tokio::time::timeout(self.options.list_refresh, create).await {
-                    Ok(created) => created,
-                    Err(_) => Err(object_store::Error::Generic {
-                        store: "object log",
-                        source: format!(
-                            "the create of entry {next} took longer than list_refresh ({:?})",
-                            self.options.list_refresh
-                        )
-                        .into(),
-                    }),
-                }
-            };
-            match created {
-                Ok(_) => {
+            let created = self.create_entry(next, &payload).await;
+            match attempts.after_create(created, &self.log_dir) {
+                AfterCreate::Landed => {
                     self.apply_entry(next, entry);
                     // What follows one's own entry (others' answers to it) is likely
                     // soon: the tailer polls fast again instead of at its idle pace.
                     self.poke();
                     return Ok(Appended::At(next));
                 }
-                Err(object_store::Error::AlreadyExists { .. }) => {
-                    // Someone else's entry, or ours: object_store retries a create
-                    // whose response was lost, and that retry meets our own object.
-                    // The catch-up looks for our token either way.
-                    maybe_landed = true;
-                    // Every few conflicts, list: the next entry may have been deleted
-                    // under a snapshot, which probing cannot see past.
-                    conflicts += 1;
-                    list = conflicts % 8 == 0;
-                    if conflicts > APPEND_CONFLICTS_MAX {
-                        return Err(WalError::Storage(format!(
-                            "object log {}: gave up after {conflicts} conflicting appends",
-                            self.log_dir
-                        )));
+                AfterCreate::Again { pause } => {
+                    if let Some(pause) = pause {
+                        tokio::time::sleep(pause).await;
                     }
                 }
-                Err(e) => {
-                    // Ambiguous: it may have landed. The next catch-up (a listing) looks
-                    // for our token.
-                    maybe_landed = true;
-                    list = true;
-                    storage_errors += 1;
-                    if storage_errors > APPEND_STORAGE_RETRIES_MAX {
-                        return Err(e.into());
-                    }
-                    tokio::time::sleep(backoff(storage_errors)).await;
-                }
+                AfterCreate::GiveUp(e) => return Err(e),
             }
         }
+    }
+
+    /// Creates entry `next` (a conditional create). It must land within
+    /// `list_refresh` of being sent: object_store retries a failed request within the
+    /// call (minutes, by default), and a retry that lands late could still meet an
+    /// index freed under a snapshot meanwhile. A create cut off here is ambiguous, as
+    /// any failed one.
+    async fn create_entry(&self, next: u64, payload: &Bytes) -> object_store::Result<()> {
+        let opts = PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
+        let path = self.entry_path(next);
+        let create = self
+            .store
+            .put_opts(&path, PutPayload::from(payload.clone()), opts);
+        let created = if self.options.list_refresh.is_zero() {
+            create.await
+        } else {
+            match tokio::time::timeout(self.options.list_refresh, create).await {
+                Ok(created) => created,
+                Err(_) => Err(object_store::Error::Generic {
+                    store: "object log",
+                    source: format!(
+                        "the create of entry {next} took longer than list_refresh ({:?})",
+                        self.options.list_refresh
+                    )
+                    .into(),
+                }),
+            }
+        };
+        created.map(|_| ())
     }
 
     fn listed_ago(&self) -> Duration {
@@ -757,6 +741,135 @@ impl<S: LogState> ObjectLog<S> {
 /// Entries one catch-up fetches at once.
 const CATCH_UP_GETS: usize = 16;
 
+/// What one [`ObjectLog::append`] has met so far: the counts its limits bound, whether
+/// one of its creates may have landed (so catch-ups look for its token), and whether
+/// the next round must list rather than probe.
+#[derive(Debug, Default)]
+struct Attempts {
+    conflicts: u32,
+    storage_errors: u32,
+    stale_creates: u32,
+    maybe_landed: bool,
+    list: bool,
+}
+
+/// What an append does after a create ([`Attempts::after_create`]).
+#[derive(Debug)]
+enum AfterCreate {
+    /// The entry is ours at the index it was created at.
+    Landed,
+    /// Another round, after `pause`.
+    Again {
+        pause: Option<Duration>,
+    },
+    GiveUp(WalError),
+}
+
+impl Attempts {
+    /// The decision after a create, and what the next round must know. A conflict is
+    /// someone else's entry, or ours (object_store retries a create whose response
+    /// was lost, and that retry meets our own object): the catch-up looks for our
+    /// token either way, and every few conflicts it lists, since the next entry may
+    /// have been deleted under a snapshot, which probing cannot see past. Any other
+    /// failure is ambiguous (it may have landed): the next round lists and looks for
+    /// the token, after a backoff.
+    fn after_create(&mut self, created: object_store::Result<()>, log_dir: &Path) -> AfterCreate {
+        match created {
+            Ok(()) => AfterCreate::Landed,
+            Err(object_store::Error::AlreadyExists { .. }) => {
+                self.maybe_landed = true;
+                self.conflicts += 1;
+                self.list = self.conflicts.is_multiple_of(8);
+                if self.conflicts > APPEND_CONFLICTS_MAX {
+                    return AfterCreate::GiveUp(WalError::Storage(format!(
+                        "object log {log_dir}: gave up after {} conflicting appends",
+                        self.conflicts
+                    )));
+                }
+                AfterCreate::Again { pause: None }
+            }
+            Err(e) => {
+                self.maybe_landed = true;
+                self.list = true;
+                self.storage_errors += 1;
+                if self.storage_errors > APPEND_STORAGE_RETRIES_MAX {
+                    return AfterCreate::GiveUp(e.into());
+                }
+                AfterCreate::Again {
+                    pause: Some(backoff(self.storage_errors)),
+                }
+            }
+        }
+    }
+}
+
 fn backoff(attempt: u32) -> Duration {
     Duration::from_millis((10u64 << attempt.min(6)).min(1_000))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conflict() -> object_store::Error {
+        object_store::Error::AlreadyExists {
+            path: "log/1".into(),
+            source: "exists".into(),
+        }
+    }
+
+    fn failure() -> object_store::Error {
+        object_store::Error::Generic {
+            store: "test",
+            source: "503".into(),
+        }
+    }
+
+    #[test]
+    fn a_landed_create_is_applied() {
+        let mut a = Attempts::default();
+        assert!(matches!(
+            a.after_create(Ok(()), &Path::from("log")),
+            AfterCreate::Landed
+        ));
+        assert!(!a.maybe_landed);
+    }
+
+    /// A conflict may be our own create met by a retry: the token is looked for from
+    /// then on, every eighth conflict lists, and the limit ends the append.
+    #[test]
+    fn conflicts_look_for_the_token_list_now_and_then_and_are_bounded() {
+        let mut a = Attempts::default();
+        for n in 1..=APPEND_CONFLICTS_MAX {
+            let next = a.after_create(Err(conflict()), &Path::from("log"));
+            assert!(matches!(next, AfterCreate::Again { pause: None }), "{n}: {next:?}");
+            assert!(a.maybe_landed);
+            assert_eq!(a.list, n.is_multiple_of(8), "{n}");
+            a.list = false;
+        }
+        let last = a.after_create(Err(conflict()), &Path::from("log"));
+        assert!(
+            matches!(&last, AfterCreate::GiveUp(WalError::Storage(m)) if m.contains("conflicting appends")),
+            "{last:?}"
+        );
+    }
+
+    /// Any other failure is ambiguous: list next, look for the token, back off, and
+    /// give up past the retry limit with the store's error.
+    #[test]
+    fn an_ambiguous_create_lists_backs_off_and_is_bounded() {
+        let mut a = Attempts::default();
+        for n in 1..=APPEND_STORAGE_RETRIES_MAX {
+            let next = a.after_create(Err(failure()), &Path::from("log"));
+            assert!(
+                matches!(next, AfterCreate::Again { pause: Some(p) } if p == backoff(n)),
+                "{n}: {next:?}"
+            );
+            assert!(a.maybe_landed && a.list);
+        }
+        assert!(matches!(
+            a.after_create(Err(failure()), &Path::from("log")),
+            AfterCreate::GiveUp(WalError::Storage(_))
+        ));
+    }
 }

@@ -65,10 +65,8 @@ fn alive(pid: u32) -> bool {
             .unwrap_or(false)
 }
 
-#[expect(
-    clippy::too_many_lines,
-    reason = "to split into a pure decision and its action (issue 28, decide/act on the hot paths)"
-)]
+/// Builds the binaries, starts the object store (a directory, or the local S3 server),
+/// `nodes` nodes and a mink-query beside them, and waits until every node is healthy.
 pub fn up(root: &Path, dir: &Path, nodes: usize, s3: bool, release: bool) -> Result<()> {
     if nodes == 0 || nodes > 16 {
         bail!("--nodes must be within 1..=16");
@@ -94,108 +92,26 @@ pub fn up(root: &Path, dir: &Path, nodes: usize, s3: bool, release: bool) -> Res
     });
     std::fs::create_dir_all(dir)?;
     let dir = std::path::absolute(dir)?;
-
-    let (object_store, s3_pid, s3_env) = if s3 {
-        let python = crate::python::ensure_venv(root)?;
-        let log = std::fs::File::create(dir.join("s3.log"))?;
-        let mut child = Command::new(&python)
-            .arg(root.join("tests/interop/s3_server.py"))
-            .arg("--forever")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(log)
-            .process_group(0)
-            .spawn()
-            .context("cannot start the S3 server")?;
-        let mut line = String::new();
-        std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(child.stdout.take().context("no stdout")?),
-            &mut line,
-        )?;
-        let endpoint = line
-            .trim()
-            .strip_prefix("MINK_S3_ENDPOINT=")
-            .context("the S3 server did not start")?
-            .to_string();
-        let env = vec![
-            ("MINK_OBJECT_STORE__ENDPOINT".to_string(), endpoint.clone()),
-            (
-                "MINK_OBJECT_STORE__ALLOW_HTTP".to_string(),
-                "true".to_string(),
-            ),
-            ("AWS_ACCESS_KEY_ID".to_string(), "test".to_string()),
-            ("AWS_SECRET_ACCESS_KEY".to_string(), "test".to_string()),
-        ];
-        (
-            format!("s3://{}/cluster", crate::s3::BUCKET),
-            Some(child.id()),
-            env,
-        )
+    let store = if s3 {
+        s3_store(root, &dir)?
     } else {
-        (
-            format!("file://{}", dir.join("objects").display()),
-            None,
-            vec![],
-        )
+        Store {
+            url: format!("file://{}", dir.join("objects").display()),
+            s3_pid: None,
+            env: vec![],
+        }
     };
-
-    // Every node binds port 0 and reports the addresses it got in its log, so no port
-    // is picked here and then raced for.
-    let mut started = Vec::new();
-    for i in 0..nodes {
-        let id = format!("n{i}");
-        let log = dir.join(format!("{id}.log"));
-        let child = Command::new(&binary)
-            .current_dir(&dir)
-            .envs(std::env::vars().filter(|(k, _)| !k.starts_with("MINK_")))
-            .env(
-                "RUST_LOG",
-                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
-            )
-            .env("MINK_NODE_ID", &id)
-            .env("MINK_DATA_DIR", dir.join(&id))
-            .env("MINK_OBJECT_STORE__URL", &object_store)
-            .env("MINK_LISTENERS__FLIGHT", "127.0.0.1:0")
-            .env("MINK_LISTENERS__ADMIN", "127.0.0.1:0")
-            .env("MINK_LISTENERS__KAFKA", "127.0.0.1:0")
-            .envs(s3_env.iter().cloned())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log)?)
-            .process_group(0)
-            .spawn()
-            .with_context(|| format!("cannot start {}", binary.display()))?;
-        started.push((id, child.id(), log));
-    }
+    let started = (0..nodes)
+        .map(|i| spawn_node(&binary, &dir, &format!("n{i}"), &store))
+        .collect::<Result<Vec<_>>>()?;
     let deadline = Instant::now() + Duration::from_secs(60);
-    let mut entries = Vec::new();
-    for (id, pid, log) in started {
-        let (flight, kafka, admin) = loop {
-            let text = std::fs::read_to_string(&log).unwrap_or_default();
-            if let (Some(flight), Some(kafka), Some(admin)) = (
-                logged_addr(&text, "Flight listening on "),
-                logged_addr(&text, "Kafka listening on "),
-                logged_addr(&text, "admin HTTP listening on "),
-            ) {
-                break (flight, kafka, admin);
-            }
-            if Instant::now() > deadline || !alive(pid) {
-                bail!("node {id} did not start; see {}", log.display());
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        };
-        entries.push(NodeEntry {
-            id,
-            pid,
-            flight,
-            kafka,
-            admin,
-            log,
-        });
-    }
+    let entries = started
+        .into_iter()
+        .map(|(id, pid, log)| node_entry(id, pid, log, deadline))
+        .collect::<Result<Vec<_>>>()?;
     let mut state = ClusterState {
-        object_store,
-        s3_pid,
+        object_store: store.url,
+        s3_pid: store.s3_pid,
         nodes: entries,
         query: None,
     };
@@ -229,6 +145,111 @@ pub fn up(root: &Path, dir: &Path, nodes: usize, s3: bool, release: bool) -> Res
         dir.display()
     );
     Ok(())
+}
+
+/// The cluster's object store: its URL, the S3 server's process (with `--s3`), and
+/// what the nodes need in their environment to reach it.
+struct Store {
+    url: String,
+    s3_pid: Option<u32>,
+    env: Vec<(String, String)>,
+}
+
+/// Starts the local S3 server (moto) for good, logging to `dir/s3.log`.
+fn s3_store(root: &Path, dir: &Path) -> Result<Store> {
+    let python = crate::python::ensure_venv(root)?;
+    let log = std::fs::File::create(dir.join("s3.log"))?;
+    let mut child = Command::new(&python)
+        .arg(root.join("tests/interop/s3_server.py"))
+        .arg("--forever")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .process_group(0)
+        .spawn()
+        .context("cannot start the S3 server")?;
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().context("no stdout")?),
+        &mut line,
+    )?;
+    let endpoint = line
+        .trim()
+        .strip_prefix("MINK_S3_ENDPOINT=")
+        .context("the S3 server did not start")?
+        .to_string();
+    Ok(Store {
+        url: format!("s3://{}/cluster", crate::s3::BUCKET),
+        s3_pid: Some(child.id()),
+        env: vec![
+            ("MINK_OBJECT_STORE__ENDPOINT".to_string(), endpoint),
+            (
+                "MINK_OBJECT_STORE__ALLOW_HTTP".to_string(),
+                "true".to_string(),
+            ),
+            ("AWS_ACCESS_KEY_ID".to_string(), "test".to_string()),
+            ("AWS_SECRET_ACCESS_KEY".to_string(), "test".to_string()),
+        ],
+    })
+}
+
+/// Starts node `id` on `store`, its log at `dir/{id}.log`. Every node binds port 0 and
+/// reports the addresses it got in its log, so no port is picked here and then raced
+/// for. Returns the id, the process id and the log.
+fn spawn_node(
+    binary: &Path,
+    dir: &Path,
+    id: &str,
+    store: &Store,
+) -> Result<(String, u32, PathBuf)> {
+    let log = dir.join(format!("{id}.log"));
+    let child = Command::new(binary)
+        .current_dir(dir)
+        .envs(std::env::vars().filter(|(k, _)| !k.starts_with("MINK_")))
+        .env(
+            "RUST_LOG",
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+        )
+        .env("MINK_NODE_ID", id)
+        .env("MINK_DATA_DIR", dir.join(id))
+        .env("MINK_OBJECT_STORE__URL", &store.url)
+        .env("MINK_LISTENERS__FLIGHT", "127.0.0.1:0")
+        .env("MINK_LISTENERS__ADMIN", "127.0.0.1:0")
+        .env("MINK_LISTENERS__KAFKA", "127.0.0.1:0")
+        .envs(store.env.iter().cloned())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log)?)
+        .process_group(0)
+        .spawn()
+        .with_context(|| format!("cannot start {}", binary.display()))?;
+    Ok((id.to_string(), child.id(), log))
+}
+
+/// A started node's entry, once its log names the three addresses it bound (by
+/// `deadline`, while it lives).
+fn node_entry(id: String, pid: u32, log: PathBuf, deadline: Instant) -> Result<NodeEntry> {
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if let (Some(flight), Some(kafka), Some(admin)) = (
+            logged_addr(&text, "Flight listening on "),
+            logged_addr(&text, "Kafka listening on "),
+            logged_addr(&text, "admin HTTP listening on "),
+        ) {
+            return Ok(NodeEntry {
+                id,
+                pid,
+                flight,
+                kafka,
+                admin,
+                log,
+            });
+        }
+        if Instant::now() > deadline || !alive(pid) {
+            bail!("node {id} did not start; see {}", log.display());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// Starts a mink-query against every node (any one would do), on a port the OS picks.

@@ -138,12 +138,7 @@ async fn one(ctx: &Ctx, topic: &str, index: i32, records: Option<bytes::Bytes>, 
     let batch = match decoded(ctx, &records) {
         Ok(b) => b,
         Err(e) => {
-            tracing::debug!(
-                topic,
-                partition = index,
-                "kafka produce refused: {}",
-                e.message
-            );
+            tracing::debug!(topic, partition = index, "kafka produce refused: {e}");
             return refused(e);
         }
     };
