@@ -842,7 +842,10 @@ mod tests {
         let mut a = Attempts::default();
         for n in 1..=APPEND_CONFLICTS_MAX {
             let next = a.after_create(Err(conflict()), &Path::from("log"));
-            assert!(matches!(next, AfterCreate::Again { pause: None }), "{n}: {next:?}");
+            assert!(
+                matches!(next, AfterCreate::Again { pause: None }),
+                "{n}: {next:?}"
+            );
             assert!(a.maybe_landed);
             assert_eq!(a.list, n.is_multiple_of(8), "{n}");
             a.list = false;

@@ -326,6 +326,67 @@ def test_a_put_that_changes_nothing_is_durable_and_readers_step_over_it(node, mi
         again.kill()
 
 
+def test_a_write_is_followed_from_its_request_to_its_wal_upload(mink_node, tmp_path):
+    """docs/operations.md: with JSON logs at debug, a bucket write's `written` event
+    carries its request span's bucket, writer and sequence and the `wal_seq` of the WAL
+    upload that carried it, and that upload's `uploaded` event names the same `seq`."""
+    proc = NodeProcess(mink_node, tmp_path, {"RUST_LOG": "info,mink_node=debug,mink_wal=debug", "MINK_LOGGING__FORMAT": "json"})
+    client = flight.connect(proc.location)
+    try:
+        action(client, "create_database", {"name": "db"})
+        action(client, "create_table", {"path": "db.events", "descriptor": {**EVENTS, "bucket_count": 1}})
+        bucket = action(client, "metadata", {"path": "db.events"})["buckets"][0]["bucket"]
+        writer_id = action(client, "init_writer")["writer_id"]
+        descriptor = flight.FlightDescriptor.for_command(
+            json.dumps({"Append": {"bucket": bucket, "schema_id": 1, "writer_id": writer_id}})
+        )
+        batch = pa.record_batch([pa.array([1, 2], pa.int64()), pa.array(["a", "b"])], schema=SCHEMA)
+
+        def append():
+            writer, reader = client.do_put(descriptor, SCHEMA)
+            writer.write_with_metadata(batch, pa.py_buffer(json.dumps({"batch_sequence": 7}).encode()))
+            writer.done_writing()
+            answer = reader.read()
+            writer.close()
+            return json.loads(answer.to_pybytes())
+
+        retry(append)
+
+        def written():
+            for line in list(proc.lines):
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue
+                if event.get("fields", {}).get("message") != "written":
+                    continue
+                span = event.get("span", {})
+                if span.get("name") == "append" and span.get("writer") == f"Some({writer_id})":
+                    return event
+            return None
+
+        event = wait_for(written, what="the write's `written` event")
+        span = event["span"]
+        assert span["sequence"] == "Some(7)", event
+        wal_seq = int(span["wal_seq"])
+
+        def uploaded():
+            for line in list(proc.lines):
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue
+                if event.get("fields", {}).get("message") == "uploaded" and event.get("span", {}).get("name") == "wal.upload":
+                    if int(event["span"]["seq"]) == wal_seq:
+                        return event
+            return None
+
+        wait_for(uploaded, what=f"the `uploaded` event of WAL upload {wal_seq}")
+    finally:
+        client.close()
+        proc.kill()
+
+
 def test_sigkill_loses_nothing_acknowledged(node, mink_node, tmp_path):
     import signal
 

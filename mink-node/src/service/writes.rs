@@ -128,7 +128,7 @@ impl NodeService {
     }
 
     #[allow(clippy::too_many_arguments)]
-    #[tracing::instrument(level = "debug", name = "put", skip_all, fields(%bucket, writer = ?writer, sequence = ?meta.batch_sequence))]
+    #[tracing::instrument(level = "debug", name = "put", skip_all, fields(%bucket, writer = ?writer, sequence = ?meta.batch_sequence, wal_seq = tracing::field::Empty))]
     pub(crate) async fn put(
         &self,
         bucket: TableBucket,
@@ -199,7 +199,16 @@ impl NodeService {
         write: BucketWrite,
         cork: Option<Cork>,
     ) -> Result<mink_log::Appended> {
-        submit(bucket, tablet, write, cork).await?.wait().await
+        let appended = submit(bucket, tablet, write, cork).await?.wait().await?;
+        // Inside the request's `append`/`put` span, which now holds `wal_seq`: the WAL
+        // upload that carried the rows (a duplicate's is its original's, not this span's).
+        tracing::debug!(
+            first_offset = appended.first_offset,
+            last_offset = appended.last_offset,
+            duplicated = appended.duplicated,
+            "written"
+        );
+        Ok(appended)
     }
 
     /// The error of a write that reached its tablet. With a writer id a retry is
@@ -225,7 +234,7 @@ impl NodeService {
     }
 
     #[allow(clippy::too_many_arguments)]
-    #[tracing::instrument(level = "debug", name = "append", skip_all, fields(%bucket, writer = ?writer, sequence = ?meta.batch_sequence))]
+    #[tracing::instrument(level = "debug", name = "append", skip_all, fields(%bucket, writer = ?writer, sequence = ?meta.batch_sequence, wal_seq = tracing::field::Empty))]
     pub(crate) async fn append(
         &self,
         bucket: TableBucket,

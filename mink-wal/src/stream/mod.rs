@@ -859,6 +859,7 @@ impl Stream {
             record,
             done,
             enqueued: Instant::now(),
+            span: tracing::Span::current(),
             _permit: reservation.permit,
         };
         self.inner

@@ -66,6 +66,10 @@ pub(crate) struct Job {
     pub record: Record,
     pub done: oneshot::Sender<WalResult<()>>,
     pub enqueued: Instant,
+    /// The appender's span (a request's `append`/`put`, or none): told the WAL
+    /// sequence of the upload that carries the record (its `wal_seq` field), and
+    /// linked from that upload's span, so that one request is followed to its upload.
+    pub span: tracing::Span,
     pub _permit: OwnedSemaphorePermit,
 }
 
@@ -231,7 +235,14 @@ async fn upload(
             ..Default::default()
         };
         let error = match store.put_opts(&path, bytes.clone(), opts).await {
-            Ok(_) => return Ok(()),
+            Ok(_) => {
+                tracing::debug!(
+                    attempt,
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    "uploaded"
+                );
+                return Ok(());
+            }
             Err(object_store::Error::AlreadyExists { .. }) => {
                 match read_back(&store, &path, &bytes).await {
                     Ok(true) => {
@@ -475,12 +486,16 @@ impl Writer {
         let bytes = group.builder.finish();
         metrics::histogram!("mink_wal_group_records").record(records as f64);
         metrics::histogram!("mink_wal_group_bytes").record(len as f64);
+        let span = tracing::debug_span!("wal.upload", wal = %self.wal, seq, bytes = len, records);
+        for (job, _) in &group.jobs {
+            job.span.record("wal_seq", seq);
+            span.follows_from(&job.span);
+        }
         self.sealed.push_back(Sealed {
             seq,
             jobs: group.jobs,
             bytes: len,
         });
-        let span = tracing::debug_span!("wal.upload", wal = %self.wal, seq, bytes = len, records);
         let upload = upload(
             self.store.clone(),
             wal_path(&self.wal, seq),
