@@ -268,6 +268,18 @@ def test_primary_key_tables_upsert_partially_update_delete_and_look_up(node):
     assert lookup(client, [key]) == {key: ("w", 1)}
 
 
+def one_bucket_writer(client, path, descriptor, kind):
+    """Creates `path` (in a new database) with one bucket; returns the bucket and the
+    `kind` ("Append" or "Put") descriptor of a new writer for it."""
+    action(client, "create_database", {"name": path.split(".")[0]})
+    action(client, "create_table", {"path": path, "descriptor": {**descriptor, "bucket_count": 1}})
+    bucket = action(client, "metadata", {"path": path})["buckets"][0]["bucket"]
+    writer_id = action(client, "init_writer")["writer_id"]
+    return bucket, flight.FlightDescriptor.for_command(
+        json.dumps({kind: {"bucket": bucket, "schema_id": 1, "writer_id": writer_id}})
+    )
+
+
 def test_a_put_that_changes_nothing_is_durable_and_readers_step_over_it(node, mink_node, tmp_path):
     """A Put that changes nothing is logged as a sequence marker: one offset, no rows
     (docs/log-format.md). A pyarrow scan that ends at it gets an empty batch whose
@@ -276,13 +288,7 @@ def test_a_put_that_changes_nothing_is_durable_and_readers_step_over_it(node, mi
     the no-op (the same writer and sequence) is a duplicate: it does not undo what
     another writer wrote since."""
     proc, client = node
-    action(client, "create_database", {"name": "db"})
-    action(client, "create_table", {"path": "db.users", "descriptor": {**USERS, "bucket_count": 1}})
-    bucket = action(client, "metadata", {"path": "db.users"})["buckets"][0]["bucket"]
-    writer_id = action(client, "init_writer")["writer_id"]
-    descriptor = flight.FlightDescriptor.for_command(
-        json.dumps({"Put": {"bucket": bucket, "schema_id": 1, "writer_id": writer_id}})
-    )
+    bucket, descriptor = one_bucket_writer(client, "db.users", USERS, "Put")
 
     def put(c, sequence, name):
         writer, reader = c.do_put(descriptor, USER_SCHEMA)
@@ -333,13 +339,8 @@ def test_a_write_is_followed_from_its_request_to_its_wal_upload(mink_node, tmp_p
     proc = NodeProcess(mink_node, tmp_path, {"RUST_LOG": "info,mink_node=debug,mink_wal=debug", "MINK_LOGGING__FORMAT": "json"})
     client = flight.connect(proc.location)
     try:
-        action(client, "create_database", {"name": "db"})
-        action(client, "create_table", {"path": "db.events", "descriptor": {**EVENTS, "bucket_count": 1}})
-        bucket = action(client, "metadata", {"path": "db.events"})["buckets"][0]["bucket"]
-        writer_id = action(client, "init_writer")["writer_id"]
-        descriptor = flight.FlightDescriptor.for_command(
-            json.dumps({"Append": {"bucket": bucket, "schema_id": 1, "writer_id": writer_id}})
-        )
+        bucket, descriptor = one_bucket_writer(client, "db.events", EVENTS, "Append")
+        writer_id = json.loads(descriptor.command)["Append"]["writer_id"]
         batch = pa.record_batch([pa.array([1, 2], pa.int64()), pa.array(["a", "b"])], schema=SCHEMA)
 
         def append():
