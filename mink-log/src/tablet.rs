@@ -1278,6 +1278,7 @@ impl LogTablet {
         let mut pos = self.inner.stream.start_offset();
         let mut windows = Windows::default();
         let mut last_ts = i64::MIN;
+        let mut last_epoch = i64::MIN;
         let mut batches = 0u64;
         let store = self
             .inner
@@ -1317,6 +1318,24 @@ impl LogTablet {
                         record.base, h.base_offset
                     )));
                 }
+                // The invariants an append keeps, checked where the log is read back:
+                // offsets contiguous, and leader epochs never going back along the log
+                // (a new leader appends after its predecessor's end, under a newer
+                // epoch). Either broken would mean a corrupt log, not a retry.
+                if record.base != pos {
+                    return Err(MinkError::Internal(format!(
+                        "{bucket}: recovery read a batch at offset {} where {pos} was next",
+                        record.base
+                    )));
+                }
+                if h.leader_epoch < last_epoch {
+                    return Err(MinkError::Internal(format!(
+                        "{bucket}: the batch at offset {} was written under epoch {}, after one \
+                         of epoch {last_epoch}",
+                        record.base, h.leader_epoch
+                    )));
+                }
+                last_epoch = h.leader_epoch;
                 last_ts = last_ts.max(h.commit_timestamp);
                 if h.writer_id != NO_WRITER {
                     let rows = if h.is_marker() {
@@ -1341,6 +1360,12 @@ impl LogTablet {
                 batches += 1;
             }
         }
+        // This tablet appends under its own epoch, after every batch it recovered.
+        debug_assert!(
+            last_epoch <= self.inner.epoch as i64,
+            "{bucket}: opened under epoch {} over a log that reached epoch {last_epoch}",
+            self.inner.epoch
+        );
         let mut state = self.lock();
         state.windows = windows;
         state.last_commit_timestamp = last_ts;
