@@ -113,6 +113,10 @@ pub struct KvSnapshotPointer {
     /// kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub written_at_ms: Option<i64>,
+    /// The snapshot's size on the object store. Absent in pointers recorded before it
+    /// was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
 }
 
 /// Where a table's latest lake snapshot is.

@@ -612,12 +612,7 @@ fn record_kv_snapshot(
             if !newer {
                 return;
             }
-            let pointer = mink_meta::state::KvSnapshotPointer {
-                snapshot_id,
-                log_offset: info.log_offset,
-                location: info.location,
-                written_at_ms: Some(info.written_at_ms),
-            };
+            let pointer = snapshot_pointer(&info);
             let command = mink_meta::MetaCommand::SetKvSnapshot {
                 bucket: bucket.stream_name(),
                 pointer,
@@ -639,4 +634,18 @@ pub(crate) fn snapshot_prefix(bucket: TableBucket) -> String {
             .map_or("-".to_string(), |p| p.to_string()),
         bucket.bucket
     )
+}
+
+/// The metadata log's pointer to a KV snapshot just written: its id is the offset it
+/// covers (snapshots of a bucket are ordered by it).
+pub(crate) fn snapshot_pointer(
+    info: &mink_kv::SnapshotInfo,
+) -> mink_meta::state::KvSnapshotPointer {
+    mink_meta::state::KvSnapshotPointer {
+        snapshot_id: info.log_offset.max(0) as u64,
+        log_offset: info.log_offset,
+        location: info.location.clone(),
+        written_at_ms: Some(info.written_at_ms),
+        bytes: Some(info.bytes),
+    }
 }

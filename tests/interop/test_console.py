@@ -152,6 +152,11 @@ def test_the_api_answers_every_view_and_refuses_bad_input_with_json(node):
 
     taken = wait_until(snapshot, timeout=30, what="a recorded KV snapshot")
     assert taken["age_ms"] is not None and 0 <= taken["age_ms"] < 60_000, taken
+    assert taken["bytes"] > 0, taken
+    # A primary-key table's bytes count its newest KV snapshots beside its log.
+    users = next(t for t in get(port, "/api/v1/tables")[1]["tables"] if t["table"] == "users")
+    assert users["kv_snapshot_bytes"] > 0, users
+    assert users["bytes"] == users["log_bytes"] + users["kv_snapshot_bytes"], users
 
     status, found = get(port, "/api/v1/tables/shop/users/lookup?key=2")
     assert status == 200 and found == {"found": True, "rows": [{"id": 2, "email": "b@x"}]}

@@ -119,12 +119,28 @@ impl NodeService {
     /// nothing. A bucket whose leader has its tablet open reports its own offsets and
     /// bytes; any other bucket is counted from this node's view of the stream
     /// metadata: its compacted rows and segment bytes (`buckets_from_metadata`), a
-    /// lower bound that leaves out what its WAL holds uncompacted.
+    /// lower bound that leaves out what its WAL holds uncompacted. A primary-key
+    /// table's bytes include each bucket's newest KV snapshot (`kv_snapshot_bytes`;
+    /// the older one kept beside it is not counted).
     pub(crate) async fn tables_view(&self) -> Value {
-        let (tables, buckets): (Vec<TableInfo>, Vec<TableBucket>) = self.meta.read(|s| {
+        let (tables, buckets, snapshot_bytes) = self.meta.read(|s| {
+            let mut snapshot_bytes: HashMap<i64, u64> = HashMap::new();
+            for b in s.buckets.values() {
+                if let Some(bytes) = s
+                    .kv_snapshots
+                    .get(&b.bucket.stream_name())
+                    .and_then(|p| p.bytes)
+                {
+                    *snapshot_bytes.entry(b.bucket.table_id).or_default() += bytes;
+                }
+            }
             (
-                s.tables.values().cloned().collect(),
-                s.buckets.values().map(|b| b.bucket).collect(),
+                s.tables.values().cloned().collect::<Vec<TableInfo>>(),
+                s.buckets
+                    .values()
+                    .map(|b| b.bucket)
+                    .collect::<Vec<TableBucket>>(),
+                snapshot_bytes,
             )
         });
         let stats = self.stats_from_leaders(None, false).await;
@@ -159,8 +175,9 @@ impl NodeService {
         let mut out: Vec<Value> = tables
             .iter()
             .map(|t| {
-                let (rows, reporting, bytes, from_metadata) =
+                let (rows, reporting, log_bytes, from_metadata) =
                     rows.get(&t.id).copied().unwrap_or_default();
+                let kv_snapshot_bytes = snapshot_bytes.get(&t.id).copied().unwrap_or(0);
                 json!({
                     "database": t.path.database.as_str(),
                     "table": t.path.table.as_str(),
@@ -172,7 +189,9 @@ impl NodeService {
                     "schema_id": t.descriptor.schema.schema_id,
                     "columns": t.descriptor.schema.columns.len(),
                     "rows": rows,
-                    "bytes": bytes,
+                    "bytes": log_bytes + kv_snapshot_bytes,
+                    "log_bytes": log_bytes,
+                    "kv_snapshot_bytes": kv_snapshot_bytes,
                     "buckets_reporting": reporting,
                     "buckets_from_metadata": from_metadata,
                     "created_at_ms": t.created_at_ms,
@@ -225,6 +244,8 @@ impl NodeService {
             .map(|(b, address, kv, lake_offset)| {
                 let stat = stats.get(&b.bucket);
                 let hw = stat.map(|s| s.high_watermark);
+                let log_bytes = stat.and_then(|s| s.stored_bytes);
+                let snapshot_bytes = kv.as_ref().and_then(|kv| kv.bytes);
                 json!({
                     "bucket": b.bucket.bucket,
                     "partition_id": b.bucket.partition_id,
@@ -236,7 +257,8 @@ impl NodeService {
                     "log_start": stat.map(|s| s.log_start),
                     "high_watermark": hw,
                     "rows": stat.map(|s| s.high_watermark - s.log_start),
-                    "bytes": stat.and_then(|s| s.stored_bytes),
+                    "bytes": log_bytes.map(|b| b + snapshot_bytes.unwrap_or(0)),
+                    "log_bytes": log_bytes,
                     "lake_offset": lake_offset,
                     "lake_lag": hw.map(|hw| (hw - lake_offset.unwrap_or(0)).max(0))
                         .filter(|_| lake.is_some()),
@@ -245,6 +267,7 @@ impl NodeService {
                         "log_offset": kv.log_offset,
                         "changes_since": hw.map(|hw| (hw - kv.log_offset).max(0)),
                         "age_ms": kv.written_at_ms.map(|at| (now_ms() - at).max(0)),
+                        "bytes": kv.bytes,
                     })),
                 })
             })

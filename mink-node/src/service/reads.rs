@@ -182,12 +182,7 @@ impl NodeService {
                 .map(|p| p.snapshot_id)
         });
         if recorded.is_none_or(|id| id < snapshot_id) {
-            let pointer = mink_meta::state::KvSnapshotPointer {
-                snapshot_id,
-                log_offset: info.log_offset,
-                location: info.location.clone(),
-                written_at_ms: Some(info.written_at_ms),
-            };
+            let pointer = crate::tablets::snapshot_pointer(&info);
             // Best effort: the snapshot serves this read whether or not it is recorded
             // (a concurrent reader may have recorded it first).
             if let Err(e) = self
