@@ -1164,6 +1164,9 @@ async fn a_no_op_put_is_durable_and_a_stale_attempt_of_it_changes_nothing(backen
     let tail = t.log().scan(run_from, 1).await.unwrap();
     assert!(tail.batches.is_empty());
     assert_eq!(tail.next_offset(run_from), hw);
+    assert!(tail.ends_past_rows(), "a reader must step over the run");
+    let at_end = t.log().scan(hw, 1).await.unwrap();
+    assert!(at_end.batches.is_empty() && !at_end.ends_past_rows());
     let snapshot = t.snapshot().await.unwrap().unwrap();
     assert_eq!(snapshot.log_offset, hw, "the snapshot covers the markers");
     // Rows after the run: a small read steps over all of it to them.

@@ -57,6 +57,8 @@ pub struct ScanResult {
     /// The batches of rows read; sequence markers (see [`batch::ATTR_MARKER`]) are
     /// left out, so offsets may skip one between batches.
     pub batches: Vec<LogBatch>,
+    /// The offset the read began at.
+    pub from: i64,
     /// The offset after the last record read, markers included: where the next read
     /// starts. Past the last batch's end when the read ended in markers.
     pub end: i64,
@@ -75,6 +77,17 @@ impl ScanResult {
     /// trailing sequence markers.
     pub fn next_offset(&self, from: i64) -> i64 {
         self.end.max(from)
+    }
+
+    /// Whether the read went on past its last batch of rows (or, without any, past
+    /// where it began): it ended in sequence markers, which a reader going on from its
+    /// last batch's end must step over.
+    pub fn ends_past_rows(&self) -> bool {
+        self.end
+            > self
+                .batches
+                .last()
+                .map_or(self.from, |b| b.header.end_offset())
     }
 }
 
@@ -922,6 +935,7 @@ impl LogTablet {
             result = self.scan_with_markers(result.end, max_bytes).await?;
             result.batches.retain(|b| !b.header.is_marker());
         }
+        result.from = from;
         Ok(result)
     }
 
@@ -971,6 +985,7 @@ impl LogTablet {
         }
         Ok(ScanResult {
             batches,
+            from,
             end,
             high_watermark: self.high_watermark(),
             log_start: self.log_start(),

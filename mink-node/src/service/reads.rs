@@ -211,11 +211,7 @@ pub(super) fn read_batches(
     // A read that ended in sequence markers (a primary-key Put that changed nothing
     // takes an offset but holds no rows) ends with an empty batch at the offset after
     // them, so that a client going on from `base_offset + rows` steps over them.
-    let rows_end = scan
-        .batches
-        .last()
-        .map_or(i64::MIN, |b| b.header.end_offset());
-    let past_markers = (scan.end > rows_end).then(|| {
+    let past_markers = scan.ends_past_rows().then(|| {
         let meta = ScanBatch {
             bucket,
             base_offset: scan.end,
