@@ -203,7 +203,7 @@ fn spawn_node(
     store: &Store,
 ) -> Result<(String, u32, PathBuf)> {
     let log = dir.join(format!("{id}.log"));
-    let child = process(binary, dir)
+    let child = process(binary, dir, &log)?
         .env("MINK_NODE_ID", id)
         .env("MINK_DATA_DIR", dir.join(id))
         .env("MINK_OBJECT_STORE__URL", &store.url)
@@ -211,10 +211,6 @@ fn spawn_node(
         .env("MINK_LISTENERS__ADMIN", "127.0.0.1:0")
         .env("MINK_LISTENERS__KAFKA", "127.0.0.1:0")
         .envs(store.env.iter().cloned())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log)?)
-        .process_group(0)
         .spawn()
         .with_context(|| format!("cannot start {}", binary.display()))?;
     Ok((id.to_string(), child.id(), log))
@@ -246,30 +242,31 @@ fn node_entry(id: String, pid: u32, log: PathBuf, deadline: Instant) -> Result<N
     }
 }
 
-/// A cluster process of `binary` in `dir`: this environment without its `MINK_*`
-/// settings (the cluster sets its own), logging at `RUST_LOG` or info.
-fn process(binary: &Path, dir: &Path) -> Command {
+/// A cluster process of `binary` in `dir`, in a process group of its own: this
+/// environment without its `MINK_*` settings (the cluster sets its own), logging at
+/// `RUST_LOG` or info to `log`, no stdin or stdout.
+fn process(binary: &Path, dir: &Path, log: &Path) -> Result<Command> {
     let mut cmd = Command::new(binary);
     cmd.current_dir(dir)
         .envs(std::env::vars().filter(|(k, _)| !k.starts_with("MINK_")))
         .env(
             "RUST_LOG",
             std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
-        );
-    cmd
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log)?)
+        .process_group(0);
+    Ok(cmd)
 }
 
 /// Starts a mink-query against every node (any one would do), on a port the OS picks.
 fn start_query(binary: &Path, dir: &Path, nodes: &[NodeEntry]) -> Result<QueryEntry> {
     let log = dir.join("query.log");
     let list: Vec<String> = nodes.iter().map(|n| format!("\"{}\"", n.flight)).collect();
-    let child = process(binary, dir)
+    let child = process(binary, dir, &log)?
         .env("MINK_QUERY_LISTEN", "127.0.0.1:0")
         .env("MINK_QUERY_NODES", format!("[{}]", list.join(",")))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log)?)
-        .process_group(0)
         .spawn()
         .with_context(|| format!("cannot start {}", binary.display()))?;
     let pid = child.id();
