@@ -276,6 +276,10 @@ pub struct ListOffsets {
     pub partition: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub buckets: Option<Vec<BucketId>>,
+    /// Set by a node forwarding the request to a bucket's leader: never forwarded again
+    /// (the receiver serves it, or answers `NotLeader`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub forwarded: bool,
 }
 
 /// One bucket's offset of a producer, as clients name the bucket: table path,
@@ -313,6 +317,10 @@ pub struct ProducerId {
 pub struct Lookup {
     pub path: TablePath,
     pub keys: Vec<Vec<serde_json::Value>>,
+    /// Set by a node forwarding the request to a bucket's leader: never forwarded again
+    /// (the receiver serves it, or answers `NotLeader`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub forwarded: bool,
 }
 
 /// `prefix_lookup`: bucket-key values, in bucket-key order.
@@ -323,6 +331,10 @@ pub struct PrefixLookup {
     pub prefix: Vec<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit: Option<usize>,
+    /// Set by a node forwarding the request to a bucket's leader: never forwarded again
+    /// (the receiver serves it, or answers `NotLeader`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub forwarded: bool,
 }
 
 /// A bucket.

@@ -1496,6 +1496,7 @@ impl MinkClient {
     ) -> Result<Vec<RecordBatch>> {
         let found = self
             .call(&crate::actions::Lookup {
+                forwarded: false,
                 path: path.clone(),
                 keys,
             })

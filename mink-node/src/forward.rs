@@ -11,13 +11,18 @@ use arrow_flight::{Action, Ticket};
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use mink_flight::protocol::{ReadTicket, ScanBatch, WriteBatch, WriteDescriptor, WriteResult};
+use mink_meta::MetaNode;
 use mink_types::{MinkError, Result};
 use tonic::transport::Channel;
 
 /// Flight clients to other nodes, one per address.
-#[derive(Default)]
+///
+/// Every forwarded call carries this node's applied metadata index as
+/// `mink-min-applied-index`: the receiver answers from a view at least as new as the one
+/// that chose it (the leader this node saw in a move has seen the move too).
 pub struct Forwarder {
     clients: tokio::sync::Mutex<HashMap<String, FlightServiceClient<Channel>>>,
+    meta: MetaNode,
 }
 
 fn unavailable(addr: &str, e: impl std::fmt::Display) -> MinkError {
@@ -25,6 +30,25 @@ fn unavailable(addr: &str, e: impl std::fmt::Display) -> MinkError {
 }
 
 impl Forwarder {
+    pub fn new(meta: MetaNode) -> Self {
+        Self {
+            clients: tokio::sync::Mutex::new(HashMap::new()),
+            meta,
+        }
+    }
+
+    /// `body` as a request carrying this node's applied metadata index.
+    fn request<T>(&self, body: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(body);
+        let index = self.meta.applied_index();
+        if index > 0 {
+            request
+                .metadata_mut()
+                .insert(mink_flight::server::MIN_APPLIED_INDEX_HEADER, index.into());
+        }
+        request
+    }
+
     async fn client(&self, addr: &str) -> Result<FlightServiceClient<Channel>> {
         let mut clients = self.clients.lock().await;
         if let Some(c) = clients.get(addr) {
@@ -46,7 +70,7 @@ impl Forwarder {
         let data = mink_flight::client::encode_write(batch, Some(descriptor), meta)?;
         let mut client = self.client(addr).await?;
         let response = client
-            .do_put(futures::stream::iter(data))
+            .do_put(self.request(futures::stream::iter(data)))
             .await
             .map_err(|s| status_error(addr, s))?;
         let mut results = response.into_inner();
@@ -69,7 +93,7 @@ impl Forwarder {
         let mut client = self.client(addr).await?;
         let action = Action::new(name, body.to_string().into_bytes());
         let mut results = client
-            .do_action(action)
+            .do_action(self.request(action))
             .await
             .map_err(|s| status_error(addr, s))?
             .into_inner();
@@ -94,7 +118,7 @@ impl Forwarder {
                 .into(),
         };
         let response = client
-            .do_get(ticket)
+            .do_get(self.request(ticket))
             .await
             .map_err(|s| status_error(addr, s))?;
         let addr = addr.to_string();
@@ -151,12 +175,12 @@ impl Forwarder {
     }
 }
 
-/// A status from another node, back into Mink's error (its address prefixed).
+/// A status from another node, back into Mink's error. A refusal keeps its shape (a
+/// `NotLeader` stays a redirect the caller can follow); a failure names the node.
 fn status_error(addr: &str, s: tonic::Status) -> MinkError {
-    let status = tonic::Status::with_details(
-        s.code(),
-        format!("{addr}: {}", s.message()),
-        s.details().to_vec().into(),
-    );
-    mink_flight::client::status_to_error(status)
+    match mink_flight::client::status_to_error(s) {
+        MinkError::Unavailable(m) => MinkError::Unavailable(format!("{addr}: {m}")),
+        MinkError::Internal(m) => MinkError::Internal(format!("{addr}: {m}")),
+        other => other,
+    }
 }

@@ -336,3 +336,113 @@ async fn a_snapshot_reader_past_the_trim_fails_loudly_and_a_new_snapshot_serves(
     client.scan(&path, bucket, renewed_at).await.unwrap();
     node.stop().await;
 }
+
+/// The leader of `bucket` in `node`'s own view.
+fn leader_in_view(node: &Node, bucket: TableBucket) -> Option<String> {
+    node.meta.read(|s| {
+        s.buckets
+            .get(&bucket.stream_name())
+            .and_then(|b| b.leader.clone())
+    })
+}
+
+/// A request any node takes for a bucket (`list_offsets`, `lookup`) is forwarded to the
+/// leader in the receiving node's view. While a bucket moves, two views can disagree:
+/// n0 (the lease holder, which moved it) says n1 leads, n1 (a slow metadata tail) still
+/// says n0. The forwarded request must be served, not handed back and forth: each hop
+/// of such a ping-pong holds an HTTP/2 stream of the hop before it, and once the
+/// connection's stream limit is reached no hop can finish (found by mink-query's
+/// three-node test, whose queries hung while buckets moved).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_forwarded_to_a_node_with_a_stale_view_is_served_not_bounced() {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = dir.path().join("objects");
+    let n0 = Node::start(config(dir.path(), &shared, "n0"))
+        .await
+        .unwrap();
+    for _ in 0..100 {
+        if n0.meta.is_lease_holder() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(n0.meta.is_lease_holder(), "n0 holds the lease");
+    let mut slow = config(dir.path(), &shared, "n1");
+    slow.meta.tail_idle_interval_max_ms = 8_000;
+    slow.meta.lease_timeout_ms = 20_000;
+    slow.meta.node_session_timeout_ms = 21_000;
+    let n1 = Node::start(slow).await.unwrap();
+    let client = MinkClient::connect(&n0.flight_addr.to_string())
+        .await
+        .unwrap();
+    client.create_database("db").await.unwrap();
+    let events = TablePath::parse("db.events").unwrap();
+    client
+        .create_table(&events, &common::events_in(1))
+        .await
+        .unwrap();
+    let users_path = TablePath::parse("db.users").unwrap();
+    client.create_table(&users_path, &users(&[])).await.unwrap();
+    let log_bucket = bucket_zero(&n0, &events);
+    let kv_bucket = bucket_zero(&n0, &users_path);
+    let (rows, user_rows) = (common::rows(0..10), user_rows(0..10, "u"));
+    settle(|| client.append(&events, &rows)).await;
+    settle(|| client.put(&users_path, &user_rows, None, None)).await;
+    let n1_client = MinkClient::connect(&n1.flight_addr.to_string())
+        .await
+        .unwrap();
+    // Asked through n0, whose view is the newer one: the receiver (n1) catches up to
+    // the forwarder's index and serves. Asked through n1, whose view is the stale
+    // one: the leader it forwards to (n0) answers that it does not lead, and n1
+    // catches up and serves.
+    for (asker, through) in [(&client, "n0"), (&n1_client, "n1")] {
+        // Both buckets on n0, and n1's view saying so.
+        for bucket in [log_bucket, kv_bucket] {
+            if leader_in_view(&n0, bucket).as_deref() != Some("n0") {
+                move_bucket(&client, bucket, "n0").await;
+            }
+            wait_led_by(&n0, bucket).await;
+        }
+        for _ in 0..400 {
+            if [log_bucket, kv_bucket]
+                .iter()
+                .all(|b| leader_in_view(&n1, *b).as_deref() == Some("n0"))
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // n1's metadata tail backs off while nothing changes (up to 8 s between looks).
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        // Moved to n1 by n0, which applies the move at once; n1 learns of it late.
+        move_bucket(&client, log_bucket, "n1").await;
+        move_bucket(&client, kv_bucket, "n1").await;
+        assert_eq!(leader_in_view(&n0, log_bucket).as_deref(), Some("n1"));
+        assert_eq!(leader_in_view(&n1, log_bucket).as_deref(), Some("n0"));
+        let latest = tokio::time::timeout(
+            Duration::from_secs(20),
+            asker.call(&mink_flight::actions::ListOffsets {
+                forwarded: false,
+                path: events.clone(),
+                spec: "latest".into(),
+                timestamp: None,
+                partition: None,
+                buckets: None,
+            }),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("list_offsets through {through} answered"))
+        .unwrap();
+        assert_eq!(latest.len(), 1);
+        assert_eq!((latest[0].bucket, latest[0].offset), (log_bucket, Some(10)));
+        let found = tokio::time::timeout(
+            Duration::from_secs(20),
+            names(asker, &users_path, &[3, 7, 42]),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("lookup through {through} answered"));
+        assert_eq!(found, vec![(3, "u3".to_string()), (7, "u7".to_string())]);
+    }
+    n1.stop().await;
+    n0.stop().await;
+}

@@ -247,6 +247,7 @@ impl Read {
                 let found = self
                     .nodes
                     .call(&Lookup {
+                        forwarded: false,
                         path: self.path.clone(),
                         keys,
                     })
@@ -258,6 +259,7 @@ impl Read {
                 let found = self
                     .nodes
                     .call(&PrefixLookup {
+                        forwarded: false,
                         path: self.path.clone(),
                         prefix,
                         limit: None,

@@ -544,6 +544,10 @@ def test_three_nodes_any_one_suffices(mink_node, mink_query, tmp_path):
         stop.set()
         for t in racers:
             t.join(timeout=120)
+        stuck = [t for t in racers if t.is_alive()]
+        assert not stuck, f"{len(stuck)} querying threads still running; mink-query said:\n" + "".join(
+            q.lines[-80:]
+        ) + "\nnodes said:\n" + "\n".join("".join(n.lines[-60:]) for n in nodes)
         assert moves >= 6, moves
         assert not race_errors, race_errors
         assert len(raced) >= 4, "queries ran while buckets moved"

@@ -1502,6 +1502,7 @@ impl NodeService {
             for spec in ["earliest", "latest"] {
                 let offsets = self
                     .list_offsets(mink_flight::actions::ListOffsets {
+                        forwarded: false,
                         path: table.path.clone(),
                         spec: spec.into(),
                         timestamp: None,

@@ -54,16 +54,69 @@ impl NodeService {
     /// served: here when this node leads it, else at the leader's address, which the
     /// caller forwards to. The one place such requests decide it, from the view
     /// ([`NodeService::known_leader`]), not by catching a `NotLeader`.
-    pub(crate) async fn route_bucket(&self, bucket: TableBucket) -> Result<Route> {
-        match self.known_leader(bucket).await? {
+    ///
+    /// A request that was itself `forwarded` is never forwarded again. While a bucket
+    /// moves, two nodes' views can each name the other as its leader; handing the
+    /// request back and forth, every hop would hold an HTTP/2 stream of the hop before
+    /// it, and once a connection's stream limit is reached no hop can finish, not even
+    /// after the views agree. So a forwarded request catches this node's view up once
+    /// and is served here, or answered `NotLeader` (see [`NodeService::at_leader`]).
+    pub(crate) async fn route_bucket(&self, bucket: TableBucket, forwarded: bool) -> Result<Route> {
+        let mut leader = self.known_leader(bucket).await?;
+        if forwarded && !matches!(leader, Leader::Me { .. }) {
+            self.meta.inner_catch_up().await;
+            leader = self.known_leader(bucket).await?;
+        }
+        match leader {
             Leader::Me { epoch } => Ok(Route::Here(self.open_tablet(bucket, epoch).await?)),
             Leader::Other {
                 address: Some(address),
                 ..
-            } => Ok(Route::There(address)),
+            } if !forwarded => Ok(Route::There(address)),
             other => Err(other
                 .redirect(bucket)
                 .unwrap_or_else(|| MinkError::Unavailable(format!("{bucket} has no leader yet")))),
+        }
+    }
+
+    /// Serves a request any node may take for `bucket`: `here` with its tablet when this
+    /// node leads it, else `there` at the leader's address (a call that marks the
+    /// request forwarded, so that the leader does not forward it again). A leader that
+    /// answers it does not lead (the two views disagree while the bucket moves) makes
+    /// this node catch its own view up and decide once more; a second disagreement
+    /// answers `Unavailable`, which clients retry.
+    pub(crate) async fn at_leader<T, H, HereFut, F, ThereFut>(
+        &self,
+        bucket: TableBucket,
+        forwarded: bool,
+        here: H,
+        there: F,
+    ) -> Result<T>
+    where
+        H: FnOnce(Tablet) -> HereFut,
+        HereFut: Future<Output = Result<T>>,
+        F: Fn(String) -> ThereFut,
+        ThereFut: Future<Output = Result<T>>,
+    {
+        let mut caught_up = false;
+        loop {
+            let addr = match self.route_bucket(bucket, forwarded).await? {
+                Route::Here(tablet) => return here(tablet).await,
+                Route::There(addr) => addr,
+            };
+            match there(addr.clone()).await {
+                Err(MinkError::NotLeader { .. }) if !caught_up => {
+                    tracing::debug!(%bucket, %addr, "the leader in this view does not lead; catching up");
+                    self.meta.inner_catch_up().await;
+                    caught_up = true;
+                }
+                Err(MinkError::NotLeader { .. }) => {
+                    return Err(MinkError::Unavailable(format!(
+                        "{bucket} is moving: {addr} does not lead it, although this node's view says it does; retry"
+                    )));
+                }
+                answered => return answered,
+            }
         }
     }
 

@@ -71,20 +71,26 @@ impl NodeService {
         let mut found = Vec::new();
         // Partition (existing ones only), then bucket; each bucket asked where it is led.
         for (bucket, rows) in self.route(&table, &keys, false).await? {
-            match self.route_bucket(bucket).await? {
-                Route::Here(tablet) => {
-                    let sub = take_record_batch(&keys, &arrow::array::UInt32Array::from(rows))?;
-                    found.push(kv_of(bucket, tablet)?.lookup(&sub)?.batch);
-                }
-                Route::There(addr) => {
-                    let subset: Vec<_> = rows
-                        .iter()
-                        .map(|r| body.keys[*r as usize].clone())
-                        .collect();
-                    let body = serde_json::json!({"path": body.path, "keys": subset});
-                    found.extend(self.forwarded_rows(&addr, "lookup", &body).await?);
-                }
-            }
+            let forward = &LookupBody {
+                path: body.path.clone(),
+                keys: rows
+                    .iter()
+                    .map(|r| body.keys[*r as usize].clone())
+                    .collect(),
+                forwarded: true,
+            };
+            let batches = self
+                .at_leader(
+                    bucket,
+                    body.forwarded,
+                    |tablet| async {
+                        let sub = take_record_batch(&keys, &arrow::array::UInt32Array::from(rows))?;
+                        Ok(vec![kv_of(bucket, tablet)?.lookup(&sub)?.batch])
+                    },
+                    |addr| async move { self.forwarded_rows(&addr, forward).await },
+                )
+                .await?;
+            found.extend(batches);
         }
         ipc_stream(&schema, &found)
     }
@@ -161,29 +167,36 @@ impl NodeService {
         let mut found = Vec::new();
         // One bucket (none when the partition does not exist), asked where it is led.
         if let Some((bucket, _)) = self.route(&table, &prefix_row, false).await?.pop() {
-            match self.route_bucket(bucket).await? {
-                Route::Here(tablet) => {
-                    let limit = body.limit.unwrap_or(LOOKUP_KEYS_MAX).min(LOOKUP_KEYS_MAX);
-                    found.push(kv_of(bucket, tablet)?.prefix_lookup(&encoded, limit)?);
-                }
-                Route::There(addr) => {
-                    let body = serde_json::json!({"path": body.path, "prefix": body.prefix,
-                        "limit": body.limit});
-                    found.extend(self.forwarded_rows(&addr, "prefix_lookup", &body).await?);
-                }
-            }
+            let forward = &PrefixLookupBody {
+                forwarded: true,
+                ..body.clone()
+            };
+            let batches = self
+                .at_leader(
+                    bucket,
+                    body.forwarded,
+                    |tablet| async {
+                        let limit = body.limit.unwrap_or(LOOKUP_KEYS_MAX).min(LOOKUP_KEYS_MAX);
+                        Ok(vec![kv_of(bucket, tablet)?.prefix_lookup(&encoded, limit)?])
+                    },
+                    |addr| async move { self.forwarded_rows(&addr, forward).await },
+                )
+                .await?;
+            found.extend(batches);
         }
         ipc_stream(&schema, &found)
     }
 
     /// The rows another node's lookup action answers (an Arrow IPC stream).
-    pub(crate) async fn forwarded_rows(
+    pub(crate) async fn forwarded_rows<R>(
         &self,
         addr: &str,
-        action: &str,
-        body: &serde_json::Value,
-    ) -> Result<Vec<RecordBatch>> {
-        let ipc = self.forwarder.action_raw(addr, action, body).await?;
+        request: &R,
+    ) -> Result<Vec<RecordBatch>>
+    where
+        R: mink_flight::actions::ActionRequest<Answer = mink_flight::actions::IpcAnswer>,
+    {
+        let ipc = self.forwarder.call(addr, request).await?.0;
         let reader = arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(ipc), None)?;
         reader.map(|b| Ok(b?)).collect()
     }

@@ -35,7 +35,7 @@ use mink_wal::StreamStore;
 
 use crate::MinkConfig;
 use crate::tablets::{Tablet, Tablets, snapshot_prefix};
-pub(crate) use leader::{Leader, Route};
+pub(crate) use leader::Leader;
 pub(crate) use submit::{BucketWrite, Sequencing, Submission, submit};
 
 mod actions;
@@ -87,10 +87,10 @@ impl NodeService {
             tablets: Arc::new(Tablets::new(config.clone(), meta.clone(), streams, kv)),
             admission: crate::admission::Admission::new(&config.writes),
             config,
+            forwarder: crate::forward::Forwarder::new(meta.clone()),
             meta,
             round_robin: Mutex::new(HashMap::new()),
             writer_ids: tokio::sync::Mutex::new(0..0),
-            forwarder: crate::forward::Forwarder::default(),
         }
     }
 

@@ -124,6 +124,7 @@ impl NodeService {
             for spec in ["earliest", "latest"] {
                 let offsets = self
                     .list_offsets(mink_flight::actions::ListOffsets {
+                        forwarded: false,
                         path: path.clone(),
                         spec: spec.into(),
                         timestamp: None,

@@ -136,6 +136,7 @@ pub async fn lake(client: &MinkClient, command: LakeCommand) -> CliResult<()> {
         let latest = call(
             client,
             mink_flight::actions::ListOffsets {
+                forwarded: false,
                 path: table.clone(),
                 spec: "latest".into(),
                 timestamp: None,

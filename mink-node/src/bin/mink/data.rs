@@ -72,6 +72,7 @@ async fn offsets_of(
     call(
         client,
         ListOffsets {
+            forwarded: false,
             path: table.clone(),
             spec: spec.into(),
             timestamp: None,

@@ -142,6 +142,7 @@ impl NodeService {
             return Vec::new();
         };
         let request = ListOffsets {
+            forwarded: false,
             path,
             spec: "latest".into(),
             timestamp: None,

@@ -55,17 +55,22 @@ impl NodeService {
                 ));
             }
             let tb = TableBucket::new(table.id, partition, bucket);
-            let offset = match self.route_bucket(tb).await? {
-                Route::Here(tablet) => tablet.log().list_offsets(spec).await?,
-                Route::There(addr) => {
-                    let one = ListOffsets {
-                        buckets: Some(vec![bucket]),
-                        ..r.clone()
-                    };
-                    let answer = self.forwarder.call(&addr, &one).await?;
-                    answer.first().and_then(|b| b.offset)
-                }
+            let one = &ListOffsets {
+                buckets: Some(vec![bucket]),
+                forwarded: true,
+                ..r.clone()
             };
+            let offset = self
+                .at_leader(
+                    tb,
+                    r.forwarded,
+                    |tablet| async move { tablet.log().list_offsets(spec).await },
+                    |addr| async move {
+                        let answer = self.forwarder.call(&addr, one).await?;
+                        Ok(answer.first().and_then(|b| b.offset))
+                    },
+                )
+                .await?;
             out.push(BucketOffset { bucket: tb, offset });
         }
         Ok(out)
