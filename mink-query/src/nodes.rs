@@ -3,7 +3,8 @@
 //!
 //! Any node answers actions and `GetFlightInfo`; reads of a bucket go to its leader
 //! (the endpoint's location), and a leader that moved answers `NotLeader` with the new
-//! address, which [`Nodes::read`] follows. Every answer carries the node's
+//! address, which [`Nodes::read`] follows, in the middle of a bucket's read as well
+//! as at its start. Every answer carries the node's
 //! `mink-applied-index`; the highest one seen is sent back as `mink-min-applied-index`
 //! on every call, so no node serves mink-query an older catalog than one it already
 //! saw (DDL through any node is visible to the next statement).
@@ -18,8 +19,8 @@ use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use mink_flight::actions::{ActionRequest, Answer, DescribeCluster, Empty};
 use mink_flight::client::status_to_error;
-use mink_flight::protocol::ReadTicket;
-use mink_types::{MinkError, Result, TablePath};
+use mink_flight::protocol::{ReadTicket, ScanBatch};
+use mink_types::{MinkError, Result, TableBucket, TablePath};
 use tokio::sync::Mutex;
 use tonic::transport::Channel;
 
@@ -191,7 +192,7 @@ impl Nodes {
 
     /// A read any node answers (`Union`, `Lake`), at the first candidate that does.
     pub async fn read_any(&self, ticket: &ReadTicket) -> Result<Batches> {
-        self.at_any(|addr| async move { self.read(&addr, ticket).await })
+        self.at_any(|addr| async move { Ok(self.open(&addr, ticket).await?.0) })
             .await
     }
 
@@ -248,8 +249,38 @@ impl Nodes {
         }
     }
 
-    /// A DoGet at `addr`, following `NotLeader` redirects, streamed.
-    pub async fn read(&self, addr: &str, ticket: &ReadTicket) -> Result<Batches> {
+    /// A DoGet at `addr`, following `NotLeader` redirects, streamed. A range read (a
+    /// `Scan` with an `end_offset`, which the node serves in successive scans) also
+    /// survives its bucket moving while it streams: when the stream ends with
+    /// `NotLeader`, the read goes on at the new leader from the offset after the last
+    /// batch it received (at most [`REDIRECTS_MAX`] moves).
+    pub async fn read(self: &Arc<Self>, addr: &str, ticket: &ReadTicket) -> Result<Batches> {
+        let (batches, at) = self.open(addr, ticket).await?;
+        let ReadTicket::Scan {
+            bucket,
+            offset,
+            max_bytes,
+            end_offset: Some(end),
+        } = *ticket
+        else {
+            return Ok(batches);
+        };
+        let range = Range {
+            nodes: self.clone(),
+            addr: at,
+            bucket,
+            max_bytes,
+            next: offset,
+            end,
+            moves: 0,
+            batches: Some(batches),
+        };
+        Ok(range.stream())
+    }
+
+    /// A DoGet at `addr`, following `NotLeader` redirects, streamed; with the address
+    /// that answered.
+    async fn open(&self, addr: &str, ticket: &ReadTicket) -> Result<(Batches, String)> {
         let body = serde_json::to_vec(ticket).map_err(|e| MinkError::Internal(e.to_string()))?;
         let mut addr = addr.to_string();
         for _ in 0..=REDIRECTS_MAX {
@@ -268,7 +299,7 @@ impl Nodes {
                                 _ => None,
                             })
                         });
-                    return Ok(decoded.boxed());
+                    return Ok((decoded.boxed(), addr));
                 }
                 Err(status) => {
                     self.saw(status.metadata());
@@ -288,6 +319,70 @@ impl Nodes {
         Err(MinkError::Unavailable(format!(
             "the read moved leaders more than {REDIRECTS_MAX} times"
         )))
+    }
+}
+
+/// A range read in progress ([`Nodes::read`]).
+struct Range {
+    nodes: Arc<Nodes>,
+    /// The leader being read.
+    addr: String,
+    bucket: TableBucket,
+    max_bytes: Option<u64>,
+    /// The offset after the last batch received.
+    next: i64,
+    end: i64,
+    /// Leader moves followed so far.
+    moves: usize,
+    /// The stream from `addr`; `None` between a move and the read that goes on.
+    batches: Option<Batches>,
+}
+
+impl Range {
+    fn stream(self) -> Batches {
+        futures::stream::unfold(Some(self), |state| async move {
+            let mut range = state?;
+            loop {
+                let batches = match range.batches.as_mut() {
+                    Some(b) => b,
+                    None => {
+                        let ticket = ReadTicket::Scan {
+                            bucket: range.bucket,
+                            offset: range.next,
+                            max_bytes: range.max_bytes,
+                            end_offset: Some(range.end),
+                        };
+                        match range.nodes.open(&range.addr, &ticket).await {
+                            Ok((b, at)) => {
+                                range.addr = at;
+                                range.batches.insert(b)
+                            }
+                            Err(e) => return Some((Err(e), None)),
+                        }
+                    }
+                };
+                match batches.next().await {
+                    None => return None,
+                    Some(Ok((batch, meta))) => {
+                        if let Ok(m) = serde_json::from_slice::<ScanBatch>(&meta) {
+                            range.next = range.next.max(m.base_offset + batch.num_rows() as i64);
+                        }
+                        return Some((Ok((batch, meta)), Some(range)));
+                    }
+                    Some(Err(MinkError::NotLeader {
+                        leader: Some(to), ..
+                    })) if range.moves < REDIRECTS_MAX && range.next < range.end => {
+                        tracing::debug!(bucket = %range.bucket, from = %range.addr, %to, next = range.next,
+                            "the bucket moved during a read; going on at its new leader");
+                        range.moves += 1;
+                        range.addr = to;
+                        range.batches = None;
+                    }
+                    Some(Err(e)) => return Some((Err(e), None)),
+                }
+            }
+        })
+        .boxed()
     }
 }
 

@@ -465,6 +465,9 @@ def test_three_nodes_any_one_suffices(mink_node, mink_query, tmp_path):
                         "MINK_NODE_ID": f"n{i}",
                         "MINK_DATA_DIR": str(tmp_path / f"n{i}"),
                         "MINK_OBJECT_STORE__URL": f"file://{shared}",
+                        # One batch per scan: a bucket's rows are read in many scans,
+                        # so buckets move in the middle of reads below.
+                        "MINK_LOG__SCAN_BYTES_MAX": "1",
                     },
                 )
             )
@@ -481,8 +484,13 @@ def test_three_nodes_any_one_suffices(mink_node, mink_query, tmp_path):
             return leaders if None not in leaders and len(leaders) == 3 else None
 
         wait_for(leaders_spread, timeout=30, what="buckets led by all three nodes")
-        retry(lambda: append_table(client, "db.events", events_batch(list(range(600)))), timeout=30)
-        retry(lambda: put_table(client, users_batch([(i, f"u{i}", i) for i in range(40)])), timeout=30)
+        # In many small batches: ~90 per events bucket, ~10 per users bucket.
+        for start in range(0, 600, 4):
+            ids = list(range(start, start + 4))
+            retry(lambda: append_table(client, "db.events", events_batch(ids)), timeout=30)
+        for start in range(0, 40, 4):
+            rows = [(i, f"u{i}", i) for i in range(start, start + 4)]
+            retry(lambda: put_table(client, users_batch(rows)), timeout=30)
         delete_users(client, [0, 1])
         # mink-query knows only the third node; it finds the rest.
         q = QueryProcess(mink_query, tmp_path, [f"127.0.0.1:{nodes[2].flight_port}"])
@@ -516,8 +524,9 @@ def test_three_nodes_any_one_suffices(mink_node, mink_query, tmp_path):
             assert r == ([{"n": 600, "s": sum(range(600))}], [{"n": 38}], [{"name": "u7"}])
 
         # Buckets moving between live nodes while queries run: each read that meets a
-        # moved bucket follows the new leader (NotLeader redirects), so every answer is
-        # the same. The moves are the cluster's; the test only asks for them.
+        # moved bucket follows the new leader (NotLeader redirects), at its start or in
+        # the middle of a bucket's rows (one batch per scan), so every answer is the
+        # same. The moves are the cluster's; the test only asks for them.
         stop = threading.Event()
         raced, race_errors = [], []
 
