@@ -337,6 +337,33 @@ async fn a_snapshot_reader_past_the_trim_fails_loudly_and_a_new_snapshot_serves(
     node.stop().await;
 }
 
+/// `rows` appended to `path` with a table-addressed `AppendTable` at `addr`: the node
+/// routes the rows and forwards the parts of buckets it does not lead. Its answer.
+async fn append_table(
+    addr: &str,
+    path: &TablePath,
+    rows: &RecordBatch,
+) -> mink_types::Result<serde_json::Value> {
+    use mink_flight::client::status_to_error;
+    let mut raw = mink_flight::client::connect(addr).await?;
+    let descriptor = mink_flight::protocol::WriteDescriptor::AppendTable {
+        path: path.clone(),
+        schema_id: 1,
+    };
+    let data = mink_flight::client::encode_write(rows, Some(&descriptor), &Default::default())?;
+    let mut results = raw
+        .do_put(futures::stream::iter(data))
+        .await
+        .map_err(status_to_error)?
+        .into_inner();
+    let first = results
+        .message()
+        .await
+        .map_err(status_to_error)?
+        .expect("an answer");
+    Ok(serde_json::from_slice(&first.app_metadata).unwrap())
+}
+
 /// The leader of `bucket` in `node`'s own view.
 fn leader_in_view(node: &Node, bucket: TableBucket) -> Option<String> {
     node.meta.read(|s| {
@@ -395,7 +422,14 @@ async fn a_request_forwarded_to_a_node_with_a_stale_view_is_served_not_bounced()
     // the forwarder's index and serves. Asked through n1, whose view is the stale
     // one: the leader it forwards to (n0) answers that it does not lead, and n1
     // catches up and serves.
-    for (asker, through) in [(&client, "n0"), (&n1_client, "n1")] {
+    // A table write through n1 while its view is stale: n1 forwards its part to n0,
+    // which redirects it back; n1 catches up and writes it (no tight loop).
+    let mut end = 10;
+    for (asker, through, write) in [
+        (&client, "n0", false),
+        (&n1_client, "n1", false),
+        (&n1_client, "n1", true),
+    ] {
         // Both buckets on n0, and n1's view saying so.
         for bucket in [log_bucket, kv_bucket] {
             if leader_in_view(&n0, bucket).as_deref() != Some("n0") {
@@ -419,6 +453,15 @@ async fn a_request_forwarded_to_a_node_with_a_stale_view_is_served_not_bounced()
         move_bucket(&client, kv_bucket, "n1").await;
         assert_eq!(leader_in_view(&n0, log_bucket).as_deref(), Some("n1"));
         assert_eq!(leader_in_view(&n1, log_bucket).as_deref(), Some("n0"));
+        if write {
+            let more = common::rows(end..end + 10);
+            let addr = n1.flight_addr.to_string();
+            tokio::time::timeout(Duration::from_secs(20), append_table(&addr, &events, &more))
+                .await
+                .unwrap_or_else(|_| panic!("a table write through {through} answered"))
+                .unwrap();
+            end += 10;
+        }
         let latest = tokio::time::timeout(
             Duration::from_secs(20),
             asker.call(&mink_flight::actions::ListOffsets {
@@ -434,7 +477,10 @@ async fn a_request_forwarded_to_a_node_with_a_stale_view_is_served_not_bounced()
         .unwrap_or_else(|_| panic!("list_offsets through {through} answered"))
         .unwrap();
         assert_eq!(latest.len(), 1);
-        assert_eq!((latest[0].bucket, latest[0].offset), (log_bucket, Some(10)));
+        assert_eq!(
+            (latest[0].bucket, latest[0].offset),
+            (log_bucket, Some(end))
+        );
         let found = tokio::time::timeout(
             Duration::from_secs(20),
             names(asker, &users_path, &[3, 7, 42]),

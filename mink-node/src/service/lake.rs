@@ -1585,7 +1585,16 @@ impl NodeService {
             max_bytes: None,
             end_offset: Some(end),
         };
-        self.forwarder.read(&addr, &ticket).await
+        // A table's read is this node's to answer: a bucket that moved under it is a
+        // reason to retry the read, not a redirect its client could follow.
+        let moved = move |e| match e {
+            MinkError::NotLeader { .. } => {
+                MinkError::Unavailable(format!("{bucket} moved during the read ({e}); retry"))
+            }
+            e => e,
+        };
+        let stream = self.forwarder.read(&addr, &ticket).await.map_err(moved)?;
+        Ok(stream.map_err(moved).boxed())
     }
 }
 

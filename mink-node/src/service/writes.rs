@@ -312,9 +312,19 @@ impl NodeService {
                         "{bucket}: the leader at {addr} did not answer within {FORWARD_DEADLINE:?}"
                     )));
                 }
+                // A redirect is a refusal before anything was written. It may point
+                // back here when this node's view is the stale one: catch the view up
+                // and pause first, so that two views that disagree cannot bounce the
+                // write in a tight loop.
                 Ok(Err(MinkError::NotLeader {
                     leader: Some(next), ..
-                })) if next != addr => addr = next,
+                })) if next != addr && tokio::time::Instant::now() + pause < deadline => {
+                    tracing::debug!(%bucket, %addr, %next, "forwarded write redirected");
+                    self.meta.inner_catch_up().await;
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                    addr = next;
+                }
                 // Without a writer id only a redirect is safe to follow: an
                 // Unavailable may be a connection lost after the leader recorded it.
                 Ok(Err(MinkError::Unavailable(why)))
@@ -486,6 +496,7 @@ impl NodeService {
                     }
                     other => other,
                 }
+                .map_err(table_write_error)
             });
         }
         drop(cork);
@@ -564,6 +575,7 @@ impl NodeService {
                     }
                     other => other,
                 }
+                .map_err(table_write_error)
             });
         }
         drop(cork);
@@ -572,5 +584,18 @@ impl NodeService {
             .into_iter()
             .collect::<Result<Vec<_>>>()?;
         Ok(WriteResult::Routed { buckets: results })
+    }
+}
+
+/// A part's error as the answer of a whole table write. A `NotLeader` left over (a
+/// bucket with no leader right now, or a redirect not followed) tells a client "not
+/// written; retry", which other parts of the same write may contradict: it answers
+/// `Unavailable` instead, as any failure of a table write whose parts may have landed.
+fn table_write_error(e: MinkError) -> MinkError {
+    match e {
+        MinkError::NotLeader { bucket, .. } => MinkError::Unavailable(format!(
+            "{bucket} has no reachable leader right now ({e}); retry"
+        )),
+        e => e,
     }
 }
