@@ -97,12 +97,7 @@ async fn move_bucket(client: &MinkClient, bucket: TableBucket, to: &str) {
 /// The node `node` leads `bucket` in its own view, and serves it.
 async fn wait_led_by(node: &Node, bucket: TableBucket) {
     for _ in 0..200 {
-        let led = node.meta.read(|s| {
-            s.buckets
-                .get(&bucket.stream_name())
-                .and_then(|b| b.leader.clone())
-        });
-        if led.as_deref() == Some(node.meta.node_id()) {
+        if leader_in_view(node, bucket).as_deref() == Some(node.meta.node_id()) {
             return;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;

@@ -71,23 +71,29 @@ impl NodeService {
         let mut found = Vec::new();
         // Partition (existing ones only), then bucket; each bucket asked where it is led.
         for (bucket, rows) in self.route(&table, &keys, false).await? {
-            let forward = &LookupBody {
-                path: body.path.clone(),
-                keys: rows
-                    .iter()
-                    .map(|r| body.keys[*r as usize].clone())
-                    .collect(),
-                forwarded: true,
-            };
+            let (rows, keys, body) = (&rows, &keys, &body);
             let batches = self
                 .at_leader(
                     bucket,
                     body.forwarded,
-                    |tablet| async {
-                        let sub = take_record_batch(&keys, &arrow::array::UInt32Array::from(rows))?;
+                    |tablet| async move {
+                        let rows =
+                            arrow::array::UInt32Array::from_iter_values(rows.iter().copied());
+                        let sub = take_record_batch(keys, &rows)?;
                         Ok(vec![kv_of(bucket, tablet)?.lookup(&sub)?.batch])
                     },
-                    |addr| async move { self.forwarded_rows(&addr, forward).await },
+                    // Built only when the bucket is led elsewhere.
+                    |addr| async move {
+                        let forward = LookupBody {
+                            path: body.path.clone(),
+                            keys: rows
+                                .iter()
+                                .map(|r| body.keys[*r as usize].clone())
+                                .collect(),
+                            forwarded: true,
+                        };
+                        self.forwarded_rows(&addr, &forward).await
+                    },
                 )
                 .await?;
             found.extend(batches);
@@ -167,10 +173,7 @@ impl NodeService {
         let mut found = Vec::new();
         // One bucket (none when the partition does not exist), asked where it is led.
         if let Some((bucket, _)) = self.route(&table, &prefix_row, false).await?.pop() {
-            let forward = &PrefixLookupBody {
-                forwarded: true,
-                ..body.clone()
-            };
+            let body = &body;
             let batches = self
                 .at_leader(
                     bucket,
@@ -179,7 +182,13 @@ impl NodeService {
                         let limit = body.limit.unwrap_or(LOOKUP_KEYS_MAX).min(LOOKUP_KEYS_MAX);
                         Ok(vec![kv_of(bucket, tablet)?.prefix_lookup(&encoded, limit)?])
                     },
-                    |addr| async move { self.forwarded_rows(&addr, forward).await },
+                    |addr| async move {
+                        let forward = PrefixLookupBody {
+                            forwarded: true,
+                            ..body.clone()
+                        };
+                        self.forwarded_rows(&addr, &forward).await
+                    },
                 )
                 .await?;
             found.extend(batches);

@@ -55,18 +55,19 @@ impl NodeService {
                 ));
             }
             let tb = TableBucket::new(table.id, partition, bucket);
-            let one = &ListOffsets {
-                buckets: Some(vec![bucket]),
-                forwarded: true,
-                ..r.clone()
-            };
+            let r = &r;
             let offset = self
                 .at_leader(
                     tb,
                     r.forwarded,
                     |tablet| async move { tablet.log().list_offsets(spec).await },
                     |addr| async move {
-                        let answer = self.forwarder.call(&addr, one).await?;
+                        let one = ListOffsets {
+                            buckets: Some(vec![bucket]),
+                            forwarded: true,
+                            ..r.clone()
+                        };
+                        let answer = self.forwarder.call(&addr, &one).await?;
                         Ok(answer.first().and_then(|b| b.offset))
                     },
                 )
