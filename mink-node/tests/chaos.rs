@@ -113,7 +113,13 @@ impl Cluster {
             cmd.env(k, v);
         }
         let mut child = cmd.spawn().expect("the mink-node binary starts");
-        let log = std::fs::File::create(self.dir.join(format!("{id}.log"))).ok();
+        // Appended to: a restarted node's earlier lives stay in its log (a takeover
+        // after a restart is explained by what the previous process did).
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("{id}.log")))
+            .ok();
         let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
         let (mut flight, mut admin, mut kafka) = (None, None, None);
         let mut log = log;

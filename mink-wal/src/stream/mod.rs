@@ -617,7 +617,8 @@ impl StreamStore {
 
     /// Runs compaction every `compaction_interval_ms`, or sooner when the node holds
     /// `segment_bytes_max` of uncompacted data, until `shutdown` resolves; a tick with
-    /// nothing to compact makes no request. Collection of dead WAL generations and
+    /// nothing to compact makes no request. Each tick first closes again the streams
+    /// whose close failed before it was settled. Collection of dead WAL generations and
     /// orphan segments runs every tenth tick, backing off to every 120th while it finds
     /// nothing and nothing is written.
     pub async fn run_compactor(&self, shutdown: impl std::future::Future<Output = ()>) {
@@ -636,6 +637,7 @@ impl StreamStore {
                 return;
             }
             self.inner.drop_spent_remembered();
+            compact::settle_closes(&self.inner).await;
             if self.inner.compaction_due() {
                 gc_every = GC_EVERY_TICKS_MIN;
                 if let Err(e) = self.compact().await {
