@@ -1322,11 +1322,14 @@ async fn chaos_loses_no_acknowledged_write() {
         l.violations.len(),
         recovery_line.join("; ")
     );
-    let logs = if l.violations.is_empty() && std::env::var_os("MINK_CHAOS_KEEP_LOGS").is_none() {
+    let logs = if l.violations.is_empty()
+        && slow_recoveries.is_empty()
+        && std::env::var_os("MINK_CHAOS_KEEP_LOGS").is_none()
+    {
         dir.path().to_path_buf()
     } else {
-        // Kept for the post-mortem (or, with `MINK_CHAOS_KEEP_LOGS`, to read the nodes'
-        // recovery timings).
+        // Kept for the post-mortem of a violation or a slow recovery (or, with
+        // `MINK_CHAOS_KEEP_LOGS`, to read the nodes' recovery timings).
         let kept = dir.keep();
         println!("node logs kept in {}", kept.display());
         kept

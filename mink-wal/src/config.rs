@@ -106,6 +106,11 @@ pub struct WalConfig {
     /// How often WAL data is compacted into per-stream segments, in milliseconds.
     /// Default 30,000.
     pub compaction_interval_ms: u64,
+    /// Compaction also runs as soon as this many WAL objects were written since the
+    /// last round began, whatever the interval. A takeover of the node's streams reads
+    /// every WAL object written since their last compaction, so this bounds its reads
+    /// on a busy node (docs/s3stream.md). At least 1. Default 512.
+    pub compaction_wal_objects_max: u64,
     /// The largest segment object compaction writes, in bytes. Default 64 MiB.
     pub segment_bytes_max: u64,
     /// A run of at least this many consecutive segments of a stream, together no
@@ -135,6 +140,7 @@ impl Default for WalConfig {
             pending_bytes_max: 64 << 20,
             tail_cache_bytes_max: 64 << 20,
             compaction_interval_ms: 30_000,
+            compaction_wal_objects_max: 512,
             segment_bytes_max: 64 << 20,
             segment_merge_fanin: 8,
             dead_wal_grace_ms: 600_000,
@@ -167,6 +173,9 @@ impl WalConfig {
         }
         if self.segment_bytes_max == 0 {
             return Err("wal.segment_bytes_max must be at least 1".into());
+        }
+        if self.compaction_wal_objects_max == 0 {
+            return Err("wal.compaction_wal_objects_max must be at least 1".into());
         }
         if self.segment_merge_fanin == 1 {
             return Err("wal.segment_merge_fanin must be 0 (off) or at least 2".into());

@@ -920,6 +920,57 @@ async fn a_close_that_failed_is_settled_by_the_compactor(t: TestStore) {
     assert_eq!(other.metadata().read(|st, _| st.fences.len()), fences);
 }
 
+/// A busy node compacts every `compaction_wal_objects_max` WAL objects, whatever the
+/// interval: a takeover reads each stream's WAL objects from its `wal_from`, so the
+/// count since the last round bounds what a takeover of this node reads.
+async fn compaction_follows_the_wal_objects_written(t: TestStore) {
+    let node = StreamStore::open(
+        t.store.clone(),
+        "n1",
+        WalConfig {
+            compaction_interval_ms: 3_600_000,
+            compaction_wal_objects_max: 8,
+            ..config()
+        },
+    )
+    .await
+    .unwrap();
+    let s = node.open_stream("s", 1).await.unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let compactor = {
+        let node = node.clone();
+        tokio::spawn(async move {
+            node.run_compactor(async {
+                let _ = stopped.await;
+            })
+            .await
+        })
+    };
+    let wal_from = |node: &StreamStore| {
+        node.metadata()
+            .read(|st, _| st.streams.get("s").map_or(0, |m| m.wal_from))
+    };
+    let mut behind = 0;
+    for i in 0..60 {
+        // One append at a time: each is a WAL object of its own.
+        s.append_durable(1, 1, i, payload("s", i as u64))
+            .await
+            .unwrap();
+        node.metadata().catch_up().await.unwrap();
+        behind = behind.max((i + 2).saturating_sub(wal_from(&node) as i64));
+    }
+    let _ = stop.send(());
+    compactor.await.unwrap();
+    assert!(wal_from(&node) > 1, "no round ran in an hour-long interval");
+    // A round runs once 8 objects are written since the last began, and takes a few
+    // more while it runs; nowhere near the 60 written.
+    assert!(
+        behind < 40,
+        "the stream's WAL position fell {behind} objects behind"
+    );
+    assert_eq!(read_all(&s).await.len(), 60);
+}
+
 /// Found by the concurrent model test (seed 4211): a fencer whose fence write timed
 /// out after it landed leaves a stray fence below the one it records, and that is
 /// where the owner's writer stops. Dead-WAL GC kept only the recorded fence: it deleted
@@ -1003,6 +1054,7 @@ async fn dead_wal_gc_keeps_every_fence_object(t: TestStore) {
 }
 
 backend_tests! {
+    compaction_follows_the_wal_objects_written => super::compaction_follows_the_wal_objects_written;
     a_close_that_failed_is_settled_by_the_compactor => super::a_close_that_failed_is_settled_by_the_compactor;
     dead_wal_gc_keeps_every_fence_object => super::dead_wal_gc_keeps_every_fence_object;
     an_open_cancelled_after_it_landed_is_adopted => super::an_open_cancelled_after_it_landed_is_adopted;

@@ -274,6 +274,7 @@ pub(super) async fn compact_all(store: &Arc<StoreInner>) -> WalResult<usize> {
     for (stream, u) in &updates {
         committed(store, stream, &u.segments, u.wal_from);
     }
+    store.compacted_from.fetch_max(oldest, Ordering::Relaxed);
     if !updates.is_empty() {
         metrics::counter!("mink_wal_compactions_total").increment(1);
     }

@@ -54,6 +54,9 @@ const GC_EVERY_TICKS_MIN: u64 = 10;
 /// (an hour at the default 30 s interval): what it collects appears only after
 /// restarts and rejected commits, and waits out a 10-minute grace anyway.
 const GC_EVERY_TICKS_MAX: u64 = 120;
+/// After a compaction round failed, the next waits at least this long (or the interval,
+/// if shorter), however often uploads ask for one (`compaction_wal_objects_max`).
+const FAILED_ROUND_PAUSE: Duration = Duration::from_secs(1);
 
 /// The largest payload one append may carry: 256 MiB.
 pub const PAYLOAD_BYTES_MAX: usize = 256 << 20;
@@ -152,7 +155,10 @@ impl StreamInner {
             + len;
         drop(state);
         self.acked.send_replace(end);
-        if uncompacted >= self.store.config.segment_bytes_max {
+        let objects_since = seq.saturating_sub(self.store.compacted_from.load(Ordering::Relaxed));
+        if uncompacted >= self.store.config.segment_bytes_max
+            || objects_since >= self.store.config.compaction_wal_objects_max
+        {
             self.store.compact_soon.notify_one();
         }
     }
@@ -206,6 +212,10 @@ pub(crate) struct StoreInner {
     compaction: tokio::sync::Mutex<()>,
     /// Own WAL objects below this were deleted.
     gc_floor: AtomicU64,
+    /// The oldest unacknowledged WAL sequence when the last compaction round that
+    /// committed began: what a takeover of an open stream reads starts at or above it
+    /// (`compaction_wal_objects_max`).
+    compacted_from: AtomicU64,
     /// The metadata index of the last snapshot this node wrote.
     last_snapshot: AtomicU64,
     /// Segment merges recorded by this writer.
@@ -492,6 +502,7 @@ impl StreamStore {
             compact_soon: Notify::new(),
             compaction: tokio::sync::Mutex::new(()),
             gc_floor: AtomicU64::new(1),
+            compacted_from: AtomicU64::new(1),
             last_snapshot: AtomicU64::new(0),
             merges: AtomicU64::new(0),
             segment_indexes: Mutex::new(HashMap::new()),
@@ -626,12 +637,22 @@ impl StreamStore {
         let interval = Duration::from_millis(self.inner.config.compaction_interval_ms.max(1));
         let mut gc_every = GC_EVERY_TICKS_MIN;
         let mut since_gc = 0u64;
+        let mut failed = false;
         loop {
             tokio::select! {
                 biased;
                 _ = &mut shutdown => return,
                 _ = tokio::time::sleep(interval) => {}
                 _ = self.inner.compact_soon.notified() => {}
+            }
+            if std::mem::take(&mut failed) {
+                // A round that failed (the store down, say) is not tried again at
+                // every upload that asks for one.
+                tokio::select! {
+                    biased;
+                    _ = &mut shutdown => return,
+                    _ = tokio::time::sleep(interval.min(FAILED_ROUND_PAUSE)) => {}
+                }
             }
             if self.failure().is_some() {
                 return;
@@ -641,6 +662,7 @@ impl StreamStore {
             if self.inner.compaction_due() {
                 gc_every = GC_EVERY_TICKS_MIN;
                 if let Err(e) = self.compact().await {
+                    failed = true;
                     tracing::warn!(wal = %self.inner.wal, "compaction failed: {e}");
                 }
             }
