@@ -97,8 +97,14 @@ pub enum ReadTicket {
     /// The latest KV snapshot of a bucket.
     Snapshot { bucket: TableBucket },
     /// The table's newest lake snapshot and, for each bucket, the log from the offset
-    /// the snapshot holds rows below: every row once, no gap. Any node answers.
-    Union { path: TablePath },
+    /// the snapshot holds rows below: every row once, no gap. Any node answers. With
+    /// `bucket`, that bucket's part alone (its lake files and its log past them), so
+    /// that a reader can read the buckets in parallel: each part is whole on its own.
+    Union {
+        path: TablePath,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        bucket: Option<TableBucket>,
+    },
     /// The lake only: snapshot `snapshot_id`, or the newest. Any node answers.
     Lake {
         path: TablePath,

@@ -169,7 +169,10 @@ async fn backlog(batches: usize) -> Backlog {
 
     let start = Instant::now();
     let union = client
-        .read_any(&ReadTicket::Union { path: path.clone() })
+        .read_any(&ReadTicket::Union {
+            path: path.clone(),
+            bucket: None,
+        })
         .await
         .unwrap();
     let union_secs = start.elapsed().as_secs_f64();

@@ -10,7 +10,7 @@ use std::time::Duration;
 use mink_flight::MinkClient;
 use mink_flight::protocol::{ReadTicket, ScanBatch};
 use mink_node::node::Node;
-use mink_types::{LakeProperties, MinkError, TableDescriptor, TablePath};
+use mink_types::{LakeProperties, MinkError, TableBucket, TableDescriptor, TablePath};
 
 mod common;
 use common::{config, ids, rows};
@@ -130,7 +130,14 @@ async fn rounds_tier_and_union_reads_every_row_once_while_they_commit() {
 
     // Rows not yet tiered come from the log.
     client.append(&path, &rows(200..300)).await.unwrap();
-    let union = read(&client, ReadTicket::Union { path: path.clone() }).await;
+    let union = read(
+        &client,
+        ReadTicket::Union {
+            path: path.clone(),
+            bucket: None,
+        },
+    )
+    .await;
     assert_eq!(read_ids(&union), (0..300).collect::<Vec<_>>());
     coverage(&union);
 
@@ -150,11 +157,26 @@ async fn rounds_tier_and_union_reads_every_row_once_while_they_commit() {
             }
         })
     };
+    let info: serde_json::Value = client
+        .action("get_table", serde_json::json!({"path": path}))
+        .await
+        .unwrap();
+    let table_id: mink_types::TableId = info["id"].as_i64().unwrap();
+    let buckets: Vec<TableBucket> = (0..4)
+        .map(|b| TableBucket::new(table_id, None, b))
+        .collect();
     let mut reads = 0;
     let mut versions = HashSet::new();
     while !writer.is_finished() || reads < 3 {
         let before = acked.load(Ordering::SeqCst);
-        let union = read(&client, ReadTicket::Union { path: path.clone() }).await;
+        let union = read(
+            &client,
+            ReadTicket::Union {
+                path: path.clone(),
+                bucket: None,
+            },
+        )
+        .await;
         coverage(&union);
         let got = read_ids(&union);
         let unique: HashSet<i64> = got.iter().copied().collect();
@@ -162,6 +184,30 @@ async fn rounds_tier_and_union_reads_every_row_once_while_they_commit() {
         assert!(
             (0..before).all(|i| unique.contains(&i)),
             "a Union read lacks a row acknowledged before it began"
+        );
+        // The same, read as each bucket's part of the Union (as mink-query reads a
+        // lake-tiered table, one part per bucket in parallel): rounds commit between
+        // the parts, and every row is still there once.
+        let before = acked.load(Ordering::SeqCst);
+        let mut got = Vec::new();
+        for bucket in &buckets {
+            let part = read(
+                &client,
+                ReadTicket::Union {
+                    path: path.clone(),
+                    bucket: Some(*bucket),
+                },
+            )
+            .await;
+            coverage(&part);
+            assert!(part.iter().all(|(_, m)| m.bucket == *bucket), "{bucket}");
+            got.extend(read_ids(&part));
+        }
+        let unique: HashSet<i64> = got.iter().copied().collect();
+        assert_eq!(unique.len(), got.len(), "Union parts returned a row twice");
+        assert!(
+            (0..before).all(|i| unique.contains(&i)),
+            "Union parts lack a row acknowledged before they began"
         );
         if let Some(o) = lake_offsets(&client, &path).await {
             versions.insert(o.values().sum::<i64>());
@@ -201,6 +247,24 @@ async fn rounds_tier_and_union_reads_every_row_once_while_they_commit() {
         .await
         .unwrap_err();
     assert!(matches!(missing, MinkError::NotFound(_)), "{missing:?}");
+    // A part of a bucket the table does not have, or of another table, is NotFound.
+    for bucket in [
+        TableBucket::new(table_id, None, 4),
+        TableBucket::new(table_id + 1, None, 0),
+        TableBucket::new(table_id, Some(1), 0),
+    ] {
+        let e = client
+            .read_any(&ReadTicket::Union {
+                path: path.clone(),
+                bucket: Some(bucket),
+            })
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, MinkError::NotFound(m) if m.contains("is not a bucket of")),
+            "{e:?}"
+        );
+    }
     node.stop().await;
 }
 
@@ -252,7 +316,14 @@ async fn the_ttl_never_trims_what_the_lake_lacks() {
         start <= in_lake,
         "the TTL trimmed the log to {start}; the lake holds rows below {in_lake} only"
     );
-    let union = read(&client, ReadTicket::Union { path: t.clone() }).await;
+    let union = read(
+        &client,
+        ReadTicket::Union {
+            path: t.clone(),
+            bucket: None,
+        },
+    )
+    .await;
     assert_eq!(read_ids(&union), (0..20).collect::<Vec<_>>());
     node.stop().await;
 }
@@ -316,6 +387,128 @@ async fn lake_properties_are_checked_and_a_dropped_tables_lake_goes_with_it() {
     )
     .await;
     assert_eq!(read_ids(&lake), (100..105).collect::<Vec<_>>());
+    node.stop().await;
+}
+
+/// Every file under `root`, with its bytes.
+fn files_under(root: &std::path::Path) -> BTreeMap<std::path::PathBuf, Vec<u8>> {
+    let mut out = BTreeMap::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else {
+                let bytes = std::fs::read(&path).unwrap();
+                out.insert(path.strip_prefix(root).unwrap().to_path_buf(), bytes);
+            }
+        }
+    }
+    out
+}
+
+/// The lake rounds this process's nodes counted with `outcome`.
+fn rounds(node: &Node, outcome: &str) -> u64 {
+    let page = common::scrape_metrics(&node.admin_addr.to_string());
+    page.lines()
+        .filter(|l| {
+            l.starts_with("mink_lake_rounds_total{")
+                && l.contains(&format!("outcome=\"{outcome}\""))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .sum()
+}
+
+/// The purge rule where it matters: a node whose catalog lags a drop and a re-create of
+/// a name finds, at the name's lake path, the lake of a table *newer* than the one it
+/// tiers. Its rounds fail and delete nothing (the newer table's TTL may already rely
+/// on that lake); only the lake of an *older* table is purged. The lagging node is
+/// made deterministic here: its table meets a lake another cluster wrote for a table
+/// of a higher id at the same path, exactly what a node behind a drop and a
+/// re-create meets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lake_of_a_newer_table_is_never_purged_by_a_node_behind() {
+    // The newer table's lake: another cluster, where the name went to a later table id.
+    let newer_dir = tempfile::tempdir().unwrap();
+    let newer = start(newer_dir.path()).await;
+    let client = MinkClient::connect(&newer.flight_addr.to_string())
+        .await
+        .unwrap();
+    client.create_database("db").await.unwrap();
+    let path = TablePath::parse("db.events").unwrap();
+    for name in ["db.a", "db.b"] {
+        let p = TablePath::parse(name).unwrap();
+        client
+            .create_table(&p, &common::events_in(1))
+            .await
+            .unwrap();
+    }
+    client.create_table(&path, &lake_events(1)).await.unwrap();
+    client.append(&path, &rows(0..40)).await.unwrap();
+    until_tiered(&client, &path, 40).await;
+    newer.stop().await;
+    let newer_lake = newer_dir.path().join("objects/lake/db/events");
+    let written = files_under(&newer_lake);
+    assert!(!written.is_empty());
+
+    // The node behind: its db.events has a lower id, and tiers to the same path.
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(dir.path()).await;
+    let client = MinkClient::connect(&node.flight_addr.to_string())
+        .await
+        .unwrap();
+    client.create_database("db").await.unwrap();
+    client
+        .create_table(&path, &common::events_in(1))
+        .await
+        .unwrap();
+    client.append(&path, &rows(100..110)).await.unwrap();
+    let lake = dir.path().join("objects/lake/db/events");
+    for (name, bytes) in &written {
+        let to = lake.join(name);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::write(to, bytes).unwrap();
+    }
+    let failed_before = rounds(&node, "failed");
+    client
+        .action::<serde_json::Value>(
+            "alter_table",
+            serde_json::json!({"path": path, "set_properties": {"lake.enabled": "true", "lake.freshness": "1s"}}),
+        )
+        .await
+        .unwrap();
+    // Rounds run (and fail) until the node's catalog catches up, which here it never
+    // does; every one of them leaves the newer table's lake as it was.
+    for _ in 0..600 {
+        if rounds(&node, "failed") >= failed_before + 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        rounds(&node, "failed") >= failed_before + 3,
+        "the node ran no round against the newer table's lake"
+    );
+    assert_eq!(
+        files_under(&lake),
+        written,
+        "a node behind changed the lake of a newer table"
+    );
+    // Its reads see no lake of its own table: a Union is its log alone.
+    let union = read(
+        &client,
+        ReadTicket::Union {
+            path: path.clone(),
+            bucket: None,
+        },
+    )
+    .await;
+    assert_eq!(read_ids(&union), (100..110).collect::<Vec<_>>());
     node.stop().await;
 }
 
@@ -407,7 +600,10 @@ async fn union_state(
     mink_flight::protocol::SnapshotBatch,
 )> {
     client
-        .read_state_any(&ReadTicket::Union { path: path.clone() })
+        .read_state_any(&ReadTicket::Union {
+            path: path.clone(),
+            bucket: None,
+        })
         .await
         .unwrap()
 }
@@ -664,7 +860,10 @@ async fn two_nodes_tier_one_table_and_either_answers_union() {
             .await
             .unwrap();
         let union = c
-            .read_any(&ReadTicket::Union { path: path.clone() })
+            .read_any(&ReadTicket::Union {
+                path: path.clone(),
+                bucket: None,
+            })
             .await
             .unwrap();
         coverage(&union);
@@ -731,7 +930,11 @@ async fn a_union_reader_slower_than_the_trim_grace_fails_loudly() {
     let mut flight = mink_flight::client::connect(&node.flight_addr.to_string())
         .await
         .unwrap();
-    let ticket = serde_json::to_vec(&ReadTicket::Union { path: path.clone() }).unwrap();
+    let ticket = serde_json::to_vec(&ReadTicket::Union {
+        path: path.clone(),
+        bucket: None,
+    })
+    .unwrap();
     let mut stream = flight
         .do_get(arrow_flight::Ticket {
             ticket: ticket.into(),
@@ -774,7 +977,14 @@ async fn a_union_reader_slower_than_the_trim_grace_fails_loudly() {
     let status = outcome.expect_err("a Union read past the trim grace ended as if whole");
     assert_eq!(status.code(), tonic::Code::OutOfRange, "{status}");
     // A new read is whole.
-    let union = read(&client, ReadTicket::Union { path: path.clone() }).await;
+    let union = read(
+        &client,
+        ReadTicket::Union {
+            path: path.clone(),
+            bucket: None,
+        },
+    )
+    .await;
     assert_eq!(read_ids(&union), (0..next).collect::<Vec<_>>());
     node.stop().await;
 }

@@ -29,7 +29,11 @@ use tokio::sync::Semaphore;
 
 use crate::engine::batches_of_ipc;
 use crate::merge::BucketState;
-use crate::nodes::Nodes;
+use crate::nodes::{Nodes, RESUME_WAIT, resumable};
+
+/// How many times a bucket's KV snapshot read starts over after its bucket moved or
+/// its node went away.
+const SNAPSHOT_RESTARTS_MAX: usize = 5;
 
 /// The system columns of a `$changelog` read, after the table's own.
 pub const CHANGELOG_COLUMNS: [&str; 3] = ["_change_type", "_log_offset", "_commit_timestamp"];
@@ -295,22 +299,51 @@ impl Read {
         context: Arc<TaskContext>,
     ) -> Result<Rows> {
         let table_columns = self.full.fields().len();
-        let mut state = BucketState::new(self.full.clone(), self.key_columns.clone())?;
         let reservation =
             MemoryConsumer::new(format!("MinkState[{bucket}]")).register(context.memory_pool());
-        let mut snapshot = self
-            .nodes
-            .read(&addr, &ReadTicket::Snapshot { bucket })
-            .await
-            .map_err(mink_error)?;
-        let mut from: Option<i64> = None;
-        while let Some(item) = snapshot.next().await {
-            let (batch, meta) = item.map_err(mink_error)?;
-            let meta: SnapshotBatch = parse_meta(&meta)?;
-            from = Some(meta.log_offset);
-            let added = state.snapshot(align(batch, &self.full, table_columns)?)?;
-            reservation.try_grow(added)?;
-        }
+        // The snapshot, read whole; a read that stops (the bucket moved, its node went
+        // away) starts over from an empty state at the bucket's leader.
+        let mut addr = addr;
+        let mut restarts = 0;
+        let (mut state, from) = loop {
+            reservation.free();
+            let mut state = BucketState::new(self.full.clone(), self.key_columns.clone())?;
+            let (mut snapshot, at) = self
+                .nodes
+                .open_waiting(&addr, &ReadTicket::Snapshot { bucket }, RESUME_WAIT)
+                .await
+                .map_err(mink_error)?;
+            addr = at;
+            let mut from: Option<i64> = None;
+            let mut stopped = None;
+            while let Some(item) = snapshot.next().await {
+                let (batch, meta) = match item {
+                    Ok(item) => item,
+                    Err(e) if resumable(&e) && restarts < SNAPSHOT_RESTARTS_MAX => {
+                        stopped = Some(e);
+                        break;
+                    }
+                    Err(e) => return Err(mink_error(e)),
+                };
+                let meta: SnapshotBatch = parse_meta(&meta)?;
+                from = Some(meta.log_offset);
+                let added = state.snapshot(align(batch, &self.full, table_columns)?)?;
+                reservation.try_grow(added)?;
+            }
+            match stopped {
+                None => break (state, from),
+                Some(e) => {
+                    tracing::debug!(%bucket, "a snapshot read stopped ({e}); reading it again");
+                    restarts += 1;
+                    if let MinkError::NotLeader {
+                        leader: Some(to), ..
+                    } = e
+                    {
+                        addr = to;
+                    }
+                }
+            }
+        };
         // A snapshot of no rows may come without a batch to carry its offset: the
         // `latest_kv_snapshot` action answers the same snapshot.
         let from = match from {

@@ -35,6 +35,10 @@ const MIN_APPLIED_INDEX: &str = "mink-min-applied-index";
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Redirects one read follows before giving up (a bucket moving again and again).
 const REDIRECTS_MAX: usize = 5;
+/// How long a read waits for a leader that serves its bucket, after a move or a
+/// failure (a new leader opens the bucket first; a dead one is replaced after the
+/// lease timeout).
+pub const RESUME_WAIT: Duration = Duration::from_secs(20);
 
 /// A stream of a read's batches with their app metadata (JSON).
 pub type Batches = BoxStream<'static, Result<(RecordBatch, Bytes)>>;
@@ -251,11 +255,13 @@ impl Nodes {
 
     /// A DoGet at `addr`, following `NotLeader` redirects, streamed. A range read (a
     /// `Scan` with an `end_offset`, which the node serves in successive scans) also
-    /// survives its bucket moving while it streams: when the stream ends with
-    /// `NotLeader`, the read goes on at the new leader from the offset after the last
-    /// batch it received (at most [`REDIRECTS_MAX`] moves).
+    /// survives its bucket moving, or its leader going away, while it streams: when
+    /// the stream ends with `NotLeader` or `Unavailable`, the read goes on at the
+    /// leader from the offset after the last batch it received (at most
+    /// [`REDIRECTS_MAX`] times, each waiting up to [`RESUME_WAIT`] for a leader that
+    /// serves). The rows below the end were acknowledged before the read was planned,
+    /// so every leader after the move holds them.
     pub async fn read(self: &Arc<Self>, addr: &str, ticket: &ReadTicket) -> Result<Batches> {
-        let (batches, at) = self.open(addr, ticket).await?;
         let ReadTicket::Scan {
             bucket,
             offset,
@@ -263,19 +269,55 @@ impl Nodes {
             end_offset: Some(end),
         } = *ticket
         else {
-            return Ok(batches);
+            return Ok(self.open(addr, ticket).await?.0);
         };
-        let range = Range {
+        let mut range = Range {
             nodes: self.clone(),
-            addr: at,
+            addr: addr.to_string(),
             bucket,
             max_bytes,
             next: offset,
             end,
             moves: 0,
-            batches: Some(batches),
+            batches: None,
         };
+        // The first open waits for a leader as a resume does (one still opening after
+        // a move answers Unavailable).
+        let first = range.reopen().await?;
+        range.batches = Some(first);
         Ok(range.stream())
+    }
+
+    /// [`Nodes::open`] at `addr`, or, when `addr` cannot serve (`Unavailable`: gone,
+    /// or its bucket still opening), at any node, which redirects to the leader;
+    /// retried with growing pauses for up to `wait`.
+    pub async fn open_waiting(
+        &self,
+        addr: &str,
+        ticket: &ReadTicket,
+        wait: Duration,
+    ) -> Result<(Batches, String)> {
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut pause = Duration::from_millis(50);
+        loop {
+            let opened = match self.open(addr, ticket).await {
+                Err(MinkError::Unavailable(_)) => {
+                    self.at_any(|other| async move { self.open(&other, ticket).await })
+                        .await
+                }
+                other => other,
+            };
+            match opened {
+                Err(MinkError::Unavailable(why))
+                    if tokio::time::Instant::now() + pause < deadline =>
+                {
+                    tracing::debug!(%addr, "no leader serves the read yet ({why}); waiting");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+                other => return other,
+            }
+        }
     }
 
     /// A DoGet at `addr`, following `NotLeader` redirects, streamed; with the address
@@ -339,27 +381,32 @@ struct Range {
 }
 
 impl Range {
+    /// Opens the rest of the range, `next..end`, at its leader.
+    async fn reopen(&mut self) -> Result<Batches> {
+        let ticket = ReadTicket::Scan {
+            bucket: self.bucket,
+            offset: self.next,
+            max_bytes: self.max_bytes,
+            end_offset: Some(self.end),
+        };
+        let (batches, at) = self
+            .nodes
+            .open_waiting(&self.addr, &ticket, RESUME_WAIT)
+            .await?;
+        self.addr = at;
+        Ok(batches)
+    }
+
     fn stream(self) -> Batches {
         futures::stream::unfold(Some(self), |state| async move {
             let mut range = state?;
             loop {
                 let batches = match range.batches.as_mut() {
                     Some(b) => b,
-                    None => {
-                        let ticket = ReadTicket::Scan {
-                            bucket: range.bucket,
-                            offset: range.next,
-                            max_bytes: range.max_bytes,
-                            end_offset: Some(range.end),
-                        };
-                        match range.nodes.open(&range.addr, &ticket).await {
-                            Ok((b, at)) => {
-                                range.addr = at;
-                                range.batches.insert(b)
-                            }
-                            Err(e) => return Some((Err(e), None)),
-                        }
-                    }
+                    None => match range.reopen().await {
+                        Ok(b) => range.batches.insert(b),
+                        Err(e) => return Some((Err(e), None)),
+                    },
                 };
                 match batches.next().await {
                     None => return None,
@@ -369,13 +416,13 @@ impl Range {
                         }
                         return Some((Ok((batch, meta)), Some(range)));
                     }
-                    Some(Err(MinkError::NotLeader {
-                        leader: Some(to), ..
-                    })) if range.moves < REDIRECTS_MAX && range.next < range.end => {
-                        tracing::debug!(bucket = %range.bucket, from = %range.addr, %to, next = range.next,
-                            "the bucket moved during a read; going on at its new leader");
+                    Some(Err(e)) if resumable(&e) && range.moves < REDIRECTS_MAX && range.next < range.end => {
+                        tracing::debug!(bucket = %range.bucket, from = %range.addr, next = range.next,
+                            "the read stopped ({e}); going on at the bucket's leader");
+                        if let MinkError::NotLeader { leader: Some(to), .. } = e {
+                            range.addr = to;
+                        }
                         range.moves += 1;
-                        range.addr = to;
                         range.batches = None;
                     }
                     Some(Err(e)) => return Some((Err(e), None)),
@@ -384,6 +431,18 @@ impl Range {
         })
         .boxed()
     }
+}
+
+/// Whether a read that stopped with `e` can go on elsewhere: its bucket moved, or its
+/// node went away (or is opening the bucket).
+pub fn resumable(e: &MinkError) -> bool {
+    matches!(
+        e,
+        MinkError::NotLeader {
+            leader: Some(_),
+            ..
+        } | MinkError::Unavailable(_)
+    )
 }
 
 fn flight_error(e: FlightError) -> MinkError {

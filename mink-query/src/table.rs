@@ -123,13 +123,20 @@ impl MinkTable {
         &self.info
     }
 
-    /// Whether this read goes bucket by bucket (and can prune and look up).
+    /// Whether this read goes bucket by bucket (and can prune and look up): every
+    /// view but `$lake`. A lake-tiered log table's bucket is read as its part of the
+    /// `Union` (its lake files and its log past them, [`MinkTable::union_of_buckets`]);
+    /// a primary-key table's state, lake or not, from its KV snapshot and changelog.
     fn per_bucket(&self) -> bool {
-        match self.view {
-            View::Table => !self.info.descriptor.properties.lake.enabled,
-            View::Changelog => true,
-            View::Lake => false,
-        }
+        self.view != View::Lake
+    }
+
+    /// A log table tiered to the lake, read as the Union of each bucket's lake files
+    /// and log: its log alone may have been trimmed below what the lake holds.
+    fn union_of_buckets(&self) -> bool {
+        self.view == View::Table
+            && self.info.descriptor.properties.lake.enabled
+            && !self.info.descriptor.has_primary_key()
     }
 
     fn primary_state(&self) -> bool {
@@ -254,15 +261,6 @@ impl TableProvider for MinkTable {
                     detail: String::new(),
                 },
             ),
-            View::Table if !self.per_bucket() => (
-                vec![Part::Any {
-                    ticket: ReadTicket::Union { path: path.clone() },
-                }],
-                Describe {
-                    read: "union",
-                    detail: String::new(),
-                },
-            ),
             _ => self
                 .bucket_parts(filters, limit)
                 .await
@@ -344,10 +342,24 @@ impl MinkTable {
                         p.iter().cloned().collect::<Vec<_>>().join(", ")
                     ));
                 }
-                let read = if primary { "state" } else { "scan" };
+                let union = self.union_of_buckets();
+                let read = match (primary, union) {
+                    (true, _) => "state",
+                    (false, true) => "union",
+                    (false, false) => "scan",
+                };
+                let path = &self.info.path;
                 let parts = endpoints
                     .into_iter()
                     .map(|(addr, ticket)| match (ticket, limit) {
+                        // Not a LimitScan: the log may hold fewer rows than the lake.
+                        (ReadTicket::Scan { bucket, .. }, _) if union => Part::Log {
+                            addr,
+                            ticket: ReadTicket::Union {
+                                path: path.clone(),
+                                bucket: Some(bucket),
+                            },
+                        },
                         (
                             ReadTicket::Scan {
                                 bucket, end_offset, ..
@@ -368,7 +380,7 @@ impl MinkTable {
                         (ticket, _) => Part::Log { addr, ticket },
                     })
                     .collect();
-                if let Some(l) = limit {
+                if let (Some(l), false) = (limit, union) {
                     detail.push_str(&format!(", limit_scan={l}"));
                 }
                 Ok((parts, Describe { read, detail }))

@@ -347,9 +347,18 @@ def test_a_lake_tiered_table_reads_through_union_and_its_lake(single):
     wait_for(in_lake, timeout=60, what="50 rows in the lake")
     append_table(client, "db.tiered", events_batch(list(range(50, 60))))
     with connect(q) as conn:
-        assert "read=union" in explain(conn, "SELECT * FROM db.tiered")
+        # One part per bucket, each its lake files and its log past them.
+        plan = explain(conn, "SELECT * FROM db.tiered")
+        assert "read=union" in plan and "buckets=3" in plan, plan
         t = sql(conn, "SELECT count(*) AS n, count(DISTINCT id) AS d FROM db.tiered")
         assert t.to_pylist() == [{"n": 60, "d": 60}]
+        # Bucket pruning applies to the lake too; a LIMIT is not a LimitScan of the log.
+        plan = explain(conn, "SELECT * FROM db.tiered WHERE id = 7")
+        assert "read=union" in plan and "pruned to bucket" in plan, plan
+        assert sql(conn, "SELECT id, msg FROM db.tiered WHERE id = 7").to_pylist() == [{"id": 7, "msg": "m2"}]
+        assert sql(conn, "SELECT id FROM db.tiered WHERE id IN (3, 55)").num_rows == 2
+        assert "limit_scan" not in explain(conn, "SELECT * FROM db.tiered LIMIT 5")
+        assert sql(conn, "SELECT * FROM db.tiered LIMIT 5").num_rows == 5
         lake = sql(conn, 'SELECT count(*) AS n FROM db."tiered$lake"').to_pylist()[0]["n"]
         assert 50 <= lake <= 60
 

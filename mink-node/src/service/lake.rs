@@ -1358,8 +1358,18 @@ impl NodeService {
     /// that snapshot holds rows below up to its high watermark now (read at its
     /// leader): every row once. A primary-key table's answer is its state now, merged
     /// by key (latest change wins, deletes applied), with `SnapshotBatch` metadata.
-    pub(crate) async fn read_union(&self, path: &TablePath) -> Result<(SchemaRef, ReadBatches)> {
+    /// With `only`, that bucket's part: its files of the snapshot and its log past
+    /// them (buckets hold disjoint rows, so parts read from different snapshots still
+    /// make every row once).
+    pub(crate) async fn read_union(
+        &self,
+        path: &TablePath,
+        only: Option<TableBucket>,
+    ) -> Result<(SchemaRef, ReadBatches)> {
         let table = self.table(path).await?;
+        if let Some(bucket) = only {
+            union_bucket_of(&table, bucket)?;
+        }
         let schema = table.descriptor.schema.to_arrow();
         // The snapshot, then each bucket's log from its offset in it. Should the log
         // already start above that offset (a newer round committed and the TTL trimmed
@@ -1371,7 +1381,7 @@ impl NodeService {
                 Some(v) => v.offsets(None)?,
                 None => BTreeMap::new(),
             };
-            let ends = self.bucket_ends(&table).await?;
+            let ends = self.bucket_ends(&table, only).await?;
             let gap = ends.iter().find(|(b, (start, _))| {
                 offsets.get(&b.stream_name()).copied().unwrap_or(*start) < *start
             });
@@ -1389,6 +1399,18 @@ impl NodeService {
             let files = match &version {
                 Some(v) => self.snapshot_files(&table, v, None).await?,
                 None => LakeFiles::default(),
+            };
+            let files = match only {
+                None => files,
+                Some(bucket) => {
+                    if let Some(f) = files.data.iter().find(|f| f.stream().is_none()) {
+                        return Err(MinkError::Internal(format!(
+                            "lake file {} names no bucket: read the whole table's Union",
+                            f.location
+                        )));
+                    }
+                    files.of_stream(&bucket.stream_name())
+                }
             };
             break (offsets, files, ends);
         };
@@ -1490,12 +1512,19 @@ impl NodeService {
 
     /// Every bucket's log start and high watermark now (`list_offsets` once per
     /// partition and end: the leaders of the buckets this node does not lead are asked).
-    async fn bucket_ends(&self, table: &TableInfo) -> Result<BTreeMap<TableBucket, (i64, i64)>> {
-        let partitions: Vec<Option<String>> = if table.descriptor.is_partitioned() {
-            table.partitions.keys().cloned().map(Some).collect()
-        } else {
-            vec![None]
+    async fn bucket_ends(
+        &self,
+        table: &TableInfo,
+        only: Option<TableBucket>,
+    ) -> Result<BTreeMap<TableBucket, (i64, i64)>> {
+        let partitions: Vec<Option<String>> = match only {
+            Some(bucket) => vec![union_bucket_of(table, bucket)?],
+            None if table.descriptor.is_partitioned() => {
+                table.partitions.keys().cloned().map(Some).collect()
+            }
+            None => vec![None],
         };
+        let buckets = only.map(|b| vec![b.bucket]);
         let mut out = BTreeMap::new();
         for partition in partitions {
             let mut ends = Vec::with_capacity(2);
@@ -1507,7 +1536,7 @@ impl NodeService {
                         spec: spec.into(),
                         timestamp: None,
                         partition: partition.clone(),
-                        buckets: None,
+                        buckets: buckets.clone(),
                     })
                     .await?;
                 ends.push(offsets);
@@ -1595,6 +1624,31 @@ impl NodeService {
         };
         let stream = self.forwarder.read(&addr, &ticket).await.map_err(moved)?;
         Ok(stream.map_err(moved).boxed())
+    }
+}
+
+/// The partition name of `bucket`, a bucket of `table` (`None` for a table without
+/// partitions); NotFound when it is not one of the table's buckets (an id of a dropped
+/// table of the same name, a partition dropped since, a bucket beyond the count).
+fn union_bucket_of(table: &TableInfo, bucket: TableBucket) -> Result<Option<String>> {
+    let not_found = || {
+        MinkError::NotFound(format!(
+            "{bucket} is not a bucket of {} (table id {})",
+            table.path, table.id
+        ))
+    };
+    if bucket.table_id != table.id || bucket.bucket >= table.descriptor.bucket_count {
+        return Err(not_found());
+    }
+    match bucket.partition_id {
+        None if !table.descriptor.is_partitioned() => Ok(None),
+        Some(id) if table.descriptor.is_partitioned() => table
+            .partitions
+            .iter()
+            .find(|(_, p)| p.id == id)
+            .map(|(name, _)| Some(name.clone()))
+            .ok_or_else(not_found),
+        _ => Err(not_found()),
     }
 }
 

@@ -82,7 +82,7 @@ impl NodeService {
                 Ok((schema, ReadBatches::Snapshot(batches)))
             }
             ReadTicket::Lake { path, snapshot_id } => self.read_lake(&path, snapshot_id).await,
-            ReadTicket::Union { path } => self.read_union(&path).await,
+            ReadTicket::Union { path, bucket } => self.read_union(&path, bucket).await,
         }
     }
 
