@@ -524,7 +524,8 @@ impl Tablets {
                     .get(&name)
                     .is_some_and(|b| b.leader.as_deref() == Some(me))
             });
-            if led_here || held.contains(&name) {
+            // A close of ours that failed unsettled is the compactor's to finish.
+            if led_here || held.contains(&name) || streams.is_closing(&name) {
                 continue;
             }
             let streams = streams.clone();

@@ -574,6 +574,21 @@ impl Fault {
     }
 }
 
+/// The wall-clock time of day, UTC, as the nodes' logs print it (`HH:MM:SS.mmm`).
+fn utc_now() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let secs = now.as_secs() % 86_400;
+    format!(
+        "{:02}:{:02}:{:02}.{:03}",
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60,
+        now.subsec_millis()
+    )
+}
+
 /// Injects one fault on node `i` and waits until it is over (the recovery is measured
 /// by the caller). A join starts a new node; the node of the previous join, if any,
 /// leaves for good first (killed, never restarted), so the cluster stays at four.
@@ -1227,6 +1242,22 @@ async fn chaos_loses_no_acknowledged_write() {
         if fault == Fault::Join {
             joined += 1;
         }
+        // What is injected where, for the report of a slow recovery (the nodes' logs
+        // are read by these names and times).
+        let what = {
+            let c = cluster.lock().unwrap();
+            let on = |i: usize| c.nodes.get(i).map_or("?".to_string(), |n| n.id.clone());
+            match &second {
+                Some((other, j, _)) => format!(
+                    "{} on {} + {} on {}",
+                    fault.name(),
+                    on(i),
+                    other.name(),
+                    on(*j)
+                ),
+                None => format!("{} on {}", fault.name(), on(i)),
+            }
+        };
         let first = inject(&cluster, &admin, fault, i, plan, joined);
         let kind = match second {
             Some((other, j, plan2)) => {
@@ -1242,11 +1273,13 @@ async fn chaos_loses_no_acknowledged_write() {
         };
         *faults.entry(fault.name()).or_default() += 1;
         cluster.lock().unwrap().publish();
+        let ended = utc_now();
         match until_writable(&cluster, &l, &events, &mut probe).await {
             Some(took) => {
                 if took > RECOVERY_BOUND {
                     slow_recoveries.push(format!(
-                        "after a {kind}, every bucket was writable again only after {:.2} s (bound {} s)",
+                        "after a {kind} ({what}, over at {ended} UTC), every bucket was writable \
+                         again only after {:.2} s (bound {} s)",
                         took.as_secs_f64(),
                         RECOVERY_BOUND.as_secs()
                     ));
@@ -1254,7 +1287,7 @@ async fn chaos_loses_no_acknowledged_write() {
                 recovery.entry(kind).or_default().push(took)
             }
             None => ledger(&l).violations.push(format!(
-                "after a {kind}, some bucket stayed unwritable for 90 s"
+                "after a {kind} ({what}, over at {ended} UTC), some bucket stayed unwritable for 90 s"
             )),
         }
     }

@@ -881,6 +881,22 @@ async fn a_close_that_failed_is_settled_by_the_compactor(t: TestStore) {
             .await
         })
     };
+    // The node's ghost sweep asks every second to open (then close) a stream this
+    // WAL owns that no tablet holds, each ask in a task of its own: those opens are
+    // refused at once, and never keep the compactor from settling the close.
+    let ghost_sweep = {
+        let node = node.clone();
+        tokio::spawn(async move {
+            loop {
+                let node = node.clone();
+                tokio::spawn(async move {
+                    let refused = node.open_stream("closing", 1).await;
+                    assert!(refused.is_err() || refused.is_ok_and(|s| s.epoch() == 1));
+                });
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
     for i in 0..30 {
         busy.append_durable(1, 1, i, payload("busy", i as u64))
             .await
@@ -896,6 +912,7 @@ async fn a_close_that_failed_is_settled_by_the_compactor(t: TestStore) {
         }
     })
     .await;
+    ghost_sweep.abort();
     let _ = stop.send(());
     compactor.await.unwrap();
     assert!(
@@ -918,6 +935,44 @@ async fn a_close_that_failed_is_settled_by_the_compactor(t: TestStore) {
     );
     other.metadata().catch_up().await.unwrap();
     assert_eq!(other.metadata().read(|st, _| st.fences.len()), fences);
+}
+
+/// A close that starts from an earlier close left `Closing` (its `Close` proposed and
+/// perhaps still to land) and fails before proposing its own must leave the stream
+/// `Closing`: reopened, it would acknowledge appends that a late `Close` then cuts off
+/// (the next owner starts from that Close's end, without reading this WAL).
+async fn a_failed_second_close_never_reopens_the_stream(t: TestStore) {
+    let faulty = metadata_faults(&t);
+    let node = StreamStore::open(Arc::new(faulty.clone()), "n1", config())
+        .await
+        .unwrap();
+    let s = node.open_stream("s", 1).await.unwrap();
+    s.append_durable(1, 1, 0, payload("s", 0)).await.unwrap();
+    faulty.fail_next_puts(1_000);
+    assert!(
+        s.clone().close().await.is_err(),
+        "the Close is not proposed"
+    );
+    // The second close cannot write its segment.
+    faulty.set_config(FaultConfig {
+        fault_prefix: Some("seg/".into()),
+        ..FaultConfig::default()
+    });
+    faulty.fail_next_puts(1_000);
+    assert!(s.clone().close().await.is_err(), "no segment is written");
+    faulty.fail_next_puts(0);
+    let refused = s.append_durable(1, 1, 1, payload("s", 1)).await;
+    assert!(
+        refused.is_err(),
+        "an append was acknowledged on a stream whose Close may still land"
+    );
+    // Settled by a close that gets through.
+    s.clone().close().await.unwrap();
+    let other = StreamStore::open(t.store.clone(), "n2", config())
+        .await
+        .unwrap();
+    let s2 = other.open_stream("s", 2).await.unwrap();
+    assert_eq!(read_all(&s2).await, vec![(0, payload("s", 0))]);
 }
 
 /// A busy node compacts every `compaction_wal_objects_max` WAL objects, whatever the
@@ -1054,6 +1109,7 @@ async fn dead_wal_gc_keeps_every_fence_object(t: TestStore) {
 }
 
 backend_tests! {
+    a_failed_second_close_never_reopens_the_stream => super::a_failed_second_close_never_reopens_the_stream;
     compaction_follows_the_wal_objects_written => super::compaction_follows_the_wal_objects_written;
     a_close_that_failed_is_settled_by_the_compactor => super::a_close_that_failed_is_settled_by_the_compactor;
     dead_wal_gc_keeps_every_fence_object => super::dead_wal_gc_keeps_every_fence_object;

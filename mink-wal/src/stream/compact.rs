@@ -515,8 +515,18 @@ pub(super) async fn settle_closes(store: &Arc<StoreInner>) -> usize {
     for stream in closing {
         let lock = store.open_lock(&stream.name);
         let Ok(_serialized) = lock.try_lock() else {
-            continue; // an open or a close of it is running, and settles it
+            continue; // a close or an open of it is running; the next tick looks again
         };
+        // Decided again under the lock: an open under a newer epoch may have made it
+        // Open (or replaced it) since the list was taken, and that one stays open.
+        let still_closing = stream.lock().status == Status::Closing
+            && store
+                .lock_streams()
+                .get(&stream.name)
+                .is_some_and(|s| Arc::ptr_eq(s, &stream));
+        if !still_closing {
+            continue;
+        }
         match close_locked(store, &stream).await {
             Ok(()) => {
                 settled += 1;
@@ -530,15 +540,26 @@ pub(super) async fn settle_closes(store: &Arc<StoreInner>) -> usize {
 
 /// [`close`] under the stream's open lock.
 async fn close_locked(store: &Arc<StoreInner>, stream: &Arc<StreamInner>) -> WalResult<()> {
-    {
+    // Whether an earlier close left it Closing: its Close may have been proposed and
+    // may still land, so a failure here must leave it Closing (only a write of our
+    // own to the log settles it), never reopen it.
+    let earlier_close = {
         let mut state = stream.lock();
         match &state.status {
-            Status::Open => state.status = Status::Closing,
+            Status::Open => {
+                state.status = Status::Closing;
+                false
+            }
             Status::Failed(e) => return Err(e.clone()),
             Status::Closed => return Ok(()),
-            Status::Closing => {} // an earlier close did not finish: resolve it
+            Status::Closing => true, // an earlier close did not finish: resolve it
         }
-    }
+    };
+    let reopen_unless_earlier = |stream: &StreamInner| {
+        if !earlier_close {
+            reopen_after_failed_close(stream);
+        }
+    };
     let target = stream.lock().next_offset;
     let mut rx = stream.acked.subscribe();
     while *rx.borrow_and_update() < target {
@@ -572,8 +593,9 @@ async fn close_locked(store: &Arc<StoreInner>, stream: &Arc<StreamInner>) -> Wal
     let (epoch, segments) = match written {
         Ok(done) => done,
         Err(e) => {
-            // Nothing was proposed: the stream stays open and usable.
-            reopen_after_failed_close(stream);
+            // Nothing was proposed by this call: the stream stays open and usable,
+            // unless an earlier close's proposal may still land.
+            reopen_unless_earlier(stream);
             return Err(e);
         }
     };
@@ -594,7 +616,7 @@ async fn close_locked(store: &Arc<StoreInner>, stream: &Arc<StreamInner>) -> Wal
         Err(why) => match close_resolved(store, stream) {
             Some(done) => done,
             None => {
-                reopen_after_failed_close(stream);
+                reopen_unless_earlier(stream);
                 Err(WalError::Corrupt(format!(
                     "close of {} rejected: {why}",
                     stream.name

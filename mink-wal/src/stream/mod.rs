@@ -213,7 +213,7 @@ pub(crate) struct StoreInner {
     /// Own WAL objects below this were deleted.
     gc_floor: AtomicU64,
     /// The oldest unacknowledged WAL sequence when the last compaction round that
-    /// committed began: what a takeover of an open stream reads starts at or above it
+    /// finished began: what a takeover of an open stream reads starts at or above it
     /// (`compaction_wal_objects_max`).
     compacted_from: AtomicU64,
     /// The metadata index of the last snapshot this node wrote.
@@ -557,6 +557,15 @@ impl StreamStore {
     /// This incarnation's WAL writer.
     pub fn wal_id(&self) -> &WalId {
         &self.inner.wal
+    }
+
+    /// Whether `name` is open here with a close that failed before it settled: the
+    /// compactor closes it again (see `docs/s3stream.md`), nobody else need.
+    pub fn is_closing(&self, name: &str) -> bool {
+        self.inner
+            .lock_streams()
+            .get(name)
+            .is_some_and(|s| s.lock().status == Status::Closing)
     }
 
     /// Why the WAL writer stopped, if it did. A failed writer acknowledges nothing

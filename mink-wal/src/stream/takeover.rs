@@ -352,8 +352,11 @@ async fn reopen_local(
             // A close whose outcome is unknown may still land: only a write of our own
             // to the log (a newer epoch, or the close again) can settle it, so the
             // stream may not be reopened as it is.
+            // Not a storage error: retried here, it held the open lock for seconds, and
+            // the node's ghost sweep asks again every second, so the compactor's
+            // settling of the close (`settle_closes`) never got the lock.
             if state.status == Status::Closing {
-                return Err(WalError::Storage(format!(
+                return Err(WalError::Closed(format!(
                     "stream {name} has a close whose outcome is unknown: close it again, \
                      or open it under a newer epoch"
                 )));
