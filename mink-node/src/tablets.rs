@@ -402,9 +402,13 @@ impl Tablets {
             if owner.node == me {
                 return Ok(());
             }
-            let alive = self
-                .meta
-                .read(|s| s.nodes.get(&owner.node).is_some_and(|n| n.alive));
+            // A generation that was fenced, or replaced by a newer one of its node
+            // (a restart, a failed WAL), closes nothing, however alive its node is.
+            let retired = streams.metadata().read(|s, _| s.retired(&owner));
+            let alive = !retired
+                && self
+                    .meta
+                    .read(|s| s.nodes.get(&owner.node).is_some_and(|n| n.alive));
             if !alive || tokio::time::Instant::now() >= deadline {
                 if alive {
                     tracing::info!(stream = name, %owner, "the previous leader did not hand over in time; taking over");

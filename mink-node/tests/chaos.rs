@@ -76,8 +76,7 @@ fn node_env(dir: &Path, id: &str, store_env: &[(String, String)]) -> Vec<(String
     let mut env: Vec<(String, String)> = vec![
         (
             "RUST_LOG".into(),
-            "warn,mink_node=info,mink_wal::stream::takeover=info,mink_wal::stream::remembered=info"
-                .into(),
+            "warn,mink_node=info,mink_wal::stream=info".into(),
         ),
         ("MINK_NODE_ID".into(), id.into()),
         ("MINK_DATA_DIR".into(), dir.join(id).display().to_string()),

@@ -975,6 +975,52 @@ async fn a_failed_second_close_never_reopens_the_stream(t: TestStore) {
     assert_eq!(read_all(&s2).await, vec![(0, payload("s", 0))]);
 }
 
+/// Chaos seed 76: a node whose WAL was fenced while it was idle (its buckets had moved
+/// away) took over a dead node's streams on that WAL: it fenced the dead WAL, read its
+/// objects, and only then had the open refused, for every stream. A retired WAL now
+/// refuses the open before doing anything, and retires its writer, so that the node
+/// replaces it at once.
+async fn a_fenced_idle_wal_opens_nothing_and_fences_nobody(t: TestStore) {
+    let a = StreamStore::open(t.store.clone(), "a", config())
+        .await
+        .unwrap();
+    let s = a.open_stream("s", 1).await.unwrap();
+    s.append_durable(1, 1, 0, payload("s", 0)).await.unwrap();
+    // c crashes with a stream of its own.
+    {
+        let c = StreamStore::open(t.store.clone(), "c", config())
+            .await
+            .unwrap();
+        let dead = c.open_stream("dead", 1).await.unwrap();
+        dead.append_durable(1, 1, 0, payload("dead", 0))
+            .await
+            .unwrap();
+    }
+    // b takes "s" over from a: a's WAL is fenced, and a, idle, does not know.
+    let b = StreamStore::open(t.store.clone(), "b", config())
+        .await
+        .unwrap();
+    b.open_stream("s", 2).await.unwrap();
+    assert!(
+        a.failure().is_none(),
+        "an idle writer has not met its fence"
+    );
+    let fences = |node: &StreamStore| node.metadata().read(|st, _| st.fences.len());
+    a.metadata().catch_up().await.unwrap();
+    let before = fences(&a);
+    let err = a.open_stream("dead", 2).await.unwrap_err();
+    assert!(matches!(err, WalError::Fenced(_)), "{err:?}");
+    assert!(
+        a.failure().is_some(),
+        "the writer is retired, to be replaced"
+    );
+    a.metadata().catch_up().await.unwrap();
+    assert_eq!(fences(&a), before, "a retired WAL fenced c's for nothing");
+    // The stream is b's to take.
+    let taken = b.open_stream("dead", 2).await.unwrap();
+    assert_eq!(read_all(&taken).await, vec![(0, payload("dead", 0))]);
+}
+
 /// A busy node compacts every `compaction_wal_objects_max` WAL objects, whatever the
 /// interval: a takeover reads each stream's WAL objects from its `wal_from`, so the
 /// count since the last round bounds what a takeover of this node reads.
@@ -1109,6 +1155,7 @@ async fn dead_wal_gc_keeps_every_fence_object(t: TestStore) {
 }
 
 backend_tests! {
+    a_fenced_idle_wal_opens_nothing_and_fences_nobody => super::a_fenced_idle_wal_opens_nothing_and_fences_nobody;
     a_failed_second_close_never_reopens_the_stream => super::a_failed_second_close_never_reopens_the_stream;
     compaction_follows_the_wal_objects_written => super::compaction_follows_the_wal_objects_written;
     a_close_that_failed_is_settled_by_the_compactor => super::a_close_that_failed_is_settled_by_the_compactor;

@@ -54,6 +54,8 @@ const GC_EVERY_TICKS_MIN: u64 = 10;
 /// (an hour at the default 30 s interval): what it collects appears only after
 /// restarts and rejected commits, and waits out a 10-minute grace anyway.
 const GC_EVERY_TICKS_MAX: u64 = 120;
+/// A compaction round that takes this long is logged.
+const SLOW_ROUND: Duration = Duration::from_secs(2);
 /// After a compaction round failed, the next waits at least this long (or the interval,
 /// if shorter), however often uploads ask for one (`compaction_wal_objects_max`).
 const FAILED_ROUND_PAUSE: Duration = Duration::from_secs(1);
@@ -670,9 +672,22 @@ impl StreamStore {
             compact::settle_closes(&self.inner).await;
             if self.inner.compaction_due() {
                 gc_every = GC_EVERY_TICKS_MIN;
-                if let Err(e) = self.compact().await {
-                    failed = true;
-                    tracing::warn!(wal = %self.inner.wal, "compaction failed: {e}");
+                let started = std::time::Instant::now();
+                match self.compact().await {
+                    Ok(segments) => {
+                        let took = started.elapsed();
+                        metrics::histogram!("mink_wal_compaction_seconds")
+                            .record(took.as_secs_f64());
+                        if took >= SLOW_ROUND {
+                            // Streams' WAL positions lag by about this long of uploads,
+                            // and a takeover reads them all (docs/reliability.md).
+                            tracing::info!(wal = %self.inner.wal, segments, took_ms = took.as_millis() as u64, "a slow compaction round");
+                        }
+                    }
+                    Err(e) => {
+                        failed = true;
+                        tracing::warn!(wal = %self.inner.wal, "compaction failed: {e}");
+                    }
                 }
             }
             since_gc += 1;
