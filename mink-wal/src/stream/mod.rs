@@ -281,6 +281,51 @@ impl StoreInner {
             || self.meta.applied_index() >= self.last_snapshot.load(Ordering::Relaxed) + 1_000
     }
 
+    /// Warns, at most every 30 s, of the streams this WAL owns in the log whose
+    /// `wal_from` trails the writer by more than four `compaction_wal_objects_max`:
+    /// a takeover of them reads every WAL object since, and compaction should have
+    /// moved them on. Names each with what this node knows of it (chaos seed 77: a
+    /// generation's streams stopped moving for minutes without a failed round).
+    fn report_lagging_streams(&self, reported: &mut Option<std::time::Instant>) {
+        if reported.is_some_and(|at| at.elapsed() < Duration::from_secs(30)) {
+            return;
+        }
+        let oldest = self.writer.oldest_unacked.load(Ordering::SeqCst);
+        let bound = self.config.compaction_wal_objects_max.saturating_mul(4);
+        let lagging: Vec<(String, u64)> = self.meta.read(|s, _| {
+            s.owned_by(&self.wal)
+                .filter(|(_, m)| oldest.saturating_sub(m.wal_from) > bound)
+                .map(|(name, m)| (name.clone(), m.wal_from))
+                .collect()
+        });
+        if lagging.is_empty() {
+            return;
+        }
+        *reported = Some(std::time::Instant::now());
+        let streams = self.lock_streams();
+        for (name, wal_from) in lagging {
+            let local = streams.get(&name).map(|s| {
+                let state = s.lock();
+                format!(
+                    "{:?}, epoch {}, committed_wal_from {}, {} held ({} uncompacted)",
+                    state.status,
+                    state.epoch,
+                    state.committed_wal_from,
+                    state.held.len(),
+                    state.held.iter().filter(|h| h.wal.is_some()).count()
+                )
+            });
+            tracing::warn!(
+                wal = %self.wal,
+                stream = name,
+                wal_from,
+                oldest_unacked = oldest,
+                local = local.as_deref().unwrap_or("not open here"),
+                "a stream's WAL position trails the writer: a takeover would read every object since"
+            );
+        }
+    }
+
     fn lock_streams(&self) -> MutexGuard<'_, BTreeMap<String, Arc<StreamInner>>> {
         self.streams.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -649,6 +694,7 @@ impl StreamStore {
         let mut gc_every = GC_EVERY_TICKS_MIN;
         let mut since_gc = 0u64;
         let mut failed = false;
+        let mut lag_reported: Option<std::time::Instant> = None;
         loop {
             tokio::select! {
                 biased;
@@ -690,6 +736,7 @@ impl StreamStore {
                     }
                 }
             }
+            self.inner.report_lagging_streams(&mut lag_reported);
             since_gc += 1;
             if since_gc >= gc_every {
                 since_gc = 0;
