@@ -731,6 +731,31 @@ async fn small_segments_are_merged(t: TestStore) {
     assert_eq!(read_all(&s2).await, expected[21..].to_vec());
 }
 
+/// `node`'s compactor, running as the node runs it, until stopped.
+struct Compactor {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Compactor {
+    fn start(node: &StreamStore) -> Self {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let node = node.clone();
+        let task = tokio::spawn(async move {
+            node.run_compactor(async {
+                let _ = stopped.await;
+            })
+            .await
+        });
+        Self { stop, task }
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        self.task.await.unwrap();
+    }
+}
+
 /// A faulty store over `t` whose injected faults hit only stream-metadata entries.
 fn metadata_faults(t: &TestStore) -> FaultyStore {
     FaultyStore::new(
@@ -871,16 +896,7 @@ async fn a_close_that_failed_is_settled_by_the_compactor(t: TestStore) {
         "the close did not land"
     );
 
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let compactor = {
-        let node = node.clone();
-        tokio::spawn(async move {
-            node.run_compactor(async {
-                let _ = stopped.await;
-            })
-            .await
-        })
-    };
+    let compactor = Compactor::start(&node);
     // The node's ghost sweep asks every second to open (then close) a stream this
     // WAL owns that no tablet holds, each ask in a task of its own: those opens are
     // refused at once, and never keep the compactor from settling the close.
@@ -913,8 +929,7 @@ async fn a_close_that_failed_is_settled_by_the_compactor(t: TestStore) {
     })
     .await;
     ghost_sweep.abort();
-    let _ = stop.send(());
-    compactor.await.unwrap();
+    compactor.stop().await;
     assert!(
         settled.is_ok(),
         "the close was never settled: the stream still holds the WAL at {stuck_at} \
@@ -1037,16 +1052,7 @@ async fn compaction_follows_the_wal_objects_written(t: TestStore) {
     .await
     .unwrap();
     let s = node.open_stream("s", 1).await.unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let compactor = {
-        let node = node.clone();
-        tokio::spawn(async move {
-            node.run_compactor(async {
-                let _ = stopped.await;
-            })
-            .await
-        })
-    };
+    let compactor = Compactor::start(&node);
     let wal_from = |node: &StreamStore| {
         node.metadata()
             .read(|st, _| st.streams.get("s").map_or(0, |m| m.wal_from))
@@ -1060,8 +1066,7 @@ async fn compaction_follows_the_wal_objects_written(t: TestStore) {
         node.metadata().catch_up().await.unwrap();
         behind = behind.max((i + 2).saturating_sub(wal_from(&node) as i64));
     }
-    let _ = stop.send(());
-    compactor.await.unwrap();
+    compactor.stop().await;
     assert!(wal_from(&node) > 1, "no round ran in an hour-long interval");
     // A round runs once 8 objects are written since the last began, and takes a few
     // more while it runs; nowhere near the 60 written.
