@@ -66,6 +66,17 @@ async fn earliest(client: &MinkClient, path: &TablePath) -> i64 {
     answer[0]["offset"].as_i64().unwrap_or(0)
 }
 
+/// Turns the lake on for `path` with `alter_table`, tiering every second.
+async fn enable_lake(client: &MinkClient, path: &TablePath) {
+    client
+        .action::<serde_json::Value>(
+            "alter_table",
+            serde_json::json!({"path": path, "set_properties": {"lake.enabled": "true", "lake.freshness": "1s"}}),
+        )
+        .await
+        .unwrap();
+}
+
 /// Checks a `Union` or `Lake` answer at the offset level: per bucket the batches cover
 /// `[0, end)` exactly once, in order; returns the ends.
 fn coverage(batches: &[(arrow::array::RecordBatch, ScanBatch)]) -> BTreeMap<String, i64> {
@@ -359,13 +370,7 @@ async fn lake_properties_are_checked_and_a_dropped_tables_lake_goes_with_it() {
         .await
         .unwrap_err();
     assert!(e.to_string().contains("lake.enabled is off"), "{e}");
-    client
-        .action::<serde_json::Value>(
-            "alter_table",
-            serde_json::json!({"path": path, "set_properties": {"lake.enabled": "true", "lake.freshness": "1s"}}),
-        )
-        .await
-        .unwrap();
+    enable_lake(&client, &path).await;
     until_tiered(&client, &path, 30).await;
 
     // Dropped and made again: the new table's lake starts empty.
@@ -475,13 +480,7 @@ async fn a_lake_of_a_newer_table_is_never_purged_by_a_node_behind() {
         std::fs::write(to, bytes).unwrap();
     }
     let failed_before = rounds(&node, "failed");
-    client
-        .action::<serde_json::Value>(
-            "alter_table",
-            serde_json::json!({"path": path, "set_properties": {"lake.enabled": "true", "lake.freshness": "1s"}}),
-        )
-        .await
-        .unwrap();
+    enable_lake(&client, &path).await;
     // Rounds run (and fail) until the node's catalog catches up, which here it never
     // does; every one of them leaves the newer table's lake as it was.
     for _ in 0..600 {
