@@ -345,7 +345,8 @@ async fn a_replacing_generation_takes_what_it_acknowledged_from_memory(t: TestSt
 
 /// A dead node's streams taken over all at once by one node whose recovery budget is
 /// two WAL objects (groups of 1 GiB): every takeover completes (none is stuck behind
-/// another's permits) and recovers its records.
+/// another's permits) and recovers its records; the dead WAL is fenced once (the
+/// takeovers fence it one at a time, and the others find the first one's fence).
 async fn many_takeovers_at_once_share_a_small_recovery_budget(t: TestStore) {
     let config = || WalConfig {
         group_bytes_max: 1 << 30,
@@ -368,6 +369,19 @@ async fn many_takeovers_at_once_share_a_small_recovery_budget(t: TestStore) {
         }
     }
     drop(streams); // a crash: nothing closed
+    let dead_wal = Path::from(format!("wal/{}", dead.wal_id().node));
+    let objects = |store: Arc<dyn ObjectStore>| {
+        let dir = dead_wal.clone();
+        async move {
+            store
+                .list(Some(&dir))
+                .try_collect::<Vec<_>>()
+                .await
+                .unwrap()
+                .len()
+        }
+    };
+    let written = objects(t.store.clone()).await;
     let taker = StreamStore::open(t.store.clone(), "taker", config())
         .await
         .unwrap();
@@ -375,6 +389,11 @@ async fn many_takeovers_at_once_share_a_small_recovery_budget(t: TestStore) {
     let taken = tokio::time::timeout(Duration::from_secs(60), futures::future::join_all(opens))
         .await
         .expect("every takeover completes");
+    assert_eq!(
+        objects(t.store.clone()).await,
+        written + 1,
+        "twelve takeovers on one node write one fence object"
+    );
     for (s, name) in taken.into_iter().zip(&names) {
         let s = s.unwrap();
         let bodies: Vec<Bytes> = read_all(&s).await.into_iter().map(|(_, b)| b).collect();

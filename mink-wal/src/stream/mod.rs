@@ -236,6 +236,8 @@ pub(crate) struct StoreInner {
     /// still kept of the generation before it, ...), for the takeovers of their
     /// streams, until they are done (`remembered`). At most `REMEMBERED_MAX`.
     remembered: Mutex<Vec<Arc<remembered::Remembered>>>,
+    /// One fence of a WAL at a time on this node, by owner (`fence_lock`).
+    fencing: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl StoreInner {
@@ -327,6 +329,18 @@ impl StoreInner {
                 "a stream's WAL position trails the writer: a takeover would read every object since"
             );
         }
+    }
+
+    /// The lock the takeovers of `owner`'s streams on this node fence it under: they
+    /// start together when a node dies, and each would otherwise list the WAL, write
+    /// a fence object past the others' and propose it, for all but one to be refused
+    /// and look again (seconds each on a loaded store). Under the lock, the first
+    /// fences and the rest find its fence recorded. Locks no takeover holds are
+    /// dropped.
+    fn fence_lock(&self, owner: &WalId) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.fencing.lock().unwrap_or_else(|e| e.into_inner());
+        locks.retain(|_, l| Arc::strong_count(l) > 1);
+        locks.entry(owner.to_string()).or_default().clone()
     }
 
     fn lock_streams(&self) -> MutexGuard<'_, BTreeMap<String, Arc<StreamInner>>> {
@@ -558,6 +572,7 @@ impl StreamStore {
             merges: AtomicU64::new(0),
             segment_indexes: Mutex::new(HashMap::new()),
             recovery_reads: shared_reads::SharedReads::default(),
+            fencing: Mutex::new(HashMap::new()),
             recovery_budget: Arc::new(Semaphore::new(takeover::recovery_budget(
                 config.group_bytes_max,
             ))),

@@ -705,6 +705,8 @@ async fn fence(
     stream: &str,
     seen: &StreamMeta,
 ) -> WalResult<Option<u64>> {
+    let lock = store.fence_lock(owner);
+    let _fencing = lock.lock().await;
     for attempt in 0..TAKEOVER_ATTEMPTS_MAX {
         if attempt > 0 {
             tokio::time::sleep(retry_pause(attempt)).await;
@@ -729,9 +731,15 @@ async fn fence(
         if let Some(at) = recorded {
             return Ok(Some(at));
         }
-        let mut seqs: Vec<u64> = store
-            .store
-            .list(Some(&wal_dir(owner)))
+        // The objects from the fence floor on (names sort as their numbers do):
+        // the WAL below it may be long.
+        let listed = match from.checked_sub(1) {
+            Some(below) => store
+                .store
+                .list_with_offset(Some(&wal_dir(owner)), &wal_path(owner, below)),
+            None => store.store.list(Some(&wal_dir(owner))),
+        };
+        let mut seqs: Vec<u64> = listed
             .try_filter_map(|m| async move {
                 Ok(m.location.filename().and_then(|f| f.parse::<u64>().ok()))
             })
