@@ -105,11 +105,15 @@ pub enum ReadTicket {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         bucket: Option<TableBucket>,
     },
-    /// The lake only: snapshot `snapshot_id`, or the newest. Any node answers.
+    /// The lake only: snapshot `snapshot_id`, or the newest. Any node answers. With
+    /// `bucket`, that bucket's files of the snapshot alone (a reader that fixes the
+    /// snapshot id reads the buckets in parallel, every row once).
     Lake {
         path: TablePath,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         snapshot_id: Option<i64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        bucket: Option<TableBucket>,
     },
 }
 

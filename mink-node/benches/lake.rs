@@ -359,6 +359,7 @@ async fn read_state_mbps(client: &MinkClient, path: &TablePath) -> f64 {
             .read_state_any(&ReadTicket::Lake {
                 path: path.clone(),
                 snapshot_id: None,
+                bucket: None,
             })
             .await
             .unwrap();

@@ -127,6 +127,7 @@ async fn rounds_tier_and_union_reads_every_row_once_while_they_commit() {
         ReadTicket::Lake {
             path: path.clone(),
             snapshot_id: None,
+            bucket: None,
         },
     )
     .await;
@@ -236,6 +237,7 @@ async fn rounds_tier_and_union_reads_every_row_once_while_they_commit() {
         ReadTicket::Lake {
             path: path.clone(),
             snapshot_id: None,
+            bucket: None,
         },
     )
     .await;
@@ -246,14 +248,35 @@ async fn rounds_tier_and_union_reads_every_row_once_while_they_commit() {
         ReadTicket::Lake {
             path: path.clone(),
             snapshot_id: Some(first_snapshot),
+            bucket: None,
         },
     )
     .await;
     assert_eq!(read_ids(&old), (0..200).collect::<Vec<_>>());
+    // The same snapshot read one bucket at a time (as mink-query reads `t$lake`, the
+    // snapshot id fixed when the query is planned): each part holds its bucket's rows
+    // alone, and together they are the snapshot, every row once.
+    let mut parts = Vec::new();
+    for bucket in &buckets {
+        let part = read(
+            &client,
+            ReadTicket::Lake {
+                path: path.clone(),
+                snapshot_id: Some(first_snapshot),
+                bucket: Some(*bucket),
+            },
+        )
+        .await;
+        assert!(part.iter().all(|(_, m)| m.bucket == *bucket), "{bucket}");
+        parts.extend(read_ids(&part));
+    }
+    parts.sort();
+    assert_eq!(parts, (0..200).collect::<Vec<_>>());
     let missing = client
         .read_any(&ReadTicket::Lake {
             path: path.clone(),
             snapshot_id: Some(42),
+            bucket: None,
         })
         .await
         .unwrap_err();
@@ -264,17 +287,23 @@ async fn rounds_tier_and_union_reads_every_row_once_while_they_commit() {
         TableBucket::new(table_id + 1, None, 0),
         TableBucket::new(table_id, Some(1), 0),
     ] {
-        let e = client
-            .read_any(&ReadTicket::Union {
+        for ticket in [
+            ReadTicket::Union {
                 path: path.clone(),
                 bucket: Some(bucket),
-            })
-            .await
-            .unwrap_err();
-        assert!(
-            matches!(&e, MinkError::NotFound(m) if m.contains("is not a bucket of")),
-            "{e:?}"
-        );
+            },
+            ReadTicket::Lake {
+                path: path.clone(),
+                snapshot_id: None,
+                bucket: Some(bucket),
+            },
+        ] {
+            let e = client.read_any(&ticket).await.unwrap_err();
+            assert!(
+                matches!(&e, MinkError::NotFound(m) if m.contains("is not a bucket of")),
+                "{ticket:?}: {e:?}"
+            );
+        }
     }
     node.stop().await;
 }
@@ -388,6 +417,7 @@ async fn lake_properties_are_checked_and_a_dropped_tables_lake_goes_with_it() {
         ReadTicket::Lake {
             path: path.clone(),
             snapshot_id: None,
+            bucket: None,
         },
     )
     .await;
@@ -585,6 +615,7 @@ async fn lake_state(
         .read_state_any(&ReadTicket::Lake {
             path: path.clone(),
             snapshot_id: None,
+            bucket: None,
         })
         .await
         .unwrap()
@@ -786,6 +817,7 @@ async fn a_backlog_tiers_in_bounded_rounds_and_date_partitions_work() {
         ReadTicket::Lake {
             path: path.clone(),
             snapshot_id: None,
+            bucket: None,
         },
     )
     .await;

@@ -47,6 +47,13 @@ pub struct QueryLimits {
     /// The largest answer of a primary-key point query, in keys (`IN` lists beyond it
     /// are read by scanning).
     pub lookup_keys_max: usize,
+    /// How long a query waits for a bucket's leader when none serves it (ms): its node
+    /// died and the cluster has not moved its buckets yet, or a new leader is still
+    /// opening one. Planning, lookups and reads wait, each call up to this long (and
+    /// the query no longer than `timeout_ms`). Longer than the nodes'
+    /// `meta.node_session_timeout_ms` plus a takeover, so that a node's death costs a
+    /// query time, not an error.
+    pub leader_wait_ms: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -84,6 +91,7 @@ impl Default for QueryLimits {
             batch_size: 8192,
             read_parallelism: 16,
             lookup_keys_max: 10_000,
+            leader_wait_ms: 60_000,
         }
     }
 }
@@ -148,7 +156,7 @@ impl QueryConfig {
             }
         }
         let q = &self.query;
-        let checks: [(&str, u64, u64, u64); 6] = [
+        let checks: [(&str, u64, u64, u64); 7] = [
             ("query.timeout_ms", q.timeout_ms, 1, TIMEOUT_MS_MAX),
             (
                 "query.concurrent_max",
@@ -170,6 +178,7 @@ impl QueryConfig {
                 1,
                 100_000,
             ),
+            ("query.leader_wait_ms", q.leader_wait_ms, 0, TIMEOUT_MS_MAX),
         ];
         for (key, value, min, max) in checks {
             if !(min..=max).contains(&value) {

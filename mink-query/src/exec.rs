@@ -29,7 +29,7 @@ use tokio::sync::Semaphore;
 
 use crate::engine::batches_of_ipc;
 use crate::merge::BucketState;
-use crate::nodes::{Nodes, RESUME_WAIT, resumable};
+use crate::nodes::{Nodes, resumable};
 
 /// How many times a bucket's KV snapshot read starts over after its bucket moved or
 /// its node went away.
@@ -250,7 +250,7 @@ impl Read {
             Part::Lookup { keys } => {
                 let found = self
                     .nodes
-                    .call(&Lookup {
+                    .call_waiting(&Lookup {
                         forwarded: false,
                         path: self.path.clone(),
                         keys,
@@ -262,7 +262,7 @@ impl Read {
             Part::PrefixLookup { prefix } => {
                 let found = self
                     .nodes
-                    .call(&PrefixLookup {
+                    .call_waiting(&PrefixLookup {
                         forwarded: false,
                         path: self.path.clone(),
                         prefix,
@@ -310,7 +310,7 @@ impl Read {
             let mut state = BucketState::new(self.full.clone(), self.key_columns.clone())?;
             let (mut snapshot, at) = self
                 .nodes
-                .open_waiting(&addr, &ReadTicket::Snapshot { bucket }, RESUME_WAIT)
+                .open_waiting(&addr, &ReadTicket::Snapshot { bucket })
                 .await
                 .map_err(mink_error)?;
             addr = at;

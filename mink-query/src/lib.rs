@@ -45,7 +45,10 @@ pub struct QueryServer {
 impl QueryServer {
     /// Binds `config.listen` and serves until [`QueryServer::stop`].
     pub async fn start(config: QueryConfig) -> anyhow::Result<Self> {
-        let nodes = nodes::Nodes::new(config.nodes.clone());
+        let nodes = nodes::Nodes::with_leader_wait(
+            config.nodes.clone(),
+            std::time::Duration::from_millis(config.query.leader_wait_ms),
+        );
         match nodes.discover().await {
             Ok(n) => tracing::info!(nodes = n, "found the cluster"),
             // The nodes may come later: every call tries the configured ones again.

@@ -35,10 +35,12 @@ const MIN_APPLIED_INDEX: &str = "mink-min-applied-index";
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Redirects one read follows before giving up (a bucket moving again and again).
 const REDIRECTS_MAX: usize = 5;
-/// How long a read waits for a leader that serves its bucket, after a move or a
+/// How long a call waits for a leader that serves its bucket, after a move or a
 /// failure (a new leader opens the bucket first; a dead one is replaced after the
-/// lease timeout).
-pub const RESUME_WAIT: Duration = Duration::from_secs(20);
+/// node session timeout), unless configured (`query.leader_wait_ms`).
+pub const LEADER_WAIT: Duration = Duration::from_secs(60);
+/// The longest pause between two tries while waiting for a leader.
+const WAIT_PAUSE_MAX: Duration = Duration::from_secs(1);
 
 /// A stream of a read's batches with their app metadata (JSON).
 pub type Batches = BoxStream<'static, Result<(RecordBatch, Bytes)>>;
@@ -50,6 +52,8 @@ pub struct Nodes {
     connections: Mutex<HashMap<String, FlightServiceClient<Channel>>>,
     /// The highest `mink-applied-index` seen.
     applied: AtomicU64,
+    /// How long one call waits for a leader that serves ([`Nodes::waiting`]).
+    leader_wait: Duration,
 }
 
 impl std::fmt::Debug for Nodes {
@@ -63,11 +67,52 @@ impl std::fmt::Debug for Nodes {
 
 impl Nodes {
     pub fn new(bootstrap: Vec<String>) -> Arc<Self> {
+        Self::with_leader_wait(bootstrap, LEADER_WAIT)
+    }
+
+    pub fn with_leader_wait(bootstrap: Vec<String>, leader_wait: Duration) -> Arc<Self> {
         Arc::new(Self {
             candidates: std::sync::Mutex::new(bootstrap),
             connections: Mutex::new(HashMap::new()),
             applied: AtomicU64::new(0),
+            leader_wait,
         })
+    }
+
+    /// How long one call waits for a leader that serves.
+    pub fn leader_wait(&self) -> Duration {
+        self.leader_wait
+    }
+
+    /// Runs `op` until it answers anything but `Unavailable` (no node serves it yet: a
+    /// bucket's leader died and its buckets have not moved, or a new leader is still
+    /// opening one), with growing pauses, for up to the leader wait. Only for calls
+    /// that change nothing (reads, planning, lookups): running one twice is harmless.
+    pub async fn waiting<T, F, Fut>(&self, what: &str, mut op: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        let deadline = tokio::time::Instant::now() + self.leader_wait;
+        let mut pause = Duration::from_millis(50);
+        loop {
+            match op().await {
+                Err(MinkError::Unavailable(why))
+                    if tokio::time::Instant::now() + pause < deadline =>
+                {
+                    tracing::debug!("{what}: no node serves it yet ({why}); waiting");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(WAIT_PAUSE_MAX);
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// An action at any node, waiting for one that serves ([`Nodes::waiting`]): for
+    /// actions that read (lookups), which a bucket's leader answers.
+    pub async fn call_waiting<R: ActionRequest>(&self, request: &R) -> Result<R::Answer> {
+        self.waiting(R::NAME, || self.call(request)).await
     }
 
     /// The highest metadata index a node answered with.
@@ -258,8 +303,8 @@ impl Nodes {
     /// survives its bucket moving, or its leader going away, while it streams: when
     /// the stream ends with `NotLeader` or `Unavailable`, the read goes on at the
     /// leader from the offset after the last batch it received (at most
-    /// [`REDIRECTS_MAX`] times, each waiting up to [`RESUME_WAIT`] for a leader that
-    /// serves). The rows below the end were acknowledged before the read was planned,
+    /// [`REDIRECTS_MAX`] times, each waiting for a leader that serves, see
+    /// [`Nodes::waiting`]). The rows below the end were acknowledged before the read was planned,
     /// so every leader after the move holds them.
     pub async fn read(self: &Arc<Self>, addr: &str, ticket: &ReadTicket) -> Result<Batches> {
         let ReadTicket::Scan {
@@ -290,34 +335,18 @@ impl Nodes {
 
     /// [`Nodes::open`] at `addr`, or, when `addr` cannot serve (`Unavailable`: gone,
     /// or its bucket still opening), at any node, which redirects to the leader;
-    /// retried with growing pauses for up to `wait`.
-    pub async fn open_waiting(
-        &self,
-        addr: &str,
-        ticket: &ReadTicket,
-        wait: Duration,
-    ) -> Result<(Batches, String)> {
-        let deadline = tokio::time::Instant::now() + wait;
-        let mut pause = Duration::from_millis(50);
-        loop {
-            let opened = match self.open(addr, ticket).await {
+    /// waiting for one that serves ([`Nodes::waiting`]).
+    pub async fn open_waiting(&self, addr: &str, ticket: &ReadTicket) -> Result<(Batches, String)> {
+        self.waiting("a read", || async move {
+            match self.open(addr, ticket).await {
                 Err(MinkError::Unavailable(_)) => {
                     self.at_any(|other| async move { self.open(&other, ticket).await })
                         .await
                 }
                 other => other,
-            };
-            match opened {
-                Err(MinkError::Unavailable(why))
-                    if tokio::time::Instant::now() + pause < deadline =>
-                {
-                    tracing::debug!(%addr, "no leader serves the read yet ({why}); waiting");
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(1));
-                }
-                other => return other,
             }
-        }
+        })
+        .await
     }
 
     /// A DoGet at `addr`, following `NotLeader` redirects, streamed; with the address
@@ -389,10 +418,7 @@ impl Range {
             max_bytes: self.max_bytes,
             end_offset: Some(self.end),
         };
-        let (batches, at) = self
-            .nodes
-            .open_waiting(&self.addr, &ticket, RESUME_WAIT)
-            .await?;
+        let (batches, at) = self.nodes.open_waiting(&self.addr, &ticket).await?;
         self.addr = at;
         Ok(batches)
     }

@@ -5,7 +5,7 @@
 //! | `db.t`, a log table | every retained row: each bucket's log from its start to the high watermark at planning (`GetFlightInfo`'s endpoints) |
 //! | `db.t`, a primary-key table | its state: per bucket the KV snapshot and the changelog since, merged up to the planned cut; point and prefix queries by `lookup` / `prefix_lookup` |
 //! | `db.t`, tiered to the lake | `Union`: the lake snapshot and each bucket's log past it, every row once (a primary-key table's merged state) |
-//! | `db."t$lake"` | `Lake`: the newest lake snapshot alone |
+//! | `db."t$lake"` | `Lake`: the newest lake snapshot alone, its id fixed at planning, one part per bucket |
 //! | `db."t$changelog"` | every retained change of a primary-key table, with `_change_type`, `_log_offset` and `_commit_timestamp` |
 
 use std::collections::BTreeMap;
@@ -18,9 +18,9 @@ use datafusion::common::Result;
 use datafusion::datasource::{TableProvider, TableType};
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
 use datafusion::physical_plan::ExecutionPlan;
-use mink_flight::actions::{ListPartitions, TableInfo, TableRef};
+use mink_flight::actions::{LakeSnapshot, ListPartitions, TableInfo, TableRef};
 use mink_flight::protocol::ReadTicket;
-use mink_types::{MinkError, PartitionId, TablePath};
+use mink_types::{MinkError, PartitionId, TableBucket, TablePath};
 
 use crate::access::{Access, Shape, decide, partition_allowed, support};
 use crate::engine::schema_of;
@@ -123,14 +123,6 @@ impl MinkTable {
         &self.info
     }
 
-    /// Whether this read goes bucket by bucket (and can prune and look up): every
-    /// view but `$lake`. A lake-tiered log table's bucket is read as its part of the
-    /// `Union` (its lake files and its log past them, [`MinkTable::union_of_buckets`]);
-    /// a primary-key table's state, lake or not, from its KV snapshot and changelog.
-    fn per_bucket(&self) -> bool {
-        self.view != View::Lake
-    }
-
     /// A log table tiered to the lake, read as the Union of each bucket's lake files
     /// and log: its log alone may have been trimmed below what the lake holds.
     fn union_of_buckets(&self) -> bool {
@@ -145,7 +137,21 @@ impl MinkTable {
 
     /// The buckets to read and where their leaders are, from `GetFlightInfo`: each
     /// endpoint's ticket is a Scan up to the high watermark now (the query's cut).
+    /// Waits for every bucket to have a leader that answers (a node died, and its
+    /// buckets have not moved yet).
     async fn endpoints(
+        &self,
+        partitions: &Option<std::collections::BTreeSet<String>>,
+        buckets: &Option<std::collections::BTreeSet<mink_types::BucketId>>,
+    ) -> mink_types::Result<Vec<(String, ReadTicket)>> {
+        self.nodes
+            .waiting("planning a read", || {
+                self.endpoints_once(partitions, buckets)
+            })
+            .await
+    }
+
+    async fn endpoints_once(
         &self,
         partitions: &Option<std::collections::BTreeSet<String>>,
         buckets: &Option<std::collections::BTreeSet<mink_types::BucketId>>,
@@ -230,12 +236,13 @@ impl TableProvider for MinkTable {
     ) -> Result<Vec<TableProviderFilterPushDown>> {
         Ok(filters
             .iter()
-            .map(|f| {
-                if self.per_bucket() {
-                    support(&self.shape, f)
-                } else {
-                    TableProviderFilterPushDown::Unsupported
+            .map(|f| match (self.view, support(&self.shape, f)) {
+                // The lake may hold partitions dropped since, whose names the catalog
+                // no longer knows: they are read, and the filter applied to their rows.
+                (View::Lake, TableProviderFilterPushDown::Exact) => {
+                    TableProviderFilterPushDown::Inexact
                 }
+                (_, pushed) => pushed,
             })
             .collect())
     }
@@ -249,23 +256,10 @@ impl TableProvider for MinkTable {
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let path = self.info.path.clone();
         let (parts, describe) = match self.view {
-            View::Lake => (
-                vec![Part::Any {
-                    ticket: ReadTicket::Lake {
-                        path: path.clone(),
-                        snapshot_id: None,
-                    },
-                }],
-                Describe {
-                    read: "lake",
-                    detail: String::new(),
-                },
-            ),
-            _ => self
-                .bucket_parts(filters, limit)
-                .await
-                .map_err(mink_error)?,
-        };
+            View::Lake => self.lake_parts(filters).await,
+            _ => self.bucket_parts(filters, limit).await,
+        }
+        .map_err(mink_error)?;
         let keys = if self.primary_state() {
             key_columns(&self.schema, &self.info.descriptor.primary_key)?
         } else {
@@ -287,6 +281,105 @@ impl TableProvider for MinkTable {
 }
 
 impl MinkTable {
+    /// `t$lake`: the newest lake snapshot, its id fixed now (each part reads that one,
+    /// however many rounds commit while the query runs), one part per bucket the
+    /// snapshot holds rows of, read in parallel and pruned as bucket reads are.
+    async fn lake_parts(&self, filters: &[Expr]) -> mink_types::Result<(Vec<Part>, Describe)> {
+        let path = &self.info.path;
+        let snapshot = match self
+            .nodes
+            .call(&LakeSnapshot(TableRef { path: path.clone() }))
+            .await
+        {
+            Ok(s) => s,
+            // No round has committed yet: the lake holds no row.
+            Err(MinkError::NotFound(_)) => {
+                return Ok((
+                    vec![],
+                    Describe {
+                        read: "lake",
+                        detail: "no snapshot yet".into(),
+                    },
+                ));
+            }
+            Err(e) => return Err(e),
+        };
+        let malformed = |what: &str| {
+            MinkError::Internal(format!("lake_snapshot of {path} answered without {what}"))
+        };
+        let id = snapshot
+            .get("snapshot_id")
+            .and_then(|v| v.as_i64())
+            .ok_or_else(|| malformed("a snapshot_id"))?;
+        let offsets: BTreeMap<String, i64> = snapshot
+            .get("offsets")
+            .cloned()
+            .and_then(|o| serde_json::from_value(o).ok())
+            .ok_or_else(|| malformed("its offsets"))?;
+        let lake = |bucket| Part::Any {
+            ticket: ReadTicket::Lake {
+                path: path.clone(),
+                snapshot_id: Some(id),
+                bucket,
+            },
+        };
+        let streams: Option<Vec<TableBucket>> = offsets
+            .keys()
+            .map(|s| TableBucket::from_stream_name(s).filter(|b| b.table_id == self.info.id))
+            .collect();
+        let Some(streams) = streams else {
+            // A bucket name this reader does not know: the snapshot read whole.
+            return Ok((
+                vec![lake(None)],
+                Describe {
+                    read: "lake",
+                    detail: format!("snapshot={id} whole"),
+                },
+            ));
+        };
+        let (partitions, buckets) = match decide(
+            &self.shape,
+            false,
+            filters,
+            None,
+            self.limits.lookup_keys_max,
+        ) {
+            Access::Scan {
+                partitions,
+                buckets,
+                ..
+            } => (partitions, buckets),
+            _ => (None, None),
+        };
+        let names: BTreeMap<PartitionId, &str> = self
+            .info
+            .partitions
+            .values()
+            .map(|p| (p.id, p.name.as_str()))
+            .collect();
+        let parts: Vec<Part> = streams
+            .into_iter()
+            .filter(|b| buckets.as_ref().is_none_or(|only| only.contains(&b.bucket)))
+            .filter(|b| match (&partitions, b.partition_id) {
+                // A partition dropped since keeps its part (the filter sees its rows).
+                (Some(patterns), Some(id)) => names.get(&id).is_none_or(|name| {
+                    partition_allowed(patterns, name, self.shape.partition_keys.len())
+                }),
+                _ => true,
+            })
+            .map(|b| lake(Some(b)))
+            .collect();
+        let mut detail = format!("snapshot={id} buckets={}", parts.len());
+        pruning(&mut detail, &partitions, &buckets);
+        Ok((
+            parts,
+            Describe {
+                read: "lake",
+                detail,
+            },
+        ))
+    }
+
     async fn bucket_parts(
         &self,
         filters: &[Expr],
@@ -327,21 +420,7 @@ impl MinkTable {
             } => {
                 let endpoints = self.endpoints(&partitions, &buckets).await?;
                 let mut detail = format!("buckets={}", endpoints.len());
-                if let Some(b) = &buckets {
-                    detail.push_str(&format!(
-                        " (pruned to bucket {})",
-                        b.iter()
-                            .map(|b| b.to_string())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ));
-                }
-                if let Some(p) = &partitions {
-                    detail.push_str(&format!(
-                        ", partitions=[{}]",
-                        p.iter().cloned().collect::<Vec<_>>().join(", ")
-                    ));
-                }
+                pruning(&mut detail, &partitions, &buckets);
                 let union = self.union_of_buckets();
                 let read = match (primary, union) {
                     (true, _) => "state",
@@ -386,6 +465,29 @@ impl MinkTable {
                 Ok((parts, Describe { read, detail }))
             }
         }
+    }
+}
+
+/// The pruning of a read, for EXPLAIN.
+fn pruning(
+    detail: &mut String,
+    partitions: &Option<std::collections::BTreeSet<String>>,
+    buckets: &Option<std::collections::BTreeSet<mink_types::BucketId>>,
+) {
+    if let Some(b) = buckets {
+        detail.push_str(&format!(
+            " (pruned to bucket {})",
+            b.iter()
+                .map(|b| b.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    if let Some(p) = partitions {
+        detail.push_str(&format!(
+            ", partitions=[{}]",
+            p.iter().cloned().collect::<Vec<_>>().join(", ")
+        ));
     }
 }
 

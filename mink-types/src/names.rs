@@ -262,6 +262,36 @@ impl TableBucket {
             None => format!("t{}-b{}", self.table_id, self.bucket),
         }
     }
+
+    /// The bucket a [`TableBucket::stream_name`] names; `None` for any other text.
+    pub fn from_stream_name(name: &str) -> Option<Self> {
+        let rest = name.strip_prefix('t')?;
+        let (table, rest) = rest.split_once('-')?;
+        let (partition, bucket) = match rest.strip_prefix('p') {
+            Some(rest) => {
+                let (p, b) = rest.split_once('-')?;
+                (Some(p), b)
+            }
+            None => (None, rest),
+        };
+        let bucket = bucket.strip_prefix('b')?;
+        // Digits only (no sign, no spaces), as `stream_name` writes them.
+        fn number<T: std::str::FromStr>(s: &str) -> Option<T> {
+            if s.is_empty() || !s.bytes().all(|c| c.is_ascii_digit()) {
+                return None;
+            }
+            s.parse().ok()
+        }
+        let out = Self {
+            table_id: number(table)?,
+            partition_id: match partition {
+                Some(p) => Some(number(p)?),
+                None => None,
+            },
+            bucket: number(bucket)?,
+        };
+        (out.stream_name() == name).then_some(out)
+    }
 }
 
 impl fmt::Display for TableBucket {
@@ -280,6 +310,23 @@ impl fmt::Display for TableBucket {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stream_name_reads_back_as_its_bucket() {
+        for b in [
+            TableBucket::new(1, None, 0),
+            TableBucket::new(42, Some(7), 15),
+            TableBucket::new(0, Some(0), 0),
+        ] {
+            assert_eq!(TableBucket::from_stream_name(&b.stream_name()), Some(b));
+        }
+        for bad in [
+            "", "t", "t1", "t1-", "t1-b", "t-b1", "t1-bx", "t1-p-b1", "t1-p2", "t01-b1", "t1-b+1",
+            "t1-b1-", "x1-b1", "t1-q2-b1",
+        ] {
+            assert_eq!(TableBucket::from_stream_name(bad), None, "{bad:?}");
+        }
+    }
 
     fn reason(err: MinkError) -> (String, String) {
         match err {

@@ -361,6 +361,17 @@ def test_a_lake_tiered_table_reads_through_union_and_its_lake(single):
         assert sql(conn, "SELECT * FROM db.tiered LIMIT 5").num_rows == 5
         lake = sql(conn, 'SELECT count(*) AS n FROM db."tiered$lake"').to_pylist()[0]["n"]
         assert 50 <= lake <= 60
+        # `$lake` reads one snapshot, its id fixed at planning, one part per bucket.
+        wait_for(lambda: (snap := in_lake()) and sum(snap["offsets"].values()) == 60, timeout=60, what="60 rows in the lake")
+        snapshot = action(client, "lake_snapshot", {"path": "db.tiered"})["snapshot_id"]
+        plan = explain(conn, 'SELECT * FROM db."tiered$lake"')
+        assert "read=lake" in plan and f"snapshot={snapshot} buckets=3" in plan, plan
+        t = sql(conn, 'SELECT count(*) AS n, count(DISTINCT id) AS d, sum(id) AS s FROM db."tiered$lake"')
+        assert t.to_pylist() == [{"n": 60, "d": 60, "s": sum(range(60))}]
+        plan = explain(conn, 'SELECT * FROM db."tiered$lake" WHERE id = 7')
+        assert "read=lake" in plan and "buckets=1 (pruned to bucket" in plan, plan
+        assert sql(conn, 'SELECT id, msg FROM db."tiered$lake" WHERE id = 7').to_pylist() == [{"id": 7, "msg": "m2"}]
+        assert sql(conn, 'SELECT id FROM db."tiered$lake" WHERE id IN (3, 55, 1000)').num_rows == 2
 
 
 def test_limits_concurrency_timeout_and_a_client_that_goes_away(mink_node, mink_query, tmp_path):
@@ -572,18 +583,36 @@ def test_three_nodes_any_one_suffices(mink_node, mink_query, tmp_path):
         for r in raced:
             assert r == ([{"n": 600, "s": sum(range(600))}], [{"n": 38}], [{"name": "u7"}])
 
-        # A node going away: the buckets move, and queries answer again.
+        # A node dying while queries run: planning, reads and point queries that meet
+        # its buckets wait for the cluster to move them (`query.leader_wait_ms`), so
+        # no query fails, and every one answers the same, before, during and after.
+        client.close()
+        client = flight.connect(nodes[1].location)
+        stop.clear()
+        raced.clear()
+        racers = [threading.Thread(target=querying) for _ in range(2)]
+        for t in racers:
+            t.start()
+        wait_for(lambda: len(raced) >= 2, timeout=60, what="queries before the kill")
         nodes[0].kill()
 
-        def answers_again():
-            try:
-                with connect(q) as conn:
-                    return query_all(conn)
-            except adbc_driver_manager.Error:
-                return None
+        def moved_off_n0():
+            for path in ("db.events", "db.users"):
+                meta = action(client, "metadata", {"path": path})
+                if any(b["leader"] in (None, "n0") for b in meta["buckets"]):
+                    return None
+            return True
 
-        got = wait_for(answers_again, timeout=60, what="answers after a node died")
-        assert got == ([{"n": 600, "s": sum(range(600))}], [{"n": 38}], [{"name": "u7"}])
+        wait_for(moved_off_n0, timeout=60, what="n0's buckets moved after it died")
+        moved_at = len(raced)
+        wait_for(lambda: race_errors or len(raced) >= moved_at + 4, timeout=120, what="queries after the move")
+        stop.set()
+        for t in racers:
+            t.join(timeout=120)
+        assert not [t for t in racers if t.is_alive()], "querying threads still running"
+        assert not race_errors, race_errors
+        for r in raced:
+            assert r == ([{"n": 600, "s": sum(range(600))}], [{"n": 38}], [{"name": "u7"}])
         client.close()
     finally:
         if q:

@@ -222,6 +222,18 @@ struct LakeFiles {
 }
 
 impl LakeFiles {
+    /// The files of `bucket` alone; an error when a file names no bucket (the whole
+    /// table must then be read at once).
+    fn of_bucket(&self, bucket: TableBucket) -> Result<LakeFiles> {
+        if let Some(f) = self.data.iter().find(|f| f.stream().is_none()) {
+            return Err(MinkError::Internal(format!(
+                "lake file {} names no bucket: read the whole table at once",
+                f.location
+            )));
+        }
+        Ok(self.of_stream(&bucket.stream_name()))
+    }
+
     fn of_stream(&self, stream: &str) -> LakeFiles {
         LakeFiles {
             data: self
@@ -1286,13 +1298,25 @@ impl NodeService {
 
     /// DoGet `Lake`: a log table's rows with `ScanBatch` metadata; a primary-key
     /// table's state at the snapshot with `SnapshotBatch` metadata (its `log_offset` is
-    /// the bucket's offset in the snapshot).
+    /// the bucket's offset in the snapshot). With `only`, that bucket's files alone: it
+    /// may be a bucket of a partition dropped since, whose rows the snapshot still holds.
     pub(crate) async fn read_lake(
         &self,
         path: &TablePath,
         snapshot_id: Option<i64>,
+        only: Option<TableBucket>,
     ) -> Result<(SchemaRef, ReadBatches)> {
         let table = self.table(path).await?;
+        if let Some(bucket) = only
+            && (bucket.table_id != table.id
+                || bucket.bucket >= table.descriptor.bucket_count
+                || bucket.partition_id.is_some() != table.descriptor.is_partitioned())
+        {
+            return Err(MinkError::NotFound(format!(
+                "{bucket} is not a bucket of {} (table id {})",
+                table.path, table.id
+            )));
+        }
         let schema = table.descriptor.schema.to_arrow();
         let Some(version) = self.lake_version(&table, false).await? else {
             if let Some(id) = snapshot_id {
@@ -1306,6 +1330,10 @@ impl NodeService {
             return Ok((schema, empty));
         };
         let files = self.snapshot_files(&table, &version, snapshot_id).await?;
+        let files = match only {
+            None => files,
+            Some(bucket) => files.of_bucket(bucket)?,
+        };
         let offsets = version.offsets(snapshot_id)?;
         let rows = self.lake_rows(&table, files);
         if table.descriptor.has_primary_key() {
@@ -1402,15 +1430,7 @@ impl NodeService {
             };
             let files = match only {
                 None => files,
-                Some(bucket) => {
-                    if let Some(f) = files.data.iter().find(|f| f.stream().is_none()) {
-                        return Err(MinkError::Internal(format!(
-                            "lake file {} names no bucket: read the whole table's Union",
-                            f.location
-                        )));
-                    }
-                    files.of_stream(&bucket.stream_name())
-                }
+                Some(bucket) => files.of_bucket(bucket)?,
             };
             break (offsets, files, ends);
         };

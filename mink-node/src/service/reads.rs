@@ -81,7 +81,11 @@ impl NodeService {
                     .collect::<Result<_>>()?;
                 Ok((schema, ReadBatches::Snapshot(batches)))
             }
-            ReadTicket::Lake { path, snapshot_id } => self.read_lake(&path, snapshot_id).await,
+            ReadTicket::Lake {
+                path,
+                snapshot_id,
+                bucket,
+            } => self.read_lake(&path, snapshot_id, bucket).await,
             ReadTicket::Union { path, bucket } => self.read_union(&path, bucket).await,
         }
     }
