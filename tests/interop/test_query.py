@@ -649,3 +649,54 @@ def test_the_memory_limit_answers_resource_exhausted_and_the_server_goes_on(mink
         client.close()
         q.kill()
         node.kill()
+
+
+def test_the_metadata_commands_jdbc_and_dbeaver_ask_answer_through_another_client(single):
+    """GetSqlInfo, GetXdbcTypeInfo, GetPrimaryKeys and the key commands, which the
+    Flight SQL JDBC driver and DBeaver call and ADBC does not, through flightsql-dbapi
+    (a Flight SQL client library we did not write; the JDBC driver itself cannot be
+    fetched here: no Maven registry)."""
+    from flightsql import FlightSQLClient
+    from flightsql.client import TableRef
+
+    node, client, q = single
+    load_events_and_users(client)
+    fsql = FlightSQLClient(host="127.0.0.1", port=q.port, insecure=True)
+
+    def rows(info):
+        assert info.endpoints, info
+        return pa.concat_tables([fsql.do_get(e.ticket).read_all() for e in info.endpoints]).to_pylist()
+
+    try:
+        # 0 server name, 3 read-only, 5 Substrait, 8 transactions.
+        info = {r["info_name"]: r["value"] for r in rows(fsql.get_sql_info([0, 3, 5, 8]))}
+        assert info[0] == "mink-query"
+        assert info[3] is True and info[5] is False, info
+        types = rows(fsql.get_xdbc_type_info(None))
+        names = {t["type_name"] for t in types}
+        assert {"BIGINT", "STRING", "DOUBLE", "BOOLEAN", "TIMESTAMP"} <= names, names
+        # JDBC's BIGINT (-5) alone.
+        assert [t["type_name"] for t in rows(fsql.get_xdbc_type_info(-5))] == ["BIGINT"]
+
+        keys = rows(fsql.get_primary_keys(TableRef(catalog="mink", db_schema="db", table="users")))
+        assert [(k["catalog_name"], k["db_schema_name"], k["table_name"], k["column_name"], k["key_sequence"]) for k in keys] == [
+            ("mink", "db", "users", "id", 1)
+        ]
+        # A log table has no key; the key commands answer no rows.
+        assert rows(fsql.get_primary_keys(TableRef(catalog="mink", db_schema="db", table="events"))) == []
+        users = TableRef(catalog="mink", db_schema="db", table="users")
+        events = TableRef(catalog="mink", db_schema="db", table="events")
+        assert rows(fsql.get_imported_keys(users)) == []
+        assert rows(fsql.get_exported_keys(users)) == []
+        assert rows(fsql.get_cross_reference(users, events)) == []
+        # An unknown table is NotFound, naming it (at the DoGet, which reads the table).
+        with pytest.raises(pa.ArrowKeyError, match="not found: table db.no_such"):
+            rows(fsql.get_primary_keys(TableRef(catalog="mink", db_schema="db", table="no_such")))
+
+        assert rows(fsql.execute("SELECT name FROM db.users WHERE id = 2")) == [{"name": "two"}]
+        # Updates are not served, and say what is missing.
+        with pytest.raises(pa.ArrowNotImplementedError, match="(?i)update"):
+            fsql.execute_update("DELETE FROM db.users WHERE id = 2")
+        assert rows(fsql.execute("SELECT count(*) AS n FROM db.users")) == [{"n": 8}]
+    finally:
+        fsql.close()
