@@ -45,6 +45,9 @@ pub const HANDOVER_WAIT: Duration = Duration::from_secs(3);
 pub const HANDOVER_CLOSE_MARGIN: Duration = Duration::from_secs(2);
 
 /// How long a new leader waits for a live previous leader's handover.
+/// How often a handover that waits reads the previous owner's generation claims.
+const CLAIMS_READ_EVERY: Duration = Duration::from_secs(1);
+
 pub fn handover_wait(config: &MinkConfig) -> Duration {
     HANDOVER_WAIT
         .max(Duration::from_millis(config.meta.tail_idle_interval_max_ms) + HANDOVER_CLOSE_MARGIN)
@@ -394,6 +397,7 @@ impl Tablets {
         })?;
         let me = self.meta.node_id().to_string();
         let deadline = tokio::time::Instant::now() + handover_wait(&self.config);
+        let mut claims_read: Option<tokio::time::Instant> = None;
         loop {
             let owner = streams
                 .metadata()
@@ -404,7 +408,14 @@ impl Tablets {
             }
             // A generation that was fenced, or replaced by a newer one of its node
             // (a restart, a failed WAL), closes nothing, however alive its node is.
-            let retired = streams.metadata().read(|s, _| s.retired(&owner));
+            let mut retired = streams.metadata().read(|s, _| s.retired(&owner));
+            // A restarted node is alive again at once, but the stream-metadata log
+            // names its new generation only at its first open: the claims tell
+            // sooner (read at most once a second; a failed read proves nothing).
+            if !retired && claims_read.is_none_or(|at| at.elapsed() >= CLAIMS_READ_EVERY) {
+                claims_read = Some(tokio::time::Instant::now());
+                retired = streams.superseded_by_claim(&owner).await.unwrap_or(false);
+            }
             let alive = !retired
                 && self
                     .meta

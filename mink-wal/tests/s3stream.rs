@@ -1178,7 +1178,39 @@ async fn dead_wal_gc_keeps_every_fence_object(t: TestStore) {
     );
 }
 
+/// A restarted node's earlier generation is superseded as soon as the newer one is
+/// claimed, before the stream-metadata log names it (its first open), so that a
+/// handover does not wait for a close the earlier one will never make.
+async fn a_claimed_newer_generation_supersedes_at_once(t: TestStore) {
+    let first = StreamStore::open(t.store.clone(), "n1", config())
+        .await
+        .unwrap();
+    let other = StreamStore::open(t.store.clone(), "n2", config())
+        .await
+        .unwrap();
+    let s = first.open_stream("s", 1).await.unwrap();
+    s.append_durable(1, 1, 0, payload("s", 0)).await.unwrap();
+    let old = first.wal_id().clone();
+    assert!(!other.superseded_by_claim(&old).await.unwrap());
+    drop(s);
+    drop(first); // a crash; the node comes back
+    let restarted = StreamStore::open(t.store.clone(), "n1", config())
+        .await
+        .unwrap();
+    assert!(restarted.wal_id().generation > old.generation);
+    other.metadata().catch_up().await.unwrap();
+    assert!(
+        !other.metadata().read(|st, _| st.retired(&old)),
+        "the log does not know the newer generation before it opens a stream"
+    );
+    assert!(other.superseded_by_claim(&old).await.unwrap());
+    assert!(!other.superseded_by_claim(restarted.wal_id()).await.unwrap());
+    // Another node's claims are its own.
+    assert!(!restarted.superseded_by_claim(other.wal_id()).await.unwrap());
+}
+
 backend_tests! {
+    a_claimed_newer_generation_supersedes_at_once => super::a_claimed_newer_generation_supersedes_at_once;
     a_fenced_idle_wal_opens_nothing_and_fences_nobody => super::a_fenced_idle_wal_opens_nothing_and_fences_nobody;
     a_failed_second_close_never_reopens_the_stream => super::a_failed_second_close_never_reopens_the_stream;
     compaction_follows_the_wal_objects_written => super::compaction_follows_the_wal_objects_written;

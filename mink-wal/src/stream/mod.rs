@@ -430,10 +430,15 @@ pub struct StreamStore {
     inner: Arc<StoreInner>,
 }
 
+/// Where the generations of `node` are claimed (`walgen/{node}/{generation:020}`).
+fn claims_dir(node: &str) -> Path {
+    Path::from(format!("walgen/{node}"))
+}
+
 /// Claims the next WAL generation of `node` by conditional create. The claim holds a
 /// random token, so a create that fails ambiguously is resolved by reading it back.
 async fn claim_generation(store: &Arc<dyn ObjectStore>, node: &str) -> WalResult<u64> {
-    let dir = Path::from(format!("walgen/{node}"));
+    let dir = claims_dir(node);
     let mut highest = 0u64;
     let mut listing = store.list(Some(&dir));
     while let Some(meta) = listing.try_next().await? {
@@ -623,6 +628,24 @@ impl StreamStore {
     /// This incarnation's WAL writer.
     pub fn wal_id(&self) -> &WalId {
         &self.inner.wal
+    }
+
+    /// Whether a newer generation of `wal`'s node has been claimed (one LIST of the
+    /// node's claims after `wal`'s own): the node restarted, or replaced that WAL.
+    /// Such a generation closes nothing. The stream-metadata log says so too, but only
+    /// once the newer generation names itself in a command (its first open), which a
+    /// restarted node whose buckets all moved away may not make for a long time.
+    pub async fn superseded_by_claim(&self, wal: &WalId) -> WalResult<bool> {
+        let dir = claims_dir(&wal.node);
+        let own = dir.clone().join(format!("{:020}", wal.generation));
+        let mut newer = self.inner.store.list_with_offset(Some(&dir), &own);
+        while let Some(meta) = newer.try_next().await? {
+            let generation = meta.location.filename().and_then(|f| f.parse::<u64>().ok());
+            if generation.is_some_and(|g| g > wal.generation) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     /// Whether `name` is open here with a close that failed before it settled: the
