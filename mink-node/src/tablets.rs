@@ -44,10 +44,10 @@ pub const HANDOVER_WAIT: Duration = Duration::from_secs(3);
 /// compaction, one metadata append).
 pub const HANDOVER_CLOSE_MARGIN: Duration = Duration::from_secs(2);
 
-/// How long a new leader waits for a live previous leader's handover.
 /// How often a handover that waits reads the previous owner's generation claims.
 const CLAIMS_READ_EVERY: Duration = Duration::from_secs(1);
 
+/// How long a new leader waits for a live previous leader's handover.
 pub fn handover_wait(config: &MinkConfig) -> Duration {
     HANDOVER_WAIT
         .max(Duration::from_millis(config.meta.tail_idle_interval_max_ms) + HANDOVER_CLOSE_MARGIN)

@@ -292,8 +292,9 @@ impl MinkTable {
             .await
         {
             Ok(s) => s,
-            // No round has committed yet: the lake holds no row.
-            Err(MinkError::NotFound(_)) => {
+            // No round has committed yet: the lake holds no row. (The node knows the
+            // table: it answers at least the index the table was read at.)
+            Err(MinkError::NotFound(m)) if m.starts_with("a lake snapshot of") => {
                 return Ok((
                     vec![],
                     Describe {

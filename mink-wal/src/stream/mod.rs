@@ -236,8 +236,9 @@ pub(crate) struct StoreInner {
     /// still kept of the generation before it, ...), for the takeovers of their
     /// streams, until they are done (`remembered`). At most `REMEMBERED_MAX`.
     remembered: Mutex<Vec<Arc<remembered::Remembered>>>,
-    /// One fence of a WAL at a time on this node, by owner (`fence_lock`).
-    fencing: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// One fence of a WAL at a time on this node, by owner (`fence_lock`), with the
+    /// last one's failure.
+    fencing: Mutex<HashMap<String, FenceLock>>,
 }
 
 impl StoreInner {
@@ -337,7 +338,7 @@ impl StoreInner {
     /// and look again (seconds each on a loaded store). Under the lock, the first
     /// fences and the rest find its fence recorded. Locks no takeover holds are
     /// dropped.
-    fn fence_lock(&self, owner: &WalId) -> Arc<tokio::sync::Mutex<()>> {
+    fn fence_lock(&self, owner: &WalId) -> FenceLock {
         let mut locks = self.fencing.lock().unwrap_or_else(|e| e.into_inner());
         locks.retain(|_, l| Arc::strong_count(l) > 1);
         locks.entry(owner.to_string()).or_default().clone()
@@ -429,6 +430,11 @@ impl StoreInner {
 pub struct StreamStore {
     inner: Arc<StoreInner>,
 }
+
+/// The lock the takeovers of one owner's streams fence it under, holding when the
+/// last fence under it failed and why: the takeovers queued behind a fence that
+/// failed (a store outage) fail at once too, rather than each retrying in turn.
+type FenceLock = Arc<tokio::sync::Mutex<Option<(Instant, WalError)>>>;
 
 /// Where the generations of `node` are claimed (`walgen/{node}/{generation:020}`).
 fn claims_dir(node: &str) -> Path {

@@ -706,7 +706,28 @@ async fn fence(
     seen: &StreamMeta,
 ) -> WalResult<Option<u64>> {
     let lock = store.fence_lock(owner);
-    let _fencing = lock.lock().await;
+    let mut last_failure = lock.lock().await;
+    if let Some((at, e)) = last_failure.as_ref()
+        && at.elapsed() < FENCE_FAILURE_SHARED_FOR
+    {
+        return Err(e.clone());
+    }
+    let fenced = fence_locked(store, owner, epoch, stream, seen).await;
+    *last_failure = fenced.as_ref().err().map(|e| (Instant::now(), e.clone()));
+    fenced
+}
+
+/// How long the takeovers queued behind a fence that failed fail with it.
+const FENCE_FAILURE_SHARED_FOR: Duration = Duration::from_secs(1);
+
+/// [`fence`], under the owner's fence lock.
+async fn fence_locked(
+    store: &Arc<StoreInner>,
+    owner: &WalId,
+    epoch: u64,
+    stream: &str,
+    seen: &StreamMeta,
+) -> WalResult<Option<u64>> {
     for attempt in 0..TAKEOVER_ATTEMPTS_MAX {
         if attempt > 0 {
             tokio::time::sleep(retry_pause(attempt)).await;
