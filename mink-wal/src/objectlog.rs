@@ -494,7 +494,16 @@ impl<S: LogState> ObjectLog<S> {
 
     /// Applies every entry appended since the last call. Returns the applied index.
     pub async fn catch_up(&self) -> WalResult<u64> {
+        let asked = tokio::time::Instant::now();
         let _guard = self.writer.lock().await;
+        // A listing that began after this call did, and finished while it waited for
+        // the lock, saw every entry this one would: join it instead of listing again.
+        // (Catch-ups queue behind each other and behind appends: a node's takeovers
+        // all catch up at once, and on a slow store each listing takes seconds.)
+        // Strictly after: an instant equal to `asked` may have been read before it.
+        if *self.last_listed.lock().unwrap_or_else(|e| e.into_inner()) > asked {
+            return Ok(self.applied_index());
+        }
         self.catch_up_locked(None).await?;
         Ok(self.applied_index())
     }

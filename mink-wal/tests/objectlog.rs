@@ -348,7 +348,51 @@ async fn an_appender_paused_past_the_delete_grace_lists_again_before_it_creates(
     );
 }
 
+/// Catch-ups queued behind one another join a listing that began after they asked:
+/// eight at once make three listings, not nine, and each still sees every entry
+/// appended before it was called.
+async fn catch_ups_queued_at_once_share_a_listing(store: TestStore) {
+    let faulty = FaultyStore::new(
+        store.store.clone(),
+        FaultConfig {
+            list_latency: Duration::from_millis(100),
+            ..FaultConfig::default()
+        },
+    );
+    let writer = open(&store).await;
+    let reader = ObjectLog::open(Arc::new(faulty.clone()), "meta", Registry::default())
+        .await
+        .unwrap();
+    writer.append(&"one".to_string()).await.unwrap();
+    let before = faulty
+        .counters()
+        .lists
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let caught = futures::future::join_all((0..8).map(|_| reader.catch_up())).await;
+    for index in caught {
+        assert_eq!(
+            index.unwrap(),
+            1,
+            "every catch-up sees the entry appended before it"
+        );
+    }
+    let lists = faulty
+        .counters()
+        .lists
+        .load(std::sync::atomic::Ordering::Relaxed)
+        - before;
+    // The first catch-up lists twice (the new entry, then to see it was the last),
+    // the second once (nothing new); the six behind them join the second's. Each
+    // listing on its own would be nine.
+    assert_eq!(lists, 3, "catch-ups queued at once list three times");
+    // A catch-up called after the last listing began lists again, and sees what was
+    // appended since.
+    writer.append(&"two".to_string()).await.unwrap();
+    assert_eq!(reader.catch_up().await.unwrap(), 2);
+}
+
 backend_tests! {
+    catch_ups_queued_at_once_share_a_listing => super::catch_ups_queued_at_once_share_a_listing;
     concurrent_appenders_agree_on_one_total_order => super::concurrent_appenders_agree_on_one_total_order;
     a_duplicate_is_rejected_and_not_appended => super::a_duplicate_is_rejected_and_not_appended;
     an_ambiguous_timeout_appends_once => super::an_ambiguous_timeout_appends_once;
