@@ -366,19 +366,21 @@ impl<S: LogState> ObjectLog<S> {
     /// Applies every entry after the applied index, found by listing the prefix with
     /// `start_after` the applied entry (one LIST that also shows the snapshots and the
     /// objects beside the log). Returns the index at which `token` was found, if it was.
+    ///
+    /// Only a listing that ran to its end counts as one (`last_listed`: the staleness
+    /// rules, and catch-ups that join it): one that failed after finding `token`
+    /// answers it found, as in `probe_locked`, but may have stopped short of entries
+    /// that had landed.
     async fn catch_up_locked(&self, token: Option<&[u8; 16]>) -> WalResult<Option<u64>> {
         let started = tokio::time::Instant::now();
-        let found = self.list_and_apply(token).await?;
-        *self.last_listed.lock().unwrap_or_else(|e| e.into_inner()) = started;
-        Ok(found)
-    }
-
-    async fn list_and_apply(&self, token: Option<&[u8; 16]>) -> WalResult<Option<u64>> {
         let mut found = None;
-        // As in `probe_locked`: a failure after our entry was found keeps it found.
         match self.list_and_apply_into(token, &mut found).await {
+            Ok(found) => {
+                *self.last_listed.lock().unwrap_or_else(|e| e.into_inner()) = started;
+                Ok(found)
+            }
             Err(_) if found.is_some() => Ok(found),
-            other => other,
+            Err(e) => Err(e),
         }
     }
 
