@@ -104,12 +104,19 @@ pub enum OffsetSpec {
     Timestamp(i64),
 }
 
+/// How long a clean close waits for its checkpoint (see [`LogTablet::close`]).
+const CLOSE_CHECKPOINT_WAIT: Duration = Duration::from_secs(5);
+
 struct State {
     windows: Windows,
     last_commit_timestamp: i64,
     failed: Option<MinkError>,
     /// Where the last recovery started reading batch headers.
     recovered_from: i64,
+    /// The offset of the newest writer checkpoint known to cover this log (the one
+    /// recovery started from, or one this tablet wrote): the next owner reads batch
+    /// headers from there on.
+    checkpointed: i64,
 }
 
 struct Inner {
@@ -231,6 +238,7 @@ impl LogTablet {
                     last_commit_timestamp: i64::MIN,
                     failed: None,
                     recovered_from: 0,
+                    checkpointed: 0,
                 }),
             }),
         };
@@ -251,6 +259,9 @@ impl LogTablet {
 
     /// Closes the tablet's stream cleanly (a handover): pending appends complete,
     /// everything is compacted, and the next leader opens it without fencing anyone.
+    /// Then a writer checkpoint at the end, unless one is there: the next leader's
+    /// recovery reads no batch header (best effort, within [`CLOSE_CHECKPOINT_WAIT`];
+    /// without it the next leader reads from the newest checkpoint, as after a crash).
     pub async fn close(&self) -> Result<()> {
         self.inner
             .closing
@@ -261,7 +272,20 @@ impl LogTablet {
             .clone()
             .close()
             .await
-            .map_err(|e| wal_error(self.inner.bucket, e))
+            .map_err(|e| wal_error(self.inner.bucket, e))?;
+        if self.failure().is_none() && self.high_watermark() > self.lock().checkpointed {
+            match tokio::time::timeout(CLOSE_CHECKPOINT_WAIT, self.checkpoint()).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(bucket = %self.inner.bucket, "checkpoint at close failed: {e}")
+                }
+                Err(_) => tracing::warn!(
+                    bucket = %self.inner.bucket,
+                    "checkpoint at close took over {CLOSE_CHECKPOINT_WAIT:?}; not waiting"
+                ),
+            }
+        }
+        Ok(())
     }
 
     /// Indexes the log by the rows' own time, as Kafka's time index does: each batch
@@ -1375,16 +1399,22 @@ impl LogTablet {
                 batches += 1;
             }
         }
-        // This tablet appends under its own epoch, after every batch it recovered.
-        debug_assert!(
-            last_epoch <= self.inner.epoch as i64,
-            "{bucket}: opened under epoch {} over a log that reached epoch {last_epoch}",
-            self.inner.epoch
-        );
+        // This tablet appends under its own epoch, after every batch it recovered. A
+        // newer epoch's batches mean a newer open of the stream (in place on this node)
+        // appended while this one recovered: this one is superseded, and would only be
+        // refused at its first append.
+        if last_epoch > self.inner.epoch as i64 {
+            return Err(MinkError::Fenced(format!(
+                "{bucket}: opened under epoch {}, superseded while it recovered: the log \
+                 holds batches of epoch {last_epoch}",
+                self.inner.epoch
+            )));
+        }
         let mut state = self.lock();
         state.windows = windows;
         state.last_commit_timestamp = last_ts;
         state.recovered_from = from as i64;
+        state.checkpointed = from as i64;
         drop(state);
         metrics::counter!("mink_log_recovery_batches_read_total").increment(batches);
         tracing::debug!(%bucket, batches, from, high_watermark = end, "log tablet recovered");
@@ -1418,31 +1448,37 @@ impl LogTablet {
             MinkError::StorageFailure(format!("{}: checkpoint: {e}", self.inner.bucket))
         })?;
         metrics::counter!("mink_log_checkpoints_total").increment(1);
+        let mut state = self.lock();
+        state.checkpointed = state.checkpointed.max(checkpoint.offset);
         Ok(checkpoint.offset)
     }
 
     /// Writes a checkpoint every `log.checkpoint_interval_ms` while appends arrive,
-    /// until `shutdown` resolves.
+    /// until `shutdown` resolves; the first at once when the open's recovery read batch
+    /// headers: a bucket that moves more often than the interval would otherwise never
+    /// get one, and each owner's recovery would read more of the log than the last.
     pub async fn run_checkpoints(&self, shutdown: impl std::future::Future<Output = ()>) {
         tokio::pin!(shutdown);
         let interval = Duration::from_millis(self.inner.config.checkpoint_interval_ms.max(1));
-        let mut last = self.recovered_from();
+        let mut wait = if self.high_watermark() > self.lock().checkpointed {
+            Duration::ZERO
+        } else {
+            interval
+        };
         loop {
             tokio::select! {
                 _ = &mut shutdown => return,
-                _ = tokio::time::sleep(interval) => {}
+                _ = tokio::time::sleep(wait) => {}
             }
+            wait = interval;
             if self.failure().is_some() {
                 return;
             }
-            if self.high_watermark() <= last {
+            if self.high_watermark() <= self.lock().checkpointed {
                 continue; // idle: no request
             }
-            match self.checkpoint().await {
-                Ok(at) => last = at,
-                Err(e) => {
-                    tracing::warn!(bucket = %self.inner.bucket, "writer checkpoint failed: {e}")
-                }
+            if let Err(e) = self.checkpoint().await {
+                tracing::warn!(bucket = %self.inner.bucket, "writer checkpoint failed: {e}")
             }
         }
     }

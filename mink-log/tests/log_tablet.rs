@@ -345,6 +345,66 @@ async fn recovery_starts_from_the_newest_checkpoint() {
     );
 }
 
+/// A clean close (a handover) leaves a checkpoint at the log's end: the next owner
+/// reads no batch header. An owner whose recovery read headers writes one at once,
+/// not a whole checkpoint interval later (buckets that move more often than the
+/// interval would otherwise never get one, and each recovery would read more).
+#[tokio::test]
+async fn a_handover_and_a_long_recovery_each_leave_a_checkpoint_behind() {
+    let mut env = Env::new().await;
+    let tablet = env.tablet(false).await;
+    for seq in 0..10 {
+        tablet.append(req(1, seq, seq..seq + 1)).await.unwrap();
+    }
+    let window = tablet.writer_window(1);
+    tablet.close().await.unwrap();
+    drop(tablet);
+    let tablet = env.tablet(false).await;
+    assert_eq!(
+        tablet.recovered_from(),
+        10,
+        "no header read after a handover"
+    );
+    assert_eq!(tablet.writer_window(1), window);
+    // Ten more, then a crash (no close): the next owner reads their headers...
+    for seq in 10..20 {
+        tablet.append(req(1, seq, seq..seq + 1)).await.unwrap();
+    }
+    drop(tablet);
+    let tablet = Arc::new(env.tablet(true).await);
+    assert_eq!(tablet.recovered_from(), 10);
+    // ...and checkpoints at once, with the default interval of a minute.
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let duty = tokio::spawn({
+        let tablet = tablet.clone();
+        async move {
+            tablet
+                .run_checkpoints(async {
+                    let _ = stopped.await;
+                })
+                .await
+        }
+    });
+    let ckpt = object_store::path::Path::from("ckpt/t1-b0/00000000000000000020");
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while object_store::ObjectStoreExt::head(&env.store, &ckpt)
+            .await
+            .is_err()
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("a checkpoint at 20 soon after the open");
+    let _ = stop.send(());
+    duty.await.unwrap();
+    let window = tablet.writer_window(1);
+    drop(tablet);
+    let tablet = env.tablet(true).await;
+    assert_eq!(tablet.recovered_from(), 20);
+    assert_eq!(tablet.writer_window(1), window);
+}
+
 /// A log trimmed past its newest checkpoint took with it every batch the checkpoint
 /// describes and those after it up to the log start: a reopen forgets the writers the
 /// checkpoint names instead of rebuilding a window that ends before their trimmed

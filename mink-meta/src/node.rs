@@ -290,6 +290,33 @@ impl MetaNode {
             .map_err(|_| MinkError::Internal("the metadata committer went away".into()))?
     }
 
+    /// Proposes several commands queued together, so that the committer appends them
+    /// in one `Batch` entry when they fit (each validated on the state the ones before
+    /// it leave). Returns each one's index, or the first error.
+    pub async fn propose_all(&self, commands: Vec<MetaCommand>) -> Result<Vec<u64>> {
+        let answers: Vec<_> = {
+            let mut queue = self.inner.queue.lock().unwrap_or_else(|e| e.into_inner());
+            commands
+                .into_iter()
+                .map(|command| {
+                    let (tx, rx) = tokio::sync::oneshot::channel();
+                    queue.push((command, tx));
+                    rx
+                })
+                .collect()
+        };
+        self.kick_committer();
+        let mut indexes = Vec::with_capacity(answers.len());
+        for rx in answers {
+            indexes.push(
+                rx.await.map_err(|_| {
+                    MinkError::Internal("the metadata committer went away".into())
+                })??,
+            );
+        }
+        Ok(indexes)
+    }
+
     fn kick_committer(&self) {
         if self.inner.committing.swap(true, Ordering::AcqRel) {
             return;
@@ -895,20 +922,31 @@ impl MetaNode {
                 .collect()
         });
         let session = Duration::from_millis(self.inner.config.node_session_timeout_ms);
-        for node in others {
-            if self.silent_for(&node) >= session {
-                tracing::warn!(%node, "declaring a node dead: its heartbeat stopped");
-                self.propose(MetaCommand::NodeDown { term, node }).await?;
-            }
+        let dead: Vec<String> = others
+            .into_iter()
+            .filter(|node| self.silent_for(node) >= session)
+            .collect();
+        for node in &dead {
+            tracing::warn!(%node, "declaring a node dead: its heartbeat stopped");
         }
-        // Buckets without a live leader.
-        let assignments = self.read(plan_orphans);
-        for chunk in assignments.chunks(ASSIGNMENTS_PER_PROPOSAL_MAX) {
-            self.propose(MetaCommand::AssignBuckets {
-                term,
-                assignments: chunk.to_vec(),
-            })
-            .await?;
+        // Buckets without a live leader, the dead nodes' among them: their `NodeDown`s
+        // and the new leaders go in one entry of the log (one append on a failover's
+        // path where there were two, and every node learns both at once).
+        let assignments = self.read(|s| plan_orphans_without(s, &dead));
+        let commands: Vec<MetaCommand> = dead
+            .into_iter()
+            .map(|node| MetaCommand::NodeDown { term, node })
+            .chain(
+                assignments
+                    .chunks(ASSIGNMENTS_PER_PROPOSAL_MAX)
+                    .map(|chunk| MetaCommand::AssignBuckets {
+                        term,
+                        assignments: chunk.to_vec(),
+                    }),
+            )
+            .collect();
+        if !commands.is_empty() {
+            self.propose_all(commands).await?;
         }
         if last_expire.elapsed()
             >= Duration::from_millis(self.inner.config.offsets_expire_interval_ms)
@@ -946,10 +984,15 @@ impl MetaNode {
 
 /// Live nodes and how many buckets each leads.
 fn load(state: &MetaState) -> BTreeMap<String, usize> {
+    load_without(state, &[])
+}
+
+/// Buckets led by each live node, `down` counted as dead.
+fn load_without(state: &MetaState, down: &[String]) -> BTreeMap<String, usize> {
     let mut load: BTreeMap<String, usize> = state
         .nodes
         .iter()
-        .filter(|(_, n)| n.alive)
+        .filter(|(name, n)| n.alive && !down.contains(name))
         .map(|(n, _)| (n.clone(), 0))
         .collect();
     for b in state.buckets.values() {
@@ -968,7 +1011,12 @@ fn least_loaded(load: &BTreeMap<String, usize>) -> Option<String> {
 
 /// Buckets with no live leader, each given to the live node leading the fewest.
 pub fn plan_orphans(state: &MetaState) -> Vec<(String, String)> {
-    let mut load = load(state);
+    plan_orphans_without(state, &[])
+}
+
+/// [`plan_orphans`] with the nodes `down` counted as dead (about to be declared so).
+pub fn plan_orphans_without(state: &MetaState, down: &[String]) -> Vec<(String, String)> {
+    let mut load = load_without(state, down);
     let mut out = Vec::new();
     for (key, b) in &state.buckets {
         let live = b.leader.as_ref().is_some_and(|l| load.contains_key(l));
@@ -1061,6 +1109,10 @@ mod tests {
         let plan = plan_orphans(&s);
         let to: Vec<&str> = plan.iter().map(|(_, n)| n.as_str()).collect();
         assert_eq!(to, vec!["b", "b", "a"]);
+        // With `a` about to be declared dead, its buckets are orphans too.
+        let plan = plan_orphans_without(&s, &["a".to_string()]);
+        let to: Vec<&str> = plan.iter().map(|(_, n)| n.as_str()).collect();
+        assert_eq!(to, vec!["b"; 5]);
     }
 
     #[test]

@@ -408,18 +408,22 @@ impl Tablets {
             }
             // A generation that was fenced, or replaced by a newer one of its node
             // (a restart, a failed WAL), closes nothing, however alive its node is.
+            let node_alive = self
+                .meta
+                .read(|s| s.nodes.get(&owner.node).is_some_and(|n| n.alive));
             let mut retired = streams.metadata().read(|s, _| s.retired(&owner));
             // A restarted node is alive again at once, but the stream-metadata log
             // names its new generation only at its first open: the claims tell
-            // sooner (read at most once a second; a failed read proves nothing).
-            if !retired && claims_read.is_none_or(|at| at.elapsed() >= CLAIMS_READ_EVERY) {
+            // sooner (read at most once a second; a failed read proves nothing). A
+            // dead node's need no reading: it closes nothing either way.
+            if node_alive
+                && !retired
+                && claims_read.is_none_or(|at| at.elapsed() >= CLAIMS_READ_EVERY)
+            {
                 claims_read = Some(tokio::time::Instant::now());
                 retired = streams.superseded_by_claim(&owner).await.unwrap_or(false);
             }
-            let alive = !retired
-                && self
-                    .meta
-                    .read(|s| s.nodes.get(&owner.node).is_some_and(|n| n.alive));
+            let alive = node_alive && !retired;
             if !alive || tokio::time::Instant::now() >= deadline {
                 if alive {
                     tracing::info!(stream = name, %owner, "the previous leader did not hand over in time; taking over");
