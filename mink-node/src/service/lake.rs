@@ -221,6 +221,42 @@ struct LakeFiles {
     deleted: Arc<DeletedPositions>,
 }
 
+/// Lake snapshots whose files (manifests read, delete files applied) are kept.
+const LAKE_SNAPSHOTS_CACHED: usize = 8;
+
+/// The files of the lake snapshots read last, by table and snapshot id. A query's
+/// parts (a `Lake` ticket per bucket) arrive together and would each read the
+/// snapshot's manifest list, manifests and delete files again; a snapshot's files
+/// never change (snapshot ids are random, so a lake purged and rebuilt does not
+/// match), so they are read once. Parts that arrive together wait for the one read.
+#[derive(Default)]
+pub(crate) struct LakeFilesCache {
+    entries: Mutex<std::collections::VecDeque<LakeFilesEntry>>,
+}
+
+type LakeFilesEntry = ((TableId, i64), Arc<tokio::sync::OnceCell<LakeFiles>>);
+
+impl LakeFilesCache {
+    /// The cell of a snapshot's files, the most recently used; the least recently
+    /// used beyond [`LAKE_SNAPSHOTS_CACHED`] are dropped. A read that fails leaves
+    /// the cell empty for the next caller to try.
+    fn cell(&self, key: (TableId, i64)) -> Arc<tokio::sync::OnceCell<LakeFiles>> {
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = entries.iter().position(|(k, _)| *k == key) {
+            let entry = entries.remove(i).expect("found above");
+            let cell = entry.1.clone();
+            entries.push_back(entry);
+            return cell;
+        }
+        let cell = Arc::new(tokio::sync::OnceCell::new());
+        entries.push_back((key, cell.clone()));
+        while entries.len() > LAKE_SNAPSHOTS_CACHED {
+            entries.pop_front();
+        }
+        cell
+    }
+}
+
 impl LakeFiles {
     /// The files of `bucket` alone; an error when a file names no bucket (the whole
     /// table must then be read at once).
@@ -1283,17 +1319,34 @@ impl NodeService {
         version: &LakeVersion,
         snapshot_id: Option<i64>,
     ) -> Result<LakeFiles> {
-        let lake = self.lake_table(&table.path);
-        let contents = lake.contents(version, snapshot_id).await?;
-        let deleted = lake.read_deletes(&contents.deletes).await?;
-        let mut data = contents.data;
-        // Data file names are `{stream}/{first offset:020}-…`: by name is by bucket,
-        // then offset, so each bucket's rows stream in offset order.
-        data.sort_by(|a, b| a.location.cmp(&b.location));
-        Ok(LakeFiles {
-            data,
-            deleted: Arc::new(deleted),
-        })
+        let id = match snapshot_id {
+            // An expired snapshot is gone, cached or not.
+            Some(id) if version.metadata.snapshot_by_id(id).is_none() => {
+                return Err(MinkError::NotFound(format!("lake snapshot {id}")));
+            }
+            Some(id) => id,
+            None => match version.metadata.current_snapshot() {
+                Some(s) => s.snapshot_id(),
+                None => return Ok(LakeFiles::default()),
+            },
+        };
+        let cell = self.lake_files.cell((table.id, id));
+        let files = cell
+            .get_or_try_init(|| async {
+                let lake = self.lake_table(&table.path);
+                let contents = lake.contents(version, Some(id)).await?;
+                let deleted = lake.read_deletes(&contents.deletes).await?;
+                let mut data = contents.data;
+                // Data file names are `{stream}/{first offset:020}-…`: by name is by
+                // bucket, then offset, so each bucket's rows stream in offset order.
+                data.sort_by(|a, b| a.location.cmp(&b.location));
+                Ok::<_, MinkError>(LakeFiles {
+                    data,
+                    deleted: Arc::new(deleted),
+                })
+            })
+            .await?;
+        Ok(files.clone())
     }
 
     /// DoGet `Lake`: a log table's rows with `ScanBatch` metadata; a primary-key
@@ -1675,6 +1728,48 @@ fn union_bucket_of(table: &TableInfo, bucket: TableBucket) -> Result<Option<Stri
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn parts_of_one_snapshot_read_its_files_once() {
+        let cache = LakeFilesCache::default();
+        let reads = std::sync::atomic::AtomicUsize::new(0);
+        // Four parts of one snapshot at once: one read, the others wait for it.
+        let read = |key| {
+            let cell = cache.cell(key);
+            let reads = &reads;
+            async move {
+                cell.get_or_try_init(|| async {
+                    reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    Ok::<_, MinkError>(LakeFiles::default())
+                })
+                .await
+                .map(|_| ())
+            }
+        };
+        futures::future::try_join_all((0..4).map(|_| read((7, 1))))
+            .await
+            .unwrap();
+        assert_eq!(reads.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // A failed read leaves nothing behind: the next part reads again.
+        let cell = cache.cell((7, 2));
+        let failed = cell
+            .get_or_try_init(|| async { Err(MinkError::Unavailable("503".into())) })
+            .await;
+        assert!(failed.is_err());
+        read((7, 2)).await.unwrap();
+        assert_eq!(reads.load(std::sync::atomic::Ordering::SeqCst), 2);
+        // Used last is kept longest: snapshot 1, used again, outlives the others.
+        read((7, 1)).await.unwrap();
+        for id in 3..3 + LAKE_SNAPSHOTS_CACHED as i64 - 1 {
+            read((7, id)).await.unwrap();
+        }
+        let before = reads.load(std::sync::atomic::Ordering::SeqCst);
+        read((7, 1)).await.unwrap();
+        assert_eq!(reads.load(std::sync::atomic::Ordering::SeqCst), before);
+        read((7, 2)).await.unwrap();
+        assert_eq!(reads.load(std::sync::atomic::Ordering::SeqCst), before + 1);
+    }
 
     #[test]
     fn a_lake_of_a_newer_table_is_never_anothers_to_purge() {

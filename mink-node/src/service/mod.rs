@@ -63,6 +63,8 @@ pub struct NodeService {
     /// Kafka's consumer groups (membership lives in memory on the lease holder): the
     /// Kafka listener serves them, `kafka_groups` shows them.
     kafka_coordinator: Arc<mink_kafka::groups::Coordinator>,
+    /// The files of lake snapshots read last (`Lake` and `Union` reads).
+    lake_files: lake::LakeFilesCache,
 }
 
 pub(crate) fn now_ms() -> i64 {
@@ -91,6 +93,7 @@ impl NodeService {
             meta,
             round_robin: Mutex::new(HashMap::new()),
             writer_ids: tokio::sync::Mutex::new(0..0),
+            lake_files: lake::LakeFilesCache::default(),
         }
     }
 
