@@ -105,7 +105,7 @@ pub enum OffsetSpec {
 }
 
 /// How long a clean close waits for its checkpoint (see [`LogTablet::close`]).
-const CLOSE_CHECKPOINT_WAIT: Duration = Duration::from_secs(5);
+const CLOSE_CHECKPOINT_WAIT: Duration = Duration::from_secs(1);
 
 struct State {
     windows: Windows,
@@ -259,21 +259,20 @@ impl LogTablet {
 
     /// Closes the tablet's stream cleanly (a handover): pending appends complete,
     /// everything is compacted, and the next leader opens it without fencing anyone.
-    /// Then a writer checkpoint at the end, unless one is there: the next leader's
-    /// recovery reads no batch header (best effort, within [`CLOSE_CHECKPOINT_WAIT`];
-    /// without it the next leader reads from the newest checkpoint, as after a crash).
+    /// Before the close, once the appends are durable, a writer checkpoint at the end
+    /// (unless one is there), so that the next leader, which opens as soon as the
+    /// close is recorded, finds it and reads no batch header. Best effort, within
+    /// [`CLOSE_CHECKPOINT_WAIT`]: without it the next leader reads from the newest
+    /// checkpoint, as after a crash.
     pub async fn close(&self) -> Result<()> {
         self.inner
             .closing
             .store(true, std::sync::atomic::Ordering::SeqCst);
         self.inner.advanced.notify_waiters();
-        self.inner
-            .stream
-            .clone()
-            .close()
-            .await
-            .map_err(|e| wal_error(self.inner.bucket, e))?;
-        if self.failure().is_none() && self.high_watermark() > self.lock().checkpointed {
+        if self.inner.stream.flush().await.is_ok()
+            && self.failure().is_none()
+            && self.high_watermark() > self.lock().checkpointed
+        {
             match tokio::time::timeout(CLOSE_CHECKPOINT_WAIT, self.checkpoint()).await {
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) => {
@@ -285,7 +284,12 @@ impl LogTablet {
                 ),
             }
         }
-        Ok(())
+        self.inner
+            .stream
+            .clone()
+            .close_under(self.inner.epoch)
+            .await
+            .map_err(|e| wal_error(self.inner.bucket, e))
     }
 
     /// Indexes the log by the rows' own time, as Kafka's time index does: each batch
@@ -1433,6 +1437,17 @@ impl LogTablet {
         let checkpoint = {
             let state = self.lock();
             let hw = self.high_watermark();
+            // A tablet superseded in place (a newer open of the stream on this node)
+            // shares the stream, whose end then holds batches its windows lack: its
+            // checkpoint would leave them out. Epochs only grow, so the stream still
+            // under this tablet's epoch after `hw` was read means `hw` is this one's.
+            let now = self.inner.stream.epoch();
+            if now != self.inner.epoch {
+                return Err(MinkError::Fenced(format!(
+                    "{}: no checkpoint: the stream is open under epoch {now}, not {}",
+                    self.inner.bucket, self.inner.epoch
+                )));
+            }
             crate::checkpoint::Checkpoint::of(&state.windows, hw, state.last_commit_timestamp)
         };
         crate::checkpoint::write(
@@ -1467,6 +1482,7 @@ impl LogTablet {
         };
         loop {
             tokio::select! {
+                biased;
                 _ = &mut shutdown => return,
                 _ = tokio::time::sleep(wait) => {}
             }

@@ -405,6 +405,31 @@ async fn a_handover_and_a_long_recovery_each_leave_a_checkpoint_behind() {
     assert_eq!(tablet.writer_window(1), window);
 }
 
+/// A tablet whose stream was reopened in place under a newer epoch shares the stream,
+/// whose end then holds the newer tablet's batches: it writes no checkpoint (its
+/// windows lack those batches, and a later owner would read none of their headers).
+#[tokio::test]
+async fn a_tablet_superseded_in_place_writes_no_checkpoint() {
+    let mut env = Env::new().await;
+    let old = env.tablet(false).await;
+    old.append(req(1, 0, 0..1)).await.unwrap();
+    let new = env.tablet(false).await;
+    new.append(req(2, 0, 1..2)).await.unwrap();
+    assert_eq!(old.high_watermark(), 2, "the stream is shared");
+    let refused = old.checkpoint().await.unwrap_err();
+    assert!(matches!(refused, MinkError::Fenced(_)), "{refused:?}");
+    // The close of the old one (a handover that came late) leaves none either.
+    let _ = old.close().await;
+    let listed: Vec<_> = futures::TryStreamExt::try_collect::<Vec<_>>(
+        env.store
+            .list(Some(&object_store::path::Path::from("ckpt"))),
+    )
+    .await
+    .unwrap();
+    assert!(listed.is_empty(), "{listed:?}");
+    assert_eq!(new.checkpoint().await.unwrap(), 2);
+}
+
 /// A log trimmed past its newest checkpoint took with it every batch the checkpoint
 /// describes and those after it up to the log start: a reopen forgets the writers the
 /// checkpoint names instead of rebuilding a window that ends before their trimmed

@@ -932,21 +932,25 @@ impl MetaNode {
         // Buckets without a live leader, the dead nodes' among them: their `NodeDown`s
         // and the new leaders go in one entry of the log (one append on a failover's
         // path where there were two, and every node learns both at once).
+        // Further chunks of a large plan follow one by one, each after the ones before
+        // landed (an entry stays within one chunk's size).
         let assignments = self.read(|s| plan_orphans_without(s, &dead));
-        let commands: Vec<MetaCommand> = dead
+        let mut chunks = assignments
+            .chunks(ASSIGNMENTS_PER_PROPOSAL_MAX)
+            .map(|chunk| MetaCommand::AssignBuckets {
+                term,
+                assignments: chunk.to_vec(),
+            });
+        let first: Vec<MetaCommand> = dead
             .into_iter()
             .map(|node| MetaCommand::NodeDown { term, node })
-            .chain(
-                assignments
-                    .chunks(ASSIGNMENTS_PER_PROPOSAL_MAX)
-                    .map(|chunk| MetaCommand::AssignBuckets {
-                        term,
-                        assignments: chunk.to_vec(),
-                    }),
-            )
+            .chain(chunks.next())
             .collect();
-        if !commands.is_empty() {
-            self.propose_all(commands).await?;
+        if !first.is_empty() {
+            self.propose_all(first).await?;
+        }
+        for command in chunks {
+            self.propose(command).await?;
         }
         if last_expire.elapsed()
             >= Duration::from_millis(self.inner.config.offsets_expire_interval_ms)

@@ -1209,7 +1209,31 @@ async fn a_claimed_newer_generation_supersedes_at_once(t: TestStore) {
     assert!(!restarted.superseded_by_claim(other.wal_id()).await.unwrap());
 }
 
+/// A handover of a tablet that came late, after its stream was reopened in place
+/// under a newer epoch on the same node (moved away and back), must not close the
+/// stream under the tablet that replaced it: `close_under` the old epoch is refused,
+/// and the stream stays open and writable under the new one.
+async fn a_late_close_of_an_older_epoch_leaves_the_stream_open(t: TestStore) {
+    let node = StreamStore::open(t.store.clone(), "n1", config())
+        .await
+        .unwrap();
+    let old = node.open_stream("s", 1).await.unwrap();
+    old.append_durable(1, 1, 1, payload("s", 0)).await.unwrap();
+    let new = node.open_stream("s", 2).await.unwrap();
+    let refused = old.clone().close_under(1).await.unwrap_err();
+    assert!(matches!(refused, WalError::Fenced(_)), "{refused:?}");
+    new.append_durable(2, 1, 2, payload("s", 1)).await.unwrap();
+    // The holder of the current epoch closes it.
+    new.clone().close_under(2).await.unwrap();
+    node.metadata().catch_up().await.unwrap();
+    let owner = node
+        .metadata()
+        .read(|st, _| st.streams.get("s").map(|m| m.owner.clone()));
+    assert_eq!(owner, Some(None), "closed cleanly");
+}
+
 backend_tests! {
+    a_late_close_of_an_older_epoch_leaves_the_stream_open => super::a_late_close_of_an_older_epoch_leaves_the_stream_open;
     a_claimed_newer_generation_supersedes_at_once => super::a_claimed_newer_generation_supersedes_at_once;
     a_fenced_idle_wal_opens_nothing_and_fences_nobody => super::a_fenced_idle_wal_opens_nothing_and_fences_nobody;
     a_failed_second_close_never_reopens_the_stream => super::a_failed_second_close_never_reopens_the_stream;

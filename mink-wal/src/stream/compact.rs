@@ -526,10 +526,19 @@ async fn maybe_snapshot_metadata(store: &StoreInner) {
 ///
 /// A close whose proposal fails ambiguously leaves the stream `Closing` (it accepts
 /// no appends) and installed; calling `close` again resolves it from the log.
-pub(super) async fn close(stream: &Arc<StreamInner>) -> WalResult<()> {
+pub(super) async fn close(stream: &Arc<StreamInner>, epoch: Option<u64>) -> WalResult<()> {
     let store = stream.store.clone();
     let lock = store.open_lock(&stream.name);
     let _serialized = lock.lock().await;
+    if let Some(mine) = epoch {
+        let now = stream.lock().epoch;
+        if now != mine {
+            return Err(WalError::Fenced(format!(
+                "stream {} is open under epoch {now}, not {mine}: not closing it",
+                stream.name
+            )));
+        }
+    }
     close_locked(&store, stream).await
 }
 

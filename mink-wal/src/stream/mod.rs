@@ -1098,7 +1098,15 @@ impl Stream {
     /// Closes the stream cleanly: waits for pending appends, compacts everything into
     /// segments and records the close, so the next owner needs no fence.
     pub async fn close(self) -> WalResult<()> {
-        compact::close(&self.inner).await
+        compact::close(&self.inner, None).await
+    }
+
+    /// [`Stream::close`] by the holder of `epoch`: refused (`Fenced`) once the stream
+    /// was reopened in place under a newer epoch (on this node, sharing the stream),
+    /// decided under the stream's open lock, so a late handover of an old tablet never
+    /// closes the stream under the tablet that replaced it.
+    pub async fn close_under(self, epoch: u64) -> WalResult<()> {
+        compact::close(&self.inner, Some(epoch)).await
     }
 }
 
