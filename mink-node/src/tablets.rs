@@ -550,7 +550,10 @@ impl Tablets {
             let streams = streams.clone();
             tokio::spawn(async move {
                 match streams.open_stream(&name, epoch).await {
-                    Ok(stream) => match stream.close().await {
+                    // Under the epoch it adopted: should the bucket come back and its
+                    // stream be reopened in place meanwhile, the close is refused
+                    // rather than closing the stream under its new tablet.
+                    Ok(stream) => match stream.close_under(epoch).await {
                         Ok(()) => tracing::info!(
                             stream = name,
                             "closed a stream of a bucket led elsewhere"
