@@ -153,8 +153,15 @@ pub(super) async fn read(
 /// or one segment: nothing else of the stream's state is copied).
 enum Step {
     Held(Held),
-    Segment(SegmentMeta),
+    /// The segment holding the position, and the whole segments after it that the
+    /// read's byte budget has room for (read at once: a read over many small segments,
+    /// a recovery's or a consumer's catching up, took one store round trip after
+    /// another).
+    Segments(Vec<SegmentMeta>),
 }
+
+/// Segments one read step fetches at once.
+const SEGMENTS_READ_AT_ONCE: usize = 8;
 
 async fn read_pass(
     stream: &Arc<StreamInner>,
@@ -192,7 +199,28 @@ async fn read_pass(
                 None => {
                     let j = state.segments.partition_point(|s| s.end <= pos);
                     match state.segments.get(j).filter(|s| s.base <= pos) {
-                        Some(seg) => Step::Segment(seg.clone()),
+                        Some(seg) => {
+                            // Whole segments only, each starting where the one before
+                            // ends, all of them within what the read may still take.
+                            let room = max_bytes.saturating_sub(bytes) as u64;
+                            let mut taken = seg.bytes;
+                            let mut segs = vec![seg.clone()];
+                            for next in &state.segments[j + 1..] {
+                                if segs.len() >= SEGMENTS_READ_AT_ONCE
+                                    || next.base != segs[segs.len() - 1].end
+                                    || next.base >= state.acked_end
+                                    || taken + next.bytes > room
+                                {
+                                    break;
+                                }
+                                taken += next.bytes;
+                                segs.push(next.clone());
+                            }
+                            if taken > room {
+                                segs.truncate(1);
+                            }
+                            Step::Segments(segs)
+                        }
                         None => {
                             return Err(ReadFail::Wal(WalError::Corrupt(format!(
                                 "stream {}: offset {pos} is in no segment and not in memory",
@@ -221,19 +249,30 @@ async fn read_pass(
                     ..h.record
                 });
             }
-            Step::Segment(seg) => {
-                let records =
-                    read_segment(store, &seg, pos, max_bytes.saturating_sub(bytes)).await?;
-                if records.is_empty() {
-                    return Err(ReadFail::Wal(WalError::Corrupt(format!(
-                        "segment {} has no record at {pos}",
-                        seg.key
-                    ))));
-                }
-                for r in records {
-                    bytes += r.payload.len();
-                    pos = r.end();
-                    out.push(r);
+            Step::Segments(segs) => {
+                let room = max_bytes.saturating_sub(bytes);
+                let reads = segs.iter().enumerate().map(|(i, seg)| {
+                    // The first from the position; the others whole (their sum fits
+                    // the budget, so the first is read to its end as well).
+                    let from = if i == 0 { pos } else { seg.base };
+                    read_segment(store, seg, from, room)
+                });
+                let read = futures::future::try_join_all(reads).await?;
+                for (seg, records) in segs.iter().zip(read) {
+                    match records.first() {
+                        Some(r) if r.base <= pos && pos < r.end() => {}
+                        _ => {
+                            return Err(ReadFail::Wal(WalError::Corrupt(format!(
+                                "segment {} has no record at {pos}",
+                                seg.key
+                            ))));
+                        }
+                    }
+                    for r in records {
+                        bytes += r.payload.len();
+                        pos = r.end();
+                        out.push(r);
+                    }
                 }
             }
         }
