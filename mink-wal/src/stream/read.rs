@@ -150,7 +150,7 @@ pub(super) async fn read(
 }
 
 /// What the next step of a read takes, located under the stream's lock (one record
-/// or one segment: nothing else of the stream's state is copied).
+/// or a few segments: nothing else of the stream's state is copied).
 enum Step {
     Held(Held),
     /// The segment holding the position, and the whole segments after it that the
@@ -216,9 +216,6 @@ async fn read_pass(
                                 taken += next.bytes;
                                 segs.push(next.clone());
                             }
-                            if taken > room {
-                                segs.truncate(1);
-                            }
                             Step::Segments(segs)
                         }
                         None => {
@@ -258,9 +255,13 @@ async fn read_pass(
                     read_segment(store, seg, from, room)
                 });
                 let read = futures::future::try_join_all(reads).await?;
-                for (seg, records) in segs.iter().zip(read) {
+                for (i, (seg, records)) in segs.iter().zip(read).enumerate() {
                     match records.first() {
                         Some(r) if r.base <= pos && pos < r.end() => {}
+                        // A segment read ahead that does not continue where the one
+                        // before stopped (that one read short of its end): the next
+                        // step reads on from the position.
+                        _ if i > 0 => break,
                         _ => {
                             return Err(ReadFail::Wal(WalError::Corrupt(format!(
                                 "segment {} has no record at {pos}",
