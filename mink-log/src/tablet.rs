@@ -104,6 +104,20 @@ pub enum OffsetSpec {
     Timestamp(i64),
 }
 
+/// This tablet appends under its own epoch, after every batch it recovered. A newer
+/// epoch's batches mean a newer open of the stream (in place on this node) appended
+/// while this one recovered: this one is superseded, and would only be refused at its
+/// first append.
+fn not_superseded(bucket: TableBucket, epoch: u64, last_epoch: i64) -> Result<()> {
+    if last_epoch > epoch as i64 {
+        return Err(MinkError::Fenced(format!(
+            "{bucket}: opened under epoch {epoch}, superseded while it recovered: the log \
+             holds batches of epoch {last_epoch}"
+        )));
+    }
+    Ok(())
+}
+
 /// How long a clean close waits for its checkpoint (see [`LogTablet::close`]).
 const CLOSE_CHECKPOINT_WAIT: Duration = Duration::from_secs(1);
 
@@ -1403,17 +1417,7 @@ impl LogTablet {
                 batches += 1;
             }
         }
-        // This tablet appends under its own epoch, after every batch it recovered. A
-        // newer epoch's batches mean a newer open of the stream (in place on this node)
-        // appended while this one recovered: this one is superseded, and would only be
-        // refused at its first append.
-        if last_epoch > self.inner.epoch as i64 {
-            return Err(MinkError::Fenced(format!(
-                "{bucket}: opened under epoch {}, superseded while it recovered: the log \
-                 holds batches of epoch {last_epoch}",
-                self.inner.epoch
-            )));
-        }
+        not_superseded(bucket, self.inner.epoch, last_epoch)?;
         let mut state = self.lock();
         state.windows = windows;
         state.last_commit_timestamp = last_ts;

@@ -163,6 +163,26 @@ enum Step {
 /// Segments one read step fetches at once.
 const SEGMENTS_READ_AT_ONCE: usize = 8;
 
+/// The first of `segments` (the one holding the read's position) and the whole ones
+/// after it to fetch with it: each starting where the one before ends, below
+/// `acked_end`, all of them within `room` bytes.
+fn segments_at(segments: &[SegmentMeta], acked_end: u64, room: u64) -> Vec<SegmentMeta> {
+    let mut taken = segments[0].bytes;
+    let mut segs = vec![segments[0].clone()];
+    for next in &segments[1..] {
+        if segs.len() >= SEGMENTS_READ_AT_ONCE
+            || next.base != segs[segs.len() - 1].end
+            || next.base >= acked_end
+            || taken + next.bytes > room
+        {
+            break;
+        }
+        taken += next.bytes;
+        segs.push(next.clone());
+    }
+    segs
+}
+
 async fn read_pass(
     stream: &Arc<StreamInner>,
     offset: u64,
@@ -199,25 +219,11 @@ async fn read_pass(
                 None => {
                     let j = state.segments.partition_point(|s| s.end <= pos);
                     match state.segments.get(j).filter(|s| s.base <= pos) {
-                        Some(seg) => {
-                            // Whole segments only, each starting where the one before
-                            // ends, all of them within what the read may still take.
-                            let room = max_bytes.saturating_sub(bytes) as u64;
-                            let mut taken = seg.bytes;
-                            let mut segs = vec![seg.clone()];
-                            for next in &state.segments[j + 1..] {
-                                if segs.len() >= SEGMENTS_READ_AT_ONCE
-                                    || next.base != segs[segs.len() - 1].end
-                                    || next.base >= state.acked_end
-                                    || taken + next.bytes > room
-                                {
-                                    break;
-                                }
-                                taken += next.bytes;
-                                segs.push(next.clone());
-                            }
-                            Step::Segments(segs)
-                        }
+                        Some(_) => Step::Segments(segments_at(
+                            &state.segments[j..],
+                            state.acked_end,
+                            max_bytes.saturating_sub(bytes) as u64,
+                        )),
                         None => {
                             return Err(ReadFail::Wal(WalError::Corrupt(format!(
                                 "stream {}: offset {pos} is in no segment and not in memory",
