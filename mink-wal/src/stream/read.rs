@@ -150,37 +150,10 @@ pub(super) async fn read(
 }
 
 /// What the next step of a read takes, located under the stream's lock (one record
-/// or a few segments: nothing else of the stream's state is copied).
+/// or one segment: nothing else of the stream's state is copied).
 enum Step {
     Held(Held),
-    /// The segment holding the position, and the whole segments after it that the
-    /// read's byte budget has room for (read at once: a read over many small segments,
-    /// a recovery's or a consumer's catching up, took one store round trip after
-    /// another).
-    Segments(Vec<SegmentMeta>),
-}
-
-/// Segments one read step fetches at once.
-const SEGMENTS_READ_AT_ONCE: usize = 8;
-
-/// The first of `segments` (the one holding the read's position) and the whole ones
-/// after it to fetch with it: each starting where the one before ends, below
-/// `acked_end`, all of them within `room` bytes.
-fn segments_at(segments: &[SegmentMeta], acked_end: u64, room: u64) -> Vec<SegmentMeta> {
-    let mut taken = segments[0].bytes;
-    let mut segs = vec![segments[0].clone()];
-    for next in &segments[1..] {
-        if segs.len() >= SEGMENTS_READ_AT_ONCE
-            || next.base != segs[segs.len() - 1].end
-            || next.base >= acked_end
-            || taken + next.bytes > room
-        {
-            break;
-        }
-        taken += next.bytes;
-        segs.push(next.clone());
-    }
-    segs
+    Segment(SegmentMeta),
 }
 
 async fn read_pass(
@@ -219,11 +192,7 @@ async fn read_pass(
                 None => {
                     let j = state.segments.partition_point(|s| s.end <= pos);
                     match state.segments.get(j).filter(|s| s.base <= pos) {
-                        Some(_) => Step::Segments(segments_at(
-                            &state.segments[j..],
-                            state.acked_end,
-                            max_bytes.saturating_sub(bytes) as u64,
-                        )),
+                        Some(seg) => Step::Segment(seg.clone()),
                         None => {
                             return Err(ReadFail::Wal(WalError::Corrupt(format!(
                                 "stream {}: offset {pos} is in no segment and not in memory",
@@ -252,34 +221,19 @@ async fn read_pass(
                     ..h.record
                 });
             }
-            Step::Segments(segs) => {
-                let room = max_bytes.saturating_sub(bytes);
-                let reads = segs.iter().enumerate().map(|(i, seg)| {
-                    // The first from the position; the others whole (their sum fits
-                    // the budget, so the first is read to its end as well).
-                    let from = if i == 0 { pos } else { seg.base };
-                    read_segment(store, seg, from, room)
-                });
-                let read = futures::future::try_join_all(reads).await?;
-                for (i, (seg, records)) in segs.iter().zip(read).enumerate() {
-                    match records.first() {
-                        Some(r) if r.base <= pos && pos < r.end() => {}
-                        // A segment read ahead that does not continue where the one
-                        // before stopped (that one read short of its end): the next
-                        // step reads on from the position.
-                        _ if i > 0 => break,
-                        _ => {
-                            return Err(ReadFail::Wal(WalError::Corrupt(format!(
-                                "segment {} has no record at {pos}",
-                                seg.key
-                            ))));
-                        }
-                    }
-                    for r in records {
-                        bytes += r.payload.len();
-                        pos = r.end();
-                        out.push(r);
-                    }
+            Step::Segment(seg) => {
+                let records =
+                    read_segment(store, &seg, pos, max_bytes.saturating_sub(bytes)).await?;
+                if records.is_empty() {
+                    return Err(ReadFail::Wal(WalError::Corrupt(format!(
+                        "segment {} has no record at {pos}",
+                        seg.key
+                    ))));
+                }
+                for r in records {
+                    bytes += r.payload.len();
+                    pos = r.end();
+                    out.push(r);
                 }
             }
         }
