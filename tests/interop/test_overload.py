@@ -102,8 +102,10 @@ def test_writers_faster_than_the_store_meet_back_pressure_with_bounded_memory(mi
         # Memory: the node's bounds (16 + 16 MiB of writes admitted and waiting, 8 MiB
         # of WAL backlog and of tail cache), plus what a write stream holds before it
         # is admitted or refused (its message as received and decoded: ~3x its size;
-        # connections are not limited yet), with room for the allocator.
-        bound = (16 + 16 + 8 + 8) * MIB + writers * 3 * MIB + 48 * MIB
+        # connections are not limited yet), with room for the allocator: 64 MiB (with
+        # 48 the bound, 240 MiB, sat inside the run-to-run spread on a 2-core machine:
+        # 206-247 MiB of growth over six runs on 2026-12-05).
+        bound = (16 + 16 + 8 + 8) * MIB + writers * 3 * MIB + 64 * MIB
         assert peak - baseline < bound, f"peak RSS grew by {(peak - baseline) / MIB:.0f} MiB"
         # Reads were served all along, promptly.
         assert len(read_latencies) >= seconds, read_latencies
