@@ -1351,8 +1351,8 @@ impl KvTablet {
         let log = &self.inner.log;
         let hw = log.high_watermark();
         let mut replayed = 0u64;
-        while pos < hw {
-            let scan = log.scan(pos, 4 << 20).await?;
+        let mut reader = log.scan_to(pos, hw)?;
+        while let Some(scan) = reader.next().await? {
             let mut ops = Vec::new();
             for b in &scan.batches {
                 let schema = {

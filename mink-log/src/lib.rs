@@ -20,5 +20,5 @@ pub mod window;
 pub use batch::{BatchHeader, LogBatch, NO_WRITER};
 pub use config::LogConfig;
 pub use tablet::{
-    AppendRequest, Appended, LogTablet, OffsetSpec, ScanResult, Submitted, wal_error,
+    AppendRequest, Appended, LogScan, LogTablet, OffsetSpec, ScanResult, Submitted, wal_error,
 };

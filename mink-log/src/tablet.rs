@@ -91,6 +91,37 @@ impl ScanResult {
     }
 }
 
+/// A read of a log to a given end ([`LogTablet::scan_to`]).
+pub struct LogScan<'a> {
+    tablet: &'a LogTablet,
+    scan: mink_wal::Scan,
+}
+
+impl LogScan<'_> {
+    /// The next batches (sequence markers left out, so maybe none), or `None` at the
+    /// end. Each result's `end` is where the next begins.
+    pub async fn next(&mut self) -> Result<Option<ScanResult>> {
+        let from = self.scan.position() as i64;
+        let bucket = self.tablet.inner.bucket;
+        let records = match self.scan.next().await {
+            Ok(Some(records)) => records,
+            Ok(None) => return Ok(None),
+            Err(WalError::OffsetOutOfRange { .. }) => {
+                return Err(MinkError::OffsetOutOfRange {
+                    bucket,
+                    offset: from,
+                    log_start: self.tablet.log_start(),
+                    high_watermark: self.tablet.high_watermark(),
+                });
+            }
+            Err(e) => return Err(wal_error(bucket, e)),
+        };
+        let mut result = self.tablet.scan_result(from, &records)?;
+        result.batches.retain(|b| !b.header.is_marker());
+        Ok(Some(result))
+    }
+}
+
 /// Which offset `list_offsets` looks up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OffsetSpec {
@@ -1010,9 +1041,15 @@ impl LogTablet {
             }
             Err(e) => return Err(wal_error(bucket, e)),
         };
+        self.scan_result(from, &records)
+    }
+
+    /// The batches of `records`, read from `from` (a batch that begins before it is
+    /// cut to start at it), sequence markers kept.
+    fn scan_result(&self, from: i64, records: &[mink_wal::Record]) -> Result<ScanResult> {
         let mut batches = Vec::with_capacity(records.len());
         let end = records.last().map_or(from, |r| r.end() as i64);
-        for record in &records {
+        for record in records {
             let mut b = self.decode(record)?;
             if b.header.base_offset < from {
                 let skip = (from - b.header.base_offset) as usize;
@@ -1031,6 +1068,30 @@ impl LogTablet {
             end,
             high_watermark: self.high_watermark(),
             log_start: self.log_start(),
+        })
+    }
+
+    /// A read of the log from `from` to `to` in order, for a reader that reads it all
+    /// (a KV tablet's replay): as [`LogTablet::scan`] step by step, but with the
+    /// segments ahead fetched together ([`mink_wal::Scan`]).
+    pub fn scan_to(&self, from: i64, to: i64) -> Result<LogScan<'_>> {
+        let (log_start, hw) = (self.log_start(), self.high_watermark());
+        if from < log_start || from > hw {
+            return Err(MinkError::OffsetOutOfRange {
+                bucket: self.inner.bucket,
+                offset: from,
+                log_start,
+                high_watermark: hw,
+            });
+        }
+        let max_bytes = self.inner.config.scan_bytes_max as usize;
+        Ok(LogScan {
+            tablet: self,
+            scan: self.inner.stream.scan(
+                from as u64,
+                to.min(hw).max(from) as u64,
+                max_bytes.max(1),
+            ),
         })
     }
 
@@ -1355,18 +1416,10 @@ impl LogTablet {
             tracing::debug!(%bucket, from = c.offset, "recovering writer state from a checkpoint");
         }
         let from = pos;
-        while pos < end {
-            let records = self
-                .inner
-                .stream
-                .read(pos, 8 << 20)
-                .await
-                .map_err(|e| wal_error(bucket, e))?;
-            if records.is_empty() {
-                return Err(MinkError::Internal(format!(
-                    "{bucket}: recovery made no progress at {pos}"
-                )));
-            }
+        // Segments are fetched ahead, several at once: one after another, a recovery
+        // over many small segments took seconds on a slow store (docs/s3stream.md).
+        let mut scan = self.inner.stream.scan(pos, end, 8 << 20);
+        while let Some(records) = scan.next().await.map_err(|e| wal_error(bucket, e))? {
             for record in records {
                 let (h, _) = batch::decode_header(&record.payload)?;
                 if h.base_offset != record.base as i64 {

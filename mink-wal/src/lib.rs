@@ -31,7 +31,7 @@ pub use error::{WalError, WalResult};
 pub use format::Record;
 pub use objectlog::{Appended, LogState, ObjectLog, ObjectLogOptions};
 pub use store::open_object_store;
-pub use stream::{Cork, PendingAppend, Reservation, Stream, StreamStore, WalId};
+pub use stream::{Cork, PendingAppend, Reservation, Scan, Stream, StreamStore, WalId};
 
 /// The README's example, compiled and run as a doctest.
 #[cfg(doctest)]

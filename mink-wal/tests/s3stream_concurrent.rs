@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use mink_wal::fault::{FaultConfig, FaultyStore, VirtualClock};
-use mink_wal::{Stream, StreamStore, WalConfig, WalError};
+use mink_wal::{Record, Stream, StreamStore, WalConfig, WalError, WalResult};
 use object_store::ObjectStore;
 use object_store::memory::InMemory;
 use rand::rngs::StdRng;
@@ -232,11 +232,19 @@ async fn reader(model: Shared, seed: u64, stop: Arc<AtomicBool>) {
             continue;
         }
         let at = rng.random_range(0..end);
-        let read = holder.stream.read(at, rng.random_range(1..2_000)).await;
+        let max_bytes = rng.random_range(1..2_000);
+        // Plain reads, and scans to the end (segments fetched ahead together), which
+        // must return what plain reads would.
+        let scanned = rng.random_bool(0.5);
+        let read = if !scanned {
+            holder.stream.read(at, max_bytes).await
+        } else {
+            scan(&holder.stream, at, end, max_bytes).await
+        };
         let mut m = lock(&model);
         match read {
             Ok(records) => {
-                m.count("reads");
+                m.count(if scanned { "scans" } else { "reads" });
                 let mut expect = None;
                 for r in records {
                     if let Some(next) = expect
@@ -269,6 +277,16 @@ async fn reader(model: Shared, seed: u64, stop: Arc<AtomicBool>) {
             Err(_) => m.count("read failed (injected)"),
         }
     }
+}
+
+/// Every record a scan of `stream` from `at` to `end` returns, in one list.
+async fn scan(stream: &Stream, at: u64, end: u64, max_bytes: usize) -> WalResult<Vec<Record>> {
+    let mut scan = stream.scan(at, end, max_bytes);
+    let mut out = Vec::new();
+    while let Some(records) = scan.next().await? {
+        out.extend(records);
+    }
+    Ok(out)
 }
 
 /// Opens `s` on `target` under a new epoch, perhaps cancelling the open at an await

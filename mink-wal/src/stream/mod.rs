@@ -21,6 +21,7 @@ mod compact;
 pub mod meta;
 mod read;
 mod remembered;
+mod scan;
 mod shared_reads;
 mod takeover;
 mod writer;
@@ -44,6 +45,7 @@ use crate::config::WalConfig;
 use crate::error::{WalError, WalResult};
 use crate::format::Record;
 use crate::objectlog::{Appended, ObjectLog};
+pub use scan::Scan;
 pub use writer::Cork;
 use writer::{Job, WriterShared};
 
@@ -232,6 +234,8 @@ pub(crate) struct StoreInner {
     /// (`takeover::recovery_budget`): each takeover's reads in flight are bounded by
     /// bytes, and so are all of theirs together.
     recovery_budget: Arc<Semaphore>,
+    /// Segment bytes all [`Scan`]s of this node hold fetched ahead (`scan::BUDGET_BYTES`).
+    scan_budget: Arc<Semaphore>,
     /// What the failed generation this one replaced acknowledged (and what that one
     /// still kept of the generation before it, ...), for the takeovers of their
     /// streams, until they are done (`remembered`). At most `REMEMBERED_MAX`.
@@ -587,6 +591,7 @@ impl StreamStore {
             recovery_budget: Arc::new(Semaphore::new(takeover::recovery_budget(
                 config.group_bytes_max,
             ))),
+            scan_budget: Arc::new(Semaphore::new(scan::budget_permits())),
             remembered: Mutex::new(remembered),
         });
         tokio::spawn(writer::run_writer(store, wal, config, writer, rx));
@@ -1081,6 +1086,14 @@ impl Stream {
     /// the durable end, about `max_bytes` of payload (at least one unit).
     pub async fn read(&self, offset: u64, max_bytes: usize) -> WalResult<Vec<Record>> {
         read::read(&self.inner, offset, max_bytes).await
+    }
+
+    /// A read of every unit from `offset` (the first may begin before it) up to `end`,
+    /// in order, that fetches the segments ahead of it together (each in one GET,
+    /// within a per-scan and a per-node byte budget): for recoveries that read a whole
+    /// log back. It returns what plain [`Stream::read`]s would.
+    pub fn scan(&self, offset: u64, end: u64, max_bytes: usize) -> Scan {
+        Scan::new(self.inner.clone(), offset, end, max_bytes)
     }
 
     /// The first offset whose append timestamp is at or after `timestamp_ms`, or

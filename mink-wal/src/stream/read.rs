@@ -86,15 +86,22 @@ async fn segment_index(
         .get_range(&path, index_pos..index_end)
         .await?;
     let index = Arc::new(decode_segment_index(&seg.key, &bytes, entries, crc)?);
-    let mut cache = store
-        .segment_indexes
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
-    if cache.len() >= SEGMENT_INDEXES_CACHED_MAX {
-        cache.clear();
-    }
-    cache.insert(seg.key.clone(), index.clone());
+    store.cache_segment_index(&seg.key, &index);
     Ok(index)
+}
+
+impl StoreInner {
+    /// Keeps a segment's decoded index for later reads.
+    pub(super) fn cache_segment_index(&self, key: &str, index: &Arc<Vec<IndexEntry>>) {
+        let mut cache = self
+            .segment_indexes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if cache.len() >= SEGMENT_INDEXES_CACHED_MAX {
+            cache.clear();
+        }
+        cache.insert(key.to_owned(), index.clone());
+    }
 }
 
 /// Records of `seg` from the one holding `offset`, about `max_bytes` (at least one),
