@@ -310,7 +310,7 @@ impl Tablets {
         let name = bucket.stream_name();
         // Phases, for the log line of a slow open: the recovery tail after a failover.
         let started = tokio::time::Instant::now();
-        self.await_handover(&streams, &name).await?;
+        let handover_catch_up = self.await_handover(&streams, &name).await?;
         let handover = started.elapsed();
         let stream = streams
             .open_stream(&name, epoch)
@@ -326,6 +326,7 @@ impl Tablets {
                     epoch,
                     took_ms = ms(took),
                     handover_ms = ms(handover),
+                    handover_catch_up_ms = ms(handover_catch_up),
                     stream_ms = ms(stream_opened - handover),
                     log_ms = ms(took.saturating_sub(stream_opened + kv)),
                     kv_ms = ms(kv),
@@ -389,12 +390,17 @@ impl Tablets {
     /// nothing tails that log on an idle node, so the view may predate the stream's
     /// last open elsewhere (a bucket moved away and back), and a stale "nobody holds
     /// it" would fence the live holder.
-    async fn await_handover(&self, streams: &StreamStore, name: &str) -> Result<()> {
+    ///
+    /// Returns how long the catch-up took (the slow-open log line tells it from the
+    /// wait).
+    async fn await_handover(&self, streams: &StreamStore, name: &str) -> Result<Duration> {
+        let started = tokio::time::Instant::now();
         streams.metadata().catch_up().await.map_err(|e| {
             MinkError::Unavailable(format!(
                 "stream {name}: reading the stream metadata before the open: {e}"
             ))
         })?;
+        let caught_up = started.elapsed();
         let me = self.meta.node_id().to_string();
         let deadline = tokio::time::Instant::now() + handover_wait(&self.config);
         let mut claims_read: Option<tokio::time::Instant> = None;
@@ -402,9 +408,11 @@ impl Tablets {
             let owner = streams
                 .metadata()
                 .read(|s, _| s.streams.get(name).and_then(|m| m.owner.clone()));
-            let Some(owner) = owner else { return Ok(()) };
+            let Some(owner) = owner else {
+                return Ok(caught_up);
+            };
             if owner.node == me {
-                return Ok(());
+                return Ok(caught_up);
             }
             // A generation that was fenced, or replaced by a newer one of its node
             // (a restart, a failed WAL), closes nothing, however alive its node is.
@@ -428,7 +436,7 @@ impl Tablets {
                 if alive {
                     tracing::info!(stream = name, %owner, "the previous leader did not hand over in time; taking over");
                 }
-                return Ok(());
+                return Ok(caught_up);
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
             let _ = streams.metadata().catch_up().await;

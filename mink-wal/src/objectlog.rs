@@ -36,6 +36,7 @@
 //! Entry format: `b"MKL1"`, CRC32C (u32 LE) of the rest, the 16-byte token, then the
 //! entry as JSON.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -132,6 +133,8 @@ pub struct ObjectLog<S: LogState> {
     writer: Mutex<()>,
     applied_tx: watch::Sender<u64>,
     poke: Notify,
+    /// The index of the newest snapshot this process loaded, wrote or saw listed.
+    newest_snapshot: AtomicU64,
 }
 
 fn encode_entry<E: Serialize>(token: &[u8; 16], entry: &E) -> WalResult<Bytes> {
@@ -245,6 +248,7 @@ impl<S: LogState> ObjectLog<S> {
             writer: Mutex::new(()),
             applied_tx: watch::channel(index).0,
             poke: Notify::new(),
+            newest_snapshot: AtomicU64::new(0),
         };
         Ok(log)
     }
@@ -308,6 +312,9 @@ impl<S: LogState> ObjectLog<S> {
                 latest = Some((i, meta.location));
             }
         }
+        if let Some((i, _)) = &latest {
+            self.newest_snapshot.fetch_max(*i, Ordering::Relaxed);
+        }
         let Some((index, path)) = latest.filter(|(i, _)| *i > above) else {
             return Ok(false);
         };
@@ -322,6 +329,7 @@ impl<S: LogState> ObjectLog<S> {
             .map_err(|e| WalError::Corrupt(format!("snapshot {path}: {e}")))?;
         *self.view.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(Applied { index, state });
         self.applied_tx.send_replace(index);
+        self.newest_snapshot.fetch_max(index, Ordering::Relaxed);
         Ok(())
     }
 
@@ -412,6 +420,9 @@ impl<S: LogState> ObjectLog<S> {
                 } else {
                     beside.push(meta);
                 }
+            }
+            if let Some((i, _)) = &newest_snapshot {
+                self.newest_snapshot.fetch_max(*i, Ordering::Relaxed);
             }
             self.beside.send_replace(Arc::new(BesideListing {
                 at,
@@ -651,7 +662,16 @@ impl<S: LogState> ObjectLog<S> {
             .map_err(|e| WalError::Corrupt(format!("cannot encode snapshot: {e}")))?;
         let path = self.snap_dir.clone().join(format!("{:020}", view.index));
         self.store.put(&path, PutPayload::from(json)).await?;
+        self.newest_snapshot
+            .fetch_max(view.index, Ordering::Relaxed);
         Ok(view.index)
+    }
+
+    /// The index of the newest snapshot of the log this process knows of: loaded,
+    /// written, or seen in a listing (0 for none). Another process may have written a
+    /// newer one since.
+    pub fn newest_snapshot(&self) -> u64 {
+        self.newest_snapshot.load(Ordering::Relaxed)
     }
 
     /// Deletes entries at or below `index` that are older than `delete_grace`, which a

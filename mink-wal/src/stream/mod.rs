@@ -223,8 +223,6 @@ pub(crate) struct StoreInner {
     /// Set when a compaction round had work since the collector last looked: the
     /// collector then does not back off.
     gc_nudged: std::sync::atomic::AtomicBool,
-    /// The metadata index of the last snapshot this node wrote.
-    last_snapshot: AtomicU64,
     /// Segment merges recorded by this writer.
     merges: AtomicU64,
     segment_indexes: Mutex<HashMap<String, Arc<Vec<crate::format::IndexEntry>>>>,
@@ -288,7 +286,7 @@ impl StoreInner {
         });
         streams_due
             || self.meta.read(|s, _| s.wal_floor(&self.wal)) > self.gc_floor.load(Ordering::SeqCst)
-            || self.meta.applied_index() >= self.last_snapshot.load(Ordering::Relaxed) + 1_000
+            || self.meta.applied_index() >= self.meta.newest_snapshot() + 1_000
     }
 
     /// Warns, at most every 30 s, of the streams this WAL owns in the log whose
@@ -583,7 +581,6 @@ impl StreamStore {
             gc_floor: AtomicU64::new(1),
             compacted_from: AtomicU64::new(1),
             gc_nudged: std::sync::atomic::AtomicBool::new(false),
-            last_snapshot: AtomicU64::new(0),
             merges: AtomicU64::new(0),
             segment_indexes: Mutex::new(HashMap::new()),
             recovery_reads: shared_reads::SharedReads::default(),
