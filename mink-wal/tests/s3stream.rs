@@ -1492,6 +1492,23 @@ async fn segments_of(memory: &Arc<dyn ObjectStore>, n: u64, per: u64) -> Vec<(u6
     (0..n).map(|i| (i, payload("s", i))).collect()
 }
 
+/// Node `id` over `memory` behind a fault store configured by `faults` (its requests
+/// counted), with stream `s` opened under `epoch`: a reader that never read the
+/// stream's segments.
+async fn reader_over(
+    memory: &Arc<dyn ObjectStore>,
+    faults: FaultConfig,
+    id: &str,
+    epoch: u64,
+) -> (FaultyStore, StreamStore, Stream) {
+    let faulty = FaultyStore::new(memory.clone(), faults);
+    let node = StreamStore::open(Arc::new(faulty.clone()), id, config())
+        .await
+        .unwrap();
+    let s = node.open_stream("s", epoch).await.unwrap();
+    (faulty, node, s)
+}
+
 /// Every record `scan` returns, checked contiguous from `from`.
 async fn scan_all(stream: &Stream, from: u64, max_bytes: usize) -> Vec<(u64, Bytes)> {
     let mut scan = stream.scan(from, stream.durable_end(), max_bytes);
@@ -1523,22 +1540,11 @@ async fn a_scan_fetches_the_segments_ahead_together_and_returns_what_reads_do() 
     let latency = Duration::from_millis(100);
     // Each reader is a node that never read these segments, over a store whose GETs
     // take 100 ms.
-    let reader = |id: &'static str, epoch: u64| {
-        let slow = FaultyStore::new(
-            memory.clone(),
-            FaultConfig {
-                get_latency: latency,
-                ..Default::default()
-            },
-        );
-        async move {
-            let node = StreamStore::open(Arc::new(slow.clone()), id, config())
-                .await
-                .unwrap();
-            let s = node.open_stream("s", epoch).await.unwrap();
-            (slow, node, s)
-        }
+    let slow = FaultConfig {
+        get_latency: latency,
+        ..Default::default()
     };
+    let reader = |id: &'static str, epoch: u64| reader_over(&memory, slow.clone(), id, epoch);
 
     let (slow, _node, s) = reader("n2", 2).await;
     let gets = slow
@@ -1592,11 +1598,7 @@ async fn a_scan_fetches_the_segments_ahead_together_and_returns_what_reads_do() 
 async fn a_scan_whose_fetches_ahead_fail_reads_the_plain_way() {
     let memory: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
     let expected = small_segments(&memory, 24).await;
-    let faulty = FaultyStore::new(memory.clone(), FaultConfig::default());
-    let node = StreamStore::open(Arc::new(faulty.clone()), "n2", config())
-        .await
-        .unwrap();
-    let s = node.open_stream("s", 2).await.unwrap();
+    let (faulty, node, s) = reader_over(&memory, FaultConfig::default(), "n2", 2).await;
     // The whole-object GET of the fourth segment fails (the node never read it
     // before); the plain read of it after succeeds.
     let fourth = node
@@ -1635,11 +1637,7 @@ async fn a_scan_whose_fetches_ahead_fail_reads_the_plain_way() {
 async fn a_scan_steps_through_a_fetched_segment_by_its_byte_budget() {
     let memory: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
     let expected = segments_of(&memory, 30, 5).await;
-    let counted = FaultyStore::new(memory.clone(), FaultConfig::default());
-    let node = StreamStore::open(Arc::new(counted.clone()), "n2", config())
-        .await
-        .unwrap();
-    let s = node.open_stream("s", 2).await.unwrap();
+    let (counted, node, s) = reader_over(&memory, FaultConfig::default(), "n2", 2).await;
     let segments = node
         .metadata()
         .read(|st, _| st.streams.get("s").map(|m| m.segments.len()))

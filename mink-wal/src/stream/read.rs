@@ -104,6 +104,19 @@ impl StoreInner {
     }
 }
 
+/// The index entries of a read from the record holding `offset`: about `max_bytes` of
+/// payload, at least one record (none past the index's end).
+pub(super) fn entries_from(index: &[IndexEntry], offset: u64, max_bytes: usize) -> &[IndexEntry] {
+    let first = index.partition_point(|e| e.end() <= offset);
+    let mut last = first;
+    let mut bytes = 0usize;
+    while last < index.len() && (last == first || bytes < max_bytes) {
+        bytes += index[last].payload_len as usize;
+        last += 1;
+    }
+    &index[first..last]
+}
+
 /// Records of `seg` from the one holding `offset`, about `max_bytes` (at least one),
 /// in one range read.
 async fn read_segment(
@@ -113,14 +126,7 @@ async fn read_segment(
     max_bytes: usize,
 ) -> Result<Vec<Record>, ReadFail> {
     let index = segment_index(store, seg).await?;
-    let first = index.partition_point(|e| e.end() <= offset);
-    let mut last = first;
-    let mut bytes = 0usize;
-    while last < index.len() && (last == first || bytes < max_bytes) {
-        bytes += index[last].payload_len as usize;
-        last += 1;
-    }
-    let entries = &index[first..last];
+    let entries = entries_from(&index, offset, max_bytes);
     let (Some(a), Some(b)) = (entries.first(), entries.last()) else {
         return Ok(vec![]);
     };

@@ -306,14 +306,7 @@ fn records_at(
     pos: u64,
     max_bytes: usize,
 ) -> WalResult<Vec<Record>> {
-    let first = index.partition_point(|e| e.end() <= pos);
-    let mut last = first;
-    let mut taken = 0usize;
-    while last < index.len() && (last == first || taken < max_bytes) {
-        taken += index[last].payload_len as usize;
-        last += 1;
-    }
-    let entries = &index[first..last];
+    let entries = super::read::entries_from(index, pos, max_bytes);
     let (Some(a), Some(b)) = (entries.first(), entries.last()) else {
         return Ok(vec![]);
     };
