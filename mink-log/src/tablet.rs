@@ -102,19 +102,13 @@ impl LogScan<'_> {
     /// end. Each result's `end` is where the next begins.
     pub async fn next(&mut self) -> Result<Option<ScanResult>> {
         let from = self.scan.position() as i64;
-        let bucket = self.tablet.inner.bucket;
-        let records = match self.scan.next().await {
-            Ok(Some(records)) => records,
-            Ok(None) => return Ok(None),
-            Err(WalError::OffsetOutOfRange { .. }) => {
-                return Err(MinkError::OffsetOutOfRange {
-                    bucket,
-                    offset: from,
-                    log_start: self.tablet.log_start(),
-                    high_watermark: self.tablet.high_watermark(),
-                });
-            }
-            Err(e) => return Err(wal_error(bucket, e)),
+        let Some(records) = self
+            .scan
+            .next()
+            .await
+            .map_err(|e| self.tablet.read_error(from, e))?
+        else {
+            return Ok(None);
         };
         let mut result = self.tablet.scan_result(from, &records)?;
         result.batches.retain(|b| !b.header.is_marker());
@@ -1012,35 +1006,47 @@ impl LogTablet {
         Ok(result)
     }
 
+    /// `OffsetOutOfRange` for a read from `from`, with the log's current bounds.
+    fn out_of_range(&self, from: i64) -> MinkError {
+        MinkError::OffsetOutOfRange {
+            bucket: self.inner.bucket,
+            offset: from,
+            log_start: self.log_start(),
+            high_watermark: self.high_watermark(),
+        }
+    }
+
+    /// Refuses a read from below the log start or above the high watermark.
+    fn check_read_from(&self, from: i64) -> Result<()> {
+        if from < self.log_start() || from > self.high_watermark() {
+            return Err(self.out_of_range(from));
+        }
+        Ok(())
+    }
+
+    /// The error of a stream read from `from`: below the start is the log's
+    /// `OffsetOutOfRange`.
+    fn read_error(&self, from: i64, e: WalError) -> MinkError {
+        match e {
+            WalError::OffsetOutOfRange { .. } => self.out_of_range(from),
+            e => wal_error(self.inner.bucket, e),
+        }
+    }
+
     /// [`LogTablet::scan`] with the sequence markers kept (each a batch of no rows over
     /// its one offset, [`BatchHeader::is_marker`]): for readers of batch headers rather
     /// than rows, to whom every offset is some batch's.
     pub async fn scan_with_markers(&self, from: i64, max_bytes: usize) -> Result<ScanResult> {
-        let bucket = self.inner.bucket;
-        let (log_start, hw) = (self.log_start(), self.high_watermark());
-        if from < log_start || from > hw {
-            return Err(MinkError::OffsetOutOfRange {
-                bucket,
-                offset: from,
-                log_start,
-                high_watermark: hw,
-            });
-        }
+        self.check_read_from(from)?;
         let max_bytes = max_bytes
             .min(self.inner.config.scan_bytes_max as usize)
             .max(1);
-        let records = match self.inner.stream.read(from as u64, max_bytes).await {
-            Ok(r) => r,
-            Err(WalError::OffsetOutOfRange { .. }) => {
-                return Err(MinkError::OffsetOutOfRange {
-                    bucket,
-                    offset: from,
-                    log_start: self.log_start(),
-                    high_watermark: self.high_watermark(),
-                });
-            }
-            Err(e) => return Err(wal_error(bucket, e)),
-        };
+        let records = self
+            .inner
+            .stream
+            .read(from as u64, max_bytes)
+            .await
+            .map_err(|e| self.read_error(from, e))?;
         self.scan_result(from, &records)
     }
 
@@ -1075,15 +1081,8 @@ impl LogTablet {
     /// (a KV tablet's replay): as [`LogTablet::scan`] step by step, but with the
     /// segments ahead fetched together ([`mink_wal::Scan`]).
     pub fn scan_to(&self, from: i64, to: i64) -> Result<LogScan<'_>> {
-        let (log_start, hw) = (self.log_start(), self.high_watermark());
-        if from < log_start || from > hw {
-            return Err(MinkError::OffsetOutOfRange {
-                bucket: self.inner.bucket,
-                offset: from,
-                log_start,
-                high_watermark: hw,
-            });
-        }
+        self.check_read_from(from)?;
+        let hw = self.high_watermark();
         let max_bytes = self.inner.config.scan_bytes_max as usize;
         Ok(LogScan {
             tablet: self,
