@@ -23,6 +23,9 @@ impl KvBackend {
     }
 }
 
+/// The default of `kv.prewrite_buffer_bytes_max`.
+pub const DEFAULT_WRITE_BACK_BYTES: u64 = 32 << 20;
+
 /// KV tablet settings.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -36,7 +39,14 @@ pub struct KvConfig {
     pub snapshot_interval_ms: u64,
     /// Snapshots kept per bucket. Default 2.
     pub snapshots_retained: u32,
-    /// Bytes of staged rows per tablet waiting for durability. Default 64 MiB.
+    /// Bytes of rows a KV tablet holds in memory ahead of its local store: rows
+    /// waiting for durability, and durable rows kept as a write-back cache (the newest
+    /// version of each key recently written). Durable rows go to the store once the
+    /// buffer holds more than this or this much was written since the last store
+    /// write (so a replay after a crash reads back about this much); each key's
+    /// newest version is written once however often the key changed. Past the bound
+    /// the rows the store has leave the buffer. 0 writes the store after every Put.
+    /// Default 32 MiB.
     pub prewrite_buffer_bytes_max: u64,
 }
 
@@ -46,7 +56,7 @@ impl Default for KvConfig {
             backend: KvBackend::Fjall,
             snapshot_interval_ms: 600_000,
             snapshots_retained: 2,
-            prewrite_buffer_bytes_max: 64 << 20,
+            prewrite_buffer_bytes_max: DEFAULT_WRITE_BACK_BYTES,
         }
     }
 }

@@ -12,6 +12,7 @@ pub mod config;
 #[cfg(feature = "fjall")]
 mod fjall_store;
 pub mod merge;
+mod prewrite;
 mod recovery;
 #[cfg(feature = "redb")]
 mod redb_store;

@@ -10,7 +10,8 @@
 //! store together with that offset, in one atomic write. Lookups see staged rows
 //! below the high watermark (acknowledged) and the store; never rows above it.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use arrow::array::RecordBatch;
@@ -20,8 +21,11 @@ use mink_types::{
     ChangeType, ChangelogImage, DeleteBehavior, KeyEncoder, MinkError, Result, Schema, SchemaId,
     TableBucket, TableDescriptor, ValueEncoder,
 };
+use rustc_hash::FxBuildHasher;
 
+use crate::config::DEFAULT_WRITE_BACK_BYTES;
 use crate::merge::{Decision, Merger, target_mask};
+use crate::prewrite::Prewrite;
 use crate::recovery::{self, RecoveryStart};
 use crate::row::{
     Row, decode_row, encode_row, encode_row_at, row_schema_id, rows_of, rows_to_batch,
@@ -163,7 +167,7 @@ impl PendingPut {
             PendingStep::Empty(e) => e.wait().await.map_err(|e| tablet.fail(e)),
             PendingStep::Written(submitted) => match submitted.wait().await {
                 Ok(appended) => {
-                    tablet.flush().await?;
+                    tablet.flush_if_due().await?;
                     metrics::counter!("mink_kv_put_batches_total").increment(1);
                     Ok(appended)
                 }
@@ -174,10 +178,6 @@ impl PendingPut {
     }
 }
 
-/// Versions of a key not yet in the store: `(changelog offset, stored row or None for
-/// a delete)`, oldest first.
-type Versions = VecDeque<(i64, Option<Vec<u8>>)>;
-
 struct Inner {
     bucket: TableBucket,
     log: LogTablet,
@@ -187,7 +187,12 @@ struct Inner {
     /// [`Owner`]: crate::store::Owner
     claim: Claim,
     table: RwLock<TableState>,
-    prewrite: Mutex<BTreeMap<Vec<u8>, Versions>>,
+    /// Versions the store may lack, and the newest durable ones it has, bounded by
+    /// `write_back_bytes` (see [`Prewrite`]).
+    prewrite: Mutex<Prewrite>,
+    /// The prewrite buffer's bound: past it (in bytes held, or staged since the last
+    /// store write), a Put's wait writes the durable versions to the store.
+    write_back_bytes: AtomicU64,
     /// Serializes the merges and submits of this bucket's Puts.
     puts: tokio::sync::Mutex<()>,
     /// Serializes flushes (and snapshot reads of the store), and keeps them out from
@@ -274,7 +279,8 @@ impl KvTablet {
                 store,
                 claim,
                 table: RwLock::new(table_state(descriptor, schemas)?),
-                prewrite: Mutex::new(BTreeMap::new()),
+                prewrite: Mutex::new(Prewrite::default()),
+                write_back_bytes: AtomicU64::new(DEFAULT_WRITE_BACK_BYTES),
                 puts: tokio::sync::Mutex::new(()),
                 flushes: tokio::sync::Mutex::new(()),
                 failed: Mutex::new(None),
@@ -290,7 +296,7 @@ impl KvTablet {
         self.inner.table.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn prewrite(&self) -> MutexGuard<'_, BTreeMap<Vec<u8>, Versions>> {
+    fn prewrite(&self) -> MutexGuard<'_, Prewrite> {
         self.inner
             .prewrite
             .lock()
@@ -339,16 +345,26 @@ impl KvTablet {
         decode_row(bytes, written, &table.descriptor.schema)
     }
 
-    /// The newest version of `key`: staged (any offset, when `visible_below` is
-    /// `None`; else only below it), then the store.
-    fn current(&self, key: &[u8], visible_below: Option<i64>) -> Result<Option<Row>> {
-        let staged = self.prewrite().get(key).and_then(|versions| {
-            versions
-                .iter()
-                .rev()
-                .find(|(offset, _)| visible_below.is_none_or(|hw| *offset < hw))
-                .map(|(_, v)| v.clone())
-        });
+    /// The newest version of `key`, staged or not: the prewrite buffer's, then the
+    /// store's (the merges' read, under the put lock).
+    fn current(&self, key: &[u8]) -> Result<Option<Row>> {
+        let staged = self
+            .prewrite()
+            .get(key)
+            .and_then(|versions| versions.back().map(|(_, v)| v.clone()));
+        self.buffered_or_stored(key, staged)
+    }
+
+    /// A key's row from what the prewrite buffer held of it (`Some(None)`: deleted;
+    /// `None`: nothing), else from the store. The buffer must be read first: a flush
+    /// writes the store before versions leave the buffer, so a version read there is
+    /// in the store or still there; read the other way round, a flush in between
+    /// could leave only the store's older version.
+    fn buffered_or_stored(
+        &self,
+        key: &[u8],
+        staged: Option<Option<Vec<u8>>>,
+    ) -> Result<Option<Row>> {
         match staged {
             Some(Some(bytes)) => Ok(Some(self.decode(&bytes)?)),
             Some(None) => Ok(None),
@@ -357,6 +373,14 @@ impl KvTablet {
                 None => Ok(None),
             },
         }
+    }
+
+    /// The high watermark, read under the prewrite buffer's lock (held by the caller
+    /// as `_buffer`): the buffer drops a key's versions superseded by a durable one
+    /// (`Prewrite::stage`), so a read that wants the newest version below its high
+    /// watermark must read one at least as high as the one those drops used.
+    fn high_watermark_under(&self, _buffer: &MutexGuard<'_, Prewrite>) -> i64 {
+        self.inner.log.high_watermark()
     }
 
     /// Checks a Put and returns the full-width rows, the target mask and per-row
@@ -475,7 +499,7 @@ impl KvTablet {
             let (old, old_encoded) = match staged.get(&key) {
                 Some(Some((row, encoded))) => (Some(row.clone()), Some(encoded.clone())),
                 Some(None) => (None, None),
-                None => (self.current(&key, None)?, None),
+                None => (self.current(&key)?, None),
             };
             let decision = if delete {
                 merger.delete(old.as_ref(), mask)
@@ -551,7 +575,8 @@ impl KvTablet {
             value: Option<Vec<u8>>,
             changed: bool,
         }
-        let mut slots: HashMap<&[u8], Slot> = HashMap::with_capacity(keys.len());
+        let mut slots: HashMap<&[u8], Slot, FxBuildHasher> =
+            HashMap::with_capacity_and_hasher(keys.len(), FxBuildHasher);
         let mut unstaged: Vec<Vec<u8>> = Vec::new();
         {
             let prewrite = self.prewrite();
@@ -651,7 +676,8 @@ impl KvTablet {
         schema: &Schema,
     ) -> Result<Merged> {
         let values = ValueEncoder::new(batch)?;
-        let mut latest: HashMap<Vec<u8>, Vec<u8>> = HashMap::with_capacity(keys.len());
+        let mut latest: HashMap<Vec<u8>, Vec<u8>, FxBuildHasher> =
+            HashMap::with_capacity_and_hasher(keys.len(), FxBuildHasher);
         for (r, key) in keys.into_iter().enumerate() {
             let mut encoded = Vec::new();
             encode_row_at(schema.schema_id, &values, r, &mut encoded);
@@ -852,11 +878,9 @@ impl KvTablet {
         }
         let (_, last_offset) = submitted.offsets();
         let mut prewrite = self.prewrite();
+        let hw = self.high_watermark_under(&prewrite);
         for (key, bytes) in staged {
-            prewrite
-                .entry(key)
-                .or_default()
-                .push_back((last_offset, bytes));
+            prewrite.stage(key, last_offset, bytes, hw);
         }
         drop(prewrite);
         drop(flushes);
@@ -957,22 +981,15 @@ impl KvTablet {
             return Ok(());
         }
         let hw = self.inner.log.high_watermark();
-        let ops: Vec<KvOp> = {
-            let prewrite = self.prewrite();
-            prewrite
-                .iter()
-                .filter_map(|(key, versions)| {
-                    versions
-                        .iter()
-                        .rev()
-                        .find(|(offset, _)| *offset < hw)
-                        .map(|(_, v)| match v {
-                            Some(bytes) => KvOp::Put(key.clone(), bytes.clone()),
-                            None => KvOp::Delete(key.clone()),
-                        })
-                })
-                .collect()
-        };
+        let ops: Vec<KvOp> = self
+            .prewrite()
+            .dirty(hw)
+            .into_iter()
+            .map(|(key, value)| match value {
+                Some(bytes) => KvOp::Put(key, bytes),
+                None => KvOp::Delete(key),
+            })
+            .collect();
         // With nothing to write, the store's offset still goes to the high watermark
         // when it is behind (sequence markers take offsets and stage nothing): a
         // snapshot then covers them, and an idle bucket is not snapshotted again.
@@ -987,12 +1004,40 @@ impl KvTablet {
             Err(e @ MinkError::Fenced(_)) => return Err(self.fail(e)),
             Err(e) => return Err(e),
         }
-        let mut prewrite = self.prewrite();
-        prewrite.retain(|_, versions| {
-            versions.retain(|(offset, _)| *offset >= hw);
-            !versions.is_empty()
-        });
+        self.prewrite().written(hw, self.write_back_bytes());
+        metrics::counter!("mink_kv_store_writes_total").increment(1);
         Ok(())
+    }
+
+    /// The offset the local store holds the bucket's state at (`None`: it holds
+    /// nothing yet). A replay after a crash starts here; rows from here to the high
+    /// watermark are in the prewrite buffer.
+    pub fn store_offset(&self) -> Result<Option<i64>> {
+        self.inner.store.flushed_offset()
+    }
+
+    /// The prewrite buffer's bound in bytes (see [`KvTablet::set_write_back_bytes`]).
+    fn write_back_bytes(&self) -> u64 {
+        self.inner.write_back_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Bounds the prewrite buffer (`kv.prewrite_buffer_bytes_max`): durable rows stay in
+    /// it, ahead of the store, until it holds more than `bytes` or `bytes` were staged
+    /// since the last store write; then a Put's wait writes them to the store (each
+    /// key's newest version once), and, past the bound, the ones the store now has
+    /// leave the buffer. 0 writes the store after every Put.
+    pub fn set_write_back_bytes(&self, bytes: u64) {
+        self.inner.write_back_bytes.store(bytes, Ordering::Relaxed);
+    }
+
+    /// Writes the durable rows to the store when the buffer is past its bound.
+    async fn flush_if_due(&self) -> Result<()> {
+        let bound = self.write_back_bytes();
+        let due = {
+            let prewrite = self.prewrite();
+            prewrite.bytes() > bound || prewrite.staged_since_write() > bound
+        };
+        if due { self.flush().await } else { Ok(()) }
     }
 
     /// Refuses reads on a failed tablet: failing dropped its staged rows, some of them
@@ -1035,13 +1080,26 @@ impl KvTablet {
             }
         }
         let encoder = KeyEncoder::new(keys, &cols)?;
-        let hw = self.inner.log.high_watermark();
+        let mut encoded = Vec::with_capacity(keys.num_rows());
+        for r in 0..keys.num_rows() {
+            let mut key = Vec::new();
+            encoder.encode(r, &mut key)?;
+            encoded.push(key);
+        }
+        // Every key's newest version below the high watermark (acknowledged), from
+        // the buffer, then from the store for the keys it lacks.
+        let staged: Vec<Option<Option<Vec<u8>>>> = {
+            let prewrite = self.prewrite();
+            let hw = self.high_watermark_under(&prewrite);
+            encoded
+                .iter()
+                .map(|key| prewrite.visible(key, hw))
+                .collect()
+        };
         let mut found = Vec::new();
         let mut key_index = Vec::new();
-        let mut key = Vec::new();
-        for r in 0..keys.num_rows() {
-            encoder.encode(r, &mut key)?;
-            if let Some(row) = self.current(&key, Some(hw))? {
+        for (r, (key, staged)) in encoded.iter().zip(staged).enumerate() {
+            if let Some(row) = self.buffered_or_stored(key, staged)? {
                 found.push(row);
                 key_index.push(r as u32);
             }
@@ -1057,20 +1115,11 @@ impl KvTablet {
     pub fn prefix_lookup(&self, prefix: &[u8], limit: usize) -> Result<RecordBatch> {
         self.check_readable()?;
         let schema = self.table().descriptor.schema.clone();
-        let hw = self.inner.log.high_watermark();
-        // The buffer before the store: a flush writes the store before it empties the
-        // buffer, so a version read here is in the store or still here; read the other
-        // way round, a flush in between could leave only the store's older version.
+        // The buffer before the store (see `buffered_or_stored`).
         let staged: Vec<(Vec<u8>, Option<Vec<u8>>)> = {
             let prewrite = self.prewrite();
-            prewrite
-                .range(prefix.to_vec()..)
-                .take_while(|(key, _)| key.starts_with(prefix))
-                .filter_map(|(key, versions)| {
-                    let (_, v) = versions.iter().rev().find(|(o, _)| *o < hw)?;
-                    Some((key.clone(), v.clone()))
-                })
-                .collect()
+            let hw = self.high_watermark_under(&prewrite);
+            prewrite.visible_with_prefix(prefix, hw)
         };
         let mut merged: BTreeMap<Vec<u8>, Option<Vec<u8>>> = self
             .inner

@@ -201,6 +201,9 @@ struct Seen {
 struct Model {
     engine: Option<Engine>,
     backend: Option<KvBackend>,
+    /// The tablets' prewrite bound (`KvTablet::set_write_back_bytes`): 0 writes the
+    /// store after every Put; the others keep durable rows ahead of it.
+    write_back: u64,
     epoch: u64,
     next_writer_id: i64,
     next_put: u64,
@@ -341,6 +344,7 @@ async fn open_on(model: Shared, node: usize) {
             .map(|i| i.kv.clone())
             .ok_or_else(|| MinkError::Unavailable(format!("n{node} crashed")))
     };
+    let write_back = lock(&model).write_back;
     let opened = async {
         let stream = streams
             .open_stream(STREAM, epoch)
@@ -358,6 +362,7 @@ async fn open_on(model: Shared, node: usize) {
             Some(snapshots(Arc::new(faulty))),
         )
         .await?;
+        tablet.set_write_back_bytes(write_back);
         Ok::<_, MinkError>((tablet, kv))
     }
     .await;
@@ -1172,6 +1177,7 @@ async fn run_seed(seed: u64) -> Result<BTreeMap<&'static str, u64>, String> {
     let model: Shared = Arc::new(Mutex::new(Model {
         engine: Some(engine),
         backend: Some(backend),
+        write_back: [0, 300, 4_000, u64::MAX][(seed / 10 % 4) as usize],
         started: Some(tokio::time::Instant::now()),
         ..Default::default()
     }));

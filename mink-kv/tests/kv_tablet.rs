@@ -452,6 +452,64 @@ async fn crash_after_ack_before_flush_recovers_the_acknowledged_state(backend: K
     let _ = &env.store;
 }
 
+/// The prewrite buffer as a write-back cache: durable rows wait in it, ahead of the
+/// store, until its bound; a hot key costs one store write however often it changed;
+/// a crash loses nothing the buffer held (the replay brings it back).
+async fn durable_rows_wait_ahead_of_the_store_until_the_bound(backend: KvBackend) {
+    let mut env = Env::new(backend).await;
+    let d = table(&[]);
+    let t = env.open(&d).await;
+    assert_eq!(t.store_offset().unwrap(), None);
+    t.set_write_back_bytes(1 << 20);
+    for i in 0..50 {
+        t.put(put(&[
+            (1, Some("hot"), Some(i)),
+            (100 + i, Some("cold"), None),
+        ]))
+        .await
+        .unwrap();
+    }
+    t.put(delete(&[100])).await.unwrap();
+    // Every Put is acknowledged and visible; the store has none of it.
+    assert_eq!(t.store_offset().unwrap(), None);
+    let ids: Vec<i64> = [1].into_iter().chain(100..150).collect();
+    let expected = get(&t, &ids);
+    assert_eq!(expected[0], v(Some("hot"), Some(49)));
+    assert_eq!(expected[1], None, "deleted");
+    assert_eq!(expected[2], v(Some("cold"), None));
+    // A crash here: the reopened tablet replays the whole changelog.
+    drop(t);
+    let t = env.open(&d).await;
+    assert_eq!(get(&t, &ids), expected);
+    // A bound of 0 writes the store after every Put.
+    t.set_write_back_bytes(0);
+    t.put(put(&[(1, Some("hot"), Some(50))])).await.unwrap();
+    assert_eq!(t.store_offset().unwrap(), Some(t.log().high_watermark()));
+    // A small bound: the store follows, about the bound behind (a version here is
+    // ~50 bytes and two offsets, `-U` and `+U`).
+    t.set_write_back_bytes(400);
+    let mut writes = std::collections::BTreeSet::new();
+    for i in 0..20 {
+        t.put(put(&[(1, Some("hot"), Some(60 + i))])).await.unwrap();
+        let store = t.store_offset().unwrap().unwrap();
+        let behind = t.log().high_watermark() - store;
+        assert!(behind <= 20, "the store is {behind} offsets behind");
+        writes.insert(store);
+    }
+    assert!(writes.len() >= 2, "the store was written at {writes:?}");
+    // A snapshot writes everything first.
+    t.set_write_back_bytes(1 << 20);
+    t.put(put(&[(2, Some("new"), None)])).await.unwrap();
+    assert!(t.store_offset().unwrap() < Some(t.log().high_watermark()));
+    let info = t.snapshot().await.unwrap().unwrap();
+    assert_eq!(t.store_offset().unwrap(), Some(info.log_offset));
+    assert_eq!(info.log_offset, t.log().high_watermark());
+    assert_eq!(
+        get(&t, &[1, 2]),
+        vec![v(Some("hot"), Some(79)), v(Some("new"), None)]
+    );
+}
+
 async fn schema_evolution_reads_old_rows_with_nulls(backend: KvBackend) {
     let mut env = Env::new(backend).await;
     let d = table(&[]);
@@ -1467,6 +1525,9 @@ async fn concurrent_puts_beside_flushes_keep_the_changelog_exact() {
             let mut env = Env::new(backend).await;
             let d = table(&[("changelog_image", image)]);
             let t = env.open(&d).await;
+            // A store write after every Put; frequent ones that evict; rare ones that
+            // keep the buffer as a cache of clean rows.
+            t.set_write_back_bytes([0, 4_000, 64_000][(seed - 1) as usize]);
             let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
             let writers: Vec<_> = (0..4u64)
                 .map(|w| {
@@ -1582,6 +1643,7 @@ both!(
     aggregation_and_idempotence,
     partial_updates_and_partial_deletes,
     crash_after_ack_before_flush_recovers_the_acknowledged_state,
+    durable_rows_wait_ahead_of_the_store_until_the_bound,
     schema_evolution_reads_old_rows_with_nulls,
     bad_input_is_rejected_and_changes_nothing,
     snapshots_plus_replay_equal_the_live_state,

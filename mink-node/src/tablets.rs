@@ -380,6 +380,7 @@ impl Tablets {
             Some(snapshots),
         )
         .await?;
+        kv.set_write_back_bytes(self.config.kv.prewrite_buffer_bytes_max);
         slow(started.elapsed() - log_opened);
         Ok(Tablet::Kv(kv))
     }

@@ -1,0 +1,223 @@
+//! The prewrite buffer of a KV tablet: every key's versions that the local store may
+//! not hold, newest last, and (as a bounded write-back cache) durable versions that the
+//! store already holds.
+//!
+//! A version is `(changelog offset, stored row or None for a delete)`. Three kinds sit
+//! in the buffer, told apart by offsets alone:
+//! - **staged**: at or above the log's high watermark, not yet durable;
+//! - **dirty**: below the high watermark (durable) and at or above `flushed`, the high
+//!   watermark of the last store write: the store does not have it yet;
+//! - **clean**: below `flushed`: the store has it (or a newer version of the key).
+//!
+//! A key keeps at most one durable version, its newest: an older one is never read
+//! again (reads want the newest version, or the newest below a high watermark that is
+//! read under this buffer's lock, see [`Prewrite::stage`]), and a store write would
+//! only write the newest. So a key rewritten many times between store writes costs one
+//! store write, and the merge reads its old row here instead of from the store.
+
+use std::collections::{HashMap, VecDeque};
+
+use rustc_hash::FxBuildHasher;
+
+/// A key's versions, oldest first.
+pub(crate) type Versions = VecDeque<(i64, Option<Vec<u8>>)>;
+
+/// What a key costs beyond its bytes: the map's slot and the deque.
+const KEY_OVERHEAD: u64 = 64;
+/// What a version costs beyond its row's bytes.
+const VERSION_OVERHEAD: u64 = 32;
+
+fn version_bytes(value: &Option<Vec<u8>>) -> u64 {
+    VERSION_OVERHEAD + value.as_ref().map_or(0, |v| v.len() as u64)
+}
+
+#[derive(Default)]
+pub(crate) struct Prewrite {
+    /// Hashed, not ordered: a Put probes it twice per row (its old row, its staging),
+    /// and a prefix lookup, which needs order, is rare.
+    rows: HashMap<Vec<u8>, Versions, FxBuildHasher>,
+    /// What the buffer holds, in bytes (keys, rows and overheads).
+    bytes: u64,
+    /// Bytes of rows staged since the last store write: what a replay after a crash
+    /// would read back beyond the store.
+    staged_since_write: u64,
+    /// The high watermark of the last store write: versions below it are in the store.
+    flushed: i64,
+}
+
+impl Prewrite {
+    pub(crate) fn get(&self, key: &[u8]) -> Option<&Versions> {
+        self.rows.get(key)
+    }
+
+    /// The newest version of `key` below `hw`: `Some(None)` a delete, `None` none here.
+    pub(crate) fn visible(&self, key: &[u8], hw: i64) -> Option<Option<Vec<u8>>> {
+        self.rows
+            .get(key)?
+            .iter()
+            .rev()
+            .find(|(offset, _)| *offset < hw)
+            .map(|(_, v)| v.clone())
+    }
+
+    /// Each key starting with `prefix` and its newest version below `hw`, in key order.
+    /// Reads the whole buffer (it is bounded).
+    pub(crate) fn visible_with_prefix(
+        &self,
+        prefix: &[u8],
+        hw: i64,
+    ) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
+        let mut found: Vec<(Vec<u8>, Option<Vec<u8>>)> = self
+            .rows
+            .iter()
+            .filter(|(key, _)| key.starts_with(prefix))
+            .filter_map(|(key, versions)| {
+                let (_, v) = versions.iter().rev().find(|(o, _)| *o < hw)?;
+                Some((key.clone(), v.clone()))
+            })
+            .collect();
+        found.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        found
+    }
+
+    pub(crate) fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    pub(crate) fn staged_since_write(&self) -> u64 {
+        self.staged_since_write
+    }
+
+    /// Stages `value` as `key`'s version at `offset`. `hw` must be read under this
+    /// buffer's lock (the caller holds it): versions superseded by one below `hw` are
+    /// dropped, and a lookup that reads its high watermark under the lock too reads one
+    /// at least as high, so it never needs a dropped version.
+    pub(crate) fn stage(&mut self, key: Vec<u8>, offset: i64, value: Option<Vec<u8>>, hw: i64) {
+        let added = version_bytes(&value);
+        self.bytes += added;
+        self.staged_since_write += added;
+        let key_len = key.len() as u64;
+        let versions = self.rows.entry(key).or_insert_with(|| {
+            self.bytes += KEY_OVERHEAD + key_len;
+            VecDeque::new()
+        });
+        versions.push_back((offset, value));
+        self.bytes -= collapse(versions, hw);
+    }
+
+    /// The store write of a flush at `hw`: each key's newest version below `hw` that
+    /// the store does not have yet (at or above the last write's high watermark).
+    /// In key order (a B-tree store writes sorted keys faster).
+    pub(crate) fn dirty(&self, hw: i64) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
+        let flushed = self.flushed;
+        let mut dirty: Vec<(Vec<u8>, Option<Vec<u8>>)> = self
+            .rows
+            .iter()
+            .filter_map(|(key, versions)| {
+                let (offset, value) = versions.iter().rev().find(|(o, _)| *o < hw)?;
+                (*offset >= flushed).then(|| (key.clone(), value.clone()))
+            })
+            .collect();
+        dirty.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        dirty
+    }
+
+    /// After the store took everything below `hw`: each key keeps its newest version
+    /// below it (now clean) while the buffer holds at most `bytes_max`; past that,
+    /// every version below `hw` leaves. Versions at or above `hw` stay.
+    pub(crate) fn written(&mut self, hw: i64, bytes_max: u64) {
+        self.flushed = self.flushed.max(hw);
+        let evict = self.bytes > bytes_max;
+        let mut bytes = 0u64;
+        let mut staged = 0u64;
+        self.rows.retain(|key, versions| {
+            if evict {
+                versions.retain(|(offset, _)| *offset >= hw);
+            } else {
+                collapse(versions, hw);
+            }
+            if versions.is_empty() {
+                return false;
+            }
+            bytes += KEY_OVERHEAD + key.len() as u64;
+            for (offset, value) in versions.iter() {
+                bytes += version_bytes(value);
+                if *offset >= hw {
+                    staged += version_bytes(value);
+                }
+            }
+            true
+        });
+        self.bytes = bytes;
+        self.staged_since_write = staged;
+    }
+
+    /// Drops everything (a failed tablet).
+    pub(crate) fn clear(&mut self) {
+        self.rows.clear();
+        self.bytes = 0;
+        self.staged_since_write = 0;
+    }
+}
+
+/// Drops the versions of a key superseded by a newer one below `hw`; returns the bytes
+/// dropped.
+fn collapse(versions: &mut Versions, hw: i64) -> u64 {
+    let mut dropped = 0;
+    while versions.len() >= 2 && versions[1].0 < hw {
+        let (_, value) = versions.pop_front().expect("two versions");
+        dropped += version_bytes(&value);
+    }
+    dropped
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(n: u8) -> Option<Vec<u8>> {
+        Some(vec![n; 10])
+    }
+
+    #[test]
+    fn a_key_keeps_only_its_newest_durable_version() {
+        let mut p = Prewrite::default();
+        p.stage(b"k".to_vec(), 5, row(1), 0);
+        p.stage(b"k".to_vec(), 7, row(2), 6);
+        // 5 is durable but 7 is not: both stay (a lookup at 6 needs 5).
+        assert_eq!(p.get(b"k").unwrap().len(), 2);
+        p.stage(b"k".to_vec(), 9, row(3), 8);
+        // 7 is durable now: 5 is superseded.
+        let offsets: Vec<i64> = p.get(b"k").unwrap().iter().map(|(o, _)| *o).collect();
+        assert_eq!(offsets, vec![7, 9]);
+        assert_eq!(p.visible(b"k", 8), Some(row(2)));
+        assert_eq!(p.visible(b"k", 7), None);
+        assert_eq!(
+            p.bytes(),
+            KEY_OVERHEAD + 1 + 2 * (VERSION_OVERHEAD + 10),
+            "the dropped version's bytes are given back"
+        );
+    }
+
+    #[test]
+    fn a_store_write_takes_only_what_the_store_lacks_and_evicts_past_the_bound() {
+        let mut p = Prewrite::default();
+        p.stage(b"a".to_vec(), 1, row(1), 0);
+        p.stage(b"b".to_vec(), 2, None, 0);
+        p.stage(b"c".to_vec(), 3, row(3), 0);
+        assert_eq!(
+            p.dirty(3),
+            vec![(b"a".to_vec(), row(1)), (b"b".to_vec(), None)]
+        );
+        p.written(3, u64::MAX);
+        // Below the bound, written versions stay as clean copies; only `c` is dirty.
+        assert_eq!(p.visible(b"a", 10), Some(row(1)));
+        assert_eq!(p.dirty(10), vec![(b"c".to_vec(), row(3))]);
+        assert_eq!(p.staged_since_write(), VERSION_OVERHEAD + 10);
+        // Past the bound, everything the store has leaves.
+        p.written(10, 0);
+        assert!(p.get(b"a").is_none() && p.get(b"c").is_none());
+        assert_eq!(p.bytes(), 0);
+        assert!(p.dirty(20).is_empty());
+    }
+}
