@@ -981,15 +981,23 @@ impl KvTablet {
             return Ok(());
         }
         let hw = self.inner.log.high_watermark();
-        let ops: Vec<KvOp> = self
-            .prewrite()
-            .dirty(hw)
-            .into_iter()
-            .map(|(key, value)| match value {
-                Some(bytes) => KvOp::Put(key, bytes),
-                None => KvOp::Delete(key),
-            })
-            .collect();
+        let ops: Vec<KvOp> = {
+            let prewrite = self.prewrite();
+            // Again under the buffer's lock: a failure since the check above emptied
+            // the buffer (`fail` marks the tablet failed first, then clears it), and
+            // writing nothing at `hw` would record an offset past acknowledged rows
+            // the store never got. A failure after this read leaves `ops` a true state.
+            if self.failure().is_some() {
+                return Ok(());
+            }
+            prewrite.dirty(hw)
+        }
+        .into_iter()
+        .map(|(key, value)| match value {
+            Some(bytes) => KvOp::Put(key, bytes),
+            None => KvOp::Delete(key),
+        })
+        .collect();
         // With nothing to write, the store's offset still goes to the high watermark
         // when it is behind (sequence markers take offsets and stage nothing): a
         // snapshot then covers them, and an idle bucket is not snapshotted again.
@@ -1090,6 +1098,9 @@ impl KvTablet {
         // the buffer, then from the store for the keys it lacks.
         let staged: Vec<Option<Option<Vec<u8>>>> = {
             let prewrite = self.prewrite();
+            // Under the buffer's lock: a failure emptied it, and the store alone may
+            // be older than acknowledged Puts (see `flush`).
+            self.check_readable()?;
             let hw = self.high_watermark_under(&prewrite);
             encoded
                 .iter()
@@ -1118,13 +1129,16 @@ impl KvTablet {
         // The buffer before the store (see `buffered_or_stored`).
         let staged: Vec<(Vec<u8>, Option<Vec<u8>>)> = {
             let prewrite = self.prewrite();
+            self.check_readable()?;
             let hw = self.high_watermark_under(&prewrite);
             prewrite.visible_with_prefix(prefix, hw)
         };
+        // Only a staged delete can take one of the store's first `limit` rows away.
+        let deletes = staged.iter().filter(|(_, v)| v.is_none()).count();
         let mut merged: BTreeMap<Vec<u8>, Option<Vec<u8>>> = self
             .inner
             .store
-            .prefix(prefix, limit.saturating_add(staged.len()))?
+            .prefix(prefix, limit.saturating_add(deletes))?
             .into_iter()
             .map(|(k, v)| (k, Some(v)))
             .collect();
@@ -1189,8 +1203,13 @@ impl KvTablet {
         // Hold the flush lock: no flush may move the store while it is read.
         let (offset, batches, schema) = {
             let _guard = self.inner.flushes.lock().await;
+            // A failed tablet's store may be behind what it acknowledged (its buffer
+            // was dropped): it writes no snapshot.
+            if let Some(e) = self.failure() {
+                return Err(e);
+            }
             // Under the claim: the offset and the rows are read with no write between.
-            self.with_store(|store| {
+            let read = self.with_store(|store| {
                 let offset = store
                     .flushed_offset()?
                     .unwrap_or(self.inner.log.log_start());
@@ -1209,7 +1228,11 @@ impl KvTablet {
                     batches.push(rows_to_batch(&schema, &rows.iter().collect::<Vec<_>>())?);
                 }
                 Ok((offset, batches, schema))
-            })?
+            })?;
+            // The rows the store now has leave the buffer: a bucket that goes idle
+            // keeps no cache past its next snapshot.
+            self.prewrite().written(read.0, 0);
+            read
         };
         let info = snapshots.write(&schema, offset, &batches).await?;
         // Every row below the snapshot's offset is durable in it: the changelog below

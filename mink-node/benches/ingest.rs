@@ -36,13 +36,9 @@ fn descriptor() -> TableDescriptor {
     }
 }
 
-fn batch(seed: i64) -> RecordBatch {
-    batch_of(seed, 'x')
-}
-
-/// `ROWS` rows with ids from `seed` and a ~1 KB body of `fill`.
-fn batch_of(seed: i64, fill: char) -> RecordBatch {
-    let body = fill.to_string().repeat(1000);
+/// `ROWS` rows with ids from `seed` and a body of `body` bytes of `fill`.
+fn batch_of(seed: i64, fill: char, body: usize) -> RecordBatch {
+    let body = fill.to_string().repeat(body);
     RecordBatch::try_new(
         descriptor().schema.to_arrow(),
         vec![
@@ -128,11 +124,16 @@ fn storage_bytes_written() -> u64 {
 /// [`storage_bytes_written`]), for the Put/append comparison.
 static LAST_BYTES_PER_ROW: std::sync::Mutex<f64> = std::sync::Mutex::new(0.0);
 
-/// Rows/s and MB/s of `WRITERS` closed-loop Flight writers (client-side routing);
-/// with `pk`, Puts to a primary-key table of the same columns and that changelog image
-/// (key `id`: every writer rewrites its own 1,000 keys, so after its first batch each
-/// row is an update).
-async fn ingest(kind: &Kind, secs: f64, pk: Option<ChangelogImage>) -> (f64, f64, usize) {
+/// Rows/s and MB/s of `WRITERS` closed-loop Flight writers (client-side routing) of
+/// rows with a body of `body` bytes; with `pk`, Puts to a primary-key table of the same
+/// columns and that changelog image (key `id`: every writer rewrites its own 1,000
+/// keys, so after its first batch each row is an update).
+async fn ingest(
+    kind: &Kind,
+    secs: f64,
+    pk: Option<ChangelogImage>,
+    body: usize,
+) -> (f64, f64, usize) {
     let (store, dir) = store(kind);
     let node = Node::start_with_store(config(dir.path()), store)
         .await
@@ -147,7 +148,7 @@ async fn ingest(kind: &Kind, secs: f64, pk: Option<ChangelogImage>) -> (f64, f64
         d.properties.changelog_image = image;
     }
     client.create_table(&path, &d).await.unwrap();
-    let probe = batch(0);
+    let probe = batch_of(0, 'x', body);
     let bytes_per_batch = probe.get_array_memory_size();
     for _ in 0..100 {
         let written = if pk.is_some() {
@@ -172,8 +173,8 @@ async fn ingest(kind: &Kind, secs: f64, pk: Option<ChangelogImage>) -> (f64, f64
                 // Two bodies in turn: every Put after the first changes each row (an
                 // update with its -U/+U changelog, never a no-op).
                 let b = [
-                    batch_of(w as i64 * 1_000_000, 'x'),
-                    batch_of(w as i64 * 1_000_000, 'y'),
+                    batch_of(w as i64 * 1_000_000, 'x', body),
+                    batch_of(w as i64 * 1_000_000, 'y', body),
                 ];
                 let mut n = 0usize;
                 while Instant::now() < deadline {
@@ -477,6 +478,42 @@ async fn single_bucket(depth: usize, secs: f64) -> f64 {
     rate
 }
 
+/// Primary-key Puts against appends of the same rows, `runs` times for each row size,
+/// alternating: the Markdown section.
+async fn puts_against_appends(secs: f64, runs: usize) -> String {
+    let mut out = String::from(
+        "\nPrimary-key Puts against log appends of the same rows, through the same client path \
+         (8 closed-loop writers, each rewriting its own 1,000 keys with one of two bodies in \
+         turn: every row of every Put after the first is a real update), `file://`, alternating; \
+         rows of a 1 KB and of a 100-byte body (issue 31, item 2; goal: Puts with full \
+         changelog images ≥ 0.5 of appends for both).\n\n\
+         Bytes written to storage per row (file pages the process dirtied: WAL, segments, \
+         the KV store) show what a Put costs beside an append: its changelog carries an \
+         update's old and new row, and the KV store takes the new rows (each hot key once per \
+         store write: docs/kv.md, the prewrite buffer).\n\n\
+         The last three columns: Puts to the same table with `changelog_image=wal` (no `-U` \
+         images; docs/kv.md).\n\n\
+         | body | run | append rows/s | Put rows/s | ratio | storage bytes per appended row | per Put row | Put rows/s, `wal` image | ratio | per Put row |\n|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for (label, body) in [("1 KB", 1000), ("100 B", 100)] {
+        for i in 0..runs {
+            let (appends, _, _) = ingest(&Kind::File, secs, None, body).await;
+            let append_bytes = *LAST_BYTES_PER_ROW.lock().unwrap();
+            let (puts, _, _) = ingest(&Kind::File, secs, Some(ChangelogImage::Full), body).await;
+            let put_bytes = *LAST_BYTES_PER_ROW.lock().unwrap();
+            let (wal_puts, _, _) = ingest(&Kind::File, secs, Some(ChangelogImage::Wal), body).await;
+            let wal_bytes = *LAST_BYTES_PER_ROW.lock().unwrap();
+            out.push_str(&format!(
+                "| {label} | {} | {appends:.0} | {puts:.0} | {:.2} | {append_bytes:.0} | {put_bytes:.0} | {wal_puts:.0} | {:.2} | {wal_bytes:.0} |\n",
+                i + 1,
+                puts / appends,
+                wal_puts / appends
+            ));
+        }
+    }
+    out
+}
+
 #[tokio::main]
 async fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
@@ -487,7 +524,7 @@ async fn main() {
         .ok()
         .and_then(|s| s.parse::<f64>().ok())
     {
-        let (rows, mbps, batch_bytes) = ingest(&Kind::File, secs, None).await;
+        let (rows, mbps, batch_bytes) = ingest(&Kind::File, secs, None, 1000).await;
         if std::env::var_os("MINK_BENCH_PROFILE_NO_RAW").is_some() {
             println!("file:// ingest {rows:.0} rows/s, {mbps:.1} MB/s");
             return;
@@ -499,6 +536,14 @@ async fn main() {
             mbps / raw_mbps,
             mbps / compacted
         );
+        return;
+    }
+    // `MINK_BENCH_PUTS=RUNS`: only the Put/append comparison, RUNS runs.
+    if let Some(runs) = std::env::var("MINK_BENCH_PUTS")
+        .ok()
+        .and_then(|s| s.parse::<usize>().ok())
+    {
+        print!("{}", puts_against_appends(3.0, runs).await);
         return;
     }
     // `MINK_BENCH_VISIBILITY=RUNS`: only the `file://` write→tail visibility, RUNS times.
@@ -530,7 +575,7 @@ async fn main() {
         ("20 ms PUT latency", Kind::Latency(20)),
     ] {
         for round in 1..=rounds {
-            let (rows, mbps, batch_bytes) = ingest(&kind, secs, None).await;
+            let (rows, mbps, batch_bytes) = ingest(&kind, secs, None, 1000).await;
             let raw_mbps = raw(&kind, batch_bytes, secs, false).await;
             let compacted = raw(&kind, batch_bytes, secs, true).await;
             out.push_str(&format!(
@@ -547,31 +592,7 @@ async fn main() {
         ));
     }
     out.push_str(&tails);
-    out.push_str(
-        "\nPrimary-key Puts against log appends of the same rows, through the same client path \
-         (8 closed-loop writers, each rewriting its own 1,000 keys with one of two bodies in \
-         turn: every row of every Put after the first is a real update), `file://`, alternating (issue #15, item 4; goal: Puts ≥ 0.5 of appends).\n\n\
-         Bytes written to storage per row (file pages the process dirtied: WAL, segments, \
-         the KV store) show what a Put costs beside an append: its changelog carries an \
-         update's old and new row, and the new row also goes into the KV store.\n\n\
-         The last three columns: Puts to the same table with `changelog_image=wal` (no `-U` \
-         images, no reads of old rows; docs/kv.md).\n\n\
-         | run | append rows/s | Put rows/s | ratio | storage bytes per appended row | per Put row | Put rows/s, `wal` image | ratio | per Put row |\n|---|---|---|---|---|---|---|---|---|\n",
-    );
-    for i in 0..if quick { 1 } else { 3 } {
-        let (appends, _, _) = ingest(&Kind::File, secs, None).await;
-        let append_bytes = *LAST_BYTES_PER_ROW.lock().unwrap();
-        let (puts, _, _) = ingest(&Kind::File, secs, Some(ChangelogImage::Full)).await;
-        let put_bytes = *LAST_BYTES_PER_ROW.lock().unwrap();
-        let (wal_puts, _, _) = ingest(&Kind::File, secs, Some(ChangelogImage::Wal)).await;
-        let wal_bytes = *LAST_BYTES_PER_ROW.lock().unwrap();
-        out.push_str(&format!(
-            "| {} | {appends:.0} | {puts:.0} | {:.2} | {append_bytes:.0} | {put_bytes:.0} | {wal_puts:.0} | {:.2} | {wal_bytes:.0} |\n",
-            i + 1,
-            puts / appends,
-            wal_puts / appends
-        ));
-    }
+    out.push_str(&puts_against_appends(secs, if quick { 1 } else { 3 }).await);
     let samples = if quick { 20 } else { 200 };
     let mut rows = Vec::new();
     for _ in 0..if quick { 1 } else { 3 } {
