@@ -538,6 +538,16 @@ async fn main() {
         );
         return;
     }
+    // `MINK_BENCH_PUT_PROFILE=BODY`: only Puts of BODY-byte rows (full images) for 10
+    // s, to run under a profiler.
+    if let Some(body) = std::env::var("MINK_BENCH_PUT_PROFILE")
+        .ok()
+        .and_then(|s| s.parse::<usize>().ok())
+    {
+        let (rows, _, _) = ingest(&Kind::File, 10.0, Some(ChangelogImage::Full), body).await;
+        println!("file:// Puts of {body}-byte rows: {rows:.0} rows/s");
+        return;
+    }
     // `MINK_BENCH_PUTS=RUNS`: only the Put/append comparison, RUNS runs.
     if let Some(runs) = std::env::var("MINK_BENCH_PUTS")
         .ok()
