@@ -48,6 +48,10 @@ pub struct KvConfig {
     /// the rows the store has leave the buffer. 0 writes the store after every Put.
     /// Default 32 MiB.
     pub prewrite_buffer_bytes_max: u64,
+    /// Bytes the prewrite buffers of all of a node's KV tablets may hold together: a
+    /// Put that finds them past it has its tablet write its durable rows to the store
+    /// and let them go. Default 256 MiB.
+    pub prewrite_buffers_bytes_max: u64,
 }
 
 impl Default for KvConfig {
@@ -57,6 +61,7 @@ impl Default for KvConfig {
             snapshot_interval_ms: 600_000,
             snapshots_retained: 2,
             prewrite_buffer_bytes_max: DEFAULT_WRITE_BACK_BYTES,
+            prewrite_buffers_bytes_max: 256 << 20,
         }
     }
 }

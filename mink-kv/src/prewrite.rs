@@ -16,8 +16,46 @@
 //! store write, and the merge reads its old row here instead of from the store.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use rustc_hash::FxBuildHasher;
+
+/// What the prewrite buffers of a node's KV tablets hold together, against a bound
+/// (`kv.prewrite_buffers_bytes_max`): a tablet whose Put finds the node past it writes
+/// its durable rows to the store and lets the clean ones go, whatever its own bound.
+#[derive(Debug)]
+pub struct WriteBackBudget {
+    used: AtomicU64,
+    max: u64,
+}
+
+impl WriteBackBudget {
+    pub fn new(max: u64) -> Arc<Self> {
+        Arc::new(Self {
+            used: AtomicU64::new(0),
+            max,
+        })
+    }
+
+    /// Bytes held by every buffer on it.
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn over(&self) -> bool {
+        self.used() > self.max
+    }
+
+    fn moved(&self, from: u64, to: u64) {
+        if to >= from {
+            self.used.fetch_add(to - from, Ordering::Relaxed);
+        } else {
+            self.used.fetch_sub(from - to, Ordering::Relaxed);
+        }
+        metrics::gauge!("mink_kv_prewrite_bytes").set(self.used() as f64);
+    }
+}
 
 /// A key's versions, oldest first.
 pub(crate) type Versions = VecDeque<(i64, Option<Vec<u8>>)>;
@@ -43,6 +81,14 @@ pub(crate) struct Prewrite {
     staged_since_write: u64,
     /// The high watermark of the last store write: versions below it are in the store.
     flushed: i64,
+    /// The node's budget, which `bytes` is counted against.
+    budget: Option<Arc<WriteBackBudget>>,
+}
+
+impl Drop for Prewrite {
+    fn drop(&mut self) {
+        self.set_bytes(0);
+    }
 }
 
 impl Prewrite {
@@ -84,6 +130,26 @@ impl Prewrite {
         self.bytes
     }
 
+    /// Counts this buffer against `budget` from now on.
+    pub(crate) fn set_budget(&mut self, budget: Arc<WriteBackBudget>) {
+        let bytes = self.bytes;
+        self.set_bytes(0);
+        self.budget = Some(budget);
+        self.set_bytes(bytes);
+    }
+
+    /// Whether the node's buffers together are past their bound.
+    pub(crate) fn node_over(&self) -> bool {
+        self.budget.as_ref().is_some_and(|b| b.over())
+    }
+
+    fn set_bytes(&mut self, bytes: u64) {
+        if let Some(budget) = &self.budget {
+            budget.moved(self.bytes, bytes);
+        }
+        self.bytes = bytes;
+    }
+
     pub(crate) fn staged_since_write(&self) -> u64 {
         self.staged_since_write
     }
@@ -92,17 +158,24 @@ impl Prewrite {
     /// buffer's lock (the caller holds it): versions superseded by one below `hw` are
     /// dropped, and a lookup that reads its high watermark under the lock too reads one
     /// at least as high, so it never needs a dropped version.
-    pub(crate) fn stage(&mut self, key: Vec<u8>, offset: i64, value: Option<Vec<u8>>, hw: i64) {
-        let added = version_bytes(&value);
-        self.bytes += added;
-        self.staged_since_write += added;
-        let key_len = key.len() as u64;
-        let versions = self.rows.entry(key).or_insert_with(|| {
-            self.bytes += KEY_OVERHEAD + key_len;
-            VecDeque::new()
-        });
-        versions.push_back((offset, value));
-        self.bytes -= collapse(versions, hw);
+    pub(crate) fn stage<I>(&mut self, rows: I, offset: i64, hw: i64)
+    where
+        I: IntoIterator<Item = (Vec<u8>, Option<Vec<u8>>)>,
+    {
+        let mut bytes = self.bytes;
+        for (key, value) in rows {
+            let added = version_bytes(&value);
+            bytes += added;
+            self.staged_since_write += added;
+            let key_len = key.len() as u64;
+            let versions = self.rows.entry(key).or_insert_with(|| {
+                bytes += KEY_OVERHEAD + key_len;
+                VecDeque::new()
+            });
+            versions.push_back((offset, value));
+            bytes -= collapse(versions, hw);
+        }
+        self.set_bytes(bytes);
     }
 
     /// The store write of a flush at `hw`: each key's newest version below `hw` that
@@ -127,7 +200,7 @@ impl Prewrite {
     /// every version below `hw` leaves. Versions at or above `hw` stay.
     pub(crate) fn written(&mut self, hw: i64, bytes_max: u64) {
         self.flushed = self.flushed.max(hw);
-        let evict = self.bytes > bytes_max;
+        let evict = self.bytes > bytes_max || self.node_over();
         let mut bytes = 0u64;
         let mut staged = 0u64;
         self.rows.retain(|key, versions| {
@@ -148,14 +221,14 @@ impl Prewrite {
             }
             true
         });
-        self.bytes = bytes;
+        self.set_bytes(bytes);
         self.staged_since_write = staged;
     }
 
     /// Drops everything (a failed tablet).
     pub(crate) fn clear(&mut self) {
         self.rows.clear();
-        self.bytes = 0;
+        self.set_bytes(0);
         self.staged_since_write = 0;
     }
 }
@@ -182,11 +255,11 @@ mod tests {
     #[test]
     fn a_key_keeps_only_its_newest_durable_version() {
         let mut p = Prewrite::default();
-        p.stage(b"k".to_vec(), 5, row(1), 0);
-        p.stage(b"k".to_vec(), 7, row(2), 6);
+        p.stage([(b"k".to_vec(), row(1))], 5, 0);
+        p.stage([(b"k".to_vec(), row(2))], 7, 6);
         // 5 is durable but 7 is not: both stay (a lookup at 6 needs 5).
         assert_eq!(p.get(b"k").unwrap().len(), 2);
-        p.stage(b"k".to_vec(), 9, row(3), 8);
+        p.stage([(b"k".to_vec(), row(3))], 9, 8);
         // 7 is durable now: 5 is superseded.
         let offsets: Vec<i64> = p.get(b"k").unwrap().iter().map(|(o, _)| *o).collect();
         assert_eq!(offsets, vec![7, 9]);
@@ -202,9 +275,12 @@ mod tests {
     #[test]
     fn a_store_write_takes_only_what_the_store_lacks_and_evicts_past_the_bound() {
         let mut p = Prewrite::default();
-        p.stage(b"a".to_vec(), 1, row(1), 0);
-        p.stage(b"b".to_vec(), 2, None, 0);
-        p.stage(b"c".to_vec(), 3, row(3), 0);
+        let budget = WriteBackBudget::new(u64::MAX);
+        p.set_budget(budget.clone());
+        p.stage([(b"a".to_vec(), row(1))], 1, 0);
+        p.stage([(b"b".to_vec(), None)], 2, 0);
+        p.stage([(b"c".to_vec(), row(3))], 3, 0);
+        assert_eq!(budget.used(), p.bytes());
         assert_eq!(
             p.dirty(3),
             vec![(b"a".to_vec(), row(1)), (b"b".to_vec(), None)]
@@ -218,6 +294,26 @@ mod tests {
         p.written(10, 0);
         assert!(p.get(b"a").is_none() && p.get(b"c").is_none());
         assert_eq!(p.bytes(), 0);
+        assert_eq!(budget.used(), 0);
         assert!(p.dirty(20).is_empty());
+    }
+
+    #[test]
+    fn buffers_count_against_their_node_and_give_back_when_dropped() {
+        let budget = WriteBackBudget::new(150);
+        let mut a = Prewrite::default();
+        a.stage([(b"a".to_vec(), row(1))], 1, 0);
+        a.set_budget(budget.clone());
+        let mut b = Prewrite::default();
+        b.set_budget(budget.clone());
+        b.stage([(b"b".to_vec(), row(2))], 1, 0);
+        assert_eq!(budget.used(), a.bytes() + b.bytes());
+        assert!(budget.over(), "{} bytes", budget.used());
+        // A buffer past the node's bound lets its written rows go, whatever its own.
+        a.written(5, u64::MAX);
+        assert_eq!(a.bytes(), 0);
+        assert!(!budget.over());
+        drop(b);
+        assert_eq!(budget.used(), 0);
     }
 }

@@ -25,7 +25,7 @@ use rustc_hash::FxBuildHasher;
 
 use crate::config::DEFAULT_WRITE_BACK_BYTES;
 use crate::merge::{Decision, Merger, target_mask};
-use crate::prewrite::Prewrite;
+use crate::prewrite::{Prewrite, WriteBackBudget};
 use crate::recovery::{self, RecoveryStart};
 use crate::row::{
     Row, decode_row, encode_row, encode_row_at, row_schema_id, rows_of, rows_to_batch,
@@ -879,9 +879,7 @@ impl KvTablet {
         let (_, last_offset) = submitted.offsets();
         let mut prewrite = self.prewrite();
         let hw = self.high_watermark_under(&prewrite);
-        for (key, bytes) in staged {
-            prewrite.stage(key, last_offset, bytes, hw);
-        }
+        prewrite.stage(staged, last_offset, hw);
         drop(prewrite);
         drop(flushes);
         Ok(PendingStep::Written(submitted))
@@ -1038,12 +1036,20 @@ impl KvTablet {
         self.inner.write_back_bytes.store(bytes, Ordering::Relaxed);
     }
 
+    /// Counts the prewrite buffer against the node's `budget`: a Put that finds the
+    /// node's buffers past it writes the store and lets its clean rows go.
+    pub fn set_write_back_budget(&self, budget: Arc<WriteBackBudget>) {
+        self.prewrite().set_budget(budget);
+    }
+
     /// Writes the durable rows to the store when the buffer is past its bound.
     async fn flush_if_due(&self) -> Result<()> {
         let bound = self.write_back_bytes();
         let due = {
             let prewrite = self.prewrite();
-            prewrite.bytes() > bound || prewrite.staged_since_write() > bound
+            prewrite.bytes() > bound
+                || prewrite.staged_since_write() > bound
+                || (prewrite.node_over() && prewrite.bytes() > 0)
         };
         if due { self.flush().await } else { Ok(()) }
     }

@@ -42,7 +42,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arrow::array::{ArrayRef, Int64Array, RecordBatch};
-use mink_kv::{KvBackend, KvStore, KvTablet, PutRequest, SnapshotStore, open_kv_store};
+use mink_kv::{
+    KvBackend, KvStore, KvTablet, PutRequest, SnapshotStore, WriteBackBudget, open_kv_store,
+};
 use mink_log::{LogBatch, LogConfig, LogTablet, NO_WRITER};
 use mink_types::{ChangeType, MinkError, TableBucket};
 use mink_wal::fault::{FaultConfig, FaultyStore, VirtualClock};
@@ -202,7 +204,8 @@ struct Model {
     engine: Option<Engine>,
     backend: Option<KvBackend>,
     /// The tablets' prewrite bound (`KvTablet::set_write_back_bytes`): 0 writes the
-    /// store after every Put; the others keep durable rows ahead of it.
+    /// store after every Put; the others keep durable rows ahead of it (`u64::MAX - 1`:
+    /// unbounded, but under a node budget of 3,000 bytes).
     write_back: u64,
     epoch: u64,
     next_writer_id: i64,
@@ -363,6 +366,10 @@ async fn open_on(model: Shared, node: usize) {
         )
         .await?;
         tablet.set_write_back_bytes(write_back);
+        if write_back == u64::MAX - 1 {
+            // Unbounded by the tablet, bounded by its node.
+            tablet.set_write_back_budget(WriteBackBudget::new(3_000));
+        }
         Ok::<_, MinkError>((tablet, kv))
     }
     .await;
@@ -1177,7 +1184,7 @@ async fn run_seed(seed: u64) -> Result<BTreeMap<&'static str, u64>, String> {
     let model: Shared = Arc::new(Mutex::new(Model {
         engine: Some(engine),
         backend: Some(backend),
-        write_back: [0, 300, 4_000, u64::MAX][(seed / 10 % 4) as usize],
+        write_back: [0, 300, 4_000, u64::MAX, u64::MAX - 1][(seed / 10 % 5) as usize],
         started: Some(tokio::time::Instant::now()),
         ..Default::default()
     }));

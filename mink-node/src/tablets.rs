@@ -118,6 +118,8 @@ pub(crate) struct Tablets {
     config: MinkConfig,
     meta: MetaNode,
     kv: Arc<dyn KvStore>,
+    /// What the KV tablets' prewrite buffers hold together (`kv.prewrite_buffers_bytes_max`).
+    write_back: Arc<mink_kv::WriteBackBudget>,
     streams: RwLock<StreamStore>,
     slots: Mutex<HashMap<TableBucket, Slot>>,
 }
@@ -130,6 +132,7 @@ impl Tablets {
         kv: Arc<dyn KvStore>,
     ) -> Self {
         Self {
+            write_back: mink_kv::WriteBackBudget::new(config.kv.prewrite_buffers_bytes_max),
             config,
             meta,
             kv,
@@ -381,6 +384,7 @@ impl Tablets {
         )
         .await?;
         kv.set_write_back_bytes(self.config.kv.prewrite_buffer_bytes_max);
+        kv.set_write_back_budget(self.write_back.clone());
         slow(started.elapsed() - log_opened);
         Ok(Tablet::Kv(kv))
     }
