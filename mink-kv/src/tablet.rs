@@ -641,7 +641,9 @@ impl KvTablet {
                     indices.push((1, r));
                 }
             }
-            slot.value = Some(encoded.clone());
+            // Moved, not copied; the next row encodes into a buffer of this one's size.
+            let size = encoded.len();
+            slot.value = Some(std::mem::replace(&mut encoded, Vec::with_capacity(size)));
             slot.changed = true;
         }
         let batch = if indices.is_empty() {

@@ -225,12 +225,15 @@ fn put_f64(out: &mut Vec<u8>, v: f64) {
 }
 
 fn put_bytes(out: &mut Vec<u8>, v: &[u8]) {
-    for chunk in v.split_inclusive(|b| *b == 0) {
-        out.extend_from_slice(chunk);
-        if chunk.last() == Some(&0) {
-            out.push(0xFF);
-        }
+    out.reserve(v.len() + 2);
+    let mut rest = v;
+    // Zero bytes are rare: find them with memchr (SIMD) rather than byte by byte.
+    while let Some(zero) = memchr::memchr(0, rest) {
+        out.extend_from_slice(&rest[..=zero]);
+        out.push(0xFF);
+        rest = &rest[zero + 1..];
     }
+    out.extend_from_slice(rest);
     out.extend_from_slice(&[0x00, 0x01]);
 }
 
@@ -520,7 +523,10 @@ pub fn decode_key(types: &[DataType], mut bytes: &[u8]) -> Result<Vec<KeyValue>>
             DataType::String | DataType::Bytes => {
                 let mut raw = Vec::new();
                 loop {
-                    let zero = bytes.iter().position(|b| *b == 0).ok_or_else(truncated)?;
+                    let zero = memchr::memchr(0, bytes).ok_or_else(truncated)?;
+                    if raw.is_empty() {
+                        raw.reserve(zero);
+                    }
                     raw.extend_from_slice(&bytes[..zero]);
                     match bytes.get(zero + 1) {
                         Some(0xFF) => raw.push(0),
