@@ -134,6 +134,18 @@ async fn ingest(
     pk: Option<ChangelogImage>,
     body: usize,
 ) -> (f64, f64, usize) {
+    ingest_into(kind, secs, pk, body, false).await
+}
+
+/// [`ingest`]; with `bucket_by_id`, a log table's rows are bucketed by `id` (as a
+/// primary-key table's are), so that each batch is split over the buckets as Puts are.
+async fn ingest_into(
+    kind: &Kind,
+    secs: f64,
+    pk: Option<ChangelogImage>,
+    body: usize,
+    bucket_by_id: bool,
+) -> (f64, f64, usize) {
     let (store, dir) = store(kind);
     let node = Node::start_with_store(config(dir.path()), store)
         .await
@@ -146,6 +158,8 @@ async fn ingest(
     if let Some(image) = pk {
         d.primary_key = vec!["id".into()];
         d.properties.changelog_image = image;
+    } else if bucket_by_id {
+        d.bucket_keys = Some(vec!["id".into()]);
     }
     client.create_table(&path, &d).await.unwrap();
     let probe = batch_of(0, 'x', body);
@@ -491,9 +505,12 @@ async fn puts_against_appends(secs: f64, runs: usize) -> String {
          the KV store) show what a Put costs beside an append: its changelog carries an \
          update's old and new row, and the KV store takes the new rows (each hot key once per \
          store write: docs/kv.md, the prewrite buffer).\n\n\
-         The last three columns: Puts to the same table with `changelog_image=wal` (no `-U` \
-         images; docs/kv.md).\n\n\
-         | body | run | append rows/s | Put rows/s | ratio | storage bytes per appended row | per Put row | Put rows/s, `wal` image | ratio | per Put row |\n|---|---|---|---|---|---|---|---|---|---|\n",
+         The three columns after them: Puts to the same table with `changelog_image=wal` \
+         (no `-U` images; docs/kv.md). The last two: appends to a log table bucketed by \
+         `id`, whose batches the client splits over the buckets as it splits Puts (an \
+         unkeyed log table takes each batch whole into one bucket): the Puts' ratio to \
+         those leaves out what the routing costs.\n\n\
+         | body | run | append rows/s | Put rows/s | ratio | storage bytes per appended row | per Put row | Put rows/s, `wal` image | ratio | per Put row | appends bucketed by `id`, rows/s | Puts / those |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for (label, body) in [("1 KB", 1000), ("100 B", 100)] {
         for i in 0..runs {
@@ -503,11 +520,13 @@ async fn puts_against_appends(secs: f64, runs: usize) -> String {
             let put_bytes = *LAST_BYTES_PER_ROW.lock().unwrap();
             let (wal_puts, _, _) = ingest(&Kind::File, secs, Some(ChangelogImage::Wal), body).await;
             let wal_bytes = *LAST_BYTES_PER_ROW.lock().unwrap();
+            let (keyed, _, _) = ingest_into(&Kind::File, secs, None, body, true).await;
             out.push_str(&format!(
-                "| {label} | {} | {appends:.0} | {puts:.0} | {:.2} | {append_bytes:.0} | {put_bytes:.0} | {wal_puts:.0} | {:.2} | {wal_bytes:.0} |\n",
+                "| {label} | {} | {appends:.0} | {puts:.0} | {:.2} | {append_bytes:.0} | {put_bytes:.0} | {wal_puts:.0} | {:.2} | {wal_bytes:.0} | {keyed:.0} | {:.2} |\n",
                 i + 1,
                 puts / appends,
-                wal_puts / appends
+                wal_puts / appends,
+                puts / keyed
             ));
         }
     }
