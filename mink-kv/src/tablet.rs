@@ -6,8 +6,10 @@
 //! then the store; apply the merge engine and partial-update targets; emit the
 //! changelog (`+I`; `-U` then `+U`; `-D`; nothing when unchanged); append it to the
 //! log tablet and stage the new rows in the prewrite buffer under the batch's offset.
-//! When the append is durable, staged rows below the high watermark move into the
-//! store together with that offset, in one atomic write. Lookups see staged rows
+//! When the append is durable the Put is acknowledged; its rows stay in the buffer
+//! (a bounded write-back cache, `prewrite.rs`) until the buffer passes its bound
+//! or a snapshot is due, when each key's newest durable version moves into the store
+//! together with the high watermark, in one atomic write. Lookups see buffered rows
 //! below the high watermark (acknowledged) and the store; never rows above it.
 
 use std::collections::{BTreeMap, HashMap};
@@ -953,12 +955,14 @@ impl KvTablet {
             })
     }
 
-    /// Moves staged rows below the high watermark into the store, with that offset.
+    /// Writes each key's newest durable version the store lacks into the store, with
+    /// the high watermark as its offset ([`Prewrite::dirty`], [`Prewrite::written`]).
     /// A tablet superseded on its store fails instead: its rows may be older than the
     /// store's.
     ///
     /// Runs beside merges (on another core), in this order: the versions to write are
-    /// taken from the buffer, written to the store, and only then leave the buffer. A
+    /// taken from the buffer, written to the store, and only then may leave the buffer
+    /// (past its bound; below it they stay as clean copies). A
     /// merge reads a key from the buffer first and from the store only when the buffer
     /// has no version of it; a key the buffer lacks is in no flush in progress but one
     /// that already wrote it to the store, so the merge reads the newest value either
