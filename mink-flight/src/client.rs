@@ -1114,6 +1114,49 @@ impl MinkClient {
             .map_err(|e| MinkError::Internal(format!("a write answered: {e}")))
     }
 
+    /// Writes rows to a table through the node this client bootstraps from, which
+    /// routes them (`AppendTable` for a log table, `PutTable` for a primary-key table,
+    /// with `changes` per row if given), as pyarrow and `mink write` do: one request
+    /// however many buckets the rows span. Not idempotent: a write that fails may have
+    /// landed in some buckets, and writing it again writes those rows again.
+    pub async fn write_table(
+        &self,
+        path: &TablePath,
+        batch: &RecordBatch,
+        changes: Option<Vec<ChangeType>>,
+    ) -> Result<Vec<BucketWritten>> {
+        let d = self.metadata(path, false).await?.table.descriptor;
+        let descriptor = if d.has_primary_key() {
+            WriteDescriptor::PutTable {
+                path: path.clone(),
+                schema_id: d.schema.schema_id,
+                target_columns: None,
+            }
+        } else if changes.is_some() {
+            return Err(MinkError::invalid(
+                "changes",
+                format!("{path} has no primary key: its rows carry no change types"),
+            ));
+        } else {
+            WriteDescriptor::AppendTable {
+                path: path.clone(),
+                schema_id: d.schema.schema_id,
+            }
+        };
+        let meta = WriteBatch {
+            batch_sequence: None,
+            changes,
+        };
+        let bootstrap = self.bootstrap.clone();
+        let result = self.put_at(&bootstrap, &descriptor, batch, &meta).await;
+        match self.stale_routing(path, result).await? {
+            WriteResult::Routed { buckets } => Ok(buckets),
+            other => Err(MinkError::Internal(format!(
+                "a table write answered {other:?}"
+            ))),
+        }
+    }
+
     /// Appends rows to a log table, routed on the client. Each bucket's part is
     /// written exactly once: it is retried with the same sequence (about 30 s) until
     /// acknowledged. The call is not atomic across buckets: when it fails, some buckets

@@ -134,17 +134,30 @@ async fn ingest(
     pk: Option<ChangelogImage>,
     body: usize,
 ) -> (f64, f64, usize) {
-    ingest_into(kind, secs, pk, body, false).await
+    ingest_into(kind, secs, pk, body, Routing::Client).await
 }
 
-/// [`ingest`]; with `bucket_by_id`, a log table's rows are bucketed by `id` (as a
-/// primary-key table's are), so that each batch is split over the buckets as Puts are.
+/// How [`ingest_into`]'s writers send their batches.
+#[derive(Clone, Copy, PartialEq)]
+enum Routing {
+    /// Routed by the client, one idempotent request per bucket (`append`, `put`); a
+    /// log table is unkeyed, so each batch goes whole into one bucket.
+    Client,
+    /// As `Client`, but a log table's rows are bucketed by `id` (as a primary-key
+    /// table's are), so that each batch is split over the buckets as Puts are.
+    ClientById,
+    /// Routed by the node: one `AppendTable` or `PutTable` request per batch (as
+    /// pyarrow and the Python client write), split over the buckets by the node.
+    Node,
+}
+
+/// [`ingest`], with the writers' [`Routing`].
 async fn ingest_into(
     kind: &Kind,
     secs: f64,
     pk: Option<ChangelogImage>,
     body: usize,
-    bucket_by_id: bool,
+    routing: Routing,
 ) -> (f64, f64, usize) {
     let (store, dir) = store(kind);
     let node = Node::start_with_store(config(dir.path()), store)
@@ -158,7 +171,7 @@ async fn ingest_into(
     if let Some(image) = pk {
         d.primary_key = vec!["id".into()];
         d.properties.changelog_image = image;
-    } else if bucket_by_id {
+    } else if routing == Routing::ClientById {
         d.bucket_keys = Some(vec!["id".into()]);
     }
     client.create_table(&path, &d).await.unwrap();
@@ -193,7 +206,9 @@ async fn ingest_into(
                 let mut n = 0usize;
                 while Instant::now() < deadline {
                     let b = &b[n % 2];
-                    if pk.is_some() {
+                    if routing == Routing::Node {
+                        client.write_table(&path, b, None).await.unwrap();
+                    } else if pk.is_some() {
                         client.put(&path, b, None, None).await.unwrap();
                     } else {
                         client.append(&path, b).await.unwrap();
@@ -510,7 +525,11 @@ async fn puts_against_appends(secs: f64, runs: usize) -> String {
          `id`, whose batches the client splits over the buckets as it splits Puts (an \
          unkeyed log table takes each batch whole into one bucket): the Puts' ratio to \
          those leaves out what the routing costs.\n\n\
-         | body | run | append rows/s | Put rows/s | ratio | storage bytes per appended row | per Put row | Put rows/s, `wal` image | ratio | per Put row | appends bucketed by `id`, rows/s | Puts / those |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+         The last three: the same rows written as pyarrow and the Python client write \
+         them, one table-addressed request per batch that the node splits over the buckets \
+         (`AppendTable` to the unkeyed log table, `PutTable` with full images; the issue's \
+         own measure).\n\n\
+         | body | run | append rows/s | Put rows/s | ratio | storage bytes per appended row | per Put row | Put rows/s, `wal` image | ratio | per Put row | appends bucketed by `id`, rows/s | Puts / those | AppendTable rows/s | PutTable rows/s | ratio |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for (label, body) in [("1 KB", 1000), ("100 B", 100)] {
         for i in 0..runs {
@@ -520,13 +539,19 @@ async fn puts_against_appends(secs: f64, runs: usize) -> String {
             let put_bytes = *LAST_BYTES_PER_ROW.lock().unwrap();
             let (wal_puts, _, _) = ingest(&Kind::File, secs, Some(ChangelogImage::Wal), body).await;
             let wal_bytes = *LAST_BYTES_PER_ROW.lock().unwrap();
-            let (keyed, _, _) = ingest_into(&Kind::File, secs, None, body, true).await;
+            let (keyed, _, _) =
+                ingest_into(&Kind::File, secs, None, body, Routing::ClientById).await;
+            let (append_table, _, _) =
+                ingest_into(&Kind::File, secs, None, body, Routing::Node).await;
+            let full = Some(ChangelogImage::Full);
+            let (put_table, _, _) = ingest_into(&Kind::File, secs, full, body, Routing::Node).await;
             out.push_str(&format!(
-                "| {label} | {} | {appends:.0} | {puts:.0} | {:.2} | {append_bytes:.0} | {put_bytes:.0} | {wal_puts:.0} | {:.2} | {wal_bytes:.0} | {keyed:.0} | {:.2} |\n",
+                "| {label} | {} | {appends:.0} | {puts:.0} | {:.2} | {append_bytes:.0} | {put_bytes:.0} | {wal_puts:.0} | {:.2} | {wal_bytes:.0} | {keyed:.0} | {:.2} | {append_table:.0} | {put_table:.0} | {:.2} |\n",
                 i + 1,
                 puts / appends,
                 wal_puts / appends,
-                puts / keyed
+                puts / keyed,
+                put_table / append_table
             ));
         }
     }
@@ -557,14 +582,38 @@ async fn main() {
         );
         return;
     }
-    // `MINK_BENCH_PUT_PROFILE=BODY`: only Puts of BODY-byte rows (full images) for 10
-    // s, to run under a profiler.
-    if let Some(body) = std::env::var("MINK_BENCH_PUT_PROFILE")
-        .ok()
-        .and_then(|s| s.parse::<usize>().ok())
-    {
-        let (rows, _, _) = ingest(&Kind::File, 10.0, Some(ChangelogImage::Full), body).await;
-        println!("file:// Puts of {body}-byte rows: {rows:.0} rows/s");
+    // `MINK_BENCH_ONE=WHAT,BODY,ROUTING`: one `ingest_into` run of 10 s, to run under a
+    // profiler or `perf stat`: WHAT is `append`, `full` or `wal` (Puts with that
+    // changelog image), BODY the body's bytes, ROUTING `client`, `by-id` or `node`.
+    if let Ok(one) = std::env::var("MINK_BENCH_ONE") {
+        let parts: Vec<&str> = one.split(',').collect();
+        let pk = match parts[0] {
+            "append" => None,
+            "full" => Some(ChangelogImage::Full),
+            "wal" => Some(ChangelogImage::Wal),
+            other => panic!("MINK_BENCH_ONE: {other:?} is not append, full or wal"),
+        };
+        let body = parts.get(1).and_then(|b| b.parse().ok()).unwrap_or(1000);
+        let routing = match parts.get(2).copied().unwrap_or("client") {
+            "client" => Routing::Client,
+            "by-id" => Routing::ClientById,
+            "node" => Routing::Node,
+            other => panic!("MINK_BENCH_ONE: {other:?} is not client, by-id or node"),
+        };
+        let (rows, _, _) = ingest_into(&Kind::File, 10.0, pk, body, routing).await;
+        let bytes = *LAST_BYTES_PER_ROW.lock().unwrap();
+        println!("file:// {one}: {rows:.0} rows/s, {bytes:.0} storage bytes per row");
+        // What went to the object store and the KV store, for the whole process.
+        for line in mink_node::admin::prometheus().render().lines() {
+            if line.starts_with("mink_object_store_bytes_sent_total")
+                || line.starts_with("mink_object_store_requests_total{op=\"put\"")
+                || line.starts_with("mink_wal_upload")
+                || line.starts_with("mink_wal_segments_written_total")
+                || line.starts_with("mink_kv_store_writes_total")
+            {
+                println!("  {line}");
+            }
+        }
         return;
     }
     // `MINK_BENCH_PUTS=RUNS`: only the Put/append comparison, RUNS runs.

@@ -90,6 +90,49 @@ async fn one_node_routing_scans_tails_lookups_and_partitions() {
         .unwrap();
     assert_eq!(ids(&found), vec![3]);
 
+    // Table-addressed writes, routed by the node: one request over every bucket.
+    let written = client
+        .write_table(&path, &rows(200..240), None)
+        .await
+        .unwrap();
+    assert_eq!(
+        written
+            .iter()
+            .map(|w| w.bucket.bucket)
+            .collect::<std::collections::BTreeSet<_>>()
+            .len(),
+        4,
+        "40 rows by id span all four buckets"
+    );
+    assert!(
+        ids(&client.scan_table(&path).await.unwrap()).ends_with(&(200..240).collect::<Vec<_>>())
+    );
+    let err = client
+        .write_table(
+            &path,
+            &rows(0..1),
+            Some(vec![mink_types::ChangeType::Delete]),
+        )
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("no primary key"), "{err}");
+    client
+        .write_table(
+            &users,
+            &rows(3..5),
+            Some(vec![mink_types::ChangeType::Delete; 2]),
+        )
+        .await
+        .unwrap();
+    let found = client
+        .lookup(
+            &users,
+            vec![vec![serde_json::json!(3)], vec![serde_json::json!(5)]],
+        )
+        .await
+        .unwrap();
+    assert_eq!(ids(&found), vec![5], "the node applied the deletes");
+
     // A partition created on demand by the client's routing.
     let daily = TablePath::parse("db.daily").unwrap();
     let pd = TableDescriptor {

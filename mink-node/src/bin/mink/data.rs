@@ -9,7 +9,6 @@ use arrow::util::pretty::pretty_format_batches;
 use clap::Args;
 use mink_flight::MinkClient;
 use mink_flight::actions::{BucketOffset, ListOffsets};
-use mink_flight::client::status_to_error;
 use mink_types::{TableBucket, TablePath};
 
 use crate::catalog::table_meta;
@@ -83,43 +82,7 @@ async fn offsets_of(
     .await
 }
 
-/// Writes one batch through the node (AppendTable / PutTable); returns its answer.
-async fn write_routed(
-    addr: &str,
-    table: &TablePath,
-    primary_key: bool,
-    schema_id: i32,
-    batch: &RecordBatch,
-) -> CliResult<mink_flight::protocol::WriteResult> {
-    let descriptor = if primary_key {
-        mink_flight::protocol::WriteDescriptor::PutTable {
-            path: table.clone(),
-            schema_id,
-            target_columns: None,
-        }
-    } else {
-        mink_flight::protocol::WriteDescriptor::AppendTable {
-            path: table.clone(),
-            schema_id,
-        }
-    };
-    let data = mink_flight::client::encode_write(batch, Some(&descriptor), &Default::default())
-        .map_err(err)?;
-    let mut flight = mink_flight::client::connect(addr).await.map_err(err)?;
-    let mut results = flight
-        .do_put(futures::stream::iter(data))
-        .await
-        .map_err(|s| status_to_error(s).to_string())?
-        .into_inner();
-    let answer = results
-        .message()
-        .await
-        .map_err(|s| status_to_error(s).to_string())?
-        .ok_or("the node answered nothing")?;
-    serde_json::from_slice(&answer.app_metadata).map_err(err)
-}
-
-pub async fn write(client: &MinkClient, addr: &str, args: WriteArgs) -> CliResult<()> {
+pub async fn write(client: &MinkClient, args: WriteArgs) -> CliResult<()> {
     let table = path(&args.table)?;
     let (d, _) = table_meta(client, &table).await?;
     let schema = d.schema.to_arrow();
@@ -156,11 +119,7 @@ pub async fn write(client: &MinkClient, addr: &str, args: WriteArgs) -> CliResul
             }
             .map_err(err)?
         } else {
-            match write_routed(addr, &table, d.has_primary_key(), d.schema.schema_id, batch).await?
-            {
-                mink_flight::protocol::WriteResult::Routed { buckets } => buckets,
-                other => return Err(format!("the node answered {other:?}")),
-            }
+            client.write_table(&table, batch, None).await.map_err(err)?
         };
         for w in written {
             note(w.bucket, w.first_offset, w.last_offset);

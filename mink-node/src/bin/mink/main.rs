@@ -106,7 +106,7 @@ async fn run(cli: Cli) -> CliResult<()> {
     match cli.command {
         Command::Db(c) => catalog::db(&client, c).await,
         Command::Table(c) => catalog::table(&client, c).await,
-        Command::Write(args) => data::write(&client, &addr, args).await,
+        Command::Write(args) => data::write(&client, args).await,
         Command::Scan(args) => data::scan(&client, args).await,
         Command::Tail(args) => data::tail(client, args).await,
         Command::Lookup { table, keys } => data::lookup(&client, &table, &keys).await,
