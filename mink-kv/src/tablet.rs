@@ -169,7 +169,13 @@ impl PendingPut {
             PendingStep::Empty(e) => e.wait().await.map_err(|e| tablet.fail(e)),
             PendingStep::Written(submitted) => match submitted.wait().await {
                 Ok(appended) => {
-                    tablet.flush_if_due().await?;
+                    // Durable: that is the Put's answer. A store write that fails here
+                    // fails the store, not the Put: the rows stay in the buffer (and
+                    // in the log), the next Put's wait tries again, and past twice the
+                    // bound Puts are refused until one succeeds (`submit_put`).
+                    if let Err(e) = tablet.flush_if_due().await {
+                        tracing::warn!(bucket = %tablet.inner.bucket, "a KV store write failed; the rows wait in the prewrite buffer: {e}");
+                    }
                     metrics::counter!("mink_kv_put_batches_total").increment(1);
                     Ok(appended)
                 }
@@ -204,6 +210,8 @@ struct Inner {
     /// [`KvTablet::flush`] for why they may run beside one).
     flushes: tokio::sync::Mutex<()>,
     failed: Mutex<Option<MinkError>>,
+    /// The error of the last store write, if it failed (`None` once one succeeds).
+    store_failure: Mutex<Option<MinkError>>,
     snapshots: Option<SnapshotStore>,
     /// The newest snapshot this tablet wrote or found in the store. The lock is held
     /// across a snapshot write, so concurrent readers share one write.
@@ -286,6 +294,7 @@ impl KvTablet {
                 puts: tokio::sync::Mutex::new(()),
                 flushes: tokio::sync::Mutex::new(()),
                 failed: Mutex::new(None),
+                store_failure: Mutex::new(None),
                 snapshots,
                 latest_snapshot: tokio::sync::Mutex::new(None),
             }),
@@ -733,6 +742,7 @@ impl KvTablet {
             return Err(e);
         }
         let prepared = self.prepare(&req)?;
+        self.check_store_writable().await?;
         let kafka = req.kafka.is_some();
         // A Put ahead of its writer's next sequence waits a little for the ones before
         // it (pipelined requests may arrive out of order), outside the merge lock so
@@ -1011,10 +1021,19 @@ impl KvTablet {
             }
             store.write(&ops, hw)
         };
-        match self.with_store(write) {
+        let written = self.with_store(write);
+        *self
+            .inner
+            .store_failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = written.as_ref().err().cloned();
+        match written {
             Ok(()) => {}
             Err(e @ MinkError::Fenced(_)) => return Err(self.fail(e)),
-            Err(e) => return Err(e),
+            Err(e) => {
+                metrics::counter!("mink_kv_store_write_failures_total").increment(1);
+                return Err(e);
+            }
         }
         self.prewrite().written(hw, self.write_back_bytes());
         metrics::counter!("mink_kv_store_writes_total").increment(1);
@@ -1046,6 +1065,29 @@ impl KvTablet {
     /// node's buffers past it writes the store and lets its clean rows go.
     pub fn set_write_back_budget(&self, budget: Arc<WriteBackBudget>) {
         self.prewrite().set_budget(budget);
+    }
+
+    /// Refuses a Put, before anything happens, while the store cannot be written and
+    /// the buffer holds more than twice its bound: its rows would wait in memory with
+    /// no bound. What the buffer holds is durable (in the log) either way. A store
+    /// write is tried first; one that succeeds lets Puts in again.
+    async fn check_store_writable(&self) -> Result<()> {
+        let failing = self
+            .inner
+            .store_failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some();
+        if !failing || self.prewrite().bytes() <= self.write_back_bytes().saturating_mul(2) {
+            return Ok(());
+        }
+        self.flush().await.map_err(|e| {
+            MinkError::Unavailable(format!(
+                "{}: the local KV store cannot be written ({e}), and the rows waiting for it \
+                 are past twice kv.prewrite_buffer_bytes_max; the Put was not applied: retry",
+                self.inner.bucket
+            ))
+        })
     }
 
     /// Writes the durable rows to the store when the buffer is past its bound.

@@ -2,10 +2,14 @@
 //! evolution, idempotence, recovery by replay on both backends, bad input.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use arrow::array::{Array, AsArray, BooleanArray, Int64Array, RecordBatch, StringArray};
-use mink_kv::{KvBackend, KvTablet, PutRequest, SnapshotStore, open_kv_store};
+use mink_kv::store::{KvPairs, PairIter};
+use mink_kv::{
+    KvBackend, KvNamespace, KvOp, KvTablet, Owner, PutRequest, SnapshotStore, open_kv_store,
+};
 use mink_log::{LogConfig, LogTablet, NO_WRITER};
 use mink_types::{
     ChangeType, Column, DataType, MinkError, Schema, TableBucket, TableDescriptor, TableProperties,
@@ -132,6 +136,78 @@ impl Env {
     async fn open(&mut self, descriptor: &TableDescriptor) -> KvTablet {
         let dir = self.dir.path().to_path_buf();
         self.open_in(descriptor, &dir).await
+    }
+
+    /// Opens the tablet (under the next epoch) on the KV store in `dir`, its namespace
+    /// wrapped in one whose writes fail while `failing` is set.
+    async fn open_failing(
+        &mut self,
+        descriptor: &TableDescriptor,
+        failing: &Arc<AtomicBool>,
+    ) -> KvTablet {
+        self.epoch += 1;
+        let stream = self.node.open_stream("t1-b0", self.epoch).await.unwrap();
+        let schemas = vec![descriptor.schema.clone()];
+        let log = LogTablet::open(BUCKET, stream, true, schemas.clone(), LogConfig::default())
+            .await
+            .unwrap();
+        let kv = open_kv_store(self.backend, self.dir.path()).unwrap();
+        let namespace = Arc::new(FailingWrites {
+            inner: kv.namespace("t1-b0").unwrap(),
+            failing: failing.clone(),
+        });
+        let snapshots = Some(self.snapshots());
+        KvTablet::open(
+            BUCKET,
+            log,
+            namespace,
+            descriptor.clone(),
+            schemas,
+            snapshots,
+        )
+        .await
+        .unwrap()
+    }
+}
+
+/// A namespace whose writes fail while `failing` is set, as on a full disk.
+struct FailingWrites {
+    inner: Arc<dyn KvNamespace>,
+    failing: Arc<AtomicBool>,
+}
+
+impl KvNamespace for FailingWrites {
+    fn get(&self, key: &[u8]) -> mink_types::Result<Option<Vec<u8>>> {
+        self.inner.get(key)
+    }
+    fn write(&self, ops: &[KvOp], flushed_offset: i64) -> mink_types::Result<()> {
+        if self.failing.load(Ordering::SeqCst) {
+            return Err(MinkError::Internal(
+                "No space left on device (os error 28)".into(),
+            ));
+        }
+        self.inner.write(ops, flushed_offset)
+    }
+    fn flushed_offset(&self) -> mink_types::Result<Option<i64>> {
+        self.inner.flushed_offset()
+    }
+    fn range(&self, start: &[u8], end: Option<&[u8]>, limit: usize) -> mink_types::Result<KvPairs> {
+        self.inner.range(start, end, limit)
+    }
+    fn prefix(&self, prefix: &[u8], limit: usize) -> mink_types::Result<KvPairs> {
+        self.inner.prefix(prefix, limit)
+    }
+    fn snapshot(&self) -> mink_types::Result<PairIter> {
+        self.inner.snapshot()
+    }
+    fn clear(&self) -> mink_types::Result<()> {
+        self.inner.clear()
+    }
+    fn owner(&self) -> &Owner {
+        self.inner.owner()
+    }
+    fn flush_beside_merges(&self) -> bool {
+        self.inner.flush_beside_merges()
     }
 }
 
@@ -508,6 +584,59 @@ async fn durable_rows_wait_ahead_of_the_store_until_the_bound(backend: KvBackend
         get(&t, &[1, 2]),
         vec![v(Some("hot"), Some(79)), v(Some("new"), None)]
     );
+}
+
+/// A store that cannot be written (a full disk) fails neither a durable Put nor its
+/// rows: they wait in the buffer, readable, and reach the store once it can be
+/// written. Past twice the bound, Puts are refused before they change anything.
+async fn a_failing_store_write_fails_no_durable_put(backend: KvBackend) {
+    let mut env = Env::new(backend).await;
+    let d = table(&[]);
+    let failing = Arc::new(AtomicBool::new(false));
+    let t = env.open_failing(&d, &failing).await;
+    t.set_write_back_bytes(400);
+    t.put(put(&[(1, Some("a"), Some(1))])).await.unwrap();
+    failing.store(true, Ordering::SeqCst);
+    let store = t.store_offset().unwrap();
+    // Under the bound nothing is written; past it the write fails, and the Puts that
+    // met it are durable and answered so.
+    let mut i = 0;
+    let refused = loop {
+        match t.put(put(&[(10 + i, Some("b"), Some(i))])).await {
+            Ok(_) => i += 1,
+            Err(e) => break e,
+        }
+        assert!(i < 100, "no Put was refused");
+    };
+    assert!(matches!(refused, MinkError::Unavailable(_)), "{refused}");
+    assert!(refused.to_string().contains("No space left"), "{refused}");
+    assert!(i >= 3, "only {i} Puts went in before the refusal");
+    assert_eq!(t.store_offset().unwrap(), store, "the store took nothing");
+    let hw = t.log().high_watermark();
+    // The refused Put changed nothing; every acknowledged one reads back.
+    assert_eq!(get(&t, &[10 + i]), vec![None]);
+    let ids: Vec<i64> = (10..10 + i).collect();
+    assert!(get(&t, &ids).iter().all(|r| r.is_some()));
+    assert_eq!(t.log().high_watermark(), hw);
+    // Once the store can be written, Puts go in again and the store catches up.
+    failing.store(false, Ordering::SeqCst);
+    t.set_write_back_bytes(0);
+    t.put(put(&[(10 + i, Some("c"), None)])).await.unwrap();
+    assert_eq!(t.store_offset().unwrap(), Some(t.log().high_watermark()));
+    assert_eq!(
+        get(&t, &[1, 10 + i]),
+        vec![v(Some("a"), Some(1)), v(Some("c"), None)]
+    );
+    // A crash while the store fails loses nothing either: a tablet opens only on a
+    // store it can write (its replay writes it), and replays the log.
+    t.set_write_back_bytes(1 << 20);
+    failing.store(true, Ordering::SeqCst);
+    t.put(put(&[(1, Some("d"), None)])).await.unwrap();
+    drop(t);
+    failing.store(false, Ordering::SeqCst);
+    let t = env.open_failing(&d, &failing).await;
+    assert_eq!(get(&t, &[1]), vec![v(Some("d"), None)]);
+    assert!(get(&t, &ids).iter().all(|r| r.is_some()));
 }
 
 async fn schema_evolution_reads_old_rows_with_nulls(backend: KvBackend) {
@@ -1644,6 +1773,7 @@ both!(
     partial_updates_and_partial_deletes,
     crash_after_ack_before_flush_recovers_the_acknowledged_state,
     durable_rows_wait_ahead_of_the_store_until_the_bound,
+    a_failing_store_write_fails_no_durable_put,
     schema_evolution_reads_old_rows_with_nulls,
     bad_input_is_rejected_and_changes_nothing,
     snapshots_plus_replay_equal_the_live_state,
