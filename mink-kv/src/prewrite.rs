@@ -24,10 +24,13 @@ use rustc_hash::FxBuildHasher;
 /// What the prewrite buffers of a node's KV tablets hold together, against a bound
 /// (`kv.prewrite_buffers_bytes_max`): a tablet whose Put finds the node past it writes
 /// its durable rows to the store and lets the clean ones go, whatever its own bound.
+/// Each such write counts as pressure, which tells idle tablets to give their rows up
+/// ([`crate::KvTablet::run_snapshots`]).
 #[derive(Debug)]
 pub struct WriteBackBudget {
     used: AtomicU64,
     max: u64,
+    pressure: AtomicU64,
 }
 
 impl WriteBackBudget {
@@ -35,6 +38,7 @@ impl WriteBackBudget {
         Arc::new(Self {
             used: AtomicU64::new(0),
             max,
+            pressure: AtomicU64::new(0),
         })
     }
 
@@ -45,6 +49,11 @@ impl WriteBackBudget {
 
     pub(crate) fn over(&self) -> bool {
         self.used() > self.max
+    }
+
+    /// How many times a buffer let its rows go because of the node's bound, not its own.
+    pub(crate) fn pressure(&self) -> u64 {
+        self.pressure.load(Ordering::Relaxed)
     }
 
     fn moved(&self, from: u64, to: u64) {
@@ -143,11 +152,22 @@ impl Prewrite {
         self.budget.as_ref().is_some_and(|b| b.over())
     }
 
+    /// The node's [`WriteBackBudget::pressure`] (0 without a budget).
+    pub(crate) fn node_pressure(&self) -> u64 {
+        self.budget.as_ref().map_or(0, |b| b.pressure())
+    }
+
     fn set_bytes(&mut self, bytes: u64) {
         if let Some(budget) = &self.budget {
             budget.moved(self.bytes, bytes);
         }
         self.bytes = bytes;
+    }
+
+    /// The high watermark of the last store write: every version below it is in the
+    /// store.
+    pub(crate) fn flushed(&self) -> i64 {
+        self.flushed
     }
 
     pub(crate) fn staged_since_write(&self) -> u64 {
@@ -200,7 +220,15 @@ impl Prewrite {
     /// every version below `hw` leaves. Versions at or above `hw` stay.
     pub(crate) fn written(&mut self, hw: i64, bytes_max: u64) {
         self.flushed = self.flushed.max(hw);
-        let evict = self.bytes > bytes_max || self.node_over();
+        let own = self.bytes > bytes_max;
+        let node = self.node_over();
+        if node
+            && !own
+            && let Some(budget) = &self.budget
+        {
+            budget.pressure.fetch_add(1, Ordering::Relaxed);
+        }
+        let evict = own || node;
         let mut bytes = 0u64;
         let mut staged = 0u64;
         self.rows.retain(|key, versions| {

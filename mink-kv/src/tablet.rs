@@ -35,6 +35,10 @@ use crate::row::{
 use crate::snapshot::{SnapshotInfo, SnapshotStore};
 use crate::store::{Claim, KvNamespace, KvOp};
 
+/// How often a tablet checks whether it sits idle on write-back rows while the node's
+/// buffers are past their bound ([`KvTablet::run_snapshots`]).
+const IDLE_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// One Put batch.
 #[derive(Debug, Clone)]
 pub struct PutRequest {
@@ -1295,8 +1299,21 @@ impl KvTablet {
         Ok(info)
     }
 
+    /// Writes the durable rows to the store and lets every one go from the buffer (the
+    /// rows not durable yet stay).
+    async fn release_write_back(&self) -> Result<()> {
+        self.flush().await?;
+        let _guard = self.inner.flushes.lock().await;
+        let mut prewrite = self.prewrite();
+        let flushed = prewrite.flushed();
+        prewrite.written(flushed, 0);
+        Ok(())
+    }
+
     /// Writes a snapshot every `interval` until `shutdown` resolves (the node records
-    /// each in the metadata log through `on_snapshot`).
+    /// each in the metadata log through `on_snapshot`). Between snapshots it checks
+    /// every second whether the tablet sat idle while the node's write-back bound made
+    /// another tablet let its rows go; then this one gives its own up.
     pub async fn run_snapshots(
         &self,
         interval: std::time::Duration,
@@ -1304,14 +1321,38 @@ impl KvTablet {
         shutdown: impl std::future::Future<Output = ()>,
     ) {
         tokio::pin!(shutdown);
+        let mut due = tokio::time::Instant::now() + interval;
+        let mut seen = self.inner.log.high_watermark();
+        let mut pressure = self.prewrite().node_pressure();
         loop {
             tokio::select! {
                 _ = &mut shutdown => return,
-                _ = tokio::time::sleep(interval) => {}
+                _ = tokio::time::sleep_until(due.min(tokio::time::Instant::now() + IDLE_CHECK)) => {}
             }
             if self.failure().is_some() {
                 return;
             }
+            // A tablet idle since the last check gives its write-back rows up when the
+            // node's bound made another tablet let its own go meanwhile: the busy ones
+            // keep their caches, not the idle ones.
+            let hw = self.inner.log.high_watermark();
+            let idle = std::mem::replace(&mut seen, hw) == hw;
+            let (held, now_pressure) = {
+                let prewrite = self.prewrite();
+                (prewrite.bytes(), prewrite.node_pressure())
+            };
+            let pressed = std::mem::replace(&mut pressure, now_pressure) != now_pressure;
+            if idle
+                && pressed
+                && held > 0
+                && let Err(e) = self.release_write_back().await
+            {
+                tracing::warn!(bucket = %self.inner.bucket, "releasing the write-back rows of an idle bucket: {e}");
+            }
+            if tokio::time::Instant::now() < due {
+                continue;
+            }
+            due = tokio::time::Instant::now() + interval;
             // Nothing new since the last snapshot: an idle bucket costs no request.
             let covered = self
                 .inner

@@ -8,7 +8,8 @@ use std::time::Duration;
 use arrow::array::{Array, AsArray, BooleanArray, Int64Array, RecordBatch, StringArray};
 use mink_kv::store::{KvPairs, PairIter};
 use mink_kv::{
-    KvBackend, KvNamespace, KvOp, KvTablet, Owner, PutRequest, SnapshotStore, open_kv_store,
+    KvBackend, KvNamespace, KvOp, KvTablet, Owner, PutRequest, SnapshotStore, WriteBackBudget,
+    open_kv_store,
 };
 use mink_log::{LogConfig, LogTablet, NO_WRITER};
 use mink_types::{
@@ -637,6 +638,87 @@ async fn a_failing_store_write_fails_no_durable_put(backend: KvBackend) {
     let t = env.open_failing(&d, &failing).await;
     assert_eq!(get(&t, &[1]), vec![v(Some("d"), None)]);
     assert!(get(&t, &ids).iter().all(|r| r.is_some()));
+}
+
+/// An idle bucket gives its write-back rows up while the node's buffers are past their
+/// bound, so that a busy bucket keeps its cache instead of writing its store after
+/// every Put until the idle one's next snapshot.
+async fn an_idle_bucket_gives_its_write_back_rows_up_to_a_busy_one(backend: KvBackend) {
+    const BOUND: u64 = 6_000;
+    let mut idle_env = Env::new(backend).await;
+    let mut busy_env = Env::new(backend).await;
+    let d = table(&[]);
+    let budget = WriteBackBudget::new(BOUND);
+    let idle = idle_env.open(&d).await;
+    let busy = busy_env.open(&d).await;
+    for t in [&idle, &busy] {
+        t.set_write_back_bytes(1 << 20);
+        t.set_write_back_budget(budget.clone());
+    }
+    // The idle bucket fills most of the node's bound.
+    let mut n = 0;
+    while budget.used() < BOUND * 2 / 3 {
+        idle.put(put(&[(n, Some("idle"), Some(n))])).await.unwrap();
+        n += 1;
+    }
+    assert!(budget.used() <= BOUND, "{} held", budget.used());
+    let idle_rows: Vec<i64> = (0..n).collect();
+    // The busy bucket's Puts push the node past it: each writes the store and lets its
+    // rows go, while the idle bucket keeps its own.
+    let busy_put = |round: i64| {
+        put(&(0..n / 2)
+            .map(|i| (1000 + i, Some("busy"), Some(round)))
+            .collect::<Vec<_>>())
+    };
+    for round in 0..3 {
+        busy.put(busy_put(round)).await.unwrap();
+        assert_eq!(
+            busy.store_offset().unwrap(),
+            Some(busy.log().high_watermark())
+        );
+    }
+    // Left idle while the busy bucket goes on, the idle bucket gives its rows up (to
+    // its store) within its checks.
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let runner = {
+        let idle = idle.clone();
+        tokio::spawn(async move {
+            idle.run_snapshots(Duration::from_secs(3600), |_| {}, async {
+                let _ = stopped.await;
+            })
+            .await
+        })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut round = 3;
+    while idle.store_offset().unwrap() != Some(idle.log().high_watermark()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the idle bucket still holds {} bytes",
+            budget.used()
+        );
+        busy.put(busy_put(round)).await.unwrap();
+        round += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Now the busy bucket's rows stay in its buffer, and every row reads back.
+    let before = busy.store_offset().unwrap();
+    busy.put(busy_put(round)).await.unwrap();
+    assert_eq!(
+        busy.store_offset().unwrap(),
+        before,
+        "the busy bucket wrote its store"
+    );
+    assert!(budget.used() > 0);
+    assert!(
+        get(&idle, &idle_rows)
+            .iter()
+            .enumerate()
+            .all(|(i, r)| *r == v(Some("idle"), Some(i as i64)))
+    );
+    assert_eq!(get(&busy, &[1000]), vec![v(Some("busy"), Some(round))]);
+    let _ = stop.send(());
+    runner.await.unwrap();
 }
 
 async fn schema_evolution_reads_old_rows_with_nulls(backend: KvBackend) {
@@ -1774,6 +1856,7 @@ both!(
     crash_after_ack_before_flush_recovers_the_acknowledged_state,
     durable_rows_wait_ahead_of_the_store_until_the_bound,
     a_failing_store_write_fails_no_durable_put,
+    an_idle_bucket_gives_its_write_back_rows_up_to_a_busy_one,
     schema_evolution_reads_old_rows_with_nulls,
     bad_input_is_rejected_and_changes_nothing,
     snapshots_plus_replay_equal_the_live_state,
