@@ -129,7 +129,14 @@ impl KvNamespace for FjallNamespace {
             self.name.as_str(),
             flushed_offset.to_le_bytes().as_slice(),
         );
-        batch.commit().map_err(store_error)
+        batch.commit().map_err(|e| match e {
+            // fjall refuses every write of the database after one journal write failed.
+            fjall::Error::Poisoned => store_error(
+                "fjall refuses every write since a journal write failed (poisoned): \
+                 restart the node once the disk has room",
+            ),
+            e => store_error(e),
+        })
     }
 
     fn flushed_offset(&self) -> Result<Option<i64>> {

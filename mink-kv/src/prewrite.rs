@@ -152,6 +152,13 @@ impl Prewrite {
         self.budget.as_ref().is_some_and(|b| b.over())
     }
 
+    /// Counts a store write that the node's bound, not this buffer's own, made due.
+    pub(crate) fn note_pressure(&self) {
+        if let Some(budget) = &self.budget {
+            budget.pressure.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     /// The node's [`WriteBackBudget::pressure`] (0 without a budget).
     pub(crate) fn node_pressure(&self) -> u64 {
         self.budget.as_ref().map_or(0, |b| b.pressure())
@@ -220,15 +227,7 @@ impl Prewrite {
     /// every version below `hw` leaves. Versions at or above `hw` stay.
     pub(crate) fn written(&mut self, hw: i64, bytes_max: u64) {
         self.flushed = self.flushed.max(hw);
-        let own = self.bytes > bytes_max;
-        let node = self.node_over();
-        if node
-            && !own
-            && let Some(budget) = &self.budget
-        {
-            budget.pressure.fetch_add(1, Ordering::Relaxed);
-        }
-        let evict = own || node;
+        let evict = self.bytes > bytes_max || self.node_over();
         let mut bytes = 0u64;
         let mut staged = 0u64;
         self.rows.retain(|key, versions| {

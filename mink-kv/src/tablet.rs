@@ -39,6 +39,10 @@ use crate::store::{Claim, KvNamespace, KvOp};
 /// buffers are past their bound ([`KvTablet::run_snapshots`]).
 const IDLE_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// How often a tablet whose store write failed tries again (each try sorts and writes
+/// every dirty row).
+const STORE_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// One Put batch.
 #[derive(Debug, Clone)]
 pub struct PutRequest {
@@ -177,8 +181,15 @@ impl PendingPut {
                     // fails the store, not the Put: the rows stay in the buffer (and
                     // in the log), the next Put's wait tries again, and past twice the
                     // bound Puts are refused until one succeeds (`submit_put`).
-                    if let Err(e) = tablet.flush_if_due().await {
-                        tracing::warn!(bucket = %tablet.inner.bucket, "a KV store write failed; the rows wait in the prewrite buffer: {e}");
+                    match tablet.flush_if_due().await {
+                        Ok(()) => {}
+                        // The tablet failed: a newer one holds the bucket's store.
+                        Err(e @ MinkError::Fenced(_)) => {
+                            tracing::debug!(bucket = %tablet.inner.bucket, "a store write after a durable Put: {e}");
+                        }
+                        Err(e) => {
+                            tracing::warn!(bucket = %tablet.inner.bucket, "a KV store write failed; the rows wait in the prewrite buffer: {e}");
+                        }
                     }
                     metrics::counter!("mink_kv_put_batches_total").increment(1);
                     Ok(appended)
@@ -214,8 +225,9 @@ struct Inner {
     /// [`KvTablet::flush`] for why they may run beside one).
     flushes: tokio::sync::Mutex<()>,
     failed: Mutex<Option<MinkError>>,
-    /// The error of the last store write, if it failed (`None` once one succeeds).
-    store_failure: Mutex<Option<MinkError>>,
+    /// The error of the last store write and when it failed (`None` once one
+    /// succeeds).
+    store_failure: Mutex<Option<(MinkError, std::time::Instant)>>,
     snapshots: Option<SnapshotStore>,
     /// The newest snapshot this tablet wrote or found in the store. The lock is held
     /// across a snapshot write, so concurrent readers share one write.
@@ -589,13 +601,15 @@ impl KvTablet {
         struct Slot {
             value: Option<Vec<u8>>,
             changed: bool,
+            /// The row of the batch whose key this is (the first with it).
+            row: usize,
         }
         let mut slots: HashMap<&[u8], Slot, FxBuildHasher> =
             HashMap::with_capacity_and_hasher(keys.len(), FxBuildHasher);
         let mut unstaged: Vec<Vec<u8>> = Vec::new();
         {
             let prewrite = self.prewrite();
-            for key in &keys {
+            for (row, key) in keys.iter().enumerate() {
                 if slots.contains_key(key.as_slice()) {
                     continue;
                 }
@@ -611,6 +625,7 @@ impl KvTablet {
                     Slot {
                         value,
                         changed: false,
+                        row,
                     },
                 );
             }
@@ -671,10 +686,16 @@ impl KvTablet {
                 &indices,
             )?)
         };
-        let staged = slots
+        let changed: Vec<(usize, Option<Vec<u8>>)> = slots
+            .into_values()
+            .filter(|slot| slot.changed)
+            .map(|slot| (slot.row, slot.value))
+            .collect();
+        // The keys move into the buffer, not copied.
+        let mut keys = keys;
+        let staged = changed
             .into_iter()
-            .filter(|(_, slot)| slot.changed)
-            .map(|(key, slot)| (key.to_vec(), slot.value))
+            .map(|(row, value)| (std::mem::take(&mut keys[row]), value))
             .collect();
         Ok(Merged {
             change_types,
@@ -1030,7 +1051,10 @@ impl KvTablet {
             .inner
             .store_failure
             .lock()
-            .unwrap_or_else(|e| e.into_inner()) = written.as_ref().err().cloned();
+            .unwrap_or_else(|e| e.into_inner()) = written
+            .as_ref()
+            .err()
+            .map(|e| (e.clone(), std::time::Instant::now()));
         match written {
             Ok(()) => {}
             Err(e @ MinkError::Fenced(_)) => return Err(self.fail(e)),
@@ -1076,34 +1100,67 @@ impl KvTablet {
     /// no bound. What the buffer holds is durable (in the log) either way. A store
     /// write is tried first; one that succeeds lets Puts in again.
     async fn check_store_writable(&self) -> Result<()> {
-        let failing = self
+        let failure = self
             .inner
             .store_failure
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .is_some();
-        if !failing || self.prewrite().bytes() <= self.write_back_bytes().saturating_mul(2) {
+            .clone();
+        let Some((mut error, at)) = failure else {
+            return Ok(());
+        };
+        let full = {
+            let prewrite = self.prewrite();
+            prewrite.bytes() > self.write_back_bytes().saturating_mul(2) || prewrite.node_over()
+        };
+        if !full {
             return Ok(());
         }
-        self.flush().await.map_err(|e| {
-            MinkError::Unavailable(format!(
-                "{}: the local KV store cannot be written ({e}), and the rows waiting for it \
-                 are past twice kv.prewrite_buffer_bytes_max; the Put was not applied: retry",
-                self.inner.bucket
-            ))
-        })
+        if at.elapsed() >= STORE_RETRY {
+            match self.flush().await {
+                Ok(()) => return Ok(()),
+                // Fenced: the answer that redirects the client to the new leader.
+                Err(e @ MinkError::Fenced(_)) => return Err(e),
+                Err(e) => error = e,
+            }
+        }
+        Err(MinkError::Unavailable(format!(
+            "{}: the local KV store cannot be written ({error}), and the rows waiting for it \
+             are past twice kv.prewrite_buffer_bytes_max or the node's \
+             kv.prewrite_buffers_bytes_max; the Put was not applied: retry",
+            self.inner.bucket
+        )))
     }
 
-    /// Writes the durable rows to the store when the buffer is past its bound.
+    /// Writes the durable rows to the store when the buffer is past its bound. While
+    /// the store fails, at most once per [`STORE_RETRY`].
     async fn flush_if_due(&self) -> Result<()> {
         let bound = self.write_back_bytes();
-        let due = {
+        let (own, node) = {
             let prewrite = self.prewrite();
-            prewrite.bytes() > bound
-                || prewrite.staged_since_write() > bound
-                || (prewrite.node_over() && prewrite.bytes() > 0)
+            (
+                prewrite.bytes() > bound || prewrite.staged_since_write() > bound,
+                prewrite.node_over() && prewrite.bytes() > 0,
+            )
         };
-        if due { self.flush().await } else { Ok(()) }
+        if !(own || node) || self.store_retry_later() {
+            return Ok(());
+        }
+        self.flush().await?;
+        if node && !own {
+            self.prewrite().note_pressure();
+        }
+        Ok(())
+    }
+
+    /// Whether the last store write failed less than [`STORE_RETRY`] ago.
+    fn store_retry_later(&self) -> bool {
+        self.inner
+            .store_failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .is_some_and(|(_, at)| at.elapsed() < STORE_RETRY)
     }
 
     /// Refuses reads on a failed tablet: failing dropped its staged rows, some of them

@@ -601,8 +601,27 @@ pub fn values_to_array(ty: DataType, values: &[Option<&KeyValue>]) -> Result<Arr
         DataType::Decimal { precision, scale } => Arc::new(
             build!(Decimal, Decimal128Array).with_precision_and_scale(precision, scale as i8)?,
         ),
-        DataType::String => Arc::new(build!(String, StringArray)),
-        DataType::Bytes => Arc::new(build!(Bytes, BinaryArray)),
+        // Borrowed, not cloned: the array copies each value once.
+        DataType::String => Arc::new(StringArray::from(
+            values
+                .iter()
+                .map(|v| match v {
+                    None => Ok(None),
+                    Some(KeyValue::String(x)) => Ok(Some(x.as_str())),
+                    Some(other) => Err(mismatch(other)),
+                })
+                .collect::<Result<Vec<_>>>()?,
+        )),
+        DataType::Bytes => Arc::new(BinaryArray::from(
+            values
+                .iter()
+                .map(|v| match v {
+                    None => Ok(None),
+                    Some(KeyValue::Bytes(x)) => Ok(Some(x.as_slice())),
+                    Some(other) => Err(mismatch(other)),
+                })
+                .collect::<Result<Vec<_>>>()?,
+        )),
         DataType::Date => Arc::new(build!(Date, Date32Array)),
         DataType::Time { .. } => {
             let array = build!(Time, Int64Array);
