@@ -577,13 +577,18 @@ pub fn values_to_array(ty: DataType, values: &[Option<&KeyValue>]) -> Result<Arr
     let mismatch = |other: &KeyValue| {
         MinkError::invalid("key value", format!("{other:?} is not of type {ty}"))
     };
+    // `$take` reads a value out of its variant: a copy, or a borrow for strings and
+    // bytes (the array copies each value once).
     macro_rules! build {
-        ($variant:ident, $array:ty) => {{
+        ($variant:ident, $array:ty) => {
+            build!($variant, $array, Clone::clone)
+        };
+        ($variant:ident, $array:ty, $take:expr) => {{
             let vals = values
                 .iter()
                 .map(|v| match v {
                     None => Ok(None),
-                    Some(KeyValue::$variant(x)) => Ok(Some(x.clone())),
+                    Some(KeyValue::$variant(x)) => Ok(Some($take(x))),
                     Some(other) => Err(mismatch(other)),
                 })
                 .collect::<Result<Vec<_>>>()?;
@@ -601,27 +606,8 @@ pub fn values_to_array(ty: DataType, values: &[Option<&KeyValue>]) -> Result<Arr
         DataType::Decimal { precision, scale } => Arc::new(
             build!(Decimal, Decimal128Array).with_precision_and_scale(precision, scale as i8)?,
         ),
-        // Borrowed, not cloned: the array copies each value once.
-        DataType::String => Arc::new(StringArray::from(
-            values
-                .iter()
-                .map(|v| match v {
-                    None => Ok(None),
-                    Some(KeyValue::String(x)) => Ok(Some(x.as_str())),
-                    Some(other) => Err(mismatch(other)),
-                })
-                .collect::<Result<Vec<_>>>()?,
-        )),
-        DataType::Bytes => Arc::new(BinaryArray::from(
-            values
-                .iter()
-                .map(|v| match v {
-                    None => Ok(None),
-                    Some(KeyValue::Bytes(x)) => Ok(Some(x.as_slice())),
-                    Some(other) => Err(mismatch(other)),
-                })
-                .collect::<Result<Vec<_>>>()?,
-        )),
+        DataType::String => Arc::new(build!(String, StringArray, String::as_str)),
+        DataType::Bytes => Arc::new(build!(Bytes, BinaryArray, Vec::as_slice)),
         DataType::Date => Arc::new(build!(Date, Date32Array)),
         DataType::Time { .. } => {
             let array = build!(Time, Int64Array);
