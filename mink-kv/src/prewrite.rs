@@ -2,8 +2,11 @@
 //! not hold, newest last, and (as a bounded write-back cache) durable versions that the
 //! store already holds.
 //!
-//! A version is `(changelog offset, stored row or None for a delete)`. Three kinds sit
-//! in the buffer, told apart by offsets alone:
+//! A version is its changelog offset, its stored row (`None` for a delete), shared so
+//! that the merge's read of an old row is no copy, and where the row sits in a recent
+//! Put's batch if it came from one ([`ImageRef`]): an update of the key then takes its
+//! `-U` image from that batch instead of decoding the stored row. Three kinds sit in
+//! the buffer, told apart by offsets alone:
 //! - **staged**: at or above the log's high watermark, not yet durable;
 //! - **dirty**: below the high watermark (durable) and at or above `flushed`, the high
 //!   watermark of the last store write: the store does not have it yet;
@@ -19,6 +22,9 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use arrow::array::RecordBatch;
+use bytes::Bytes;
+use mink_types::SchemaId;
 use rustc_hash::FxBuildHasher;
 
 /// What the prewrite buffers of a node's KV tablets hold together, against a bound
@@ -66,15 +72,82 @@ impl WriteBackBudget {
     }
 }
 
+/// Where a version's row sits in a recent Put's batch: the batch's generation in
+/// [`Images`] and the row's index in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ImageRef {
+    pub(crate) batch: u64,
+    pub(crate) row: u32,
+}
+
+/// One version of a key.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Version {
+    /// Its offset in the changelog.
+    pub(crate) offset: i64,
+    /// Its stored row; `None` for a delete.
+    pub(crate) value: Option<Bytes>,
+    /// The same row in a recent Put's batch, if it came from one.
+    pub(crate) image: Option<ImageRef>,
+}
+
 /// A key's versions, oldest first.
-pub(crate) type Versions = VecDeque<(i64, Option<Vec<u8>>)>;
+pub(crate) type Versions = VecDeque<Version>;
+
+/// Recent Put batches of the table's schema whose rows were staged with an
+/// [`ImageRef`], oldest first. Bounded in bytes: a batch leaves when newer ones need its
+/// room, and a reference into a batch that left (or of another schema) is none.
+#[derive(Default)]
+struct Images {
+    /// `(generation, schema id, batch, bytes)`; generations are consecutive.
+    batches: VecDeque<(u64, SchemaId, RecordBatch, u64)>,
+    /// The next batch's generation.
+    next: u64,
+    bytes: u64,
+}
+
+impl Images {
+    /// Keeps `batch`, letting the oldest batches go while they hold more than `max`
+    /// bytes together; returns its generation, or `None` if it alone is over `max`.
+    fn push(&mut self, schema_id: SchemaId, batch: RecordBatch, max: u64) -> Option<u64> {
+        let size = batch.get_array_memory_size() as u64;
+        if size > max {
+            return None;
+        }
+        while self.bytes + size > max {
+            let Some((_, _, _, freed)) = self.batches.pop_front() else {
+                break;
+            };
+            self.bytes -= freed;
+        }
+        let generation = self.next;
+        self.next += 1;
+        self.batches.push_back((generation, schema_id, batch, size));
+        self.bytes += size;
+        Some(generation)
+    }
+
+    /// Batch `generation` if it is still here and of schema `schema_id`.
+    fn get(&self, generation: u64, schema_id: SchemaId) -> Option<&RecordBatch> {
+        let first = self.batches.front()?.0;
+        let (_, id, batch, _) = self
+            .batches
+            .get(usize::try_from(generation.checked_sub(first)?).ok()?)?;
+        (*id == schema_id).then_some(batch)
+    }
+
+    fn clear(&mut self) {
+        self.batches.clear();
+        self.bytes = 0;
+    }
+}
 
 /// What a key costs beyond its bytes: the map's slot and the deque.
 const KEY_OVERHEAD: u64 = 64;
 /// What a version costs beyond its row's bytes.
 const VERSION_OVERHEAD: u64 = 32;
 
-fn version_bytes(value: &Option<Vec<u8>>) -> u64 {
+fn version_bytes(value: &Option<Bytes>) -> u64 {
     VERSION_OVERHEAD + value.as_ref().map_or(0, |v| v.len() as u64)
 }
 
@@ -92,6 +165,8 @@ pub(crate) struct Prewrite {
     flushed: i64,
     /// The node's budget, which `bytes` is counted against.
     budget: Option<Arc<WriteBackBudget>>,
+    /// Recent Put batches that versions point into (counted in `bytes`).
+    images: Images,
 }
 
 impl Drop for Prewrite {
@@ -106,13 +181,13 @@ impl Prewrite {
     }
 
     /// The newest version of `key` below `hw`: `Some(None)` a delete, `None` none here.
-    pub(crate) fn visible(&self, key: &[u8], hw: i64) -> Option<Option<Vec<u8>>> {
+    pub(crate) fn visible(&self, key: &[u8], hw: i64) -> Option<Option<Bytes>> {
         self.rows
             .get(key)?
             .iter()
             .rev()
-            .find(|(offset, _)| *offset < hw)
-            .map(|(_, v)| v.clone())
+            .find(|v| v.offset < hw)
+            .map(|v| v.value.clone())
     }
 
     /// Each key starting with `prefix` and its newest version below `hw`, in key order.
@@ -121,14 +196,14 @@ impl Prewrite {
         &self,
         prefix: &[u8],
         hw: i64,
-    ) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
-        let mut found: Vec<(Vec<u8>, Option<Vec<u8>>)> = self
+    ) -> Vec<(Vec<u8>, Option<Bytes>)> {
+        let mut found: Vec<(Vec<u8>, Option<Bytes>)> = self
             .rows
             .iter()
             .filter(|(key, _)| key.starts_with(prefix))
             .filter_map(|(key, versions)| {
-                let (_, v) = versions.iter().rev().find(|(o, _)| *o < hw)?;
-                Some((key.clone(), v.clone()))
+                let v = versions.iter().rev().find(|v| v.offset < hw)?;
+                Some((key.clone(), v.value.clone()))
             })
             .collect();
         found.sort_unstable_by(|a, b| a.0.cmp(&b.0));
@@ -181,16 +256,37 @@ impl Prewrite {
         self.staged_since_write
     }
 
+    /// Keeps `batch` (of schema `schema_id`) for the [`ImageRef`]s of the versions
+    /// about to be staged from it, within `max` bytes of batches; returns its
+    /// generation, or `None` if it does not fit.
+    pub(crate) fn keep_images(
+        &mut self,
+        schema_id: SchemaId,
+        batch: RecordBatch,
+        max: u64,
+    ) -> Option<u64> {
+        let before = self.images.bytes;
+        let generation = self.images.push(schema_id, batch, max);
+        self.set_bytes(self.bytes - before + self.images.bytes);
+        generation
+    }
+
+    /// The batch an [`ImageRef`] of generation `generation` points into, if it is
+    /// still kept and of schema `schema_id`.
+    pub(crate) fn image_batch(&self, generation: u64, schema_id: SchemaId) -> Option<&RecordBatch> {
+        self.images.get(generation, schema_id)
+    }
+
     /// Stages `value` as `key`'s version at `offset`. `hw` must be read under this
     /// buffer's lock (the caller holds it): versions superseded by one below `hw` are
     /// dropped, and a lookup that reads its high watermark under the lock too reads one
     /// at least as high, so it never needs a dropped version.
     pub(crate) fn stage<I>(&mut self, rows: I, offset: i64, hw: i64)
     where
-        I: IntoIterator<Item = (Vec<u8>, Option<Vec<u8>>)>,
+        I: IntoIterator<Item = (Vec<u8>, Option<Bytes>, Option<ImageRef>)>,
     {
         let mut bytes = self.bytes;
-        for (key, value) in rows {
+        for (key, value, image) in rows {
             let added = version_bytes(&value);
             bytes += added;
             self.staged_since_write += added;
@@ -199,7 +295,11 @@ impl Prewrite {
                 bytes += KEY_OVERHEAD + key_len;
                 VecDeque::new()
             });
-            versions.push_back((offset, value));
+            versions.push_back(Version {
+                offset,
+                value,
+                image,
+            });
             bytes -= collapse(versions, hw);
         }
         self.set_bytes(bytes);
@@ -208,14 +308,14 @@ impl Prewrite {
     /// The store write of a flush at `hw`: each key's newest version below `hw` that
     /// the store does not have yet (at or above the last write's high watermark).
     /// In key order (a B-tree store writes sorted keys faster).
-    pub(crate) fn dirty(&self, hw: i64) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
+    pub(crate) fn dirty(&self, hw: i64) -> Vec<(Vec<u8>, Option<Bytes>)> {
         let flushed = self.flushed;
-        let mut dirty: Vec<(Vec<u8>, Option<Vec<u8>>)> = self
+        let mut dirty: Vec<(Vec<u8>, Option<Bytes>)> = self
             .rows
             .iter()
             .filter_map(|(key, versions)| {
-                let (offset, value) = versions.iter().rev().find(|(o, _)| *o < hw)?;
-                (*offset >= flushed).then(|| (key.clone(), value.clone()))
+                let v = versions.iter().rev().find(|v| v.offset < hw)?;
+                (v.offset >= flushed).then(|| (key.clone(), v.value.clone()))
             })
             .collect();
         dirty.sort_unstable_by(|a, b| a.0.cmp(&b.0));
@@ -228,11 +328,14 @@ impl Prewrite {
     pub(crate) fn written(&mut self, hw: i64, bytes_max: u64) {
         self.flushed = self.flushed.max(hw);
         let evict = self.bytes > bytes_max || self.node_over();
-        let mut bytes = 0u64;
+        if evict {
+            self.images.clear();
+        }
+        let mut bytes = self.images.bytes;
         let mut staged = 0u64;
         self.rows.retain(|key, versions| {
             if evict {
-                versions.retain(|(offset, _)| *offset >= hw);
+                versions.retain(|v| v.offset >= hw);
             } else {
                 collapse(versions, hw);
             }
@@ -240,10 +343,10 @@ impl Prewrite {
                 return false;
             }
             bytes += KEY_OVERHEAD + key.len() as u64;
-            for (offset, value) in versions.iter() {
-                bytes += version_bytes(value);
-                if *offset >= hw {
-                    staged += version_bytes(value);
+            for v in versions.iter() {
+                bytes += version_bytes(&v.value);
+                if v.offset >= hw {
+                    staged += version_bytes(&v.value);
                 }
             }
             true
@@ -255,6 +358,7 @@ impl Prewrite {
     /// Drops everything (a failed tablet).
     pub(crate) fn clear(&mut self) {
         self.rows.clear();
+        self.images.clear();
         self.set_bytes(0);
         self.staged_since_write = 0;
     }
@@ -264,9 +368,9 @@ impl Prewrite {
 /// dropped.
 fn collapse(versions: &mut Versions, hw: i64) -> u64 {
     let mut dropped = 0;
-    while versions.len() >= 2 && versions[1].0 < hw {
-        let (_, value) = versions.pop_front().expect("two versions");
-        dropped += version_bytes(&value);
+    while versions.len() >= 2 && versions[1].offset < hw {
+        let dropped_version = versions.pop_front().expect("two versions");
+        dropped += version_bytes(&dropped_version.value);
     }
     dropped
 }
@@ -275,20 +379,25 @@ fn collapse(versions: &mut Versions, hw: i64) -> u64 {
 mod tests {
     use super::*;
 
-    fn row(n: u8) -> Option<Vec<u8>> {
-        Some(vec![n; 10])
+    fn row(n: u8) -> Option<Bytes> {
+        Some(Bytes::from(vec![n; 10]))
+    }
+
+    /// One version of one key, without an image.
+    fn stage(p: &mut Prewrite, key: &[u8], value: Option<Bytes>, offset: i64, hw: i64) {
+        p.stage([(key.to_vec(), value, None)], offset, hw);
     }
 
     #[test]
     fn a_key_keeps_only_its_newest_durable_version() {
         let mut p = Prewrite::default();
-        p.stage([(b"k".to_vec(), row(1))], 5, 0);
-        p.stage([(b"k".to_vec(), row(2))], 7, 6);
+        stage(&mut p, b"k", row(1), 5, 0);
+        stage(&mut p, b"k", row(2), 7, 6);
         // 5 is durable but 7 is not: both stay (a lookup at 6 needs 5).
         assert_eq!(p.get(b"k").unwrap().len(), 2);
-        p.stage([(b"k".to_vec(), row(3))], 9, 8);
+        stage(&mut p, b"k", row(3), 9, 8);
         // 7 is durable now: 5 is superseded.
-        let offsets: Vec<i64> = p.get(b"k").unwrap().iter().map(|(o, _)| *o).collect();
+        let offsets: Vec<i64> = p.get(b"k").unwrap().iter().map(|v| v.offset).collect();
         assert_eq!(offsets, vec![7, 9]);
         assert_eq!(p.visible(b"k", 8), Some(row(2)));
         assert_eq!(p.visible(b"k", 7), None);
@@ -304,9 +413,9 @@ mod tests {
         let mut p = Prewrite::default();
         let budget = WriteBackBudget::new(u64::MAX);
         p.set_budget(budget.clone());
-        p.stage([(b"a".to_vec(), row(1))], 1, 0);
-        p.stage([(b"b".to_vec(), None)], 2, 0);
-        p.stage([(b"c".to_vec(), row(3))], 3, 0);
+        stage(&mut p, b"a", row(1), 1, 0);
+        stage(&mut p, b"b", None, 2, 0);
+        stage(&mut p, b"c", row(3), 3, 0);
         assert_eq!(budget.used(), p.bytes());
         assert_eq!(
             p.dirty(3),
@@ -329,11 +438,11 @@ mod tests {
     fn buffers_count_against_their_node_and_give_back_when_dropped() {
         let budget = WriteBackBudget::new(150);
         let mut a = Prewrite::default();
-        a.stage([(b"a".to_vec(), row(1))], 1, 0);
+        stage(&mut a, b"a", row(1), 1, 0);
         a.set_budget(budget.clone());
         let mut b = Prewrite::default();
         b.set_budget(budget.clone());
-        b.stage([(b"b".to_vec(), row(2))], 1, 0);
+        stage(&mut b, b"b", row(2), 1, 0);
         assert_eq!(budget.used(), a.bytes() + b.bytes());
         assert!(budget.over(), "{} bytes", budget.used());
         // A buffer past the node's bound lets its written rows go, whatever its own.
@@ -341,6 +450,63 @@ mod tests {
         assert_eq!(a.bytes(), 0);
         assert!(!budget.over());
         drop(b);
+        assert_eq!(budget.used(), 0);
+    }
+
+    fn batch(rows: i64) -> RecordBatch {
+        let ids = arrow::array::Int64Array::from_iter_values(0..rows);
+        RecordBatch::try_from_iter([("id", Arc::new(ids) as arrow::array::ArrayRef)]).unwrap()
+    }
+
+    #[test]
+    fn image_batches_are_bounded_counted_and_let_go_under_pressure() {
+        let mut p = Prewrite::default();
+        let budget = WriteBackBudget::new(u64::MAX);
+        p.set_budget(budget.clone());
+        let size = batch(100).get_array_memory_size() as u64;
+        // Room for two batches: the third pushes the first out.
+        let max = 2 * size + size / 2;
+        let first = p.keep_images(1, batch(100), max).unwrap();
+        let second = p.keep_images(1, batch(100), max).unwrap();
+        assert_eq!(p.bytes(), 2 * size);
+        let third = p.keep_images(1, batch(100), max).unwrap();
+        assert!(first < second && second < third);
+        assert!(p.image_batch(first, 1).is_none(), "the oldest left");
+        assert_eq!(p.image_batch(third, 1).unwrap().num_rows(), 100);
+        // Of another schema (the table was altered since): no image.
+        assert!(p.image_batch(third, 2).is_none());
+        assert!(p.image_batch(third + 1, 1).is_none());
+        // A batch bigger than the bound is not kept at all.
+        assert_eq!(p.keep_images(1, batch(1000), max), None);
+        assert_eq!(p.bytes(), 2 * size);
+        assert_eq!(budget.used(), p.bytes());
+        p.stage(
+            [(
+                b"k".to_vec(),
+                row(1),
+                Some(ImageRef {
+                    batch: third,
+                    row: 7,
+                }),
+            )],
+            1,
+            0,
+        );
+        assert_eq!(p.get(b"k").unwrap()[0].image.unwrap().row, 7);
+        // Below the bound, a store write keeps the batches.
+        p.written(2, u64::MAX);
+        assert!(p.image_batch(third, 1).is_some());
+        assert_eq!(
+            p.bytes(),
+            2 * size + KEY_OVERHEAD + 1 + VERSION_OVERHEAD + 10
+        );
+        // Past it, they go with the clean rows.
+        p.written(2, 0);
+        assert!(p.image_batch(third, 1).is_none());
+        assert_eq!((p.bytes(), budget.used()), (0, 0));
+        // A failed tablet's buffer drops them too.
+        p.keep_images(1, batch(100), max).unwrap();
+        p.clear();
         assert_eq!(budget.used(), 0);
     }
 }

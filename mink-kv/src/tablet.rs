@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use arrow::array::RecordBatch;
 use arrow::compute::interleave_record_batch;
+use bytes::Bytes;
 use mink_log::{AppendRequest, Appended, LogTablet};
 use mink_types::{
     ChangeType, ChangelogImage, DeleteBehavior, KeyEncoder, MinkError, Result, Schema, SchemaId,
@@ -27,7 +28,7 @@ use rustc_hash::FxBuildHasher;
 
 use crate::config::DEFAULT_WRITE_BACK_BYTES;
 use crate::merge::{Decision, Merger, target_mask};
-use crate::prewrite::{Prewrite, WriteBackBudget};
+use crate::prewrite::{ImageRef, Prewrite, WriteBackBudget};
 use crate::recovery::{self, RecoveryStart};
 use crate::row::{
     Row, decode_row, encode_row, encode_row_at, row_schema_id, rows_of, rows_to_batch,
@@ -102,8 +103,31 @@ type Prepared = (Option<Vec<bool>>, Vec<bool>, Vec<Vec<u8>>, Schema);
 struct Merged {
     change_types: Vec<ChangeType>,
     batch: Option<RecordBatch>,
-    staged: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    /// Each key's new stored value and, with `images`, the row of `images` it is.
+    staged: Vec<(Vec<u8>, Option<Bytes>, Option<u32>)>,
+    /// The rows the staged values were encoded from, of the table's schema, kept for
+    /// the `-U` images of later updates ([`Prewrite::keep_images`]).
+    images: Option<RecordBatch>,
 }
+
+/// A key's value as a `last_row` merge goes ([`KvTablet::merge_last_row`]): the
+/// newest stored or staged bytes, where that row sits among the merge's sources, and
+/// whether this Put changed it.
+struct Slot {
+    value: Option<Bytes>,
+    /// `(source, row)`, if the row sits in a batch at hand.
+    image: Option<(usize, usize)>,
+    changed: bool,
+    /// The row of the batch whose key this is (the first with it).
+    row: usize,
+}
+
+type Slots<'k> = HashMap<&'k [u8], Slot, FxBuildHasher>;
+
+/// The sources of a `last_row` merge's changelog: the old rows it decoded, the Put's
+/// batch, then the kept batches old rows sit in.
+const DECODED: usize = 0;
+const NEW: usize = 1;
 
 /// What decides how a Put is merged ([`merge_path`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -378,7 +402,7 @@ impl KvTablet {
         let staged = self
             .prewrite()
             .get(key)
-            .and_then(|versions| versions.back().map(|(_, v)| v.clone()));
+            .and_then(|versions| versions.back().map(|v| v.value.clone()));
         self.buffered_or_stored(key, staged)
     }
 
@@ -387,11 +411,7 @@ impl KvTablet {
     /// writes the store before versions leave the buffer, so a version read there is
     /// in the store or still there; read the other way round, a flush in between
     /// could leave only the store's older version.
-    fn buffered_or_stored(
-        &self,
-        key: &[u8],
-        staged: Option<Option<Vec<u8>>>,
-    ) -> Result<Option<Row>> {
+    fn buffered_or_stored(&self, key: &[u8], staged: Option<Option<Bytes>>) -> Result<Option<Row>> {
         match staged {
             Some(Some(bytes)) => Ok(Some(self.decode(&bytes)?)),
             Some(None) => Ok(None),
@@ -576,36 +596,28 @@ impl KvTablet {
         };
         let staged = staged
             .into_iter()
-            .map(|(key, new)| (key, new.map(|(_, encoded)| encoded)))
+            .map(|(key, new)| (key, new.map(|(_, encoded)| Bytes::from(encoded)), None))
             .collect();
         Ok(Merged {
             change_types: changes.into_iter().map(|(c, _)| c).collect(),
             batch,
             staged,
+            images: None,
         })
     }
 
-    /// The merge of a `last_row` Put of full rows without deletes, column-wise: each new
-    /// row is encoded for the store straight from the arrays and compared with the old
-    /// value as bytes; the old values come from the prewrite buffer or from one batched
-    /// store read; only the old rows of updates are decoded (for their `-U` images);
-    /// the changelog is interleaved from those and the batch itself by Arrow kernels.
-    fn merge_last_row(
+    /// The old values of a `last_row` merge's keys ([`KvTablet::merge_last_row`]):
+    /// from the prewrite buffer, with where each sits in a kept batch (returned, in
+    /// source order after [`NEW`]), then from one batched store read.
+    fn old_values<'k>(
         &self,
-        batch: &RecordBatch,
-        keys: Vec<Vec<u8>>,
+        keys: &'k [Vec<u8>],
         schema: &Schema,
-    ) -> Result<Merged> {
-        /// A key's value as the merge goes: the newest stored or staged bytes, and
-        /// whether this Put changed it.
-        struct Slot {
-            value: Option<Vec<u8>>,
-            changed: bool,
-            /// The row of the batch whose key this is (the first with it).
-            row: usize,
-        }
-        let mut slots: HashMap<&[u8], Slot, FxBuildHasher> =
-            HashMap::with_capacity_and_hasher(keys.len(), FxBuildHasher);
+    ) -> Result<(Slots<'k>, Vec<RecordBatch>)> {
+        let mut kept: Vec<RecordBatch> = Vec::new();
+        // A kept batch's generation: its source, or `None` once the buffer let it go.
+        let mut source_of: HashMap<u64, Option<usize>, FxBuildHasher> = HashMap::default();
+        let mut slots: Slots<'k> = HashMap::with_capacity_and_hasher(keys.len(), FxBuildHasher);
         let mut unstaged: Vec<Vec<u8>> = Vec::new();
         {
             let prewrite = self.prewrite();
@@ -613,17 +625,28 @@ impl KvTablet {
                 if slots.contains_key(key.as_slice()) {
                     continue;
                 }
-                let value = match prewrite.get(key).and_then(|v| v.back()) {
-                    Some((_, v)) => v.clone(),
+                let (value, image) = match prewrite.get(key).and_then(|v| v.back()) {
+                    Some(version) => {
+                        let image = version.image.and_then(|image| {
+                            let source = source_of.entry(image.batch).or_insert_with(|| {
+                                let batch = prewrite.image_batch(image.batch, schema.schema_id)?;
+                                kept.push(batch.clone());
+                                Some(NEW + kept.len())
+                            });
+                            source.map(|source| (source, image.row as usize))
+                        });
+                        (version.value.clone(), image)
+                    }
                     None => {
                         unstaged.push(key.clone());
-                        None
+                        (None, None)
                     }
                 };
                 slots.insert(
                     key,
                     Slot {
                         value,
+                        image,
                         changed: false,
                         row,
                     },
@@ -635,10 +658,27 @@ impl KvTablet {
             unstaged.sort_unstable();
             for (key, value) in unstaged.iter().zip(self.inner.store.multi_get(&unstaged)?) {
                 if let Some(slot) = slots.get_mut(key.as_slice()) {
-                    slot.value = value;
+                    slot.value = value.map(Bytes::from);
                 }
             }
         }
+        Ok((slots, kept))
+    }
+
+    /// The merge of a `last_row` Put of full rows without deletes, column-wise: each new
+    /// row is encoded for the store straight from the arrays and compared with the old
+    /// value as bytes; the old values come from the prewrite buffer or from one batched
+    /// store read. An update's `-U` image is its old row where that sits in a recent
+    /// Put's batch (kept by the buffer, [`Prewrite::keep_images`]) or earlier in this
+    /// one; only old rows found in neither are decoded. The changelog is interleaved
+    /// from those batches by Arrow kernels.
+    fn merge_last_row(
+        &self,
+        batch: &RecordBatch,
+        keys: Vec<Vec<u8>>,
+        schema: &Schema,
+    ) -> Result<Merged> {
+        let (mut slots, kept) = self.old_values(&keys, schema)?;
         let values = ValueEncoder::new(batch)?;
         let mut olds: Vec<Row> = Vec::new();
         let mut change_types = Vec::new();
@@ -652,55 +692,70 @@ impl KvTablet {
             match &slot.value {
                 None => {
                     change_types.push(ChangeType::Insert);
-                    indices.push((1, r));
+                    indices.push((NEW, r));
                 }
                 Some(old) if *old == encoded => continue,
                 Some(old) => {
-                    let old = self.decode(old)?;
-                    // A row stored under an older schema differs in bytes, not always
-                    // in value: compare it encoded under the current one.
-                    if row_schema_id(slot.value.as_deref().unwrap_or_default())? != schema.schema_id
-                        && encode_row(schema, &old)? == encoded
-                    {
-                        continue;
-                    }
-                    olds.push(old);
+                    let before = match slot.image {
+                        // Encoded from that row under this schema: no decoding.
+                        Some(image) => image,
+                        None => {
+                            let old_row = self.decode(old)?;
+                            // A row stored under an older schema differs in bytes, not
+                            // always in value: compare it encoded under the current one.
+                            if row_schema_id(old)? != schema.schema_id
+                                && encode_row(schema, &old_row)? == encoded
+                            {
+                                continue;
+                            }
+                            olds.push(old_row);
+                            (DECODED, olds.len() - 1)
+                        }
+                    };
                     change_types.push(ChangeType::UpdateBefore);
-                    indices.push((0, olds.len() - 1));
+                    indices.push(before);
                     change_types.push(ChangeType::UpdateAfter);
-                    indices.push((1, r));
+                    indices.push((NEW, r));
                 }
             }
             // Moved, not copied; the next row encodes into a buffer of this one's size.
             let size = encoded.len();
-            slot.value = Some(std::mem::replace(&mut encoded, Vec::with_capacity(size)));
+            slot.value = Some(Bytes::from(std::mem::replace(
+                &mut encoded,
+                Vec::with_capacity(size),
+            )));
+            slot.image = Some((NEW, r));
             slot.changed = true;
         }
-        let batch = if indices.is_empty() {
-            None
-        } else {
-            let old_images = rows_to_batch(schema, &olds.iter().collect::<Vec<_>>())?;
-            let new_images = RecordBatch::try_new(schema.to_arrow(), batch.columns().to_vec())?;
-            Some(interleave_record_batch(
-                &[&old_images, &new_images],
-                &indices,
-            )?)
-        };
-        let changed: Vec<(usize, Option<Vec<u8>>)> = slots
+        if indices.is_empty() {
+            return Ok(Merged {
+                change_types,
+                batch: None,
+                staged: Vec::new(),
+                images: None,
+            });
+        }
+        let new_images = RecordBatch::try_new(schema.to_arrow(), batch.columns().to_vec())?;
+        let old_images = rows_to_batch(schema, &olds.iter().collect::<Vec<_>>())?;
+        let mut sources = vec![&old_images, &new_images];
+        sources.extend(&kept);
+        let changelog = interleave_record_batch(&sources, &indices)?;
+        let changed: Vec<(usize, Option<Bytes>, Option<u32>)> = slots
             .into_values()
             .filter(|slot| slot.changed)
-            .map(|slot| (slot.row, slot.value))
+            .map(|slot| (slot.row, slot.value, slot.image.map(|(_, row)| row as u32)))
             .collect();
         // The keys move into the buffer, not copied.
         let mut keys = keys;
         let staged = changed
             .into_iter()
-            .map(|(row, value)| (std::mem::take(&mut keys[row]), value))
+            .map(|(row, value, image)| (std::mem::take(&mut keys[row]), value, image))
             .collect();
         Ok(Merged {
             change_types,
-            batch,
+            batch: Some(changelog),
             staged,
+            images: Some(new_images),
         })
     }
 
@@ -727,7 +782,11 @@ impl KvTablet {
                 schema.to_arrow(),
                 batch.columns().to_vec(),
             )?),
-            staged: latest.into_iter().map(|(k, v)| (k, Some(v))).collect(),
+            staged: latest
+                .into_iter()
+                .map(|(k, v)| (k, Some(Bytes::from(v)), None))
+                .collect(),
+            images: None,
         })
     }
 
@@ -867,6 +926,7 @@ impl KvTablet {
             change_types,
             batch,
             staged,
+            images,
         } = merged;
         // No flush between the submit (offsets) and the staging below.
         let flushes = self.inner.flushes.lock().await;
@@ -918,6 +978,17 @@ impl KvTablet {
         let (_, last_offset) = submitted.offsets();
         let mut prewrite = self.prewrite();
         let hw = self.high_watermark_under(&prewrite);
+        // A quarter of the buffer's bound may hold the batches its `-U` images come
+        // from; rows staged from a batch that does not fit have none.
+        let generation = images.and_then(|images| {
+            prewrite.keep_images(schema.schema_id, images, self.write_back_bytes() / 4)
+        });
+        let staged = staged.into_iter().map(|(key, value, row)| {
+            let image = generation
+                .zip(row)
+                .map(|(batch, row)| ImageRef { batch, row });
+            (key, value, image)
+        });
         prewrite.stage(staged, last_offset, hw);
         drop(prewrite);
         drop(flushes);
@@ -961,7 +1032,11 @@ impl KvTablet {
                 schema.to_arrow(),
                 batch.columns().to_vec(),
             )?),
-            staged: latest.into_iter().collect(),
+            staged: latest
+                .into_iter()
+                .map(|(k, v)| (k, v.map(Bytes::from), None))
+                .collect(),
+            images: None,
         })
     }
 
@@ -1033,7 +1108,7 @@ impl KvTablet {
         }
         .into_iter()
         .map(|(key, value)| match value {
-            Some(bytes) => KvOp::Put(key, bytes),
+            Some(bytes) => KvOp::Put(key, bytes.to_vec()),
             None => KvOp::Delete(key),
         })
         .collect();
@@ -1211,7 +1286,7 @@ impl KvTablet {
         }
         // Every key's newest version below the high watermark (acknowledged), from
         // the buffer, then from the store for the keys it lacks.
-        let staged: Vec<Option<Option<Vec<u8>>>> = {
+        let staged: Vec<Option<Option<Bytes>>> = {
             let prewrite = self.prewrite();
             // Under the buffer's lock: a failure emptied it, and the store alone may
             // be older than acknowledged Puts (see `flush`).
@@ -1242,7 +1317,7 @@ impl KvTablet {
         self.check_readable()?;
         let schema = self.table().descriptor.schema.clone();
         // The buffer before the store (see `buffered_or_stored`).
-        let staged: Vec<(Vec<u8>, Option<Vec<u8>>)> = {
+        let staged: Vec<(Vec<u8>, Option<Bytes>)> = {
             let prewrite = self.prewrite();
             self.check_readable()?;
             let hw = self.high_watermark_under(&prewrite);
@@ -1250,12 +1325,12 @@ impl KvTablet {
         };
         // Only a staged delete can take one of the store's first `limit` rows away.
         let deletes = staged.iter().filter(|(_, v)| v.is_none()).count();
-        let mut merged: BTreeMap<Vec<u8>, Option<Vec<u8>>> = self
+        let mut merged: BTreeMap<Vec<u8>, Option<Bytes>> = self
             .inner
             .store
             .prefix(prefix, limit.saturating_add(deletes))?
             .into_iter()
-            .map(|(k, v)| (k, Some(v)))
+            .map(|(k, v)| (k, Some(Bytes::from(v))))
             .collect();
         merged.extend(staged);
         let rows: Vec<Row> = merged
