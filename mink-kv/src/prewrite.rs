@@ -23,7 +23,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use arrow::array::RecordBatch;
-use bytes::Bytes;
 use mink_types::SchemaId;
 use rustc_hash::FxBuildHasher;
 
@@ -72,6 +71,9 @@ impl WriteBackBudget {
     }
 }
 
+/// A stored row as the buffer holds it: shared, so that reading an old row is no copy.
+pub(crate) type Stored = Arc<[u8]>;
+
 /// Where a version's row sits in a recent Put's batch: the batch's generation in
 /// [`Images`] and the row's index in it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,7 +88,7 @@ pub(crate) struct Version {
     /// Its offset in the changelog.
     pub(crate) offset: i64,
     /// Its stored row; `None` for a delete.
-    pub(crate) value: Option<Bytes>,
+    pub(crate) value: Option<Stored>,
     /// The same row in a recent Put's batch, if it came from one.
     pub(crate) image: Option<ImageRef>,
 }
@@ -114,12 +116,7 @@ impl Images {
         if size > max {
             return None;
         }
-        while self.bytes + size > max {
-            let Some((_, _, _, freed)) = self.batches.pop_front() else {
-                break;
-            };
-            self.bytes -= freed;
-        }
+        self.shrink_to(max - size);
         let generation = self.next;
         self.next += 1;
         self.batches.push_back((generation, schema_id, batch, size));
@@ -136,9 +133,14 @@ impl Images {
         (*id == schema_id).then_some(batch)
     }
 
-    fn clear(&mut self) {
-        self.batches.clear();
-        self.bytes = 0;
+    /// Lets the oldest batches go until they hold at most `max` bytes.
+    fn shrink_to(&mut self, max: u64) {
+        while self.bytes > max {
+            let Some((_, _, _, freed)) = self.batches.pop_front() else {
+                break;
+            };
+            self.bytes -= freed;
+        }
     }
 }
 
@@ -147,7 +149,7 @@ const KEY_OVERHEAD: u64 = 64;
 /// What a version costs beyond its row's bytes.
 const VERSION_OVERHEAD: u64 = 32;
 
-fn version_bytes(value: &Option<Bytes>) -> u64 {
+fn version_bytes(value: &Option<Stored>) -> u64 {
     VERSION_OVERHEAD + value.as_ref().map_or(0, |v| v.len() as u64)
 }
 
@@ -181,7 +183,7 @@ impl Prewrite {
     }
 
     /// The newest version of `key` below `hw`: `Some(None)` a delete, `None` none here.
-    pub(crate) fn visible(&self, key: &[u8], hw: i64) -> Option<Option<Bytes>> {
+    pub(crate) fn visible(&self, key: &[u8], hw: i64) -> Option<Option<Stored>> {
         self.rows
             .get(key)?
             .iter()
@@ -196,8 +198,8 @@ impl Prewrite {
         &self,
         prefix: &[u8],
         hw: i64,
-    ) -> Vec<(Vec<u8>, Option<Bytes>)> {
-        let mut found: Vec<(Vec<u8>, Option<Bytes>)> = self
+    ) -> Vec<(Vec<u8>, Option<Stored>)> {
+        let mut found: Vec<(Vec<u8>, Option<Stored>)> = self
             .rows
             .iter()
             .filter(|(key, _)| key.starts_with(prefix))
@@ -212,6 +214,12 @@ impl Prewrite {
 
     pub(crate) fn bytes(&self) -> u64 {
         self.bytes
+    }
+
+    /// What the keys and rows hold, without the kept batches: what the buffer's bound
+    /// is for.
+    pub(crate) fn rows_bytes(&self) -> u64 {
+        self.bytes - self.images.bytes
     }
 
     /// Counts this buffer against `budget` from now on.
@@ -271,6 +279,20 @@ impl Prewrite {
         generation
     }
 
+    /// Lets kept batches go, oldest first, until the buffer holds at most `bound`; all
+    /// of them while the node's buffers are past their bound. They go first, before
+    /// any row, and need no store write.
+    pub(crate) fn shed_images(&mut self, bound: u64) {
+        let room = if self.node_over() {
+            0
+        } else {
+            bound.saturating_sub(self.rows_bytes())
+        };
+        let rows = self.rows_bytes();
+        self.images.shrink_to(room);
+        self.set_bytes(rows + self.images.bytes);
+    }
+
     /// The batch an [`ImageRef`] of generation `generation` points into, if it is
     /// still kept and of schema `schema_id`.
     pub(crate) fn image_batch(&self, generation: u64, schema_id: SchemaId) -> Option<&RecordBatch> {
@@ -283,7 +305,7 @@ impl Prewrite {
     /// at least as high, so it never needs a dropped version.
     pub(crate) fn stage<I>(&mut self, rows: I, offset: i64, hw: i64)
     where
-        I: IntoIterator<Item = (Vec<u8>, Option<Bytes>, Option<ImageRef>)>,
+        I: IntoIterator<Item = (Vec<u8>, Option<Stored>, Option<ImageRef>)>,
     {
         let mut bytes = self.bytes;
         for (key, value, image) in rows {
@@ -308,9 +330,9 @@ impl Prewrite {
     /// The store write of a flush at `hw`: each key's newest version below `hw` that
     /// the store does not have yet (at or above the last write's high watermark).
     /// In key order (a B-tree store writes sorted keys faster).
-    pub(crate) fn dirty(&self, hw: i64) -> Vec<(Vec<u8>, Option<Bytes>)> {
+    pub(crate) fn dirty(&self, hw: i64) -> Vec<(Vec<u8>, Option<Stored>)> {
         let flushed = self.flushed;
-        let mut dirty: Vec<(Vec<u8>, Option<Bytes>)> = self
+        let mut dirty: Vec<(Vec<u8>, Option<Stored>)> = self
             .rows
             .iter()
             .filter_map(|(key, versions)| {
@@ -323,14 +345,13 @@ impl Prewrite {
     }
 
     /// After the store took everything below `hw`: each key keeps its newest version
-    /// below it (now clean) while the buffer holds at most `bytes_max`; past that,
-    /// every version below `hw` leaves. Versions at or above `hw` stay.
+    /// below it (now clean) while the buffer holds at most `bytes_max`; past that, the
+    /// kept batches leave first ([`Prewrite::shed_images`]), then, if the rows alone are
+    /// still past it, every version below `hw`. Versions at or above `hw` stay.
     pub(crate) fn written(&mut self, hw: i64, bytes_max: u64) {
         self.flushed = self.flushed.max(hw);
+        self.shed_images(bytes_max);
         let evict = self.bytes > bytes_max || self.node_over();
-        if evict {
-            self.images.clear();
-        }
         let mut bytes = self.images.bytes;
         let mut staged = 0u64;
         self.rows.retain(|key, versions| {
@@ -358,7 +379,7 @@ impl Prewrite {
     /// Drops everything (a failed tablet).
     pub(crate) fn clear(&mut self) {
         self.rows.clear();
-        self.images.clear();
+        self.images.shrink_to(0);
         self.set_bytes(0);
         self.staged_since_write = 0;
     }
@@ -379,12 +400,12 @@ fn collapse(versions: &mut Versions, hw: i64) -> u64 {
 mod tests {
     use super::*;
 
-    fn row(n: u8) -> Option<Bytes> {
-        Some(Bytes::from(vec![n; 10]))
+    fn row(n: u8) -> Option<Stored> {
+        Some(Stored::from(vec![n; 10]))
     }
 
     /// One version of one key, without an image.
-    fn stage(p: &mut Prewrite, key: &[u8], value: Option<Bytes>, offset: i64, hw: i64) {
+    fn stage(p: &mut Prewrite, key: &[u8], value: Option<Stored>, offset: i64, hw: i64) {
         p.stage([(key.to_vec(), value, None)], offset, hw);
     }
 
@@ -500,7 +521,21 @@ mod tests {
             p.bytes(),
             2 * size + KEY_OVERHEAD + 1 + VERSION_OVERHEAD + 10
         );
-        // Past it, they go with the clean rows.
+        // Past the bound, the batches go first: the rows stay while they alone fit.
+        let rows = p.rows_bytes();
+        p.written(2, rows + size);
+        assert_eq!(p.bytes(), rows + size, "the older batch left");
+        assert!(p.image_batch(second, 1).is_none() && p.image_batch(third, 1).is_some());
+        assert_eq!(p.visible(b"k", 10), Some(row(1)), "the clean row stayed");
+        // With the node's buffers past theirs, every batch goes, without a store write.
+        let tight = WriteBackBudget::new(p.bytes() - 1);
+        p.set_budget(tight.clone());
+        p.shed_images(u64::MAX);
+        assert_eq!((p.bytes(), tight.used()), (rows, rows));
+        assert_eq!(p.visible(b"k", 10), Some(row(1)));
+        p.set_budget(budget.clone());
+        p.keep_images(1, batch(100), max).unwrap();
+        // Past it with the rows alone, everything the store has leaves.
         p.written(2, 0);
         assert!(p.image_batch(third, 1).is_none());
         assert_eq!((p.bytes(), budget.used()), (0, 0));

@@ -17,8 +17,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use arrow::array::RecordBatch;
-use arrow::compute::interleave_record_batch;
-use bytes::Bytes;
+use arrow::array::UInt32Array;
+use arrow::compute::{interleave_record_batch, take_record_batch};
 use mink_log::{AppendRequest, Appended, LogTablet};
 use mink_types::{
     ChangeType, ChangelogImage, DeleteBehavior, KeyEncoder, MinkError, Result, Schema, SchemaId,
@@ -28,7 +28,7 @@ use rustc_hash::FxBuildHasher;
 
 use crate::config::DEFAULT_WRITE_BACK_BYTES;
 use crate::merge::{Decision, Merger, target_mask};
-use crate::prewrite::{ImageRef, Prewrite, WriteBackBudget};
+use crate::prewrite::{ImageRef, Prewrite, Stored, WriteBackBudget};
 use crate::recovery::{self, RecoveryStart};
 use crate::row::{
     Row, decode_row, encode_row, encode_row_at, row_schema_id, rows_of, rows_to_batch,
@@ -104,7 +104,7 @@ struct Merged {
     change_types: Vec<ChangeType>,
     batch: Option<RecordBatch>,
     /// Each key's new stored value and, with `images`, the row of `images` it is.
-    staged: Vec<(Vec<u8>, Option<Bytes>, Option<u32>)>,
+    staged: Vec<(Vec<u8>, Option<Stored>, Option<u32>)>,
     /// The rows the staged values were encoded from, of the table's schema, kept for
     /// the `-U` images of later updates ([`Prewrite::keep_images`]).
     images: Option<RecordBatch>,
@@ -114,7 +114,7 @@ struct Merged {
 /// newest stored or staged bytes, where that row sits among the merge's sources, and
 /// whether this Put changed it.
 struct Slot {
-    value: Option<Bytes>,
+    value: Option<Stored>,
     /// `(source, row)`, if the row sits in a batch at hand.
     image: Option<(usize, usize)>,
     changed: bool,
@@ -383,8 +383,9 @@ impl KvTablet {
         Ok(())
     }
 
-    /// Decodes a stored row into the current schema.
-    fn decode(&self, bytes: &[u8]) -> Result<Row> {
+    /// Decodes a stored row into schema `current` (the caller's view of the table's
+    /// schema: an `alter_table` may land while it works).
+    fn decode(&self, bytes: &[u8], current: &Schema) -> Result<Row> {
         let table = self.table();
         let id = row_schema_id(bytes)?;
         let written = table.schemas.get(&id).ok_or_else(|| {
@@ -393,17 +394,17 @@ impl KvTablet {
                 self.inner.bucket
             ))
         })?;
-        decode_row(bytes, written, &table.descriptor.schema)
+        decode_row(bytes, written, current)
     }
 
     /// The newest version of `key`, staged or not: the prewrite buffer's, then the
     /// store's (the merges' read, under the put lock).
-    fn current(&self, key: &[u8]) -> Result<Option<Row>> {
+    fn current(&self, key: &[u8], schema: &Schema) -> Result<Option<Row>> {
         let staged = self
             .prewrite()
             .get(key)
             .and_then(|versions| versions.back().map(|v| v.value.clone()));
-        self.buffered_or_stored(key, staged)
+        self.buffered_or_stored(key, staged, schema)
     }
 
     /// A key's row from what the prewrite buffer held of it (`Some(None)`: deleted;
@@ -411,12 +412,17 @@ impl KvTablet {
     /// writes the store before versions leave the buffer, so a version read there is
     /// in the store or still there; read the other way round, a flush in between
     /// could leave only the store's older version.
-    fn buffered_or_stored(&self, key: &[u8], staged: Option<Option<Bytes>>) -> Result<Option<Row>> {
+    fn buffered_or_stored(
+        &self,
+        key: &[u8],
+        staged: Option<Option<Stored>>,
+        schema: &Schema,
+    ) -> Result<Option<Row>> {
         match staged {
-            Some(Some(bytes)) => Ok(Some(self.decode(&bytes)?)),
+            Some(Some(bytes)) => Ok(Some(self.decode(&bytes, schema)?)),
             Some(None) => Ok(None),
             None => match self.inner.store.get(key)? {
-                Some(bytes) => Ok(Some(self.decode(&bytes)?)),
+                Some(bytes) => Ok(Some(self.decode(&bytes, schema)?)),
                 None => Ok(None),
             },
         }
@@ -546,7 +552,7 @@ impl KvTablet {
             let (old, old_encoded) = match staged.get(&key) {
                 Some(Some((row, encoded))) => (Some(row.clone()), Some(encoded.clone())),
                 Some(None) => (None, None),
-                None => (self.current(&key)?, None),
+                None => (self.current(&key, schema)?, None),
             };
             let decision = if delete {
                 merger.delete(old.as_ref(), mask)
@@ -596,7 +602,7 @@ impl KvTablet {
         };
         let staged = staged
             .into_iter()
-            .map(|(key, new)| (key, new.map(|(_, encoded)| Bytes::from(encoded)), None))
+            .map(|(key, new)| (key, new.map(|(_, encoded)| Stored::from(encoded)), None))
             .collect();
         Ok(Merged {
             change_types: changes.into_iter().map(|(c, _)| c).collect(),
@@ -658,7 +664,7 @@ impl KvTablet {
             unstaged.sort_unstable();
             for (key, value) in unstaged.iter().zip(self.inner.store.multi_get(&unstaged)?) {
                 if let Some(slot) = slots.get_mut(key.as_slice()) {
-                    slot.value = value.map(Bytes::from);
+                    slot.value = value.map(Stored::from);
                 }
             }
         }
@@ -694,13 +700,13 @@ impl KvTablet {
                     change_types.push(ChangeType::Insert);
                     indices.push((NEW, r));
                 }
-                Some(old) if *old == encoded => continue,
+                Some(old) if **old == *encoded => continue,
                 Some(old) => {
                     let before = match slot.image {
                         // Encoded from that row under this schema: no decoding.
                         Some(image) => image,
                         None => {
-                            let old_row = self.decode(old)?;
+                            let old_row = self.decode(old, schema)?;
                             // A row stored under an older schema differs in bytes, not
                             // always in value: compare it encoded under the current one.
                             if row_schema_id(old)? != schema.schema_id
@@ -718,12 +724,7 @@ impl KvTablet {
                     indices.push((NEW, r));
                 }
             }
-            // Moved, not copied; the next row encodes into a buffer of this one's size.
-            let size = encoded.len();
-            slot.value = Some(Bytes::from(std::mem::replace(
-                &mut encoded,
-                Vec::with_capacity(size),
-            )));
+            slot.value = Some(Stored::from(encoded.as_slice()));
             slot.image = Some((NEW, r));
             slot.changed = true;
         }
@@ -740,17 +741,28 @@ impl KvTablet {
         let mut sources = vec![&old_images, &new_images];
         sources.extend(&kept);
         let changelog = interleave_record_batch(&sources, &indices)?;
-        let changed: Vec<(usize, Option<Bytes>, Option<u32>)> = slots
+        let changed: Vec<(usize, Option<Stored>, Option<usize>)> = slots
             .into_values()
             .filter(|slot| slot.changed)
-            .map(|slot| (slot.row, slot.value, slot.image.map(|(_, row)| row as u32)))
+            .map(|slot| (slot.row, slot.value, slot.image.map(|(_, row)| row)))
             .collect();
+        // The batch kept for later `-U` images holds only the staged rows, copied out
+        // of the request, whose buffers may be shared beyond this Put (a Flight body):
+        // what it holds is then what it is counted as.
+        let mut take: Vec<u32> = Vec::with_capacity(changed.len());
         // The keys move into the buffer, not copied.
         let mut keys = keys;
         let staged = changed
             .into_iter()
-            .map(|(row, value, image)| (std::mem::take(&mut keys[row]), value, image))
+            .map(|(row, value, image)| {
+                let image = image.and_then(|r| u32::try_from(r).ok()).and_then(|r| {
+                    take.push(r);
+                    u32::try_from(take.len() - 1).ok()
+                });
+                (std::mem::take(&mut keys[row]), value, image)
+            })
             .collect();
+        let new_images = take_record_batch(&new_images, &UInt32Array::from(take))?;
         Ok(Merged {
             change_types,
             batch: Some(changelog),
@@ -784,7 +796,7 @@ impl KvTablet {
             )?),
             staged: latest
                 .into_iter()
-                .map(|(k, v)| (k, Some(Bytes::from(v)), None))
+                .map(|(k, v)| (k, Some(Stored::from(v)), None))
                 .collect(),
             images: None,
         })
@@ -990,6 +1002,7 @@ impl KvTablet {
             (key, value, image)
         });
         prewrite.stage(staged, last_offset, hw);
+        prewrite.shed_images(self.write_back_bytes());
         drop(prewrite);
         drop(flushes);
         Ok(PendingStep::Written(submitted))
@@ -1034,7 +1047,7 @@ impl KvTablet {
             )?),
             staged: latest
                 .into_iter()
-                .map(|(k, v)| (k, v.map(Bytes::from), None))
+                .map(|(k, v)| (k, v.map(Stored::from), None))
                 .collect(),
             images: None,
         })
@@ -1186,7 +1199,8 @@ impl KvTablet {
         };
         let full = {
             let prewrite = self.prewrite();
-            prewrite.bytes() > self.write_back_bytes().saturating_mul(2) || prewrite.node_over()
+            prewrite.rows_bytes() > self.write_back_bytes().saturating_mul(2)
+                || prewrite.node_over()
         };
         if !full {
             return Ok(());
@@ -1212,10 +1226,12 @@ impl KvTablet {
     async fn flush_if_due(&self) -> Result<()> {
         let bound = self.write_back_bytes();
         let (own, node) = {
-            let prewrite = self.prewrite();
+            let mut prewrite = self.prewrite();
+            // Kept batches go before rows do, and need no store write.
+            prewrite.shed_images(bound);
             (
-                prewrite.bytes() > bound || prewrite.staged_since_write() > bound,
-                prewrite.node_over() && prewrite.bytes() > 0,
+                prewrite.rows_bytes() > bound || prewrite.staged_since_write() > bound,
+                prewrite.node_over() && prewrite.rows_bytes() > 0,
             )
         };
         if !(own || node) || self.store_retry_later() {
@@ -1286,7 +1302,7 @@ impl KvTablet {
         }
         // Every key's newest version below the high watermark (acknowledged), from
         // the buffer, then from the store for the keys it lacks.
-        let staged: Vec<Option<Option<Bytes>>> = {
+        let staged: Vec<Option<Option<Stored>>> = {
             let prewrite = self.prewrite();
             // Under the buffer's lock: a failure emptied it, and the store alone may
             // be older than acknowledged Puts (see `flush`).
@@ -1300,7 +1316,7 @@ impl KvTablet {
         let mut found = Vec::new();
         let mut key_index = Vec::new();
         for (r, (key, staged)) in encoded.iter().zip(staged).enumerate() {
-            if let Some(row) = self.buffered_or_stored(key, staged)? {
+            if let Some(row) = self.buffered_or_stored(key, staged, &schema)? {
                 found.push(row);
                 key_index.push(r as u32);
             }
@@ -1317,7 +1333,7 @@ impl KvTablet {
         self.check_readable()?;
         let schema = self.table().descriptor.schema.clone();
         // The buffer before the store (see `buffered_or_stored`).
-        let staged: Vec<(Vec<u8>, Option<Bytes>)> = {
+        let staged: Vec<(Vec<u8>, Option<Stored>)> = {
             let prewrite = self.prewrite();
             self.check_readable()?;
             let hw = self.high_watermark_under(&prewrite);
@@ -1325,19 +1341,19 @@ impl KvTablet {
         };
         // Only a staged delete can take one of the store's first `limit` rows away.
         let deletes = staged.iter().filter(|(_, v)| v.is_none()).count();
-        let mut merged: BTreeMap<Vec<u8>, Option<Bytes>> = self
+        let mut merged: BTreeMap<Vec<u8>, Option<Stored>> = self
             .inner
             .store
             .prefix(prefix, limit.saturating_add(deletes))?
             .into_iter()
-            .map(|(k, v)| (k, Some(Bytes::from(v))))
+            .map(|(k, v)| (k, Some(Stored::from(v))))
             .collect();
         merged.extend(staged);
         let rows: Vec<Row> = merged
             .into_values()
             .flatten()
             .take(limit)
-            .map(|v| self.decode(&v))
+            .map(|v| self.decode(&v, &schema))
             .collect::<Result<_>>()?;
         rows_to_batch(&schema, &rows.iter().collect::<Vec<_>>())
     }
@@ -1408,7 +1424,7 @@ impl KvTablet {
                 let mut rows = Vec::new();
                 for pair in store.snapshot()? {
                     let (_, value) = pair?;
-                    rows.push(self.decode(&value)?);
+                    rows.push(self.decode(&value, &schema)?);
                     if rows.len() == crate::snapshot::SNAPSHOT_BATCH_ROWS {
                         batches.push(rows_to_batch(&schema, &rows.iter().collect::<Vec<_>>())?);
                         rows.clear();

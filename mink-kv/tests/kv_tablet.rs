@@ -681,9 +681,11 @@ async fn an_idle_bucket_gives_its_write_back_rows_up_to_a_busy_one(backend: KvBa
     assert!(budget.used() <= BOUND, "{} held", budget.used());
     let idle_rows: Vec<i64> = (0..n).collect();
     // The busy bucket's Puts push the node past it: each writes the store and lets its
-    // rows go, while the idle bucket keeps its own.
+    // rows go, while the idle bucket keeps its own. A busy Put's rows take about half
+    // the node's bound (a row holds ~130 bytes of the buffer): alone, they fit.
+    let busy_rows = (BOUND / 260) as i64;
     let busy_put = |round: i64| {
-        put(&(0..n)
+        put(&(0..busy_rows)
             .map(|i| (1000 + i, Some("busy"), Some(round)))
             .collect::<Vec<_>>())
     };
