@@ -2,10 +2,9 @@
 //! not hold, newest last, and (as a bounded write-back cache) durable versions that the
 //! store already holds.
 //!
-//! A version is its changelog offset, its stored row (`None` for a delete), shared so
-//! that the merge's read of an old row is no copy, and where the row sits in a recent
-//! Put's batch if it came from one ([`ImageRef`]): an update of the key then takes its
-//! `-U` image from that batch instead of decoding the stored row. Three kinds sit in
+//! A version is its changelog offset, its stored row (`None` for a delete), and where
+//! the row sits in a recent Put's batch if it came from one ([`ImageRef`]): an update of
+//! the key then takes its `-U` image from that batch instead of decoding the stored row. Three kinds sit in
 //! the buffer, told apart by offsets alone:
 //! - **staged**: at or above the log's high watermark, not yet durable;
 //! - **dirty**: below the high watermark (durable) and at or above `flushed`, the high
@@ -71,9 +70,6 @@ impl WriteBackBudget {
     }
 }
 
-/// A stored row as the buffer holds it: shared, so that reading an old row is no copy.
-pub(crate) type Stored = Arc<[u8]>;
-
 /// Where a version's row sits in a recent Put's batch: the batch's generation in
 /// [`Images`] and the row's index in it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,7 +84,7 @@ pub(crate) struct Version {
     /// Its offset in the changelog.
     pub(crate) offset: i64,
     /// Its stored row; `None` for a delete.
-    pub(crate) value: Option<Stored>,
+    pub(crate) value: Option<Vec<u8>>,
     /// The same row in a recent Put's batch, if it came from one.
     pub(crate) image: Option<ImageRef>,
 }
@@ -149,7 +145,7 @@ const KEY_OVERHEAD: u64 = 64;
 /// What a version costs beyond its row's bytes.
 const VERSION_OVERHEAD: u64 = 32;
 
-fn version_bytes(value: &Option<Stored>) -> u64 {
+fn version_bytes(value: &Option<Vec<u8>>) -> u64 {
     VERSION_OVERHEAD + value.as_ref().map_or(0, |v| v.len() as u64)
 }
 
@@ -183,7 +179,7 @@ impl Prewrite {
     }
 
     /// The newest version of `key` below `hw`: `Some(None)` a delete, `None` none here.
-    pub(crate) fn visible(&self, key: &[u8], hw: i64) -> Option<Option<Stored>> {
+    pub(crate) fn visible(&self, key: &[u8], hw: i64) -> Option<Option<Vec<u8>>> {
         self.rows
             .get(key)?
             .iter()
@@ -198,8 +194,8 @@ impl Prewrite {
         &self,
         prefix: &[u8],
         hw: i64,
-    ) -> Vec<(Vec<u8>, Option<Stored>)> {
-        let mut found: Vec<(Vec<u8>, Option<Stored>)> = self
+    ) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
+        let mut found: Vec<(Vec<u8>, Option<Vec<u8>>)> = self
             .rows
             .iter()
             .filter(|(key, _)| key.starts_with(prefix))
@@ -305,7 +301,7 @@ impl Prewrite {
     /// at least as high, so it never needs a dropped version.
     pub(crate) fn stage<I>(&mut self, rows: I, offset: i64, hw: i64)
     where
-        I: IntoIterator<Item = (Vec<u8>, Option<Stored>, Option<ImageRef>)>,
+        I: IntoIterator<Item = (Vec<u8>, Option<Vec<u8>>, Option<ImageRef>)>,
     {
         let mut bytes = self.bytes;
         for (key, value, image) in rows {
@@ -330,9 +326,9 @@ impl Prewrite {
     /// The store write of a flush at `hw`: each key's newest version below `hw` that
     /// the store does not have yet (at or above the last write's high watermark).
     /// In key order (a B-tree store writes sorted keys faster).
-    pub(crate) fn dirty(&self, hw: i64) -> Vec<(Vec<u8>, Option<Stored>)> {
+    pub(crate) fn dirty(&self, hw: i64) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
         let flushed = self.flushed;
-        let mut dirty: Vec<(Vec<u8>, Option<Stored>)> = self
+        let mut dirty: Vec<(Vec<u8>, Option<Vec<u8>>)> = self
             .rows
             .iter()
             .filter_map(|(key, versions)| {
@@ -400,12 +396,12 @@ fn collapse(versions: &mut Versions, hw: i64) -> u64 {
 mod tests {
     use super::*;
 
-    fn row(n: u8) -> Option<Stored> {
-        Some(Stored::from(vec![n; 10]))
+    fn row(n: u8) -> Option<Vec<u8>> {
+        Some(vec![n; 10])
     }
 
     /// One version of one key, without an image.
-    fn stage(p: &mut Prewrite, key: &[u8], value: Option<Stored>, offset: i64, hw: i64) {
+    fn stage(p: &mut Prewrite, key: &[u8], value: Option<Vec<u8>>, offset: i64, hw: i64) {
         p.stage([(key.to_vec(), value, None)], offset, hw);
     }
 

@@ -28,7 +28,7 @@ use rustc_hash::FxBuildHasher;
 
 use crate::config::DEFAULT_WRITE_BACK_BYTES;
 use crate::merge::{Decision, Merger, target_mask};
-use crate::prewrite::{ImageRef, Prewrite, Stored, WriteBackBudget};
+use crate::prewrite::{ImageRef, Prewrite, WriteBackBudget};
 use crate::recovery::{self, RecoveryStart};
 use crate::row::{
     Row, decode_row, encode_row, encode_row_at, row_schema_id, rows_of, rows_to_batch,
@@ -104,7 +104,7 @@ struct Merged {
     change_types: Vec<ChangeType>,
     batch: Option<RecordBatch>,
     /// Each key's new stored value and, with `images`, the row of `images` it is.
-    staged: Vec<(Vec<u8>, Option<Stored>, Option<u32>)>,
+    staged: Vec<StagedRow>,
     /// The rows the staged values were encoded from, of the table's schema, kept for
     /// the `-U` images of later updates ([`Prewrite::keep_images`]).
     images: Option<RecordBatch>,
@@ -114,7 +114,7 @@ struct Merged {
 /// newest stored or staged bytes, where that row sits among the merge's sources, and
 /// whether this Put changed it.
 struct Slot {
-    value: Option<Stored>,
+    value: Option<Vec<u8>>,
     /// `(source, row)`, if the row sits in a batch at hand.
     image: Option<(usize, usize)>,
     changed: bool,
@@ -128,6 +128,10 @@ type Slots<'k> = HashMap<&'k [u8], Slot, FxBuildHasher>;
 /// batch, then the kept batches old rows sit in.
 const DECODED: usize = 0;
 const NEW: usize = 1;
+
+/// A key, its new stored value (`None`: deleted), and the row of the merge's kept
+/// batch it is, if any.
+type StagedRow = (Vec<u8>, Option<Vec<u8>>, Option<u32>);
 
 /// What decides how a Put is merged ([`merge_path`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -415,7 +419,7 @@ impl KvTablet {
     fn buffered_or_stored(
         &self,
         key: &[u8],
-        staged: Option<Option<Stored>>,
+        staged: Option<Option<Vec<u8>>>,
         schema: &Schema,
     ) -> Result<Option<Row>> {
         match staged {
@@ -602,7 +606,7 @@ impl KvTablet {
         };
         let staged = staged
             .into_iter()
-            .map(|(key, new)| (key, new.map(|(_, encoded)| Stored::from(encoded)), None))
+            .map(|(key, new)| (key, new.map(|(_, encoded)| encoded), None))
             .collect();
         Ok(Merged {
             change_types: changes.into_iter().map(|(c, _)| c).collect(),
@@ -664,7 +668,7 @@ impl KvTablet {
             unstaged.sort_unstable();
             for (key, value) in unstaged.iter().zip(self.inner.store.multi_get(&unstaged)?) {
                 if let Some(slot) = slots.get_mut(key.as_slice()) {
-                    slot.value = value.map(Stored::from);
+                    slot.value = value;
                 }
             }
         }
@@ -724,7 +728,9 @@ impl KvTablet {
                     indices.push((NEW, r));
                 }
             }
-            slot.value = Some(Stored::from(encoded.as_slice()));
+            // Moved, not copied; the next row encodes into a buffer of this one's size.
+            let size = encoded.len();
+            slot.value = Some(std::mem::replace(&mut encoded, Vec::with_capacity(size)));
             slot.image = Some((NEW, r));
             slot.changed = true;
         }
@@ -741,7 +747,7 @@ impl KvTablet {
         let mut sources = vec![&old_images, &new_images];
         sources.extend(&kept);
         let changelog = interleave_record_batch(&sources, &indices)?;
-        let changed: Vec<(usize, Option<Stored>, Option<usize>)> = slots
+        let changed: Vec<(usize, Option<Vec<u8>>, Option<usize>)> = slots
             .into_values()
             .filter(|slot| slot.changed)
             .map(|slot| (slot.row, slot.value, slot.image.map(|(_, row)| row)))
@@ -796,7 +802,7 @@ impl KvTablet {
             )?),
             staged: latest
                 .into_iter()
-                .map(|(k, v)| (k, Some(Stored::from(v)), None))
+                .map(|(k, v)| (k, Some(v), None))
                 .collect(),
             images: None,
         })
@@ -1045,10 +1051,7 @@ impl KvTablet {
                 schema.to_arrow(),
                 batch.columns().to_vec(),
             )?),
-            staged: latest
-                .into_iter()
-                .map(|(k, v)| (k, v.map(Stored::from), None))
-                .collect(),
+            staged: latest.into_iter().map(|(k, v)| (k, v, None)).collect(),
             images: None,
         })
     }
@@ -1121,7 +1124,7 @@ impl KvTablet {
         }
         .into_iter()
         .map(|(key, value)| match value {
-            Some(bytes) => KvOp::Put(key, bytes.to_vec()),
+            Some(bytes) => KvOp::Put(key, bytes),
             None => KvOp::Delete(key),
         })
         .collect();
@@ -1302,7 +1305,7 @@ impl KvTablet {
         }
         // Every key's newest version below the high watermark (acknowledged), from
         // the buffer, then from the store for the keys it lacks.
-        let staged: Vec<Option<Option<Stored>>> = {
+        let staged: Vec<Option<Option<Vec<u8>>>> = {
             let prewrite = self.prewrite();
             // Under the buffer's lock: a failure emptied it, and the store alone may
             // be older than acknowledged Puts (see `flush`).
@@ -1333,7 +1336,7 @@ impl KvTablet {
         self.check_readable()?;
         let schema = self.table().descriptor.schema.clone();
         // The buffer before the store (see `buffered_or_stored`).
-        let staged: Vec<(Vec<u8>, Option<Stored>)> = {
+        let staged: Vec<(Vec<u8>, Option<Vec<u8>>)> = {
             let prewrite = self.prewrite();
             self.check_readable()?;
             let hw = self.high_watermark_under(&prewrite);
@@ -1341,12 +1344,12 @@ impl KvTablet {
         };
         // Only a staged delete can take one of the store's first `limit` rows away.
         let deletes = staged.iter().filter(|(_, v)| v.is_none()).count();
-        let mut merged: BTreeMap<Vec<u8>, Option<Stored>> = self
+        let mut merged: BTreeMap<Vec<u8>, Option<Vec<u8>>> = self
             .inner
             .store
             .prefix(prefix, limit.saturating_add(deletes))?
             .into_iter()
-            .map(|(k, v)| (k, Some(Stored::from(v))))
+            .map(|(k, v)| (k, Some(v)))
             .collect();
         merged.extend(staged);
         let rows: Vec<Row> = merged
