@@ -102,7 +102,17 @@ struct Images {
     /// The next batch's generation.
     next: u64,
     bytes: u64,
+    /// References the merges found their batch for, and found it gone (decayed).
+    hits: u64,
+    misses: u64,
+    /// Puts that offered their batch.
+    offered: u64,
 }
+
+/// While most references find their batch gone (keys come back after their batches
+/// left), one Put's batch in this many is kept: keeping costs a copy of the staged
+/// rows and memory, and the sample notices when keys start coming back in time.
+const IMAGES_SAMPLE: u64 = 16;
 
 impl Images {
     /// Keeps `batch`, letting the oldest batches go while they hold more than `max`
@@ -258,6 +268,27 @@ impl Prewrite {
 
     pub(crate) fn staged_since_write(&self) -> u64 {
         self.staged_since_write
+    }
+
+    /// Counts a merge's references to kept batches: `hits` found their batch, `misses`
+    /// found it gone.
+    pub(crate) fn note_images(&mut self, hits: u64, misses: u64) {
+        let images = &mut self.images;
+        images.hits += hits;
+        images.misses += misses;
+        if images.hits + images.misses > 1 << 20 {
+            images.hits /= 2;
+            images.misses /= 2;
+        }
+    }
+
+    /// Whether the next Put should offer its batch ([`Prewrite::keep_images`]): yes
+    /// while kept batches pay (at least one reference in five finds its batch), else
+    /// one Put in [`IMAGES_SAMPLE`].
+    pub(crate) fn wants_images(&mut self) -> bool {
+        let images = &mut self.images;
+        images.offered += 1;
+        images.misses <= 4 * images.hits || images.offered.is_multiple_of(IMAGES_SAMPLE)
     }
 
     /// Keeps `batch` (of schema `schema_id`) for the [`ImageRef`]s of the versions
@@ -539,5 +570,19 @@ mod tests {
         p.keep_images(1, batch(100), max).unwrap();
         p.clear();
         assert_eq!(budget.used(), 0);
+    }
+
+    #[test]
+    fn batches_are_kept_while_keys_come_back_in_time_else_a_sample() {
+        let mut p = Prewrite::default();
+        assert!((0..10).all(|_| p.wants_images()), "no evidence yet: keep");
+        p.note_images(10, 40);
+        assert!(p.wants_images(), "one in five found its batch");
+        p.note_images(0, 1);
+        let kept = (0..64).filter(|_| p.wants_images()).count();
+        assert_eq!(kept, 64 / IMAGES_SAMPLE as usize);
+        // The sample's references find their batches: back to keeping every one.
+        p.note_images(1, 0);
+        assert!((0..10).all(|_| p.wants_images()));
     }
 }

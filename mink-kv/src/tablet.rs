@@ -260,6 +260,18 @@ struct Inner {
     /// The newest snapshot this tablet wrote or found in the store. The lock is held
     /// across a snapshot write, so concurrent readers share one write.
     latest_snapshot: tokio::sync::Mutex<Option<SnapshotInfo>>,
+    /// `-U` images of the column-wise merge: taken from a batch at hand (kept by the
+    /// buffer, or earlier in the Put), and decoded from the stored row.
+    before_images: [AtomicU64; 2],
+}
+
+/// Where a tablet's `-U` images came from ([`KvTablet::before_images`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BeforeImages {
+    /// Taken from a batch at hand: kept by the prewrite buffer, or earlier in the Put.
+    pub kept: u64,
+    /// Decoded from the stored row.
+    pub decoded: u64,
 }
 
 /// A bucket's KV tablet. Cheap to clone.
@@ -341,6 +353,7 @@ impl KvTablet {
                 store_failure: Mutex::new(None),
                 snapshots,
                 latest_snapshot: tokio::sync::Mutex::new(None),
+                before_images: [AtomicU64::new(0), AtomicU64::new(0)],
             }),
         };
         tablet.recover().await?;
@@ -618,19 +631,21 @@ impl KvTablet {
 
     /// The old values of a `last_row` merge's keys ([`KvTablet::merge_last_row`]):
     /// from the prewrite buffer, with where each sits in a kept batch (returned, in
-    /// source order after [`NEW`]), then from one batched store read.
+    /// source order after [`NEW`]), then from one batched store read. Also whether
+    /// this Put should offer its batch to be kept ([`Prewrite::wants_images`]).
     fn old_values<'k>(
         &self,
         keys: &'k [Vec<u8>],
         schema: &Schema,
-    ) -> Result<(Slots<'k>, Vec<RecordBatch>)> {
+    ) -> Result<(Slots<'k>, Vec<RecordBatch>, bool)> {
         let mut kept: Vec<RecordBatch> = Vec::new();
         // A kept batch's generation: its source, or `None` once the buffer let it go.
         let mut source_of: HashMap<u64, Option<usize>, FxBuildHasher> = HashMap::default();
         let mut slots: Slots<'k> = HashMap::with_capacity_and_hasher(keys.len(), FxBuildHasher);
         let mut unstaged: Vec<Vec<u8>> = Vec::new();
-        {
-            let prewrite = self.prewrite();
+        let (mut hits, mut misses) = (0, 0);
+        let keep = {
+            let mut prewrite = self.prewrite();
             for (row, key) in keys.iter().enumerate() {
                 if slots.contains_key(key.as_slice()) {
                     continue;
@@ -643,6 +658,10 @@ impl KvTablet {
                                 kept.push(batch.clone());
                                 Some(NEW + kept.len())
                             });
+                            match source {
+                                Some(_) => hits += 1,
+                                None => misses += 1,
+                            }
                             source.map(|source| (source, image.row as usize))
                         });
                         (version.value.clone(), image)
@@ -662,7 +681,9 @@ impl KvTablet {
                     },
                 );
             }
-        }
+            prewrite.note_images(hits, misses);
+            prewrite.wants_images()
+        };
         if !unstaged.is_empty() {
             // In key order: neighbouring reads share the store's pages and blocks.
             unstaged.sort_unstable();
@@ -672,7 +693,7 @@ impl KvTablet {
                 }
             }
         }
-        Ok((slots, kept))
+        Ok((slots, kept, keep))
     }
 
     /// The merge of a `last_row` Put of full rows without deletes, column-wise: each new
@@ -688,7 +709,7 @@ impl KvTablet {
         keys: Vec<Vec<u8>>,
         schema: &Schema,
     ) -> Result<Merged> {
-        let (mut slots, kept) = self.old_values(&keys, schema)?;
+        let (mut slots, kept, keep) = self.old_values(&keys, schema)?;
         let values = ValueEncoder::new(batch)?;
         let mut olds: Vec<Row> = Vec::new();
         let mut change_types = Vec::new();
@@ -734,6 +755,11 @@ impl KvTablet {
             slot.image = Some((NEW, r));
             slot.changed = true;
         }
+        let updates = change_types
+            .iter()
+            .filter(|c| **c == ChangeType::UpdateBefore)
+            .count() as u64;
+        self.count_before_images(updates - olds.len() as u64, olds.len() as u64);
         if indices.is_empty() {
             return Ok(Merged {
                 change_types,
@@ -750,7 +776,10 @@ impl KvTablet {
         let changed: Vec<(usize, Option<Vec<u8>>, Option<usize>)> = slots
             .into_values()
             .filter(|slot| slot.changed)
-            .map(|slot| (slot.row, slot.value, slot.image.map(|(_, row)| row)))
+            .map(|slot| {
+                let image = slot.image.filter(|_| keep).map(|(_, row)| row);
+                (slot.row, slot.value, image)
+            })
             .collect();
         // The batch kept for later `-U` images holds only the staged rows, copied out
         // of the request, whose buffers may be shared beyond this Put (a Flight body):
@@ -768,12 +797,16 @@ impl KvTablet {
                 (std::mem::take(&mut keys[row]), value, image)
             })
             .collect();
-        let new_images = take_record_batch(&new_images, &UInt32Array::from(take))?;
+        let images = if keep {
+            Some(take_record_batch(&new_images, &UInt32Array::from(take))?)
+        } else {
+            None
+        };
         Ok(Merged {
             change_types,
             batch: Some(changelog),
             staged,
-            images: Some(new_images),
+            images,
         })
     }
 
@@ -806,6 +839,27 @@ impl KvTablet {
                 .collect(),
             images: None,
         })
+    }
+
+    fn count_before_images(&self, kept: u64, decoded: u64) {
+        for (i, (n, source)) in [(kept, "kept"), (decoded, "decoded")]
+            .into_iter()
+            .enumerate()
+        {
+            if n > 0 {
+                self.inner.before_images[i].fetch_add(n, Ordering::Relaxed);
+                metrics::counter!("mink_kv_before_images_total", "source" => source).increment(n);
+            }
+        }
+    }
+
+    /// How many `-U` images the column-wise merge took from a batch at hand, and how
+    /// many it decoded from the stored row, since the tablet opened.
+    pub fn before_images(&self) -> BeforeImages {
+        BeforeImages {
+            kept: self.inner.before_images[0].load(Ordering::Relaxed),
+            decoded: self.inner.before_images[1].load(Ordering::Relaxed),
+        }
     }
 
     /// Applies a Put (see the module docs). Returns where its changelog landed.

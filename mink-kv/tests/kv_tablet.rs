@@ -8,8 +8,8 @@ use std::time::Duration;
 use arrow::array::{Array, AsArray, BooleanArray, Int64Array, RecordBatch, StringArray};
 use mink_kv::store::{KvPairs, PairIter};
 use mink_kv::{
-    KvBackend, KvNamespace, KvOp, KvTablet, Owner, PutRequest, SnapshotStore, WriteBackBudget,
-    open_kv_store,
+    BeforeImages, KvBackend, KvNamespace, KvOp, KvTablet, Owner, PutRequest, SnapshotStore,
+    WriteBackBudget, open_kv_store,
 };
 use mink_log::{LogConfig, LogTablet, NO_WRITER};
 use mink_types::{
@@ -358,6 +358,76 @@ async fn last_row_changelog_and_state(backend: KvBackend) {
         .await
         .unwrap();
     assert_eq!(get(&t, &[5]), vec![v(Some("y"), Some(2))]);
+}
+
+/// An update's `-U` image comes from the batch its old row was staged from while the
+/// buffer keeps that batch, and from the stored row (decoded) once it does not: the
+/// changelog is the same either way.
+async fn before_images_come_from_kept_batches_then_from_the_store(backend: KvBackend) {
+    let mut env = Env::new(backend).await;
+    let t = env.open(&table(&[])).await;
+    let rows = |name: &'static str, score: i64| {
+        (1..=10)
+            .map(|id| (id, Some(name), Some(score + id)))
+            .collect::<Vec<_>>()
+    };
+    let changes = |from: &str, from_score: i64, to: &str, to_score: i64| {
+        (1..=10)
+            .flat_map(|id| {
+                [
+                    c("-U", id, Some(from), Some(from_score + id)),
+                    c("+U", id, Some(to), Some(to_score + id)),
+                ]
+            })
+            .collect::<Vec<_>>()
+    };
+    t.put(put(&rows("a", 0))).await.unwrap();
+    t.put(put(&rows("b", 100))).await.unwrap();
+    assert_eq!(
+        t.before_images(),
+        BeforeImages {
+            kept: 10,
+            decoded: 0
+        }
+    );
+    // A key twice in one Put: its second row's `-U` is its first.
+    t.put(put(&[(1, Some("x"), None), (1, Some("y"), None)]))
+        .await
+        .unwrap();
+    assert_eq!(t.before_images().kept, 12);
+    // From now on the buffer writes the store after every Put and keeps nothing: the
+    // Put after next reads its old rows from the store, decoded.
+    t.set_write_back_bytes(0);
+    t.put(put(&rows("c", 200))).await.unwrap();
+    assert_eq!(t.before_images().kept, 22);
+    t.put(put(&rows("d", 300))).await.unwrap();
+    assert_eq!(
+        t.before_images(),
+        BeforeImages {
+            kept: 22,
+            decoded: 10
+        }
+    );
+    let log = changelog(&t).await;
+    assert_eq!(log[10..30], changes("a", 0, "b", 100)[..]);
+    assert_eq!(
+        log[30..34],
+        [
+            c("-U", 1, Some("b"), Some(101)),
+            c("+U", 1, Some("x"), None),
+            c("-U", 1, Some("x"), None),
+            c("+U", 1, Some("y"), None),
+        ]
+    );
+    assert_eq!(
+        log[34..36],
+        [
+            c("-U", 1, Some("y"), None),
+            c("+U", 1, Some("c"), Some(201))
+        ]
+    );
+    assert_eq!(log[36..54], changes("b", 100, "c", 200)[2..]);
+    assert_eq!(log[54..], changes("c", 200, "d", 300)[..]);
 }
 
 /// `changelog_image = wal`: a `last_row` Put of full rows reads nothing and writes each
@@ -1868,6 +1938,7 @@ macro_rules! both {
 
 both!(
     last_row_changelog_and_state,
+    before_images_come_from_kept_batches_then_from_the_store,
     the_wal_changelog_image_has_no_before_images,
     first_row_and_versioned,
     aggregation_and_idempotence,

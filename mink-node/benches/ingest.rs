@@ -610,6 +610,7 @@ async fn main() {
                 || line.starts_with("mink_wal_upload")
                 || line.starts_with("mink_wal_segments_written_total")
                 || line.starts_with("mink_kv_store_writes_total")
+                || line.starts_with("mink_kv_before_images_total")
             {
                 println!("  {line}");
             }

@@ -41,6 +41,9 @@ fn zero_counters() {
     ] {
         metrics::counter!(name).increment(0);
     }
+    for source in ["kept", "decoded"] {
+        metrics::counter!("mink_kv_before_images_total", "source" => source).increment(0);
+    }
     for op in Op::ALL {
         for purpose in Purpose::ALL {
             metrics::counter!(
