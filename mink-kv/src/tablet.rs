@@ -110,19 +110,32 @@ struct Merged {
     images: Option<RecordBatch>,
 }
 
-/// A key's value as a `last_row` merge goes ([`KvTablet::merge_last_row`]): the
-/// newest stored or staged bytes, where that row sits among the merge's sources, and
-/// whether this Put changed it.
-struct Slot {
-    value: Option<Vec<u8>>,
-    /// `(source, row)`, if the row sits in a batch at hand.
-    image: Option<(usize, usize)>,
-    changed: bool,
-    /// The row of the batch whose key this is (the first with it).
-    row: usize,
+/// What a `last_row` merge ([`KvTablet::merge_last_row`]) found for one row of its
+/// batch: the key's value before this row, compared with the row's new encoding.
+enum Old {
+    /// No value (a new key, or a deleted one): an insert.
+    Absent,
+    /// The same stored bytes as the new row: nothing changes.
+    Same,
+    /// A different value, which sits at `(source, row)` among the merge's sources.
+    At(usize, usize),
+    /// A different value, in no batch at hand: its stored bytes, to decode.
+    Stored(Vec<u8>),
+    /// Not in the buffer: read from the store, then one of the above.
+    Unstaged,
 }
 
-type Slots<'k> = HashMap<&'k [u8], Slot, FxBuildHasher>;
+/// What [`KvTablet::old_values`] found for a `last_row` merge's rows.
+struct OldValues {
+    /// Per row.
+    olds: Vec<Old>,
+    /// Per row, the key's previous row in the batch.
+    previous: Vec<Option<usize>>,
+    /// The kept batches old rows sit in, in source order after [`NEW`].
+    kept: Vec<RecordBatch>,
+    /// Whether this Put should offer its batch to be kept.
+    keep: bool,
+}
 
 /// The sources of a `last_row` merge's changelog: the old rows it decoded, the Put's
 /// batch, then the kept batches old rows sit in.
@@ -629,137 +642,168 @@ impl KvTablet {
         })
     }
 
-    /// The old values of a `last_row` merge's keys ([`KvTablet::merge_last_row`]):
-    /// from the prewrite buffer, with where each sits in a kept batch (returned, in
-    /// source order after [`NEW`]), then from one batched store read. Also whether
-    /// this Put should offer its batch to be kept ([`Prewrite::wants_images`]).
-    fn old_values<'k>(
+    /// What each row of a `last_row` merge replaces ([`KvTablet::merge_last_row`]),
+    /// given every row's new encoding: a key's first row against the prewrite buffer
+    /// (compared in place, under its lock: nothing is copied out for a row that sits in
+    /// a kept batch, returned in source order after [`NEW`]) or one batched store read;
+    /// a later row of the same key against the one before it. Also, for each row, the
+    /// key's previous row in the batch, and whether this Put should offer its batch to
+    /// be kept ([`Prewrite::wants_images`]).
+    fn old_values(
         &self,
-        keys: &'k [Vec<u8>],
+        keys: &[Vec<u8>],
+        encoded: &[Vec<u8>],
         schema: &Schema,
-    ) -> Result<(Slots<'k>, Vec<RecordBatch>, bool)> {
+    ) -> Result<OldValues> {
         let mut kept: Vec<RecordBatch> = Vec::new();
         // A kept batch's generation: its source, or `None` once the buffer let it go.
         let mut source_of: HashMap<u64, Option<usize>, FxBuildHasher> = HashMap::default();
-        let mut slots: Slots<'k> = HashMap::with_capacity_and_hasher(keys.len(), FxBuildHasher);
-        let mut unstaged: Vec<Vec<u8>> = Vec::new();
+        let mut last: HashMap<&[u8], usize, FxBuildHasher> =
+            HashMap::with_capacity_and_hasher(keys.len(), FxBuildHasher);
+        let mut olds: Vec<Old> = Vec::with_capacity(keys.len());
+        let mut previous: Vec<Option<usize>> = Vec::with_capacity(keys.len());
+        let mut unstaged: Vec<usize> = Vec::new();
         let (mut hits, mut misses) = (0, 0);
         let keep = {
             let mut prewrite = self.prewrite();
-            for (row, key) in keys.iter().enumerate() {
-                if slots.contains_key(key.as_slice()) {
-                    continue;
-                }
-                let (value, image) = match prewrite.get(key).and_then(|v| v.back()) {
-                    Some(version) => {
-                        let image = version.image.and_then(|image| {
-                            let source = source_of.entry(image.batch).or_insert_with(|| {
-                                let batch = prewrite.image_batch(image.batch, schema.schema_id)?;
-                                kept.push(batch.clone());
-                                Some(NEW + kept.len())
-                            });
-                            match source {
-                                Some(_) => hits += 1,
-                                None => misses += 1,
+            for (r, key) in keys.iter().enumerate() {
+                let before = last.insert(key.as_slice(), r);
+                previous.push(before);
+                let old = match before {
+                    // After its previous row, a key holds that row's encoding (changed
+                    // or the same bytes), and that row is its image.
+                    Some(p) if encoded[p] == encoded[r] => Old::Same,
+                    Some(p) => Old::At(NEW, p),
+                    None => match prewrite.get(key).and_then(|v| v.back()) {
+                        None => {
+                            unstaged.push(r);
+                            Old::Unstaged
+                        }
+                        Some(version) => match &version.value {
+                            None => Old::Absent,
+                            Some(value) if *value == encoded[r] => Old::Same,
+                            Some(value) => {
+                                let image = version.image.and_then(|image| {
+                                    let source =
+                                        source_of.entry(image.batch).or_insert_with(|| {
+                                            let batch = prewrite
+                                                .image_batch(image.batch, schema.schema_id)?;
+                                            kept.push(batch.clone());
+                                            Some(NEW + kept.len())
+                                        });
+                                    match source {
+                                        Some(_) => hits += 1,
+                                        None => misses += 1,
+                                    }
+                                    source.map(|source| (source, image.row as usize))
+                                });
+                                match image {
+                                    Some((source, row)) => Old::At(source, row),
+                                    None => Old::Stored(value.clone()),
+                                }
                             }
-                            source.map(|source| (source, image.row as usize))
-                        });
-                        (version.value.clone(), image)
-                    }
-                    None => {
-                        unstaged.push(key.clone());
-                        (None, None)
-                    }
-                };
-                slots.insert(
-                    key,
-                    Slot {
-                        value,
-                        image,
-                        changed: false,
-                        row,
+                        },
                     },
-                );
+                };
+                olds.push(old);
             }
             prewrite.note_images(hits, misses);
             prewrite.wants_images()
         };
         if !unstaged.is_empty() {
             // In key order: neighbouring reads share the store's pages and blocks.
-            unstaged.sort_unstable();
-            for (key, value) in unstaged.iter().zip(self.inner.store.multi_get(&unstaged)?) {
-                if let Some(slot) = slots.get_mut(key.as_slice()) {
-                    slot.value = value;
-                }
+            unstaged.sort_unstable_by(|a, b| keys[*a].cmp(&keys[*b]));
+            let read: Vec<Vec<u8>> = unstaged.iter().map(|r| keys[*r].clone()).collect();
+            for (r, value) in unstaged.into_iter().zip(self.inner.store.multi_get(&read)?) {
+                olds[r] = match value {
+                    None => Old::Absent,
+                    Some(value) if value == encoded[r] => Old::Same,
+                    Some(value) => Old::Stored(value),
+                };
             }
         }
-        Ok((slots, kept, keep))
+        Ok(OldValues {
+            olds,
+            previous,
+            kept,
+            keep,
+        })
     }
 
     /// The merge of a `last_row` Put of full rows without deletes, column-wise: each new
     /// row is encoded for the store straight from the arrays and compared with the old
-    /// value as bytes; the old values come from the prewrite buffer or from one batched
-    /// store read. An update's `-U` image is its old row where that sits in a recent
-    /// Put's batch (kept by the buffer, [`Prewrite::keep_images`]) or earlier in this
-    /// one; only old rows found in neither are decoded. The changelog is interleaved
-    /// from those batches by Arrow kernels.
+    /// value as bytes, in place in the prewrite buffer or after one batched store read.
+    /// An update's `-U` image is its old row where that sits in a recent Put's batch
+    /// (kept by the buffer, [`Prewrite::keep_images`]) or earlier in this one; only old
+    /// rows found in neither are decoded. The changelog is interleaved from those
+    /// batches by Arrow kernels.
     fn merge_last_row(
         &self,
         batch: &RecordBatch,
         keys: Vec<Vec<u8>>,
         schema: &Schema,
     ) -> Result<Merged> {
-        let (mut slots, kept, keep) = self.old_values(&keys, schema)?;
         let values = ValueEncoder::new(batch)?;
-        let mut olds: Vec<Row> = Vec::new();
+        let mut size = 0;
+        let mut encoded: Vec<Vec<u8>> = (0..batch.num_rows())
+            .map(|r| {
+                // The next row encodes into a buffer of this one's size.
+                let mut row = Vec::with_capacity(size);
+                encode_row_at(schema.schema_id, &values, r, &mut row);
+                size = row.len();
+                row
+            })
+            .collect();
+        let OldValues {
+            olds,
+            previous,
+            kept,
+            keep,
+        } = self.old_values(&keys, &encoded, schema)?;
+        let mut decoded: Vec<Row> = Vec::new();
         let mut change_types = Vec::new();
         let mut indices: Vec<(usize, usize)> = Vec::new();
-        let mut encoded = Vec::new();
-        for (r, key) in keys.iter().enumerate() {
-            encode_row_at(schema.schema_id, &values, r, &mut encoded);
-            let slot = slots
-                .get_mut(key.as_slice())
-                .expect("every key of the batch was looked up");
-            match &slot.value {
-                None => {
-                    change_types.push(ChangeType::Insert);
-                    indices.push((NEW, r));
+        // Whether the key's value after this row differs from the one before the Put.
+        let mut dirty = vec![false; olds.len()];
+        for (r, old) in olds.into_iter().enumerate() {
+            // `Some(None)`: an insert; `Some(Some(image))`: an update from that image.
+            let change = match old {
+                Old::Same | Old::Unstaged => None,
+                Old::Absent => Some(None),
+                // Encoded from that row under this schema: no decoding.
+                Old::At(source, row) => Some(Some((source, row))),
+                Old::Stored(old) => {
+                    let old_row = self.decode(&old, schema)?;
+                    // A row stored under an older schema differs in bytes, not always
+                    // in value: compare it encoded under the current one.
+                    if row_schema_id(&old)? != schema.schema_id
+                        && encode_row(schema, &old_row)? == encoded[r]
+                    {
+                        None
+                    } else {
+                        decoded.push(old_row);
+                        Some(Some((DECODED, decoded.len() - 1)))
+                    }
                 }
-                Some(old) if **old == *encoded => continue,
-                Some(old) => {
-                    let before = match slot.image {
-                        // Encoded from that row under this schema: no decoding.
-                        Some(image) => image,
-                        None => {
-                            let old_row = self.decode(old, schema)?;
-                            // A row stored under an older schema differs in bytes, not
-                            // always in value: compare it encoded under the current one.
-                            if row_schema_id(old)? != schema.schema_id
-                                && encode_row(schema, &old_row)? == encoded
-                            {
-                                continue;
-                            }
-                            olds.push(old_row);
-                            (DECODED, olds.len() - 1)
-                        }
-                    };
+            };
+            dirty[r] = previous[r].is_some_and(|p| dirty[p]);
+            let Some(before) = change else { continue };
+            dirty[r] = true;
+            match before {
+                None => change_types.push(ChangeType::Insert),
+                Some(image) => {
                     change_types.push(ChangeType::UpdateBefore);
-                    indices.push(before);
+                    indices.push(image);
                     change_types.push(ChangeType::UpdateAfter);
-                    indices.push((NEW, r));
                 }
             }
-            // Moved, not copied; the next row encodes into a buffer of this one's size.
-            let size = encoded.len();
-            slot.value = Some(std::mem::replace(&mut encoded, Vec::with_capacity(size)));
-            slot.image = Some((NEW, r));
-            slot.changed = true;
+            indices.push((NEW, r));
         }
         let updates = change_types
             .iter()
             .filter(|c| **c == ChangeType::UpdateBefore)
             .count() as u64;
-        self.count_before_images(updates - olds.len() as u64, olds.len() as u64);
+        self.count_before_images(updates - decoded.len() as u64, decoded.len() as u64);
         if indices.is_empty() {
             return Ok(Merged {
                 change_types,
@@ -769,32 +813,34 @@ impl KvTablet {
             });
         }
         let new_images = RecordBatch::try_new(schema.to_arrow(), batch.columns().to_vec())?;
-        let old_images = rows_to_batch(schema, &olds.iter().collect::<Vec<_>>())?;
+        let old_images = rows_to_batch(schema, &decoded.iter().collect::<Vec<_>>())?;
         let mut sources = vec![&old_images, &new_images];
         sources.extend(&kept);
         let changelog = interleave_record_batch(&sources, &indices)?;
-        let changed: Vec<(usize, Option<Vec<u8>>, Option<usize>)> = slots
-            .into_values()
-            .filter(|slot| slot.changed)
-            .map(|slot| {
-                let image = slot.image.filter(|_| keep).map(|(_, row)| row);
-                (slot.row, slot.value, image)
-            })
-            .collect();
+        // A key is staged at its last row in the batch, if the Put changed it: the rows
+        // after its last change hold the same bytes.
+        let mut superseded = vec![false; previous.len()];
+        for p in previous.iter().flatten() {
+            superseded[*p] = true;
+        }
         // The batch kept for later `-U` images holds only the staged rows, copied out
         // of the request, whose buffers may be shared beyond this Put (a Flight body):
         // what it holds is then what it is counted as.
-        let mut take: Vec<u32> = Vec::with_capacity(changed.len());
-        // The keys move into the buffer, not copied.
+        let mut take: Vec<u32> = Vec::new();
+        // The keys and values move into the buffer, not copied.
         let mut keys = keys;
-        let staged = changed
-            .into_iter()
-            .map(|(row, value, image)| {
-                let image = image.and_then(|r| u32::try_from(r).ok()).and_then(|r| {
-                    take.push(r);
-                    u32::try_from(take.len() - 1).ok()
-                });
-                (std::mem::take(&mut keys[row]), value, image)
+        let staged = (0..keys.len())
+            .filter(|r| dirty[*r] && !superseded[*r])
+            .map(|r| {
+                let image = keep
+                    .then(|| u32::try_from(r).ok())
+                    .flatten()
+                    .and_then(|row| {
+                        take.push(row);
+                        u32::try_from(take.len() - 1).ok()
+                    });
+                let value = std::mem::take(&mut encoded[r]);
+                (std::mem::take(&mut keys[r]), Some(value), image)
             })
             .collect();
         let images = if keep {

@@ -360,6 +360,70 @@ async fn last_row_changelog_and_state(backend: KvBackend) {
     assert_eq!(get(&t, &[5]), vec![v(Some("y"), Some(2))]);
 }
 
+/// A key several times in one `last_row` Put: each row is compared with the key's
+/// row before it (in the batch, or before the Put), so a repeat of the same row changes
+/// nothing and the key ends at its last row, whether its old row was buffered, stored
+/// or absent.
+async fn a_key_repeated_in_one_put_changes_once_per_difference(backend: KvBackend) {
+    let mut env = Env::new(backend).await;
+    let t = env.open(&table(&[])).await;
+    t.put(put(&[(1, Some("a"), Some(1)), (2, Some("p"), Some(1))]))
+        .await
+        .unwrap();
+    // Key 4's old row is read from the store: the buffer writes it after this Put and
+    // lets it go.
+    t.set_write_back_bytes(0);
+    t.put(put(&[(4, Some("s"), Some(1))])).await.unwrap();
+    t.put(put(&[(9, Some("z"), Some(1))])).await.unwrap();
+    t.set_write_back_bytes(64 << 20);
+    let before = changelog(&t).await.len();
+    t.put(put(&[
+        (1, Some("b"), Some(1)),
+        (1, Some("b"), Some(1)),
+        (2, Some("p"), Some(1)),
+        (2, Some("q"), Some(1)),
+        (2, Some("q"), Some(1)),
+        (3, Some("n"), Some(1)),
+        (3, Some("n"), Some(1)),
+        (4, Some("t"), Some(1)),
+        (4, Some("t"), Some(1)),
+        (4, Some("s"), Some(1)),
+    ]))
+    .await
+    .unwrap();
+    assert_eq!(
+        changelog(&t).await[before..],
+        [
+            c("-U", 1, Some("a"), Some(1)),
+            c("+U", 1, Some("b"), Some(1)),
+            c("-U", 2, Some("p"), Some(1)),
+            c("+U", 2, Some("q"), Some(1)),
+            c("+I", 3, Some("n"), Some(1)),
+            c("-U", 4, Some("s"), Some(1)),
+            c("+U", 4, Some("t"), Some(1)),
+            c("-U", 4, Some("t"), Some(1)),
+            c("+U", 4, Some("s"), Some(1)),
+        ]
+    );
+    let state = vec![
+        v(Some("b"), Some(1)),
+        v(Some("q"), Some(1)),
+        v(Some("n"), Some(1)),
+        v(Some("s"), Some(1)),
+    ];
+    assert_eq!(get(&t, &[1, 2, 3, 4]), state);
+    // The same rows again change nothing, and the state holds through the store.
+    let same = t
+        .put(put(&[(1, Some("b"), Some(1)), (2, Some("q"), Some(1))]))
+        .await
+        .unwrap();
+    assert!(same.last_offset < same.first_offset);
+    t.set_write_back_bytes(0);
+    t.put(put(&[(9, Some("y"), Some(1))])).await.unwrap();
+    t.put(put(&[(9, Some("x"), Some(1))])).await.unwrap();
+    assert_eq!(get(&t, &[1, 2, 3, 4]), state);
+}
+
 /// An update's `-U` image comes from the batch its old row was staged from while the
 /// buffer keeps that batch, and from the stored row (decoded) once it does not: the
 /// changelog is the same either way.
@@ -1939,6 +2003,7 @@ macro_rules! both {
 both!(
     last_row_changelog_and_state,
     before_images_come_from_kept_batches_then_from_the_store,
+    a_key_repeated_in_one_put_changes_once_per_difference,
     the_wal_changelog_image_has_no_before_images,
     first_row_and_versioned,
     aggregation_and_idempotence,
