@@ -1551,8 +1551,9 @@ impl KvTablet {
     }
 
     /// Writes the durable rows to the store and lets every one go from the buffer (the
-    /// rows not durable yet stay).
-    async fn release_write_back(&self) -> Result<()> {
+    /// rows not durable yet stay): what an idle bucket does when its node's buffers are
+    /// pressed ([`KvTablet::run_snapshots`]). Safe beside Puts, flushes and snapshots.
+    pub async fn release_write_back(&self) -> Result<()> {
         self.flush().await?;
         let _guard = self.inner.flushes.lock().await;
         let mut prewrite = self.prewrite();

@@ -5,8 +5,11 @@
 //! the tablet), the tablet is reopened under new epochs (in place on the same node and
 //! its KV store, on the other node, after a clean handover), nodes crash and come back
 //! on the same local disk or a fresh one, a failed WAL is replaced by a new generation,
-//! and KV snapshots, compactions and lookups race the writes. Interleavings are chosen
-//! by the seed (a current-thread runtime with paused time, so a seed replays).
+//! a node's local KV store refuses a few writes (a full disk: the store writes of Puts,
+//! snapshots, releases and replays fail), and KV snapshots, releases of the write-back
+//! rows (an idle bucket under node pressure), compactions and lookups race the writes.
+//! Interleavings are chosen by the seed (a current-thread runtime with paused time, so
+//! a seed replays).
 //!
 //! The changelog is the source of truth for which Puts landed; the model is the merge
 //! engine of the seed's table (`last_row`, `first_row`, `versioned`, `aggregation`),
@@ -37,13 +40,15 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arrow::array::{ArrayRef, Int64Array, RecordBatch};
+use mink_kv::store::{KvPairs, PairIter};
 use mink_kv::{
-    KvBackend, KvStore, KvTablet, PutRequest, SnapshotStore, WriteBackBudget, open_kv_store,
+    KvBackend, KvNamespace, KvOp, KvStore, KvTablet, Owner, PutRequest, SnapshotStore,
+    WriteBackBudget, open_kv_store,
 };
 use mink_log::{LogBatch, LogConfig, LogTablet, NO_WRITER};
 use mink_types::{ChangeType, MinkError, TableBucket};
@@ -161,6 +166,8 @@ struct Incarnation {
     faulty: FaultyStore,
     streams: StreamStore,
     kv: Arc<dyn KvStore>,
+    /// How many of the local store's next writes fail, as on a full disk.
+    store_faults: Arc<AtomicU32>,
     dir: PathBuf,
 }
 
@@ -296,13 +303,87 @@ async fn start_node(
     let streams = start_streams(&faulty, node, u32::MAX)
         .await
         .expect("a node with faults but not down starts");
-    let kv = open_store(backend, &dir).unwrap();
+    let store_faults = Arc::new(AtomicU32::new(0));
+    let kv = Arc::new(FailingStore {
+        inner: open_store(backend, &dir).unwrap(),
+        fail_writes: store_faults.clone(),
+    });
     Incarnation {
         id: seed,
         faulty,
         streams,
         kv,
+        store_faults,
         dir,
+    }
+}
+
+/// What an injected local-store write failure says (a store error is `Internal`).
+const STORE_FAULT: &str = "injected: no space left on device";
+
+/// A node's local KV store whose next writes can be made to fail, as on a full disk:
+/// the tablet must keep every acknowledged row (its changelog is durable) and write
+/// them once the store takes writes again.
+struct FailingStore {
+    inner: Arc<dyn KvStore>,
+    fail_writes: Arc<AtomicU32>,
+}
+
+impl KvStore for FailingStore {
+    fn namespace(&self, name: &str) -> mink_types::Result<Arc<dyn KvNamespace>> {
+        Ok(Arc::new(FailingNamespace {
+            inner: self.inner.namespace(name)?,
+            fail_writes: self.fail_writes.clone(),
+        }))
+    }
+
+    fn drop_namespace(&self, name: &str) -> mink_types::Result<()> {
+        self.inner.drop_namespace(name)
+    }
+}
+
+struct FailingNamespace {
+    inner: Arc<dyn KvNamespace>,
+    fail_writes: Arc<AtomicU32>,
+}
+
+impl KvNamespace for FailingNamespace {
+    fn get(&self, key: &[u8]) -> mink_types::Result<Option<Vec<u8>>> {
+        self.inner.get(key)
+    }
+    fn multi_get(&self, keys: &[Vec<u8>]) -> mink_types::Result<Vec<Option<Vec<u8>>>> {
+        self.inner.multi_get(keys)
+    }
+    fn write(&self, ops: &[KvOp], flushed_offset: i64) -> mink_types::Result<()> {
+        let fail = self
+            .fail_writes
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if fail {
+            return Err(MinkError::Internal(format!("KV store: {STORE_FAULT}")));
+        }
+        self.inner.write(ops, flushed_offset)
+    }
+    fn flushed_offset(&self) -> mink_types::Result<Option<i64>> {
+        self.inner.flushed_offset()
+    }
+    fn range(&self, start: &[u8], end: Option<&[u8]>, limit: usize) -> mink_types::Result<KvPairs> {
+        self.inner.range(start, end, limit)
+    }
+    fn prefix(&self, prefix: &[u8], limit: usize) -> mink_types::Result<KvPairs> {
+        self.inner.prefix(prefix, limit)
+    }
+    fn snapshot(&self) -> mink_types::Result<PairIter> {
+        self.inner.snapshot()
+    }
+    fn clear(&self) -> mink_types::Result<()> {
+        self.inner.clear()
+    }
+    fn owner(&self) -> &Owner {
+        self.inner.owner()
+    }
+    fn flush_beside_merges(&self) -> bool {
+        self.inner.flush_beside_merges()
     }
 }
 
@@ -394,7 +475,8 @@ async fn open_on(model: Shared, node: usize) {
                 });
             }
         }
-        Err(MinkError::Internal(e)) => {
+        // A store that refuses writes fails the open's replay, as a full disk would.
+        Err(MinkError::Internal(e)) if !e.contains(STORE_FAULT) => {
             m.violations.push(format!(
                 "open on n{node} under epoch {epoch}: internal error: {e}"
             ));
@@ -818,9 +900,11 @@ impl Controller {
                                 .trace(|| format!("snapshot by epoch {}: {written:?}", held.epoch));
                             match written {
                                 Ok(_) => lock(&model).count("snapshot written"),
-                                Err(MinkError::Internal(e)) => lock(&model)
-                                    .violations
-                                    .push(format!("a snapshot failed: internal error: {e}")),
+                                Err(MinkError::Internal(e)) if !e.contains(STORE_FAULT) => {
+                                    lock(&model)
+                                        .violations
+                                        .push(format!("a snapshot failed: internal error: {e}"))
+                                }
                                 Err(_) => lock(&model).count("snapshot failed"),
                             }
                             // The whole of it (its store too), not only the fields used.
@@ -865,6 +949,39 @@ impl Controller {
                             tokio::time::sleep(resume).await;
                             faulty.set_put_delay(None);
                         }));
+                    }
+                }
+                // An idle bucket's rows let go under its node's pressure, beside
+                // everything else.
+                80..=85 => {
+                    if let Some(held) = current {
+                        lock(&model).count("release");
+                        tasks.push(tokio::spawn(async move {
+                            let released = held.tablet.release_write_back().await;
+                            lock(&model)
+                                .trace(|| format!("release by epoch {}: {released:?}", held.epoch));
+                            if let Err(MinkError::Internal(e)) = &released
+                                && !e.contains(STORE_FAULT)
+                            {
+                                lock(&model)
+                                    .violations
+                                    .push(format!("a release failed: internal error: {e}"));
+                            }
+                            drop(held);
+                        }));
+                    }
+                }
+                // The node's local store refuses its next writes (a full disk).
+                86..=89 => {
+                    let faults = lock(&model).nodes[n]
+                        .as_ref()
+                        .map(|i| i.store_faults.clone());
+                    if let Some(faults) = faults {
+                        let writes = rng.random_range(1..4);
+                        lock(&model).count("store write faults");
+                        lock(&model)
+                            .trace(|| format!("n{n}: its store fails its next {writes} writes"));
+                        faults.store(writes, Ordering::SeqCst);
                     }
                 }
                 _ => {}
