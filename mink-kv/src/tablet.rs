@@ -259,12 +259,20 @@ struct Inner {
     write_back_bytes: AtomicU64,
     /// Serializes the merges and submits of this bucket's Puts.
     puts: tokio::sync::Mutex<()>,
-    /// Serializes flushes (and snapshot reads of the store), and keeps them out from
-    /// between a Put's submit and the staging of its rows: a flush then would record
-    /// a flushed offset past rows that are in neither the buffer nor the store. Taken
-    /// after `puts` when both are held. Merges do not wait for flushes (see
-    /// [`KvTablet::flush`] for why they may run beside one).
+    /// Keeps a flush's choice of what to write (the high watermark and the versions
+    /// below it) out from between a Put's submit and the staging of its rows: a flush
+    /// then would record a flushed offset past rows that are in neither the buffer nor
+    /// the store. Held only while the flush chooses, not while it writes. Taken after
+    /// `puts` and `store_writes` when held with them. Merges do not wait for flushes
+    /// (see [`KvTablet::flush`] for why they may run beside one).
     flushes: tokio::sync::Mutex<()>,
+    /// Serializes the store's writers and snapshot readers: flushes, which hold it from
+    /// their choice through the store write to the buffer's release of what they
+    /// wrote (two at once could write an older version, and an older flushed offset,
+    /// over a newer one), the reads of a snapshot, and a release of the buffer's rows.
+    /// Where flushes run beside merges (fjall), Puts merge and stage beside a store
+    /// write. Taken after `puts`, before `flushes`.
+    store_writes: tokio::sync::Mutex<()>,
     failed: Mutex<Option<MinkError>>,
     /// The error of the last store write and when it failed (`None` once one
     /// succeeds).
@@ -361,6 +369,7 @@ impl KvTablet {
                 prewrite: Mutex::new(Prewrite::default()),
                 write_back_bytes: AtomicU64::new(DEFAULT_WRITE_BACK_BYTES),
                 puts: tokio::sync::Mutex::new(()),
+                store_writes: tokio::sync::Mutex::new(()),
                 flushes: tokio::sync::Mutex::new(()),
                 failed: Mutex::new(None),
                 store_failure: Mutex::new(None),
@@ -1046,12 +1055,14 @@ impl KvTablet {
             staged,
             images,
         } = merged;
-        // No flush between the submit (offsets) and the staging below.
+        // No flush chooses what to write between the submit (offsets) and the staging
+        // below (a store write may run meanwhile).
         let flushes = self.inner.flushes.lock().await;
         // A flush that failed the tablet (fenced) while this Put merged cleared the
         // buffer under it: the merge may have read older rows, and "nothing changed"
-        // may be as wrong as a changelog. The failing flush held the lock, so its
-        // failure is visible here.
+        // may be as wrong as a changelog. `fail` marks the tablet failed before it
+        // clears the buffer, so a merge that read the cleared buffer finds the mark
+        // here (and one that read it whole made a true changelog).
         if let Some(e) = self.failure() {
             return Err(e);
         }
@@ -1193,8 +1204,13 @@ impl KvTablet {
     /// has no version of it; a key the buffer lacks is in no flush in progress but one
     /// that already wrote it to the store, so the merge reads the newest value either
     /// way. Nothing stages versions while a merge runs but that merge itself, after
-    /// it. Flushes are serialized among themselves (`flushes`): two at once could write
-    /// an older version, and an older flushed offset, over a newer one.
+    /// it. Flushes are serialized among themselves (`store_writes`): two at once could
+    /// write an older version, and an older flushed offset, over a newer one. Puts stage
+    /// while the store is written (where flushes run beside merges): they hold
+    /// `flushes` from their submit to their
+    /// staging, and the flush holds it only while it takes the high watermark and the
+    /// versions below it, so every version staged during the write is at or above that
+    /// high watermark, which the write and the release after it leave alone.
     ///
     /// A store that prefers its writes between merges
     /// ([`KvNamespace::flush_beside_merges`]) flushes under the put lock as well.
@@ -1203,15 +1219,16 @@ impl KvTablet {
             true => None,
             false => Some(self.inner.puts.lock().await),
         };
-        let _guard = self.inner.flushes.lock().await;
+        let _writes = self.inner.store_writes.lock().await;
         // A failed tablet dropped its staged rows (some acknowledged, not yet in the
         // store): it writes nothing more, so that the store's offset stays where a
         // replay from the log finds them. A failing flush held this lock.
         if self.failure().is_some() {
             return Ok(());
         }
-        let hw = self.inner.log.high_watermark();
-        let ops: Vec<KvOp> = {
+        let (hw, ops) = {
+            let _choice = self.inner.flushes.lock().await;
+            let hw = self.inner.log.high_watermark();
             let prewrite = self.prewrite();
             // Again under the buffer's lock: a failure since the check above emptied
             // the buffer (`fail` marks the tablet failed first, then clears it), and
@@ -1220,14 +1237,15 @@ impl KvTablet {
             if self.failure().is_some() {
                 return Ok(());
             }
-            prewrite.dirty(hw)
-        }
-        .into_iter()
-        .map(|(key, value)| match value {
-            Some(bytes) => KvOp::Put(key, bytes),
-            None => KvOp::Delete(key),
-        })
-        .collect();
+            (hw, prewrite.dirty(hw))
+        };
+        let ops: Vec<KvOp> = ops
+            .into_iter()
+            .map(|(key, value)| match value {
+                Some(bytes) => KvOp::Put(key, bytes),
+                None => KvOp::Delete(key),
+            })
+            .collect();
         // With nothing to write, the store's offset still goes to the high watermark
         // when it is behind (sequence markers take offsets and stage nothing): a
         // snapshot then covers them, and an idle bucket is not snapshotted again.
@@ -1509,9 +1527,9 @@ impl KvTablet {
     /// Writes a snapshot (the caller holds `latest_snapshot`).
     async fn write_snapshot(&self, snapshots: &SnapshotStore) -> Result<SnapshotInfo> {
         self.flush().await?;
-        // Hold the flush lock: no flush may move the store while it is read.
+        // No flush may move the store while it is read.
         let (offset, batches, schema) = {
-            let _guard = self.inner.flushes.lock().await;
+            let _guard = self.inner.store_writes.lock().await;
             // A failed tablet's store may be behind what it acknowledged (its buffer
             // was dropped): it writes no snapshot.
             if let Some(e) = self.failure() {
@@ -1555,7 +1573,7 @@ impl KvTablet {
     /// pressed ([`KvTablet::run_snapshots`]). Safe beside Puts, flushes and snapshots.
     pub async fn release_write_back(&self) -> Result<()> {
         self.flush().await?;
-        let _guard = self.inner.flushes.lock().await;
+        let _guard = self.inner.store_writes.lock().await;
         let mut prewrite = self.prewrite();
         let flushed = prewrite.flushed();
         prewrite.written(flushed, 0);
