@@ -1594,10 +1594,15 @@ impl KvTablet {
         let mut due = tokio::time::Instant::now() + interval;
         let mut seen = self.inner.log.high_watermark();
         let mut pressure = self.prewrite().node_pressure();
+        // Without a snapshot store the idle check goes on, and snapshots stop.
+        let mut snapshots = true;
         loop {
             tokio::select! {
                 _ = &mut shutdown => return,
-                _ = tokio::time::sleep_until(due.min(tokio::time::Instant::now() + IDLE_CHECK)) => {}
+                _ = tokio::time::sleep_until(match snapshots {
+                    true => due.min(tokio::time::Instant::now() + IDLE_CHECK),
+                    false => tokio::time::Instant::now() + IDLE_CHECK,
+                }) => {}
             }
             if self.failure().is_some() {
                 return;
@@ -1619,7 +1624,7 @@ impl KvTablet {
             {
                 tracing::warn!(bucket = %self.inner.bucket, "releasing the write-back rows of an idle bucket: {e}");
             }
-            if tokio::time::Instant::now() < due {
+            if !snapshots || tokio::time::Instant::now() < due {
                 continue;
             }
             due = tokio::time::Instant::now() + interval;
@@ -1636,7 +1641,7 @@ impl KvTablet {
             }
             match self.snapshot().await {
                 Ok(Some(info)) => on_snapshot(info),
-                Ok(None) => return,
+                Ok(None) => snapshots = false,
                 Err(e) => tracing::warn!(bucket = %self.inner.bucket, "KV snapshot failed: {e}"),
             }
         }
