@@ -40,15 +40,13 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arrow::array::{ArrayRef, Int64Array, RecordBatch};
-use mink_kv::store::{KvPairs, PairIter};
 use mink_kv::{
-    KvBackend, KvNamespace, KvOp, KvStore, KvTablet, Owner, PutRequest, SnapshotStore,
-    WriteBackBudget, open_kv_store,
+    KvBackend, KvStore, KvTablet, PutRequest, SnapshotStore, WriteBackBudget, open_kv_store,
 };
 use mink_log::{LogBatch, LogConfig, LogTablet, NO_WRITER};
 use mink_types::{ChangeType, MinkError, TableBucket};
@@ -59,7 +57,10 @@ use object_store::memory::InMemory;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+mod failing_store;
 mod kv_model;
+
+use failing_store::{FailingStore, STORE_FAULT, StoreFaults};
 
 use kv_model::{
     Change, Engine, PutSpec, State, Val, apply, merge, random_put, request, rows_of, schema,
@@ -167,7 +168,7 @@ struct Incarnation {
     streams: StreamStore,
     kv: Arc<dyn KvStore>,
     /// How many of the local store's next writes fail, as on a full disk.
-    store_faults: Arc<AtomicU32>,
+    store_faults: Arc<StoreFaults>,
     dir: PathBuf,
 }
 
@@ -303,10 +304,10 @@ async fn start_node(
     let streams = start_streams(&faulty, node, u32::MAX)
         .await
         .expect("a node with faults but not down starts");
-    let store_faults = Arc::new(AtomicU32::new(0));
+    let store_faults = Arc::new(StoreFaults::default());
     let kv = Arc::new(FailingStore {
         inner: open_store(backend, &dir).unwrap(),
-        fail_writes: store_faults.clone(),
+        faults: store_faults.clone(),
     });
     Incarnation {
         id: seed,
@@ -315,75 +316,6 @@ async fn start_node(
         kv,
         store_faults,
         dir,
-    }
-}
-
-/// What an injected local-store write failure says (a store error is `Internal`).
-const STORE_FAULT: &str = "injected: no space left on device";
-
-/// A node's local KV store whose next writes can be made to fail, as on a full disk:
-/// the tablet must keep every acknowledged row (its changelog is durable) and write
-/// them once the store takes writes again.
-struct FailingStore {
-    inner: Arc<dyn KvStore>,
-    fail_writes: Arc<AtomicU32>,
-}
-
-impl KvStore for FailingStore {
-    fn namespace(&self, name: &str) -> mink_types::Result<Arc<dyn KvNamespace>> {
-        Ok(Arc::new(FailingNamespace {
-            inner: self.inner.namespace(name)?,
-            fail_writes: self.fail_writes.clone(),
-        }))
-    }
-
-    fn drop_namespace(&self, name: &str) -> mink_types::Result<()> {
-        self.inner.drop_namespace(name)
-    }
-}
-
-struct FailingNamespace {
-    inner: Arc<dyn KvNamespace>,
-    fail_writes: Arc<AtomicU32>,
-}
-
-impl KvNamespace for FailingNamespace {
-    fn get(&self, key: &[u8]) -> mink_types::Result<Option<Vec<u8>>> {
-        self.inner.get(key)
-    }
-    fn multi_get(&self, keys: &[Vec<u8>]) -> mink_types::Result<Vec<Option<Vec<u8>>>> {
-        self.inner.multi_get(keys)
-    }
-    fn write(&self, ops: &[KvOp], flushed_offset: i64) -> mink_types::Result<()> {
-        let fail = self
-            .fail_writes
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok();
-        if fail {
-            return Err(MinkError::Internal(format!("KV store: {STORE_FAULT}")));
-        }
-        self.inner.write(ops, flushed_offset)
-    }
-    fn flushed_offset(&self) -> mink_types::Result<Option<i64>> {
-        self.inner.flushed_offset()
-    }
-    fn range(&self, start: &[u8], end: Option<&[u8]>, limit: usize) -> mink_types::Result<KvPairs> {
-        self.inner.range(start, end, limit)
-    }
-    fn prefix(&self, prefix: &[u8], limit: usize) -> mink_types::Result<KvPairs> {
-        self.inner.prefix(prefix, limit)
-    }
-    fn snapshot(&self) -> mink_types::Result<PairIter> {
-        self.inner.snapshot()
-    }
-    fn clear(&self) -> mink_types::Result<()> {
-        self.inner.clear()
-    }
-    fn owner(&self) -> &Owner {
-        self.inner.owner()
-    }
-    fn flush_beside_merges(&self) -> bool {
-        self.inner.flush_beside_merges()
     }
 }
 
@@ -981,7 +913,7 @@ impl Controller {
                         lock(&model).count("store write faults");
                         lock(&model)
                             .trace(|| format!("n{n}: its store fails its next {writes} writes"));
-                        faults.store(writes, Ordering::SeqCst);
+                        faults.fail_next(writes);
                     }
                 }
                 _ => {}

@@ -2,14 +2,11 @@
 //! evolution, idempotence, recovery by replay on both backends, bad input.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use arrow::array::{Array, AsArray, BooleanArray, Int64Array, RecordBatch, StringArray};
-use mink_kv::store::{KvPairs, PairIter};
 use mink_kv::{
-    BeforeImages, KvBackend, KvNamespace, KvOp, KvTablet, Owner, PutRequest, SnapshotStore,
-    WriteBackBudget, open_kv_store,
+    BeforeImages, KvBackend, KvTablet, PutRequest, SnapshotStore, WriteBackBudget, open_kv_store,
 };
 use mink_log::{LogConfig, LogTablet, NO_WRITER};
 use mink_types::{
@@ -19,6 +16,10 @@ use mink_wal::fault::{FaultConfig, FaultyStore};
 use mink_wal::{StreamStore, WalConfig};
 use object_store::ObjectStore;
 use object_store::memory::InMemory;
+
+mod failing_store;
+
+use failing_store::{FailingNamespace, StoreFaults};
 
 const BUCKET: TableBucket = TableBucket {
     table_id: 1,
@@ -143,11 +144,11 @@ impl Env {
     }
 
     /// Opens the tablet (under the next epoch) on the KV store in `dir`, its namespace
-    /// wrapped in one whose writes fail while `failing` is set.
+    /// wrapped in one whose writes fail as `faults` say.
     async fn open_failing(
         &mut self,
         descriptor: &TableDescriptor,
-        failing: &Arc<AtomicBool>,
+        faults: &Arc<StoreFaults>,
     ) -> mink_types::Result<KvTablet> {
         self.epoch += 1;
         let stream = self.node.open_stream("t1-b0", self.epoch).await.unwrap();
@@ -156,9 +157,9 @@ impl Env {
             .await
             .unwrap();
         let kv = open_kv_store(self.backend, self.dir.path()).unwrap();
-        let namespace = Arc::new(FailingWrites {
+        let namespace = Arc::new(FailingNamespace {
             inner: kv.namespace("t1-b0").unwrap(),
-            failing: failing.clone(),
+            faults: faults.clone(),
         });
         let snapshots = Some(self.snapshots());
         KvTablet::open(
@@ -170,47 +171,6 @@ impl Env {
             snapshots,
         )
         .await
-    }
-}
-
-/// A namespace whose writes fail while `failing` is set, as on a full disk.
-struct FailingWrites {
-    inner: Arc<dyn KvNamespace>,
-    failing: Arc<AtomicBool>,
-}
-
-impl KvNamespace for FailingWrites {
-    fn get(&self, key: &[u8]) -> mink_types::Result<Option<Vec<u8>>> {
-        self.inner.get(key)
-    }
-    fn write(&self, ops: &[KvOp], flushed_offset: i64) -> mink_types::Result<()> {
-        if self.failing.load(Ordering::SeqCst) {
-            return Err(MinkError::Internal(
-                "No space left on device (os error 28)".into(),
-            ));
-        }
-        self.inner.write(ops, flushed_offset)
-    }
-    fn flushed_offset(&self) -> mink_types::Result<Option<i64>> {
-        self.inner.flushed_offset()
-    }
-    fn range(&self, start: &[u8], end: Option<&[u8]>, limit: usize) -> mink_types::Result<KvPairs> {
-        self.inner.range(start, end, limit)
-    }
-    fn prefix(&self, prefix: &[u8], limit: usize) -> mink_types::Result<KvPairs> {
-        self.inner.prefix(prefix, limit)
-    }
-    fn snapshot(&self) -> mink_types::Result<PairIter> {
-        self.inner.snapshot()
-    }
-    fn clear(&self) -> mink_types::Result<()> {
-        self.inner.clear()
-    }
-    fn owner(&self) -> &Owner {
-        self.inner.owner()
-    }
-    fn flush_beside_merges(&self) -> bool {
-        self.inner.flush_beside_merges()
     }
 }
 
@@ -729,11 +689,11 @@ async fn durable_rows_wait_ahead_of_the_store_until_the_bound(backend: KvBackend
 async fn a_failing_store_write_fails_no_durable_put(backend: KvBackend) {
     let mut env = Env::new(backend).await;
     let d = table(&[]);
-    let failing = Arc::new(AtomicBool::new(false));
+    let failing = Arc::new(StoreFaults::default());
     let t = env.open_failing(&d, &failing).await.unwrap();
     t.set_write_back_bytes(400);
     t.put(put(&[(1, Some("a"), Some(1))])).await.unwrap();
-    failing.store(true, Ordering::SeqCst);
+    failing.set(true);
     let store = t.store_offset().unwrap();
     // Under the bound nothing is written; past it the write fails, and the Puts that
     // met it are durable and answered so.
@@ -758,7 +718,7 @@ async fn a_failing_store_write_fails_no_durable_put(backend: KvBackend) {
     // Once the store can be written, Puts go in again (the tablet tries the store
     // again within a second; a client retries what was refused) and the store
     // catches up.
-    failing.store(false, Ordering::SeqCst);
+    failing.set(false);
     t.set_write_back_bytes(0);
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
@@ -778,7 +738,7 @@ async fn a_failing_store_write_fails_no_durable_put(backend: KvBackend) {
     // A crash with rows a failed store write left in the buffer loses nothing either:
     // the tablet does not open while its replay cannot write the store, and once it
     // can, it replays the log.
-    failing.store(true, Ordering::SeqCst);
+    failing.set(true);
     t.put(put(&[(1, Some("d"), None)])).await.unwrap();
     assert!(t.store_offset().unwrap() < Some(t.log().high_watermark()));
     drop(t);
@@ -788,7 +748,7 @@ async fn a_failing_store_write_fails_no_durable_put(backend: KvBackend) {
         .err()
         .expect("opened on a failing store");
     assert!(refused.to_string().contains("No space left"), "{refused}");
-    failing.store(false, Ordering::SeqCst);
+    failing.set(false);
     let t = env.open_failing(&d, &failing).await.unwrap();
     assert_eq!(get(&t, &[1]), vec![v(Some("d"), None)]);
     assert!(get(&t, &ids).iter().all(|r| r.is_some()));

@@ -1,0 +1,104 @@
+//! A local KV store whose writes can be made to fail, as on a full disk: the KV
+//! tablet's tests (`kv_tablet.rs`) and its model test (`kv_concurrent.rs`) share it.
+//! Each test crate uses part of it.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+use mink_kv::store::{KvPairs, PairIter};
+use mink_kv::{KvNamespace, KvOp, KvStore, Owner};
+use mink_types::{MinkError, Result};
+
+/// What a refused write says: what a full disk says (a store error is `Internal`).
+pub const STORE_FAULT: &str = "No space left on device (os error 28)";
+
+/// Which writes of a [`FailingStore`] or [`FailingNamespace`] fail: every one while
+/// set, and the next few.
+#[derive(Default)]
+pub struct StoreFaults {
+    failing: AtomicBool,
+    next: AtomicU32,
+}
+
+impl StoreFaults {
+    /// Every write fails while `failing`.
+    pub fn set(&self, failing: bool) {
+        self.failing.store(failing, Ordering::SeqCst);
+    }
+
+    /// The next `writes` writes fail.
+    pub fn fail_next(&self, writes: u32) {
+        self.next.store(writes, Ordering::SeqCst);
+    }
+
+    fn fails(&self) -> bool {
+        self.failing.load(Ordering::SeqCst)
+            || self
+                .next
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+    }
+}
+
+/// A store whose namespaces are [`FailingNamespace`]s sharing one [`StoreFaults`].
+pub struct FailingStore {
+    pub inner: Arc<dyn KvStore>,
+    pub faults: Arc<StoreFaults>,
+}
+
+impl KvStore for FailingStore {
+    fn namespace(&self, name: &str) -> Result<Arc<dyn KvNamespace>> {
+        Ok(Arc::new(FailingNamespace {
+            inner: self.inner.namespace(name)?,
+            faults: self.faults.clone(),
+        }))
+    }
+
+    fn drop_namespace(&self, name: &str) -> Result<()> {
+        self.inner.drop_namespace(name)
+    }
+}
+
+/// A namespace whose writes fail as its [`StoreFaults`] say; everything else passes
+/// through.
+pub struct FailingNamespace {
+    pub inner: Arc<dyn KvNamespace>,
+    pub faults: Arc<StoreFaults>,
+}
+
+impl KvNamespace for FailingNamespace {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.inner.get(key)
+    }
+    fn multi_get(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
+        self.inner.multi_get(keys)
+    }
+    fn write(&self, ops: &[KvOp], flushed_offset: i64) -> Result<()> {
+        if self.faults.fails() {
+            return Err(MinkError::Internal(format!("KV store: {STORE_FAULT}")));
+        }
+        self.inner.write(ops, flushed_offset)
+    }
+    fn flushed_offset(&self) -> Result<Option<i64>> {
+        self.inner.flushed_offset()
+    }
+    fn range(&self, start: &[u8], end: Option<&[u8]>, limit: usize) -> Result<KvPairs> {
+        self.inner.range(start, end, limit)
+    }
+    fn prefix(&self, prefix: &[u8], limit: usize) -> Result<KvPairs> {
+        self.inner.prefix(prefix, limit)
+    }
+    fn snapshot(&self) -> Result<PairIter> {
+        self.inner.snapshot()
+    }
+    fn clear(&self) -> Result<()> {
+        self.inner.clear()
+    }
+    fn owner(&self) -> &Owner {
+        self.inner.owner()
+    }
+    fn flush_beside_merges(&self) -> bool {
+        self.inner.flush_beside_merges()
+    }
+}
