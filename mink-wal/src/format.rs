@@ -253,26 +253,22 @@ impl IndexEntry {
 /// records is a few large chunks, not two writes per record.
 const SEGMENT_COPY_BELOW: usize = 64 << 10;
 
+/// The most copied bytes one chunk of a segment holds. A segment of small records
+/// (a primary-key table's changelog batches are often just under `SEGMENT_COPY_BELOW`)
+/// used to be one buffer of up to the whole segment, written with one `write(2)`: a
+/// fresh allocation of tens of MB per segment, and on `file://` one huge write into
+/// fresh page cache, which cost this machine's kernel 5–10 times the CPU per byte of the
+/// same bytes in 64 KiB writes (docs/benchmarks.md, 2026-12-06, session 32). Chunks of
+/// this size come from the allocator's reused memory and are written one at a time.
+const SEGMENT_CHUNK_MAX: usize = 256 << 10;
+
 /// Encodes records (contiguous offsets) into a segment: the object (as chunks that
 /// share the large payloads instead of copying them: compaction of 64 MiB used to
 /// allocate and fill 64 MiB) and its index. Each record's header takes the CRC the
 /// record carries: no pass over the payloads.
 pub fn encode_segment(records: &[Record]) -> (object_store::PutPayload, Vec<IndexEntry>) {
     let mut chunks: Vec<Bytes> = Vec::new();
-    // Every header and every copied payload, allocated once (not grown by doubling:
-    // compaction copies hundreds of MB/s of small records).
-    let copied: usize = records
-        .iter()
-        .map(|r| {
-            SEGMENT_RECORD_HEADER_LEN
-                + if r.payload.len() < SEGMENT_COPY_BELOW {
-                    r.payload.len()
-                } else {
-                    0
-                }
-        })
-        .sum();
-    let mut small = BytesMut::with_capacity(copied);
+    let mut small = BytesMut::new();
     let mut index = Vec::with_capacity(records.len());
     let mut position = 0u64;
     for r in records {
@@ -283,12 +279,22 @@ pub fn encode_segment(records: &[Record]) -> (object_store::PutPayload, Vec<Inde
             position,
             payload_len: r.payload.len() as u32,
         });
+        let copy = r.payload.len() < SEGMENT_COPY_BELOW;
+        let need = SEGMENT_RECORD_HEADER_LEN + if copy { r.payload.len() } else { 0 };
+        if small.capacity() - small.len() < need {
+            // Full: the copied bytes so far become a chunk, and the next ones go into a
+            // new buffer (allocated once at its full size, not grown by doubling).
+            if !small.is_empty() {
+                chunks.push(small.split().freeze());
+            }
+            small = BytesMut::with_capacity(need.max(SEGMENT_CHUNK_MAX));
+        }
         small.put_u64_le(r.base);
         small.put_u32_le(r.count);
         small.put_i64_le(r.timestamp_ms);
         small.put_u32_le(r.payload.len() as u32);
         small.put_u32_le(r.crc);
-        if r.payload.len() < SEGMENT_COPY_BELOW {
+        if copy {
             small.put_slice(&r.payload);
         } else {
             chunks.push(small.split().freeze());
@@ -485,5 +491,43 @@ mod tests {
         let last = bad.len() - 1;
         bad[last] ^= 1;
         assert!(decode_segment_footer("s", &bad).is_err());
+    }
+
+    #[test]
+    fn a_segment_of_small_records_is_written_in_bounded_chunks() {
+        // 300 records of 60 KiB (under the copy threshold) make a segment of ~18 MB:
+        // it goes out in chunks of at most `SEGMENT_CHUNK_MAX`, not in one write.
+        let records: Vec<Record> = (0..300u32)
+            .map(|i| {
+                let body = vec![(i % 251) as u8; (60 << 10) + i as usize];
+                Record {
+                    base: i as u64 * 2,
+                    count: 2,
+                    timestamp_ms: i as i64,
+                    crc: crc32c::crc32c(&body),
+                    payload: Bytes::from(body),
+                }
+            })
+            .collect();
+        let (payload, index) = encode_segment(&records);
+        let sizes: Vec<usize> = payload.iter().map(|c| c.len()).collect();
+        assert!(sizes.len() > 60, "{} chunks", sizes.len());
+        assert!(
+            sizes.iter().all(|&n| n <= SEGMENT_CHUNK_MAX),
+            "a chunk over the bound: {:?}",
+            sizes.iter().max()
+        );
+        let bytes = Bytes::from(payload);
+        let (pos, n, crc) = decode_segment_footer("s", &bytes).unwrap();
+        let decoded = decode_segment_index(
+            "s",
+            &bytes[pos as usize..bytes.len() - SEGMENT_FOOTER_LEN],
+            n,
+            crc,
+        )
+        .unwrap();
+        assert_eq!(decoded, index);
+        let got = decode_segment_records("s", &bytes.slice(..pos as usize), &decoded).unwrap();
+        assert_eq!(got, records);
     }
 }
