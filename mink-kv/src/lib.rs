@@ -25,4 +25,6 @@ pub use config::{KvBackend, KvConfig, open_kv_store};
 pub use prewrite::WriteBackBudget;
 pub use snapshot::{SnapshotData, SnapshotInfo, SnapshotStore};
 pub use store::{Claim, KvNamespace, KvOp, KvStore, Owner};
-pub use tablet::{BeforeImages, KafkaBatch, KvTablet, LookupResult, PendingPut, PutRequest};
+pub use tablet::{
+    BeforeImages, KafkaBatch, KvTablet, LookupResult, PendingPut, PutRequest, StagingPause,
+};

@@ -284,6 +284,21 @@ struct Inner {
     /// `-U` images of the column-wise merge: taken from a batch at hand (kept by the
     /// buffer, or earlier in the Put), and decoded from the stored row.
     before_images: [AtomicU64; 2],
+    /// A test's pause of the next Put between its submit and its staging
+    /// ([`KvTablet::pause_next_staging`]); `staging_paused` says whether one is set.
+    staging_pause: Mutex<Option<Arc<StagingPause>>>,
+    staging_paused: std::sync::atomic::AtomicBool,
+}
+
+/// A Put held between its submit and the staging of its rows, for tests of what may
+/// run in that window ([`KvTablet::pause_next_staging`]).
+#[doc(hidden)]
+#[derive(Default)]
+pub struct StagingPause {
+    /// Notified once the Put has its offsets and waits.
+    pub reached: tokio::sync::Notify,
+    /// Notify it to let the Put stage its rows.
+    pub release: tokio::sync::Notify,
 }
 
 /// Where a tablet's `-U` images came from ([`KvTablet::before_images`]).
@@ -376,6 +391,8 @@ impl KvTablet {
                 snapshots,
                 latest_snapshot: tokio::sync::Mutex::new(None),
                 before_images: [AtomicU64::new(0), AtomicU64::new(0)],
+                staging_pause: Mutex::new(None),
+                staging_paused: std::sync::atomic::AtomicBool::new(false),
             }),
         };
         tablet.recover().await?;
@@ -1105,6 +1122,9 @@ impl KvTablet {
             return Ok(PendingStep::Duplicate(submitted));
         }
         let (_, last_offset) = submitted.offsets();
+        if self.inner.staging_paused.load(Ordering::Acquire) {
+            self.staging_pause().await;
+        }
         let mut prewrite = self.prewrite();
         let hw = self.high_watermark_under(&prewrite);
         // A quarter of the buffer's bound may hold the batches its `-U` images come
@@ -1566,6 +1586,36 @@ impl KvTablet {
         // may go (the log never trims above this).
         self.inner.log.allow_trim_to(info.log_offset);
         Ok(info)
+    }
+
+    /// Test hook: the next Put of this tablet stops between its submit (it has its
+    /// offsets; its changelog is on its way) and the staging of its rows, until
+    /// `release` is notified. Whatever a test runs meanwhile runs in the window the
+    /// `flushes` lock guards.
+    #[doc(hidden)]
+    pub fn pause_next_staging(&self) -> Arc<StagingPause> {
+        let pause = Arc::new(StagingPause::default());
+        *self
+            .inner
+            .staging_pause
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(pause.clone());
+        self.inner.staging_paused.store(true, Ordering::Release);
+        pause
+    }
+
+    async fn staging_pause(&self) {
+        let pause = self
+            .inner
+            .staging_pause
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        self.inner.staging_paused.store(false, Ordering::Release);
+        if let Some(pause) = pause {
+            pause.reached.notify_one();
+            pause.release.notified().await;
+        }
     }
 
     /// Writes the durable rows to the store and lets every one go from the buffer (the

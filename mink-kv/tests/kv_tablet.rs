@@ -1969,6 +1969,48 @@ async fn concurrent_puts_beside_flushes_keep_the_changelog_exact() {
     }
 }
 
+/// A flush never chooses what to write between a Put's submit and the staging of its
+/// rows: it would record a flushed offset past rows that are then in neither the
+/// store nor (after a crash) the buffer. The Put is held in that window
+/// (`pause_next_staging`) until its changelog is durable, and a flush is started
+/// beside it; after both, a crash and a reopen from the store must find the Put's row.
+async fn a_flush_waits_for_a_submitted_put_to_stage(backend: KvBackend) {
+    let mut env = Env::new(backend).await;
+    let d = table(&[]);
+    let t = env.open(&d).await;
+    t.put(put(&[(1, Some("a"), Some(1))])).await.unwrap();
+    t.release_write_back().await.unwrap();
+    let before = t.log().high_watermark();
+    assert_eq!(t.store_offset().unwrap(), Some(before));
+
+    let pause = t.pause_next_staging();
+    let putting = tokio::spawn({
+        let t = t.clone();
+        async move { t.put(put(&[(1, Some("b"), Some(2))])).await }
+    });
+    pause.reached.notified().await;
+    // The Put has its offset; its changelog becomes durable by itself (the WAL
+    // uploads it), so a flush choosing now would take a high watermark past it.
+    while t.log().high_watermark() <= before {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let flushing = tokio::spawn({
+        let t = t.clone();
+        async move { t.release_write_back().await }
+    });
+    // Time for a flush that does not wait to finish (were it late, the test would
+    // only be weaker).
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    pause.release.notify_one();
+    putting.await.unwrap().unwrap();
+    flushing.await.unwrap().unwrap();
+    assert_eq!(get(&t, &[1]), vec![v(Some("b"), Some(2))]);
+    // A crash: the buffer is lost; the store and the log from its offset remain.
+    drop(t);
+    let t = env.open(&d).await;
+    assert_eq!(get(&t, &[1]), vec![v(Some("b"), Some(2))]);
+}
+
 macro_rules! both {
     ($($name:ident),*; paused: $($paused:ident),*) => {
         mod fjall {
@@ -2008,7 +2050,8 @@ both!(
     a_no_op_put_is_durable_and_a_stale_attempt_of_it_changes_nothing,
     a_put_never_overtakes_its_predecessor_after_a_reopen,
     a_put_covers_a_range_of_its_writers_sequences,
-    a_superseded_tablet_writes_nothing_to_the_store;
+    a_superseded_tablet_writes_nothing_to_the_store,
+    a_flush_waits_for_a_submitted_put_to_stage;
     paused:
     a_no_op_put_waits_for_the_staged_write_it_read,
     a_no_op_put_fails_when_the_staged_write_it_read_fails,
