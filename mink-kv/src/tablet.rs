@@ -998,6 +998,14 @@ impl KvTablet {
                 step: PendingStep::Duplicate(duplicate),
             });
         }
+        // Puts that passed the store check while the buffer had room may have waited
+        // here meanwhile, each with its rows: checked again under the lock, the rows
+        // waiting for a failing store stay within twice the bound and one Put.
+        if let Some(refusal) = self.store_refusal() {
+            drop(guard);
+            drop(cork.take());
+            return Err(refusal);
+        }
         // Everything that can fail is done before the submit: once the changelog is on
         // its way the rows must be staged, and an error would no longer mean "not
         // written" to the client.
@@ -1329,37 +1337,45 @@ impl KvTablet {
     /// no bound. What the buffer holds is durable (in the log) either way. A store
     /// write is tried first; one that succeeds lets Puts in again.
     async fn check_store_writable(&self) -> Result<()> {
-        let failure = self
+        let Some(refusal) = self.store_refusal() else {
+            return Ok(());
+        };
+        if !self.store_retry_later() {
+            return match self.flush().await {
+                Ok(()) => Ok(()),
+                // Fenced: the answer that redirects the client to the new leader.
+                Err(e @ MinkError::Fenced(_)) => Err(e),
+                Err(e) => Err(self.store_unavailable(&e)),
+            };
+        }
+        Err(refusal)
+    }
+
+    /// The refusal of a Put while the store cannot be written and the rows waiting for
+    /// it are past twice the buffer's bound (or the node's buffers past theirs);
+    /// `None` otherwise.
+    fn store_refusal(&self) -> Option<MinkError> {
+        let (error, _) = self
             .inner
             .store_failure
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        let Some((mut error, at)) = failure else {
-            return Ok(());
-        };
+            .clone()?;
         let full = {
             let prewrite = self.prewrite();
             prewrite.rows_bytes() > self.write_back_bytes().saturating_mul(2)
                 || prewrite.node_over()
         };
-        if !full {
-            return Ok(());
-        }
-        if at.elapsed() >= STORE_RETRY {
-            match self.flush().await {
-                Ok(()) => return Ok(()),
-                // Fenced: the answer that redirects the client to the new leader.
-                Err(e @ MinkError::Fenced(_)) => return Err(e),
-                Err(e) => error = e,
-            }
-        }
-        Err(MinkError::Unavailable(format!(
+        full.then(|| self.store_unavailable(&error))
+    }
+
+    fn store_unavailable(&self, error: &MinkError) -> MinkError {
+        MinkError::Unavailable(format!(
             "{}: the local KV store cannot be written ({error}), and the rows waiting for it \
              are past twice kv.prewrite_buffer_bytes_max or the node's \
              kv.prewrite_buffers_bytes_max; the Put was not applied: retry",
             self.inner.bucket
-        )))
+        ))
     }
 
     /// Writes the durable rows to the store when the buffer is past its bound. While

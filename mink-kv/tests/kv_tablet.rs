@@ -754,6 +754,70 @@ async fn a_failing_store_write_fails_no_durable_put(backend: KvBackend) {
     assert!(get(&t, &ids).iter().all(|r| r.is_some()));
 }
 
+/// Puts that passed the store check while the buffer had room and then waited for the
+/// bucket's put lock are checked again under it: the rows waiting for a failing store
+/// stay within twice the bound and one Put, however many Puts were queued.
+async fn puts_queued_while_the_store_fails_are_checked_again(backend: KvBackend) {
+    let mut env = Env::new(backend).await;
+    // The `wal` image keeps no batches: the budget counts the buffer's rows alone.
+    let d = table(&[("changelog_image", "wal")]);
+    let failing = Arc::new(StoreFaults::default());
+    let t = env.open_failing(&d, &failing).await.unwrap();
+    let budget = WriteBackBudget::new(u64::MAX);
+    t.set_write_back_budget(budget.clone());
+    t.set_write_back_bytes(400);
+    failing.set(true);
+    // Until the buffer is past twice the bound; `one` is what a Put adds to it.
+    let (mut i, mut one) = (0, 0);
+    loop {
+        let before = budget.used();
+        match t.put(put(&[(10 + i, Some("b"), Some(i))])).await {
+            Ok(_) => one = budget.used() - before,
+            Err(MinkError::Unavailable(_)) => break,
+            Err(e) => panic!("{e}"),
+        }
+        i += 1;
+        assert!(i < 100, "no Put was refused");
+    }
+    assert!(one > 4, "a Put added {one} bytes");
+    // Room for exactly one more Put.
+    let held = budget.used();
+    let bound = (held + one / 2).div_ceil(2);
+    t.set_write_back_bytes(bound);
+    // The first Put stops after its submit, holding the put lock; the others pass the
+    // check (the buffer has room) and queue behind it.
+    let pause = t.pause_next_staging();
+    let first = tokio::spawn({
+        let t = t.clone();
+        async move { t.put(put(&[(1000, Some("c"), None)])).await }
+    });
+    pause.reached.notified().await;
+    let queued: Vec<_> = (0..8)
+        .map(|k| {
+            let t = t.clone();
+            tokio::spawn(async move { t.put(put(&[(2000 + k, Some("d"), None)])).await })
+        })
+        .collect();
+    // Time for them to reach the lock (were they late, they would meet the full buffer
+    // before it and the test would only be weaker).
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    pause.release.notify_one();
+    first.await.unwrap().unwrap();
+    for q in queued {
+        let refused = q.await.unwrap().expect_err("a queued Put went in");
+        assert!(matches!(refused, MinkError::Unavailable(_)), "{refused}");
+    }
+    assert!(
+        budget.used() <= 2 * bound + one,
+        "{} bytes wait for the store, bound {bound}",
+        budget.used()
+    );
+    // The refused Puts changed nothing.
+    assert_eq!(get(&t, &[1000]), vec![v(Some("c"), None)]);
+    let refused: Vec<i64> = (2000..2008).collect();
+    assert!(get(&t, &refused).iter().all(|r| r.is_none()));
+}
+
 /// An idle bucket gives its write-back rows up while the node's buffers are past their
 /// bound, so that a busy bucket keeps its cache instead of writing its store after
 /// every Put until the idle one's next snapshot.
@@ -2035,6 +2099,7 @@ both!(
     crash_after_ack_before_flush_recovers_the_acknowledged_state,
     durable_rows_wait_ahead_of_the_store_until_the_bound,
     a_failing_store_write_fails_no_durable_put,
+    puts_queued_while_the_store_fails_are_checked_again,
     an_idle_bucket_gives_its_write_back_rows_up_to_a_busy_one,
     an_idle_bucket_without_snapshots_gives_its_rows_up_too,
     schema_evolution_reads_old_rows_with_nulls,
