@@ -262,13 +262,53 @@ const SEGMENT_COPY_BELOW: usize = 64 << 10;
 /// this size come from the allocator's reused memory and are written one at a time.
 const SEGMENT_CHUNK_MAX: usize = 256 << 10;
 
+/// A segment's chunks as they are built: copied bytes fill buffers of exactly
+/// `SEGMENT_CHUNK_MAX` (a record's bytes may run on into the next buffer, so none is
+/// left part empty), shared payloads go in between as their own chunks.
+#[derive(Default)]
+struct Copied {
+    chunks: Vec<Bytes>,
+    buf: BytesMut,
+}
+
+impl Copied {
+    fn copy(&mut self, mut data: &[u8]) {
+        while !data.is_empty() {
+            if self.buf.len() == self.buf.capacity() {
+                self.cut();
+                self.buf = BytesMut::with_capacity(SEGMENT_CHUNK_MAX);
+            }
+            let n = (self.buf.capacity() - self.buf.len()).min(data.len());
+            self.buf.extend_from_slice(&data[..n]);
+            data = &data[n..];
+        }
+    }
+
+    /// A payload shared by reference: the bytes copied before it become a chunk (the
+    /// rest of their buffer takes the bytes copied after it).
+    fn share(&mut self, payload: Bytes) {
+        self.cut();
+        self.chunks.push(payload);
+    }
+
+    fn cut(&mut self) {
+        if !self.buf.is_empty() {
+            self.chunks.push(self.buf.split().freeze());
+        }
+    }
+
+    fn finish(mut self) -> Vec<Bytes> {
+        self.cut();
+        self.chunks
+    }
+}
+
 /// Encodes records (contiguous offsets) into a segment: the object (as chunks that
 /// share the large payloads instead of copying them: compaction of 64 MiB used to
 /// allocate and fill 64 MiB) and its index. Each record's header takes the CRC the
 /// record carries: no pass over the payloads.
 pub fn encode_segment(records: &[Record]) -> (object_store::PutPayload, Vec<IndexEntry>) {
-    let mut chunks: Vec<Bytes> = Vec::new();
-    let mut small = BytesMut::new();
+    let mut copied = Copied::default();
     let mut index = Vec::with_capacity(records.len());
     let mut position = 0u64;
     for r in records {
@@ -279,32 +319,22 @@ pub fn encode_segment(records: &[Record]) -> (object_store::PutPayload, Vec<Inde
             position,
             payload_len: r.payload.len() as u32,
         });
-        let copy = r.payload.len() < SEGMENT_COPY_BELOW;
-        let need = SEGMENT_RECORD_HEADER_LEN + if copy { r.payload.len() } else { 0 };
-        if small.capacity() - small.len() < need {
-            // Full: the copied bytes so far become a chunk, and the next ones go into a
-            // new buffer (allocated once at its full size, not grown by doubling).
-            if !small.is_empty() {
-                chunks.push(small.split().freeze());
-            }
-            small = BytesMut::with_capacity(need.max(SEGMENT_CHUNK_MAX));
-        }
-        small.put_u64_le(r.base);
-        small.put_u32_le(r.count);
-        small.put_i64_le(r.timestamp_ms);
-        small.put_u32_le(r.payload.len() as u32);
-        small.put_u32_le(r.crc);
-        if copy {
-            small.put_slice(&r.payload);
+        let mut header = [0u8; SEGMENT_RECORD_HEADER_LEN];
+        let mut h = &mut header[..];
+        h.put_u64_le(r.base);
+        h.put_u32_le(r.count);
+        h.put_i64_le(r.timestamp_ms);
+        h.put_u32_le(r.payload.len() as u32);
+        h.put_u32_le(r.crc);
+        copied.copy(&header);
+        if r.payload.len() < SEGMENT_COPY_BELOW {
+            copied.copy(&r.payload);
         } else {
-            chunks.push(small.split().freeze());
-            chunks.push(r.payload.clone());
+            copied.share(r.payload.clone());
         }
         position += (SEGMENT_RECORD_HEADER_LEN + r.payload.len()) as u64;
     }
-    if !small.is_empty() {
-        chunks.push(small.split().freeze());
-    }
+    let mut chunks = copied.finish();
     let mut tail = BytesMut::with_capacity(index.len() * INDEX_ENTRY_LEN + SEGMENT_FOOTER_LEN);
     for e in &index {
         tail.put_u64_le(e.base);
@@ -496,7 +526,8 @@ mod tests {
     #[test]
     fn a_segment_of_small_records_is_written_in_bounded_chunks() {
         // 300 records of 60 KiB (under the copy threshold) make a segment of ~18 MB:
-        // it goes out in chunks of at most `SEGMENT_CHUNK_MAX`, not in one write.
+        // it goes out in chunks of `SEGMENT_CHUNK_MAX`, not in one write, and records
+        // run on from one chunk into the next, so no buffer is left part empty.
         let records: Vec<Record> = (0..300u32)
             .map(|i| {
                 let body = vec![(i % 251) as u8; (60 << 10) + i as usize];
@@ -512,11 +543,15 @@ mod tests {
         let (payload, index) = encode_segment(&records);
         let sizes: Vec<usize> = payload.iter().map(|c| c.len()).collect();
         assert!(sizes.len() > 60, "{} chunks", sizes.len());
+        // Every copied chunk but the last is full; then the index.
+        let copied = &sizes[..sizes.len() - 1];
         assert!(
-            sizes.iter().all(|&n| n <= SEGMENT_CHUNK_MAX),
-            "a chunk over the bound: {:?}",
-            sizes.iter().max()
+            copied[..copied.len() - 1]
+                .iter()
+                .all(|&n| n == SEGMENT_CHUNK_MAX),
+            "{copied:?}"
         );
+        assert!(copied[copied.len() - 1] <= SEGMENT_CHUNK_MAX);
         let bytes = Bytes::from(payload);
         let (pos, n, crc) = decode_segment_footer("s", &bytes).unwrap();
         let decoded = decode_segment_index(
