@@ -1604,32 +1604,45 @@ impl KvTablet {
         Ok(info)
     }
 
-    /// Test hook: the next Put of this tablet stops between its submit (it has its
-    /// offsets; its changelog is on its way) and the staging of its rows, until
-    /// `release` is notified. Whatever a test runs meanwhile runs in the window the
+    /// Test hook: the next Put of this tablet that logs a changelog (not a no-op or a
+    /// duplicate) stops between its submit (it has its offsets; its changelog is on
+    /// its way) and the staging of its rows, until `release` is notified. Whatever a test runs meanwhile runs in the window the
     /// `flushes` lock guards.
     #[doc(hidden)]
     pub fn pause_next_staging(&self) -> Arc<StagingPause> {
         let pause = Arc::new(StagingPause::default());
-        *self
+        let mut armed = self
             .inner
             .staging_pause
             .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some(pause.clone());
+            .unwrap_or_else(|e| e.into_inner());
+        *armed = Some(pause.clone());
         self.inner.staging_paused.store(true, Ordering::Release);
         pause
     }
 
     async fn staging_pause(&self) {
-        let pause = self
-            .inner
-            .staging_pause
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        self.inner.staging_paused.store(false, Ordering::Release);
+        let pause = {
+            let mut armed = self
+                .inner
+                .staging_pause
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let pause = armed.take();
+            // Under the lock: a pause armed meanwhile keeps the flag set.
+            self.inner
+                .staging_paused
+                .store(armed.is_some(), Ordering::Release);
+            pause
+        };
         if let Some(pause) = pause {
+            // The window this hook opens is the one the `flushes` lock guards: a Put
+            // held here must hold it (the test that holds one fails on this panic).
             pause.reached.notify_one();
+            assert!(
+                self.inner.flushes.try_lock().is_err(),
+                "a Put reached its staging without holding the flushes lock"
+            );
             pause.release.notified().await;
         }
     }
