@@ -485,6 +485,19 @@ mod tests {
         );
     }
 
+    /// A segment's index, read back through its footer; and where the index starts.
+    fn read_index(bytes: &Bytes) -> (u64, Vec<IndexEntry>) {
+        let (pos, n, crc) = decode_segment_footer("s", bytes).unwrap();
+        let index = decode_segment_index(
+            "s",
+            &bytes[pos as usize..bytes.len() - SEGMENT_FOOTER_LEN],
+            n,
+            crc,
+        )
+        .unwrap();
+        (pos, index)
+    }
+
     #[test]
     fn segments_round_trip_through_their_index() {
         // Large payloads (from 64 KiB) are shared, not copied; small ones around them
@@ -503,14 +516,7 @@ mod tests {
         // payload, the index with the footer.
         assert_eq!(payload.iter().count(), 5);
         let bytes = Bytes::from(payload);
-        let (pos, n, crc) = decode_segment_footer("s", &bytes).unwrap();
-        let decoded = decode_segment_index(
-            "s",
-            &bytes[pos as usize..bytes.len() - SEGMENT_FOOTER_LEN],
-            n,
-            crc,
-        )
-        .unwrap();
+        let (_, decoded) = read_index(&bytes);
         assert_eq!(decoded, index);
         // A range read of all records but the first.
         let range = decoded[1].range().start..decoded[4].range().end;
@@ -553,14 +559,7 @@ mod tests {
         );
         assert!(copied[copied.len() - 1] <= SEGMENT_CHUNK_MAX);
         let bytes = Bytes::from(payload);
-        let (pos, n, crc) = decode_segment_footer("s", &bytes).unwrap();
-        let decoded = decode_segment_index(
-            "s",
-            &bytes[pos as usize..bytes.len() - SEGMENT_FOOTER_LEN],
-            n,
-            crc,
-        )
-        .unwrap();
+        let (pos, decoded) = read_index(&bytes);
         assert_eq!(decoded, index);
         let got = decode_segment_records("s", &bytes.slice(..pos as usize), &decoded).unwrap();
         assert_eq!(got, records);
