@@ -1606,8 +1606,8 @@ impl KvTablet {
 
     /// Test hook: the next Put of this tablet that logs a changelog (not a no-op or a
     /// duplicate) stops between its submit (it has its offsets; its changelog is on
-    /// its way) and the staging of its rows, until `release` is notified. Whatever a test runs meanwhile runs in the window the
-    /// `flushes` lock guards.
+    /// its way) and the staging of its rows, until `release` is notified. Whatever a
+    /// test runs meanwhile runs in the window the `flushes` lock guards.
     #[doc(hidden)]
     pub fn pause_next_staging(&self) -> Arc<StagingPause> {
         let pause = Arc::new(StagingPause::default());
