@@ -172,8 +172,12 @@ impl KvNamespace for FjallNamespace {
     }
 
     fn clear(&self) -> Result<()> {
-        self.keyspace.clear().map_err(store_error)?;
-        self.meta.remove(self.name.as_str()).map_err(store_error)
+        // The flushed offset goes first: the two are separate journal entries, and a
+        // crash between them must not leave an offset over an emptied keyspace (the
+        // open would replay from it over nothing). An offset gone over old pairs is
+        // safe: the open then clears and rebuilds.
+        self.meta.remove(self.name.as_str()).map_err(store_error)?;
+        self.keyspace.clear().map_err(store_error)
     }
 
     fn owner(&self) -> &Owner {
