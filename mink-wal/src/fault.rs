@@ -387,6 +387,95 @@ impl fmt::Display for FaultyStore {
     }
 }
 
+/// A multipart upload through a [`FaultyStore`]: each part and the completion meet the
+/// store's PUT faults (counted as PUTs), as the requests they are on S3. A failed part
+/// is not uploaded; an ambiguous one is, and then fails; an ambiguous completion
+/// completes the object, and then fails.
+struct FaultyUpload {
+    inner: Box<dyn MultipartUpload>,
+    store: FaultyStore,
+    location: Path,
+}
+
+impl fmt::Debug for FaultyUpload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "FaultyUpload({})", self.location)
+    }
+}
+
+#[async_trait]
+impl MultipartUpload for FaultyUpload {
+    fn put_part(&mut self, data: PutPayload) -> object_store::UploadPart {
+        let counters = self.store.counters.clone();
+        counters.puts.fetch_add(1, Ordering::Relaxed);
+        counters
+            .put_bytes
+            .fetch_add(data.content_length() as u64, Ordering::Relaxed);
+        let (fate, delay) = self.store.put_fate(&self.location);
+        // Not polled when the fate is a failure: the part is never sent.
+        let part = self.inner.put_part(data);
+        Box::pin(async move {
+            sleep(delay).await;
+            match fate {
+                PutFate::Fail => {
+                    counters.injected_failures.fetch_add(1, Ordering::Relaxed);
+                    Err(injected("injected upload part failure"))
+                }
+                PutFate::Ambiguous => {
+                    counters.injected_failures.fetch_add(1, Ordering::Relaxed);
+                    part.await?;
+                    Err(injected("injected upload part timeout (the part was sent)"))
+                }
+                PutFate::Hang => {
+                    part.await?;
+                    std::future::pending().await
+                }
+                PutFate::Conflict | PutFate::Normal => part.await,
+            }
+        })
+    }
+
+    async fn complete(&mut self) -> object_store::Result<PutResult> {
+        self.store.counters.puts.fetch_add(1, Ordering::Relaxed);
+        let (fate, delay) = self.store.put_fate(&self.location);
+        sleep(delay).await;
+        let counters = &self.store.counters;
+        match fate {
+            PutFate::Fail => {
+                counters.injected_failures.fetch_add(1, Ordering::Relaxed);
+                Err(injected("injected upload completion failure"))
+            }
+            PutFate::Ambiguous => {
+                counters.injected_failures.fetch_add(1, Ordering::Relaxed);
+                if self.inner.complete().await.is_ok() {
+                    self.store.applied(&self.location);
+                }
+                Err(injected(
+                    "injected upload completion timeout (the object was completed)",
+                ))
+            }
+            PutFate::Hang => {
+                if self.inner.complete().await.is_ok() {
+                    self.store.applied(&self.location);
+                }
+                std::future::pending().await
+            }
+            PutFate::Conflict | PutFate::Normal => {
+                let done = self.inner.complete().await?;
+                self.store.applied(&self.location);
+                Ok(done)
+            }
+        }
+    }
+
+    async fn abort(&mut self) -> object_store::Result<()> {
+        if self.store.is_down() {
+            return Err(injected("injected: the store is down"));
+        }
+        self.inner.abort().await
+    }
+}
+
 #[async_trait]
 impl ObjectStore for FaultyStore {
     async fn put_opts(
@@ -452,7 +541,15 @@ impl ObjectStore for FaultyStore {
         location: &Path,
         opts: PutMultipartOptions,
     ) -> object_store::Result<Box<dyn MultipartUpload>> {
-        self.inner.put_multipart_opts(location, opts).await
+        if self.is_down() {
+            return Err(injected("injected: the store is down"));
+        }
+        let inner = self.inner.put_multipart_opts(location, opts).await?;
+        Ok(Box::new(FaultyUpload {
+            inner,
+            store: self.clone(),
+            location: location.clone(),
+        }))
     }
 
     async fn get_opts(
@@ -632,5 +729,38 @@ mod tests {
         };
         assert_eq!(fates(7), fates(7));
         assert_ne!(fates(7), fates(8));
+    }
+
+    /// Multipart uploads meet the same faults as PUTs: a failed part is never sent, an
+    /// ambiguous completion completes the object, a down store refuses the upload.
+    #[tokio::test]
+    async fn multipart_parts_and_completions_meet_put_faults() {
+        let store = FaultyStore::new(Arc::new(InMemory::new()), FaultConfig::default());
+        let p = Path::from("m");
+        let mut upload = store.put_multipart(&p).await.unwrap();
+        store.fail_next_puts(1);
+        assert!(
+            upload
+                .put_part(PutPayload::from_static(b"one"))
+                .await
+                .is_err()
+        );
+        upload.abort().await.unwrap();
+        assert!(store.get(&p).await.is_err(), "nothing was completed");
+
+        let mut upload = store.put_multipart(&p).await.unwrap();
+        upload
+            .put_part(PutPayload::from_static(b"one"))
+            .await
+            .unwrap();
+        store.time_out_next_puts(1);
+        assert!(upload.complete().await.is_err());
+        let got = store.get(&p).await.unwrap().bytes().await.unwrap();
+        assert_eq!(&got[..], b"one", "an ambiguous completion completes");
+        // Two parts and one completion.
+        assert_eq!(store.counters().puts.load(Ordering::Relaxed), 3);
+
+        store.set_down(true);
+        assert!(store.put_multipart(&Path::from("n")).await.is_err());
     }
 }
