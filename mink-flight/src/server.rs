@@ -42,14 +42,12 @@ pub type ReadBatch = (RecordBatch, ScanBatch);
 pub enum ReadBatches {
     /// `Scan`, `LimitScan`: `ScanBatch` metadata.
     Scan(Vec<ReadBatch>),
-    /// `Snapshot`: `SnapshotBatch` metadata.
-    Snapshot(Vec<(RecordBatch, SnapshotBatch)>),
     /// `Lake`, `Union`: `ScanBatch` metadata, streamed as they are read, so that a
     /// read of any size holds a few batches in memory. An error ends the stream with
     /// its status.
     Stream(futures::stream::BoxStream<'static, Result<ReadBatch, MinkError>>),
-    /// `Lake`, `Union` of a primary-key table: the merged state, with `SnapshotBatch`
-    /// metadata, streamed likewise.
+    /// `Snapshot`, and `Lake`, `Union` of a primary-key table: a state, with
+    /// `SnapshotBatch` metadata, streamed likewise.
     SnapshotStream(
         futures::stream::BoxStream<'static, Result<(RecordBatch, SnapshotBatch), MinkError>>,
     ),
@@ -59,7 +57,6 @@ impl std::fmt::Debug for ReadBatches {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ReadBatches::Scan(b) => write!(f, "Scan({} batches)", b.len()),
-            ReadBatches::Snapshot(b) => write!(f, "Snapshot({} batches)", b.len()),
             ReadBatches::Stream(_) => f.write_str("Stream"),
             ReadBatches::SnapshotStream(_) => f.write_str("SnapshotStream"),
         }
@@ -350,7 +347,6 @@ fn encode_read(schema: &SchemaRef, batches: ReadBatches) -> Result<Vec<FlightDat
     let mut out = vec![FlightData::from(SchemaAsIpc::new(schema, &options))];
     out.extend(match batches {
         ReadBatches::Scan(b) => encode_batches(b)?,
-        ReadBatches::Snapshot(b) => encode_batches(b)?,
         ReadBatches::Stream(_) | ReadBatches::SnapshotStream(_) => {
             return Err(Status::internal(
                 "a streamed read reached the batch encoder",

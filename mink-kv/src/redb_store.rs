@@ -185,10 +185,15 @@ impl KvNamespace for RedbNamespace {
     }
 
     fn snapshot(&self) -> Result<PairIter> {
-        // A read transaction is a consistent snapshot; collect lazily in chunks would
-        // need the transaction to outlive this call, so take the pairs in one go.
-        let pairs = self.range(&[], None, usize::MAX)?;
-        Ok(Box::new(pairs.into_iter().map(Ok)))
+        // A read transaction is a consistent snapshot, and a read-only table's range
+        // keeps it alive: the pairs are read as the iterator is driven.
+        let tx = self.db.begin_read().map_err(store_error)?;
+        let table = tx.open_table(self.def()).map_err(store_error)?;
+        let range = table.range::<&[u8]>(..).map_err(store_error)?;
+        Ok(Box::new(range.map(|item| {
+            let (k, v) = item.map_err(store_error)?;
+            Ok((k.value().to_vec(), v.value().to_vec()))
+        })))
     }
 
     fn clear(&self) -> Result<()> {

@@ -7,26 +7,46 @@
 //! metadata records the schema id its rows are written under
 //! ([`SCHEMA_ID_METADATA_KEY`]); a loader reads them as that schema version and lets
 //! the schema-evolution rules carry them to the current one, as for stored rows.
+//!
+//! A snapshot is as large as the bucket's state, so neither side holds it whole: a
+//! [`SnapshotWriter`] encodes batch by batch and uploads with one PUT up to
+//! `part_bytes`, as a multipart upload of `part_bytes` parts beyond it; a
+//! [`SnapshotReader`] decodes the object's bytes as they arrive. Either holds a few
+//! batches and parts in memory, whatever the snapshot's size.
 
 use std::sync::Arc;
 
 use arrow::array::RecordBatch;
-use arrow::ipc::reader::StreamReader;
+use arrow::buffer::Buffer;
+use arrow::datatypes::SchemaRef;
+use arrow::ipc::reader::StreamDecoder;
 use arrow::ipc::writer::StreamWriter;
-use futures::TryStreamExt;
+use bytes::Bytes;
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
 use mink_types::{MinkError, Result, Schema, SchemaId};
+use object_store::buffered::BufWriter;
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use object_store::{ObjectStore, ObjectStoreExt};
+use tokio::io::AsyncWriteExt;
 
 /// Rows per Arrow batch in a snapshot.
 pub const SNAPSHOT_BATCH_ROWS: usize = 8_192;
+
+/// The size of a snapshot's upload parts: a snapshot up to this is one PUT, a larger
+/// one a multipart upload of parts this size (S3 wants at least 5 MiB but the last).
+pub const SNAPSHOT_PART_BYTES: usize = 8 << 20;
+
+/// Parts of one snapshot uploaded at once.
+const SNAPSHOT_PARTS_IN_FLIGHT: usize = 2;
 
 /// The Arrow schema metadata key holding the schema id a snapshot's rows are written
 /// under (decimal). Snapshots written before it was recorded lack it.
 pub const SCHEMA_ID_METADATA_KEY: &str = "mink.schema_id";
 
-/// A snapshot read back: its rows, and the schema id they were written under when the
-/// snapshot records it.
+/// A snapshot read back whole: its rows, and the schema id they were written under
+/// when the snapshot records it. For tests and small snapshots; a loader streams
+/// ([`SnapshotStore::open`]).
 #[derive(Debug, Clone)]
 pub struct SnapshotData {
     pub schema_id: Option<SchemaId>,
@@ -41,6 +61,8 @@ pub struct SnapshotStore {
     pub prefix: String,
     /// Snapshots kept (at least 1).
     pub retain: usize,
+    /// Upload part size ([`SNAPSHOT_PART_BYTES`]).
+    part_bytes: usize,
 }
 
 /// A written snapshot.
@@ -67,6 +89,22 @@ fn storage(e: object_store::Error) -> MinkError {
 }
 
 impl SnapshotStore {
+    pub fn new(store: Arc<dyn ObjectStore>, prefix: impl Into<String>, retain: usize) -> Self {
+        Self {
+            store,
+            prefix: prefix.into(),
+            retain,
+            part_bytes: SNAPSHOT_PART_BYTES,
+        }
+    }
+
+    /// The same store with upload parts of `bytes` (tests: multipart uploads of small
+    /// snapshots).
+    pub fn with_part_bytes(mut self, bytes: usize) -> Self {
+        self.part_bytes = bytes.max(1);
+        self
+    }
+
     fn path(&self, offset: i64) -> Path {
         Path::from(format!("{}/{offset:020}.arrow", self.prefix))
     }
@@ -89,43 +127,55 @@ impl SnapshotStore {
         Ok(offsets)
     }
 
+    /// Starts the snapshot at `offset`, of rows written under `schema`.
+    pub fn writer(&self, schema: &Schema, offset: i64) -> Result<SnapshotWriter> {
+        let arrow = schema.to_arrow();
+        let mut metadata = arrow.metadata().clone();
+        metadata.insert(
+            SCHEMA_ID_METADATA_KEY.to_string(),
+            schema.schema_id.to_string(),
+        );
+        let arrow = arrow.as_ref().clone().with_metadata(metadata);
+        let path = self.path(offset);
+        Ok(SnapshotWriter {
+            ipc: StreamWriter::try_new(Vec::new(), &arrow)?,
+            upload: Some(
+                BufWriter::with_capacity(self.store.clone(), path.clone(), self.part_bytes)
+                    .with_max_concurrency(SNAPSHOT_PARTS_IN_FLIGHT),
+            ),
+            store: self.clone(),
+            path,
+            offset,
+            rows: 0,
+            bytes: 0,
+        })
+    }
+
     /// Writes batches as the snapshot at `offset`, then deletes all but the newest
-    /// `retain`.
+    /// `retain` ([`SnapshotStore::writer`] for batches that are not all in memory).
     pub async fn write(
         &self,
         schema: &Schema,
         offset: i64,
         batches: &[RecordBatch],
     ) -> Result<SnapshotInfo> {
-        let mut buf = Vec::new();
-        {
-            let arrow = schema.to_arrow();
-            let mut metadata = arrow.metadata().clone();
-            metadata.insert(
-                SCHEMA_ID_METADATA_KEY.to_string(),
-                schema.schema_id.to_string(),
-            );
-            let arrow = arrow.as_ref().clone().with_metadata(metadata);
-            let mut writer = StreamWriter::try_new(&mut buf, &arrow)?;
-            for b in batches {
-                writer.write(b)?;
-            }
-            writer.finish()?;
+        let mut writer = self.writer(schema, offset)?;
+        for b in batches {
+            writer.write(b).await?;
         }
-        let bytes = buf.len() as u64;
-        let path = self.path(offset);
-        self.store
-            .put(&path, PutPayload::from(buf))
-            .await
-            .map_err(storage)?;
+        writer.finish().await
+    }
+
+    /// Deletes all but the newest `retain` snapshots, never the one at `written`: its
+    /// writer lets the log be trimmed up to it (snapshots above it, from another
+    /// history, would otherwise push it out).
+    async fn retire(&self, written: i64) -> Result<()> {
         let offsets = self.list().await?;
         let keep = self.retain.max(1);
         if offsets.len() > keep {
-            // Never the one just written: its writer lets the log be trimmed up to it
-            // (snapshots above it, from another history, would otherwise push it out).
             for old in offsets[..offsets.len() - keep]
                 .iter()
-                .filter(|o| **o != offset)
+                .filter(|o| **o != written)
             {
                 match self.store.delete(&self.path(*old)).await {
                     Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
@@ -133,18 +183,11 @@ impl SnapshotStore {
                 }
             }
         }
-        metrics::counter!("mink_kv_snapshots_written_total").increment(1);
-        Ok(SnapshotInfo {
-            log_offset: offset,
-            location: path.to_string(),
-            rows: batches.iter().map(|b| b.num_rows() as u64).sum(),
-            bytes,
-            written_at_ms: now_ms(),
-        })
+        Ok(())
     }
 
-    /// The newest snapshot, or `None` when there is none. It is read back to count
-    /// its rows.
+    /// The newest snapshot, or `None` when there is none. It is read through (one
+    /// batch at a time) to count its rows.
     pub async fn newest(&self) -> Result<Option<SnapshotInfo>> {
         let found: Vec<(i64, object_store::ObjectMeta)> = self
             .store
@@ -162,12 +205,11 @@ impl SnapshotStore {
         let Some((offset, meta)) = found.into_iter().max_by_key(|(offset, _)| *offset) else {
             return Ok(None);
         };
-        let rows = self
-            .read(offset)
-            .await?
-            .iter()
-            .map(|b| b.num_rows() as u64)
-            .sum();
+        let mut reader = self.open(offset).await?;
+        let mut rows = 0;
+        while let Some(b) = reader.next().await? {
+            rows += b.num_rows() as u64;
+        }
         Ok(Some(SnapshotInfo {
             log_offset: offset,
             location: meta.location.to_string(),
@@ -177,37 +219,222 @@ impl SnapshotStore {
         }))
     }
 
-    /// Reads the snapshot at `offset` as Arrow batches.
+    /// Reads the snapshot at `offset` whole, as Arrow batches.
     pub async fn read(&self, offset: i64) -> Result<Vec<RecordBatch>> {
         Ok(self.read_data(offset).await?.batches)
     }
 
-    /// Reads the snapshot at `offset` with the schema id its rows are written under.
+    /// Reads the snapshot at `offset` whole, with the schema id its rows are written
+    /// under.
     pub async fn read_data(&self, offset: i64) -> Result<SnapshotData> {
-        let bytes = self
+        let mut reader = self.open(offset).await?;
+        let mut batches = Vec::new();
+        while let Some(b) = reader.next().await? {
+            batches.push(b);
+        }
+        Ok(SnapshotData {
+            schema_id: reader.schema_id(),
+            batches,
+        })
+    }
+
+    /// Opens the snapshot at `offset` for reading batch by batch: its schema is read
+    /// here, its rows as [`SnapshotReader::next`] asks for them.
+    pub async fn open(&self, offset: i64) -> Result<SnapshotReader> {
+        let body = self
             .store
             .get(&self.path(offset))
             .await
             .map_err(storage)?
-            .bytes()
-            .await
-            .map_err(storage)?;
-        let reader = StreamReader::try_new(std::io::Cursor::new(bytes), None)?;
-        let schema_id = reader
+            .into_stream();
+        let mut reader = SnapshotReader {
+            offset,
+            body,
+            pending: Buffer::from(Vec::<u8>::new()),
+            decoder: StreamDecoder::new(),
+            ended: false,
+            schema_id: None,
+            first: None,
+        };
+        // The schema message comes first; a batch decoded with it waits for `next`.
+        while reader.decoder.schema().is_none() && !(reader.ended && reader.pending.is_empty()) {
+            reader.fill().await?;
+            reader.first = reader.decode()?;
+        }
+        let schema = reader
+            .decoder
             .schema()
+            .ok_or_else(|| reader.corrupt("no schema"))?;
+        reader.schema_id = schema
             .metadata()
             .get(SCHEMA_ID_METADATA_KEY)
             .map(|id| {
-                id.parse::<SchemaId>().map_err(|_| {
-                    MinkError::Internal(format!(
-                        "KV snapshot at {offset}: schema id {id:?} is not a number"
-                    ))
-                })
+                id.parse::<SchemaId>()
+                    .map_err(|_| reader.corrupt(&format!("schema id {id:?} is not a number")))
             })
             .transpose()?;
-        let batches = reader
-            .map(|b| b.map_err(|e| MinkError::Internal(format!("KV snapshot at {offset}: {e}"))))
-            .collect::<Result<_>>()?;
-        Ok(SnapshotData { schema_id, batches })
+        Ok(reader)
+    }
+}
+
+/// A snapshot being written ([`SnapshotStore::writer`]). Dropped before
+/// [`SnapshotWriter::finish`] (an error, a cancelled request), it aborts its multipart
+/// upload, so that no parts linger in the store.
+pub struct SnapshotWriter {
+    ipc: StreamWriter<Vec<u8>>,
+    upload: Option<BufWriter>,
+    store: SnapshotStore,
+    path: Path,
+    offset: i64,
+    rows: u64,
+    bytes: u64,
+}
+
+impl SnapshotWriter {
+    /// Adds `batch` to the snapshot; its bytes leave for the store a part at a time.
+    pub async fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+        self.ipc.write(batch)?;
+        self.rows += batch.num_rows() as u64;
+        self.send().await
+    }
+
+    /// Hands the bytes encoded so far to the upload, which waits while
+    /// `SNAPSHOT_PARTS_IN_FLIGHT` parts are uploading.
+    async fn send(&mut self) -> Result<()> {
+        let bytes = std::mem::take(self.ipc.get_mut());
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        self.bytes += bytes.len() as u64;
+        let upload = self.upload.as_mut().ok_or_else(|| {
+            MinkError::Internal("KV snapshot: a write after the upload ended".into())
+        })?;
+        upload.put(Bytes::from(bytes)).await.map_err(storage)
+    }
+
+    /// Completes the snapshot's object, then deletes all but the newest `retain`.
+    pub async fn finish(mut self) -> Result<SnapshotInfo> {
+        self.ipc.finish()?;
+        self.send().await?;
+        let mut upload = self
+            .upload
+            .take()
+            .ok_or_else(|| MinkError::Internal("KV snapshot: the upload ended twice".into()))?;
+        // A failed completion aborts the upload itself. (Cancelled here, the parts are
+        // left to the bucket's expiry of incomplete uploads.)
+        upload
+            .shutdown()
+            .await
+            .map_err(|e| MinkError::StorageFailure(format!("KV snapshot: {e}")))?;
+        self.store.retire(self.offset).await?;
+        metrics::counter!("mink_kv_snapshots_written_total").increment(1);
+        Ok(SnapshotInfo {
+            log_offset: self.offset,
+            location: self.path.to_string(),
+            rows: self.rows,
+            bytes: self.bytes,
+            written_at_ms: now_ms(),
+        })
+    }
+}
+
+impl Drop for SnapshotWriter {
+    fn drop(&mut self) {
+        let Some(mut upload) = self.upload.take() else {
+            return;
+        };
+        // Nothing is uploaded before the first part is full; past it, the parts sent
+        // are aborted (without a runtime, the store's own expiry of incomplete uploads
+        // must clean them up).
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let path = self.path.clone();
+            runtime.spawn(async move {
+                if let Err(e) = upload.abort().await {
+                    tracing::warn!("could not abort the KV snapshot upload to {path}: {e}");
+                }
+            });
+        }
+    }
+}
+
+/// A snapshot being read ([`SnapshotStore::open`]): its bytes are decoded as they
+/// arrive from the store.
+pub struct SnapshotReader {
+    offset: i64,
+    body: BoxStream<'static, object_store::Result<Bytes>>,
+    /// Bytes received and not decoded yet.
+    pending: Buffer,
+    decoder: StreamDecoder,
+    /// The body has no more bytes.
+    ended: bool,
+    schema_id: Option<SchemaId>,
+    /// A batch decoded while looking for the schema.
+    first: Option<RecordBatch>,
+}
+
+impl SnapshotReader {
+    /// The schema the snapshot's rows are written in.
+    pub fn schema(&self) -> SchemaRef {
+        self.decoder
+            .schema()
+            .expect("a snapshot reader is opened with its schema")
+    }
+
+    /// The schema id the rows are written under, when the snapshot records it.
+    pub fn schema_id(&self) -> Option<SchemaId> {
+        self.schema_id
+    }
+
+    /// The next batch; `None` after the last.
+    pub async fn next(&mut self) -> Result<Option<RecordBatch>> {
+        if let Some(b) = self.first.take() {
+            return Ok(Some(b));
+        }
+        loop {
+            self.fill().await?;
+            if let Some(b) = self.decode()? {
+                return Ok(Some(b));
+            }
+            if self.ended && self.pending.is_empty() {
+                self.decoder
+                    .finish()
+                    .map_err(|e| self.corrupt(&e.to_string()))?;
+                return Ok(None);
+            }
+        }
+    }
+
+    /// The batches as a stream.
+    pub fn into_stream(self) -> BoxStream<'static, Result<RecordBatch>> {
+        futures::stream::try_unfold(self, |mut reader| async move {
+            Ok(reader.next().await?.map(|b| (b, reader)))
+        })
+        .boxed()
+    }
+
+    /// Receives the body's next chunk once every byte received is decoded.
+    async fn fill(&mut self) -> Result<()> {
+        if self.pending.is_empty() && !self.ended {
+            match self.body.next().await {
+                Some(chunk) => self.pending = Buffer::from(chunk.map_err(storage)?),
+                None => self.ended = true,
+            }
+        }
+        Ok(())
+    }
+
+    /// Decodes from the bytes received: a batch, or `None` once they are all used.
+    fn decode(&mut self) -> Result<Option<RecordBatch>> {
+        if self.pending.is_empty() {
+            return Ok(None);
+        }
+        let offset = self.offset;
+        self.decoder
+            .decode(&mut self.pending)
+            .map_err(|e| MinkError::Internal(format!("KV snapshot at {offset}: {e}")))
+    }
+
+    fn corrupt(&self, what: &str) -> MinkError {
+        MinkError::Internal(format!("KV snapshot at {}: {what}", self.offset))
     }
 }

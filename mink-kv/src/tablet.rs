@@ -334,22 +334,16 @@ fn table_state(descriptor: TableDescriptor, schemas: Vec<Schema>) -> Result<Tabl
 fn snapshot_schema(
     table: &TableState,
     recorded: Option<SchemaId>,
-    batches: &[RecordBatch],
+    stream: &arrow::datatypes::Schema,
 ) -> Option<Schema> {
     match recorded {
         Some(id) => table.schemas.get(&id).cloned(),
-        None => {
-            let Some(first) = batches.first() else {
-                // No rows: any version reads nothing.
-                return Some(table.descriptor.schema.clone());
-            };
-            table
-                .schemas
-                .values()
-                .filter(|s| s.to_arrow().fields() == first.schema().fields())
-                .max_by_key(|s| s.schema_id)
-                .cloned()
-        }
+        None => table
+            .schemas
+            .values()
+            .filter(|s| s.to_arrow().fields() == stream.fields())
+            .max_by_key(|s| s.schema_id)
+            .cloned(),
     }
 }
 
@@ -1561,43 +1555,49 @@ impl KvTablet {
     }
 
     /// Writes a snapshot (the caller holds `latest_snapshot`).
+    ///
+    /// The store's offset and a consistent iterator over it are taken together under
+    /// the claim, with no flush between; the rows are then read from that iterator
+    /// (an MVCC snapshot of the store) a batch at a time while flushes go on, and
+    /// uploaded as they are encoded. Memory holds a batch and the upload's parts, not
+    /// the bucket's state.
     async fn write_snapshot(&self, snapshots: &SnapshotStore) -> Result<SnapshotInfo> {
         self.flush().await?;
-        // No flush may move the store while it is read.
-        let (offset, batches, schema) = {
+        let (offset, mut pairs, schema) = {
             let _guard = self.inner.store_writes.lock().await;
             // A failed tablet's store may be behind what it acknowledged (its buffer
             // was dropped): it writes no snapshot.
             if let Some(e) = self.failure() {
                 return Err(e);
             }
-            // Under the claim: the offset and the rows are read with no write between.
-            let read = self.with_store(|store| {
+            let (offset, pairs) = self.with_store(|store| {
                 let offset = store
                     .flushed_offset()?
                     .unwrap_or(self.inner.log.log_start());
-                let schema = self.table().descriptor.schema.clone();
-                let mut batches = Vec::new();
-                let mut rows = Vec::new();
-                for pair in store.snapshot()? {
-                    let (_, value) = pair?;
-                    rows.push(self.decode(&value, &schema)?);
-                    if rows.len() == crate::snapshot::SNAPSHOT_BATCH_ROWS {
-                        batches.push(rows_to_batch(&schema, &rows.iter().collect::<Vec<_>>())?);
-                        rows.clear();
-                    }
-                }
-                if !rows.is_empty() {
-                    batches.push(rows_to_batch(&schema, &rows.iter().collect::<Vec<_>>())?);
-                }
-                Ok((offset, batches, schema))
+                Ok((offset, store.snapshot()?))
             })?;
             // The rows the store now has leave the buffer: a bucket that goes idle
             // keeps no cache past its next snapshot.
-            self.prewrite().written(read.0, 0);
-            read
+            self.prewrite().written(offset, 0);
+            (offset, pairs, self.table().descriptor.schema.clone())
         };
-        let info = snapshots.write(&schema, offset, &batches).await?;
+        let mut writer = snapshots.writer(&schema, offset)?;
+        let mut rows = Vec::with_capacity(crate::snapshot::SNAPSHOT_BATCH_ROWS);
+        loop {
+            for pair in pairs.by_ref().take(crate::snapshot::SNAPSHOT_BATCH_ROWS) {
+                let (_, value) = pair?;
+                rows.push(self.decode(&value, &schema)?);
+            }
+            if rows.is_empty() {
+                break;
+            }
+            let batch = rows_to_batch(&schema, &rows.iter().collect::<Vec<_>>())?;
+            rows.clear();
+            writer.write(&batch).await?;
+            // Reading the store is synchronous: let the tasks beside it run.
+            tokio::task::yield_now().await;
+        }
+        let info = writer.finish().await?;
         // Every row below the snapshot's offset is durable in it: the changelog below
         // may go (the log never trims above this).
         self.inner.log.allow_trim_to(info.log_offset);
@@ -1807,14 +1807,14 @@ impl KvTablet {
                 self.inner.bucket
             )));
         };
-        let data = snapshots.read_data(offset).await?;
+        let mut reader = snapshots.open(offset).await?;
         // Rows are stored as the schema version they were written under; reads carry
         // them to the current one (added columns null), as for every stored row.
         let (written, pk) = {
             let table = self.table();
-            let written =
-                snapshot_schema(&table, data.schema_id, &data.batches).ok_or_else(|| {
-                    let why = match data.schema_id {
+            let written = snapshot_schema(&table, reader.schema_id(), &reader.schema())
+                .ok_or_else(|| {
+                    let why = match reader.schema_id() {
                         Some(id) => {
                             format!("is written under schema {id}, which the table does not have")
                         }
@@ -1843,18 +1843,20 @@ impl KvTablet {
                 .collect::<Result<_>>()?;
             (written, pk)
         };
+        // A crash from here on leaves the store with no flushed offset: the next open
+        // loads the snapshot again.
         self.with_store(|store| store.clear())?;
         let mut key = Vec::new();
-        for batch in &data.batches {
-            written.check_batch(batch).map_err(|e| {
+        while let Some(batch) = reader.next().await? {
+            written.check_batch(&batch).map_err(|e| {
                 MinkError::Internal(format!(
                     "{}: the KV snapshot at {offset}: {e}",
                     self.inner.bucket
                 ))
             })?;
-            let encoder = KeyEncoder::new(batch, &pk)?;
+            let encoder = KeyEncoder::new(&batch, &pk)?;
             let mut ops = Vec::with_capacity(batch.num_rows());
-            for (i, row) in rows_of(batch)?.iter().enumerate() {
+            for (i, row) in rows_of(&batch)?.iter().enumerate() {
                 encoder.encode(i, &mut key)?;
                 ops.push(KvOp::Put(key.clone(), encode_row(&written, row)?));
             }

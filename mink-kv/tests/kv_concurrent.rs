@@ -259,12 +259,9 @@ fn lock(model: &Shared) -> std::sync::MutexGuard<'_, Model> {
 }
 
 fn snapshots(store: Arc<dyn ObjectStore>) -> SnapshotStore {
-    SnapshotStore {
-        store,
-        prefix: "kv/t1/b0".into(),
-        // Every snapshot is kept: the checker reads each.
-        retain: 1_000_000,
-    }
+    // Every snapshot is kept: the checker reads each. Small parts: the snapshots
+    // go up as multipart uploads of a few parts, through the faults.
+    SnapshotStore::new(store, "kv/t1/b0", 1_000_000).with_part_bytes(256)
 }
 
 /// Starts a WAL generation of `node`, retrying through injected faults as the node

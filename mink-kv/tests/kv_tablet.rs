@@ -60,6 +60,8 @@ struct Env {
     backend: KvBackend,
     /// Whether tablets get a snapshot store.
     snapshots: bool,
+    /// The snapshot store's upload part size.
+    part_bytes: usize,
 }
 
 impl Env {
@@ -84,6 +86,7 @@ impl Env {
             dir: tempfile::tempdir().unwrap(),
             backend,
             snapshots: true,
+            part_bytes: mink_kv::snapshot::SNAPSHOT_PART_BYTES,
         }
     }
 
@@ -131,11 +134,7 @@ impl Env {
     }
 
     fn snapshots(&self) -> SnapshotStore {
-        SnapshotStore {
-            store: self.store.clone(),
-            prefix: "kv/t1/b0".into(),
-            retain: 2,
-        }
+        SnapshotStore::new(self.store.clone(), "kv/t1/b0", 2).with_part_bytes(self.part_bytes)
     }
 
     async fn open(&mut self, descriptor: &TableDescriptor) -> KvTablet {
@@ -1115,6 +1114,62 @@ async fn snapshots_plus_replay_equal_the_live_state(backend: KvBackend) {
     assert_eq!(t.log().trim_before(newest).await.unwrap(), newest);
     drop(t);
     // A fresh node: an empty store must start from the snapshot.
+    let fresh = tempfile::tempdir().unwrap();
+    let t = env.open_in(&d, fresh.path()).await;
+    assert_eq!(get(&t, &ids), live);
+}
+
+/// A snapshot is uploaded as it is encoded: past one part it goes up as a multipart
+/// upload of parts, and loads back the same. A part that fails fails the snapshot and
+/// leaves no object behind; the next snapshot lands.
+async fn a_snapshot_larger_than_a_part_goes_up_in_parts(backend: KvBackend) {
+    let faulty = FaultyStore::new(Arc::new(InMemory::new()), FaultConfig::default());
+    let mut env = Env::on(Arc::new(faulty.clone()), backend).await;
+    env.part_bytes = 4096;
+    let d = table(&[]);
+    let t = env.open(&d).await;
+    let name = "x".repeat(40);
+    for chunk in 0..20 {
+        let rows: Vec<(i64, Option<&str>, Option<i64>)> = (0..1_000)
+            .map(|i| (chunk * 1_000 + i, Some(name.as_str()), Some(i)))
+            .collect();
+        t.put(put(&rows)).await.unwrap();
+    }
+    // The first part fails: no snapshot, no object.
+    faulty.fail_next_puts(1);
+    t.snapshot()
+        .await
+        .expect_err("a snapshot whose first part fails");
+    assert_eq!(env.snapshots().list().await.unwrap(), Vec::<i64>::new());
+    let before = faulty
+        .counters()
+        .puts
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let snap = t.snapshot().await.unwrap().unwrap();
+    let puts = faulty
+        .counters()
+        .puts
+        .load(std::sync::atomic::Ordering::Relaxed)
+        - before;
+    assert_eq!(snap.rows, 20_000);
+    assert!(
+        snap.bytes > 20 * 4096 && puts >= snap.bytes / 4096,
+        "{} bytes went up in {puts} requests",
+        snap.bytes
+    );
+    let read = env.snapshots().read(snap.log_offset).await.unwrap();
+    assert_eq!(read.iter().map(|b| b.num_rows()).sum::<usize>(), 20_000);
+    assert!(read.len() >= 3, "{} batches", read.len());
+    // A fresh node loads it, batch by batch, with nothing left to replay.
+    t.put(put(&[(7, Some("after"), Some(-7))])).await.unwrap();
+    let ids: Vec<i64> = (0..20_000).step_by(997).chain([7, 19_999]).collect();
+    let live = get(&t, &ids);
+    env.node.compact().await.unwrap();
+    assert_eq!(
+        t.log().trim_before(snap.log_offset).await.unwrap(),
+        snap.log_offset
+    );
+    drop(t);
     let fresh = tempfile::tempdir().unwrap();
     let t = env.open_in(&d, fresh.path()).await;
     assert_eq!(get(&t, &ids), live);
@@ -2105,6 +2160,7 @@ both!(
     schema_evolution_reads_old_rows_with_nulls,
     bad_input_is_rejected_and_changes_nothing,
     snapshots_plus_replay_equal_the_live_state,
+    a_snapshot_larger_than_a_part_goes_up_in_parts,
     a_trim_never_passes_the_newest_snapshot,
     retention_never_deletes_the_snapshot_just_written,
     a_changelog_trimmed_past_every_snapshot_fails_the_open_loudly,

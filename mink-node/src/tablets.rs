@@ -368,11 +368,11 @@ impl Tablets {
             return Ok(Tablet::Log(log));
         }
         let log_opened = started.elapsed();
-        let snapshots = SnapshotStore {
-            store: streams.object_store_for(mink_wal::Purpose::KvSnapshot),
-            prefix: snapshot_prefix(bucket),
-            retain: self.config.kv.snapshots_retained as usize,
-        };
+        let snapshots = SnapshotStore::new(
+            streams.object_store_for(mink_wal::Purpose::KvSnapshot),
+            snapshot_prefix(bucket),
+            self.config.kv.snapshots_retained as usize,
+        );
         let ns = self.kv.namespace(&name)?;
         let kv = KvTablet::open(
             bucket,

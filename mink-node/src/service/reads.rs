@@ -2,6 +2,7 @@
 //! and a table's endpoints (one scan per bucket, at its leader).
 
 use super::*;
+use futures::StreamExt;
 
 impl NodeService {
     pub(crate) async fn read(&self, ticket: ReadTicket) -> Result<(SchemaRef, ReadBatches)> {
@@ -59,27 +60,27 @@ impl NodeService {
                 let table = self.table_by_id(bucket.table_id).await?;
                 let schema = table.descriptor.schema.to_arrow();
                 let info = self.kv_snapshot(bucket).await?;
-                let store = SnapshotStore {
-                    store: self
-                        .streams()
+                let store = SnapshotStore::new(
+                    self.streams()
                         .object_store_for(mink_wal::Purpose::KvSnapshot),
-                    prefix: snapshot_prefix(bucket),
-                    retain: self.config.kv.snapshots_retained as usize,
+                    snapshot_prefix(bucket),
+                    self.config.kv.snapshots_retained as usize,
+                );
+                let schema_out = schema.clone();
+                let meta = SnapshotBatch {
+                    bucket,
+                    log_offset: info.log_offset,
+                    written_at_ms: info.written_at_ms,
                 };
+                // Streamed as it is read: a bucket's state of any size holds a batch
+                // or two in memory.
                 let batches = store
-                    .read(info.log_offset)
+                    .open(info.log_offset)
                     .await?
-                    .into_iter()
-                    .map(|b| {
-                        let meta = SnapshotBatch {
-                            bucket,
-                            log_offset: info.log_offset,
-                            written_at_ms: info.written_at_ms,
-                        };
-                        Ok((as_schema(b, &schema)?, meta))
-                    })
-                    .collect::<Result<_>>()?;
-                Ok((schema, ReadBatches::Snapshot(batches)))
+                    .into_stream()
+                    .map(move |b| Ok((as_schema(b?, &schema_out)?, meta.clone())))
+                    .boxed();
+                Ok((schema, ReadBatches::SnapshotStream(batches)))
             }
             ReadTicket::Lake {
                 path,
