@@ -964,8 +964,24 @@ impl KvTablet {
             return Err(e);
         }
         let prepared = self.prepare(&req)?;
-        self.check_store_writable().await?;
         let kafka = req.kafka.is_some();
+        if let Err(refused) = self.check_store_writable().await {
+            // A retry of a Put already logged is answered as the duplicate it is: it
+            // would change nothing, whatever the store. (Read outside the lock: once a
+            // sequence is in its writer's window it stays a duplicate.)
+            if let Ok(Some(duplicate)) = self.inner.log.check_sequence(
+                req.writer_id,
+                req.batch_sequence,
+                req.last_sequence(),
+                kafka,
+            ) {
+                return Ok(PendingPut {
+                    tablet: self.clone(),
+                    step: PendingStep::Duplicate(duplicate),
+                });
+            }
+            return Err(refused);
+        }
         // A Put ahead of its writer's next sequence waits a little for the ones before
         // it (pipelined requests may arrive out of order), outside the merge lock so
         // that they can be merged meanwhile; then it is checked under the lock, and a

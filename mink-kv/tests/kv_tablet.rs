@@ -817,6 +817,47 @@ async fn puts_queued_while_the_store_fails_are_checked_again(backend: KvBackend)
     assert!(get(&t, &refused).iter().all(|r| r.is_none()));
 }
 
+/// While the store fails and new Puts are refused, the retry of an acknowledged Put is
+/// still answered as the duplicate it is (with its offsets), not refused.
+async fn a_retry_of_an_acknowledged_put_is_a_duplicate_while_the_store_fails(backend: KvBackend) {
+    let mut env = Env::new(backend).await;
+    let d = table(&[("changelog_image", "wal")]);
+    let failing = Arc::new(StoreFaults::default());
+    let t = env.open_failing(&d, &failing).await.unwrap();
+    t.set_write_back_bytes(400);
+    let mut acked = put(&[(1, Some("a"), Some(1))]);
+    acked.writer_id = 9;
+    let first = t.put(acked.clone()).await.unwrap();
+    failing.set(true);
+    let mut i = 0;
+    loop {
+        match t.put(put(&[(10 + i, Some("b"), Some(i))])).await {
+            Ok(_) => {}
+            Err(MinkError::Unavailable(_)) => break,
+            Err(e) => panic!("{e}"),
+        }
+        i += 1;
+        assert!(i < 100, "no Put was refused");
+    }
+    let again = t
+        .put(acked)
+        .await
+        .expect("the retry of an acknowledged Put");
+    assert!(again.duplicated);
+    assert_eq!(
+        (again.first_offset, again.last_offset),
+        (first.first_offset, first.last_offset)
+    );
+    // New Puts are still refused.
+    let mut next = put(&[(2, Some("c"), Some(2))]);
+    next.writer_id = 9;
+    next.batch_sequence = 1;
+    assert!(matches!(
+        t.put(next).await.unwrap_err(),
+        MinkError::Unavailable(_)
+    ));
+}
+
 /// An idle bucket gives its write-back rows up while the node's buffers are past their
 /// bound, so that a busy bucket keeps its cache instead of writing its store after
 /// every Put until the idle one's next snapshot.
@@ -2155,6 +2196,7 @@ both!(
     durable_rows_wait_ahead_of_the_store_until_the_bound,
     a_failing_store_write_fails_no_durable_put,
     puts_queued_while_the_store_fails_are_checked_again,
+    a_retry_of_an_acknowledged_put_is_a_duplicate_while_the_store_fails,
     an_idle_bucket_gives_its_write_back_rows_up_to_a_busy_one,
     an_idle_bucket_without_snapshots_gives_its_rows_up_too,
     schema_evolution_reads_old_rows_with_nulls,
