@@ -41,7 +41,7 @@ use crate::store::{Claim, KvNamespace, KvOp};
 const IDLE_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// How often a tablet whose store write failed tries again (each try sorts and writes
-/// every dirty row).
+/// every dirty row): at most once per this, however many callers want a flush.
 const STORE_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// One Put batch.
@@ -275,8 +275,8 @@ struct Inner {
     store_writes: tokio::sync::Mutex<()>,
     failed: Mutex<Option<MinkError>>,
     /// The error of the last store write and when it failed (`None` once one
-    /// succeeds).
-    store_failure: Mutex<Option<(MinkError, std::time::Instant)>>,
+    /// succeeds). Tokio's clock: paused tests step over [`STORE_RETRY`].
+    store_failure: Mutex<Option<(MinkError, tokio::time::Instant)>>,
     snapshots: Option<SnapshotStore>,
     /// The newest snapshot this tablet wrote or found in the store. The lock is held
     /// across a snapshot write, so concurrent readers share one write.
@@ -1264,6 +1264,12 @@ impl KvTablet {
         if self.failure().is_some() {
             return Ok(());
         }
+        // While the store fails it is tried once per STORE_RETRY, not once per caller:
+        // the flushes queued behind a failing one (Puts' waits, arrivals, releases,
+        // snapshots, all let in at once when the retry was due) answer its error.
+        if let Some(e) = self.store_failed_lately() {
+            return Err(e);
+        }
         let (hw, ops) = {
             let _choice = self.inner.flushes.lock().await;
             let hw = self.inner.log.high_watermark();
@@ -1301,7 +1307,7 @@ impl KvTablet {
             .unwrap_or_else(|e| e.into_inner()) = written
             .as_ref()
             .err()
-            .map(|e| (e.clone(), std::time::Instant::now()));
+            .map(|e| (e.clone(), tokio::time::Instant::now()));
         match written {
             Ok(()) => {}
             Err(e @ MinkError::Fenced(_)) => return Err(self.fail(e)),
@@ -1413,12 +1419,18 @@ impl KvTablet {
 
     /// Whether the last store write failed less than [`STORE_RETRY`] ago.
     fn store_retry_later(&self) -> bool {
+        self.store_failed_lately().is_some()
+    }
+
+    /// The last store write's error when it failed less than [`STORE_RETRY`] ago.
+    fn store_failed_lately(&self) -> Option<MinkError> {
         self.inner
             .store_failure
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()
-            .is_some_and(|(_, at)| at.elapsed() < STORE_RETRY)
+            .filter(|(_, at)| at.elapsed() < STORE_RETRY)
+            .map(|(e, _)| e.clone())
     }
 
     /// Refuses reads on a failed tablet: failing dropped its staged rows, some of them

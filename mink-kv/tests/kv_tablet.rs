@@ -817,6 +817,58 @@ async fn puts_queued_while_the_store_fails_are_checked_again(backend: KvBackend)
     assert!(get(&t, &refused).iter().all(|r| r.is_none()));
 }
 
+/// A failing store is tried once per retry interval, not once per caller: flushes
+/// queued behind the one that tries (here eight releases, held behind a Put in its
+/// staging window) answer its error without writing.
+async fn a_failing_store_is_tried_once_per_interval_not_once_per_caller(backend: KvBackend) {
+    let mut env = Env::new(backend).await;
+    let d = table(&[]);
+    let failing = Arc::new(StoreFaults::default());
+    let t = env.open_failing(&d, &failing).await.unwrap();
+    t.set_write_back_bytes(400);
+    failing.set(true);
+    let mut i = 0;
+    while failing.refused() == 0 {
+        t.put(put(&[(10 + i, Some("b"), Some(i))])).await.unwrap();
+        i += 1;
+        assert!(i < 100, "no store write was tried");
+    }
+    // Room in the buffer: Puts go in, and only the releases below flush.
+    t.set_write_back_bytes(1 << 20);
+    tokio::time::advance(Duration::from_millis(1_100)).await;
+    let pause = t.pause_next_staging();
+    let held = tokio::spawn({
+        let t = t.clone();
+        async move { t.put(put(&[(1000, Some("c"), None)])).await }
+    });
+    pause.reached.notified().await;
+    let releases: Vec<_> = (0..8)
+        .map(|_| {
+            let t = t.clone();
+            tokio::spawn(async move { t.release_write_back().await })
+        })
+        .collect();
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    let before = failing.refused();
+    pause.release.notify_one();
+    held.await.unwrap().unwrap();
+    for r in releases {
+        let e = r
+            .await
+            .unwrap()
+            .expect_err("a release wrote a failing store");
+        assert!(e.to_string().contains("No space left"), "{e}");
+    }
+    assert_eq!(failing.refused() - before, 1, "store writes tried");
+    // A second later it is tried again, and once it can be written it is.
+    failing.set(false);
+    tokio::time::advance(Duration::from_millis(1_100)).await;
+    t.release_write_back().await.unwrap();
+    assert_eq!(t.store_offset().unwrap(), Some(t.log().high_watermark()));
+}
+
 /// While the store fails and new Puts are refused, the retry of an acknowledged Put is
 /// still answered as the duplicate it is (with its offsets), not refused.
 async fn a_retry_of_an_acknowledged_put_is_a_duplicate_while_the_store_fails(backend: KvBackend) {
@@ -2218,5 +2270,6 @@ both!(
     paused:
     a_no_op_put_waits_for_the_staged_write_it_read,
     a_no_op_put_fails_when_the_staged_write_it_read_fails,
-    a_failed_tablet_flushes_nothing_so_replay_finds_its_acknowledged_rows
+    a_failed_tablet_flushes_nothing_so_replay_finds_its_acknowledged_rows,
+    a_failing_store_is_tried_once_per_interval_not_once_per_caller
 );

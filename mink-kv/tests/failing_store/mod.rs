@@ -19,6 +19,8 @@ pub const STORE_FAULT: &str = "No space left on device (os error 28)";
 pub struct StoreFaults {
     failing: AtomicBool,
     next: AtomicU32,
+    /// Writes refused so far.
+    refused: AtomicU32,
 }
 
 impl StoreFaults {
@@ -32,12 +34,21 @@ impl StoreFaults {
         self.next.store(writes, Ordering::SeqCst);
     }
 
+    /// Writes refused so far.
+    pub fn refused(&self) -> u32 {
+        self.refused.load(Ordering::SeqCst)
+    }
+
     fn fails(&self) -> bool {
-        self.failing.load(Ordering::SeqCst)
+        let fails = self.failing.load(Ordering::SeqCst)
             || self
                 .next
                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                .is_ok()
+                .is_ok();
+        if fails {
+            self.refused.fetch_add(1, Ordering::SeqCst);
+        }
+        fails
     }
 }
 
