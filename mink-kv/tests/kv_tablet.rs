@@ -797,8 +797,8 @@ async fn puts_queued_while_the_store_fails_are_checked_again(backend: KvBackend)
             tokio::spawn(async move { t.put(put(&[(2000 + k, Some("d"), None)])).await })
         })
         .collect();
-    // Time for them to reach the lock (were they late, they would meet the full buffer
-    // before it and the test would only be weaker).
+    // On the paused clock a sleep ends once every task is idle: by then each has
+    // passed the arrival check and waits for the lock.
     tokio::time::sleep(Duration::from_millis(50)).await;
     pause.release.notify_one();
     first.await.unwrap().unwrap();
@@ -2210,8 +2210,8 @@ async fn a_flush_waits_for_a_submitted_put_to_stage(backend: KvBackend) {
         let t = t.clone();
         async move { t.release_write_back().await }
     });
-    // Time for a flush that does not wait to finish (were it late, the test would
-    // only be weaker).
+    // On the paused clock a sleep ends once every task is idle: by then a flush that
+    // does not wait has finished.
     tokio::time::sleep(Duration::from_millis(100)).await;
     pause.release.notify_one();
     putting.await.unwrap().unwrap();
@@ -2247,7 +2247,6 @@ both!(
     crash_after_ack_before_flush_recovers_the_acknowledged_state,
     durable_rows_wait_ahead_of_the_store_until_the_bound,
     a_failing_store_write_fails_no_durable_put,
-    puts_queued_while_the_store_fails_are_checked_again,
     a_retry_of_an_acknowledged_put_is_a_duplicate_while_the_store_fails,
     an_idle_bucket_gives_its_write_back_rows_up_to_a_busy_one,
     an_idle_bucket_without_snapshots_gives_its_rows_up_too,
@@ -2265,9 +2264,10 @@ both!(
     a_no_op_put_is_durable_and_a_stale_attempt_of_it_changes_nothing,
     a_put_never_overtakes_its_predecessor_after_a_reopen,
     a_put_covers_a_range_of_its_writers_sequences,
-    a_superseded_tablet_writes_nothing_to_the_store,
-    a_flush_waits_for_a_submitted_put_to_stage;
+    a_superseded_tablet_writes_nothing_to_the_store;
     paused:
+    a_flush_waits_for_a_submitted_put_to_stage,
+    puts_queued_while_the_store_fails_are_checked_again,
     a_no_op_put_waits_for_the_staged_write_it_read,
     a_no_op_put_fails_when_the_staged_write_it_read_fails,
     a_failed_tablet_flushes_nothing_so_replay_finds_its_acknowledged_rows,
