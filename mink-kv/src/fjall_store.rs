@@ -172,11 +172,17 @@ impl KvNamespace for FjallNamespace {
     }
 
     fn clear(&self) -> Result<()> {
-        // The flushed offset goes first: the two are separate journal entries, and a
-        // crash between them must not leave an offset over an emptied keyspace (the
-        // open would replay from it over nothing). An offset gone over old pairs is
-        // safe: the open then clears and rebuilds.
+        // The flushed offset goes first, and reaches the disk before the pairs go: the
+        // journal is written out only when persisted (`manual_journal_persist`), while
+        // a keyspace's clear writes its new, empty version at once. A crash must not
+        // leave an offset over an emptied keyspace (the open would replay from it over
+        // nothing, or over old journal entries fjall replays into the empty tree). An
+        // offset gone over old pairs is safe: every open that finds no offset clears
+        // the store before it loads or replays (see `KvTablet::recover`).
         self.meta.remove(self.name.as_str()).map_err(store_error)?;
+        self.db
+            .persist(fjall::PersistMode::SyncAll)
+            .map_err(store_error)?;
         self.keyspace.clear().map_err(store_error)
     }
 

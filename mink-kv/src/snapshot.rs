@@ -27,7 +27,7 @@ use futures::{StreamExt, TryStreamExt};
 use mink_types::{MinkError, Result, Schema, SchemaId};
 use object_store::buffered::BufWriter;
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt};
+use object_store::{GetOptions, ObjectStore, ObjectStoreExt};
 use tokio::io::AsyncWriteExt;
 
 /// Rows per Arrow batch in a snapshot.
@@ -241,23 +241,24 @@ impl SnapshotStore {
     /// Opens the snapshot at `offset` for reading batch by batch: its schema is read
     /// here, its rows as [`SnapshotReader::next`] asks for them.
     pub async fn open(&self, offset: i64) -> Result<SnapshotReader> {
-        let body = self
-            .store
-            .get(&self.path(offset))
-            .await
-            .map_err(storage)?
-            .into_stream();
+        let path = self.path(offset);
+        let meta = self.store.head(&path).await.map_err(storage)?;
         let mut reader = SnapshotReader {
             offset,
-            body,
+            store: self.store.clone(),
+            path,
+            size: meta.size,
+            etag: meta.e_tag,
+            received: 0,
+            range_bytes: self.part_bytes as u64,
             pending: Buffer::from(Vec::<u8>::new()),
             decoder: StreamDecoder::new(),
-            ended: false,
+            tail: Vec::with_capacity(EOS.len()),
             schema_id: None,
             first: None,
         };
         // The schema message comes first; a batch decoded with it waits for `next`.
-        while reader.decoder.schema().is_none() && !(reader.ended && reader.pending.is_empty()) {
+        while reader.decoder.schema().is_none() && !reader.drained() {
             reader.fill().await?;
             reader.first = reader.decode()?;
         }
@@ -320,11 +321,12 @@ impl SnapshotWriter {
             .upload
             .take()
             .ok_or_else(|| MinkError::Internal("KV snapshot: the upload ended twice".into()))?;
-        // A failed completion aborts the upload itself. (Cancelled here, the parts are
-        // left to the bucket's expiry of incomplete uploads.)
-        upload
-            .shutdown()
+        // Completed in a task of its own: a caller cancelled meanwhile (a read that
+        // asked for this snapshot, gone) does not strand the parts in flight; the task
+        // completes the object, or aborts the upload when that fails.
+        tokio::spawn(async move { upload.shutdown().await })
             .await
+            .map_err(|e| MinkError::Internal(format!("KV snapshot: the upload task: {e}")))?
             .map_err(|e| MinkError::StorageFailure(format!("KV snapshot: {e}")))?;
         self.store.retire(self.offset).await?;
         metrics::counter!("mink_kv_snapshots_written_total").increment(1);
@@ -357,18 +359,30 @@ impl Drop for SnapshotWriter {
     }
 }
 
-/// A snapshot being read ([`SnapshotStore::open`]): its bytes are decoded as they
-/// arrive from the store.
+/// The end-of-stream marker an Arrow IPC stream ends with: a continuation and a zero
+/// length. A snapshot without it was cut short.
+const EOS: [u8; 8] = [0xFF, 0xFF, 0xFF, 0xFF, 0, 0, 0, 0];
+
+/// A snapshot being read ([`SnapshotStore::open`]). The object is fetched in ranged
+/// GETs of `part_bytes`, each read whole as it arrives (a request's timeout covers a
+/// range, not the time a slow consumer takes over the whole state), and all of one
+/// version (`If-Match` its etag). The bytes are decoded as they come.
 pub struct SnapshotReader {
     offset: i64,
-    body: BoxStream<'static, object_store::Result<Bytes>>,
+    store: Arc<dyn ObjectStore>,
+    path: Path,
+    size: u64,
+    etag: Option<String>,
+    /// Bytes fetched so far.
+    received: u64,
+    range_bytes: u64,
     /// Bytes received and not decoded yet.
     pending: Buffer,
     decoder: StreamDecoder,
-    /// The body has no more bytes.
-    ended: bool,
+    /// The last bytes received (up to `EOS.len()`).
+    tail: Vec<u8>,
     schema_id: Option<SchemaId>,
-    /// A batch decoded while looking for the schema.
+    /// A batch decoded ahead of `next` (with the schema, or by `has_rows`).
     first: Option<RecordBatch>,
 }
 
@@ -385,6 +399,14 @@ impl SnapshotReader {
         self.schema_id
     }
 
+    /// Whether the snapshot has a batch left to read (it is kept for `next`).
+    pub async fn has_rows(&mut self) -> Result<bool> {
+        if self.first.is_none() {
+            self.first = self.next().await?;
+        }
+        Ok(self.first.is_some())
+    }
+
     /// The next batch; `None` after the last.
     pub async fn next(&mut self) -> Result<Option<RecordBatch>> {
         if let Some(b) = self.first.take() {
@@ -395,10 +417,13 @@ impl SnapshotReader {
             if let Some(b) = self.decode()? {
                 return Ok(Some(b));
             }
-            if self.ended && self.pending.is_empty() {
+            if self.drained() {
                 self.decoder
                     .finish()
                     .map_err(|e| self.corrupt(&e.to_string()))?;
+                if self.tail != EOS {
+                    return Err(self.corrupt("the stream has no end-of-stream marker"));
+                }
                 return Ok(None);
             }
         }
@@ -412,14 +437,44 @@ impl SnapshotReader {
         .boxed()
     }
 
-    /// Receives the body's next chunk once every byte received is decoded.
+    /// Every byte of the object is fetched and decoded.
+    fn drained(&self) -> bool {
+        self.received >= self.size && self.pending.is_empty()
+    }
+
+    /// Fetches the next range once every byte received is decoded.
     async fn fill(&mut self) -> Result<()> {
-        if self.pending.is_empty() && !self.ended {
-            match self.body.next().await {
-                Some(chunk) => self.pending = Buffer::from(chunk.map_err(storage)?),
-                None => self.ended = true,
-            }
+        if !self.pending.is_empty() || self.received >= self.size {
+            return Ok(());
         }
+        let end = (self.received + self.range_bytes).min(self.size);
+        let options = GetOptions {
+            range: Some((self.received..end).into()),
+            if_match: self.etag.clone(),
+            ..Default::default()
+        };
+        let bytes = self
+            .store
+            .get_opts(&self.path, options)
+            .await
+            .map_err(storage)?
+            .bytes()
+            .await
+            .map_err(storage)?;
+        if bytes.len() as u64 != end - self.received {
+            return Err(self.corrupt(&format!(
+                "asked for bytes {}..{end}, got {}",
+                self.received,
+                bytes.len()
+            )));
+        }
+        self.received = end;
+        let keep = EOS.len().saturating_sub(bytes.len());
+        let from = self.tail.len().saturating_sub(keep);
+        self.tail.drain(..from);
+        self.tail
+            .extend_from_slice(&bytes[bytes.len().saturating_sub(EOS.len())..]);
+        self.pending = Buffer::from(bytes);
         Ok(())
     }
 

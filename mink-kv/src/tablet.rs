@@ -1815,9 +1815,9 @@ impl KvTablet {
                     offset
                 }
                 RecoveryStart::LogStart => {
-                    if flushed.is_some() {
-                        self.with_store(|store| store.clear())?;
-                    }
+                    // Even with no flushed offset: a crash inside a clear leaves pairs
+                    // with none (the offset goes first).
+                    self.with_store(|store| store.clear())?;
                     log.log_start()
                 }
             };
@@ -1836,11 +1836,14 @@ impl KvTablet {
             )));
         };
         let mut reader = snapshots.open(offset).await?;
+        // An old snapshot without rows or a schema id reads as any version: nothing.
+        let empty = reader.schema_id().is_none() && !reader.has_rows().await?;
         // Rows are stored as the schema version they were written under; reads carry
         // them to the current one (added columns null), as for every stored row.
         let (written, pk) = {
             let table = self.table();
             let written = snapshot_schema(&table, reader.schema_id(), &reader.schema())
+                .or_else(|| empty.then(|| table.descriptor.schema.clone()))
                 .ok_or_else(|| {
                     let why = match reader.schema_id() {
                         Some(id) => {

@@ -1250,9 +1250,24 @@ async fn a_snapshot_larger_than_a_part_goes_up_in_parts(backend: KvBackend) {
         "{} bytes went up in {puts} requests",
         snap.bytes
     );
+    // Read back in ranged GETs of a part each.
+    let gets = faulty
+        .counters()
+        .gets
+        .load(std::sync::atomic::Ordering::Relaxed);
     let read = env.snapshots().read(snap.log_offset).await.unwrap();
+    let gets = faulty
+        .counters()
+        .gets
+        .load(std::sync::atomic::Ordering::Relaxed)
+        - gets;
     assert_eq!(read.iter().map(|b| b.num_rows()).sum::<usize>(), 20_000);
     assert!(read.len() >= 3, "{} batches", read.len());
+    assert!(
+        gets >= snap.bytes / 4096,
+        "{} bytes read in {gets} GETs",
+        snap.bytes
+    );
     // A fresh node loads it, batch by batch, with nothing left to replay.
     t.put(put(&[(7, Some("after"), Some(-7))])).await.unwrap();
     let ids: Vec<i64> = (0..20_000).step_by(997).chain([7, 19_999]).collect();
@@ -1266,6 +1281,35 @@ async fn a_snapshot_larger_than_a_part_goes_up_in_parts(backend: KvBackend) {
     let fresh = tempfile::tempdir().unwrap();
     let t = env.open_in(&d, fresh.path()).await;
     assert_eq!(get(&t, &ids), live);
+}
+
+/// A snapshot object cut short at a message boundary (its end-of-stream marker gone)
+/// is refused, not read as a smaller state.
+async fn a_snapshot_cut_short_is_refused(backend: KvBackend) {
+    let mut env = Env::new(backend).await;
+    let d = table(&[]);
+    let t = env.open(&d).await;
+    for i in 0..10 {
+        t.put(put(&[(i, Some("v"), Some(i))])).await.unwrap();
+    }
+    let snap = t.snapshot().await.unwrap().unwrap();
+    let path = object_store::path::Path::from(snap.location.as_str());
+    let whole = object_store::ObjectStoreExt::get(env.store.as_ref(), &path)
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let cut = whole.slice(..whole.len() - 8);
+    object_store::ObjectStoreExt::put(env.store.as_ref(), &path, cut.into())
+        .await
+        .unwrap();
+    let err = env
+        .snapshots()
+        .read(snap.log_offset)
+        .await
+        .expect_err("a snapshot without its end");
+    assert!(err.to_string().contains("end-of-stream"), "{err}");
 }
 
 /// The changelog is the only copy of every row no durable snapshot holds: a trim above
@@ -2254,6 +2298,7 @@ both!(
     bad_input_is_rejected_and_changes_nothing,
     snapshots_plus_replay_equal_the_live_state,
     a_snapshot_larger_than_a_part_goes_up_in_parts,
+    a_snapshot_cut_short_is_refused,
     a_trim_never_passes_the_newest_snapshot,
     retention_never_deletes_the_snapshot_just_written,
     a_changelog_trimmed_past_every_snapshot_fails_the_open_loudly,

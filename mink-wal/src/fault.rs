@@ -412,15 +412,19 @@ impl MultipartUpload for FaultyUpload {
             .put_bytes
             .fetch_add(data.content_length() as u64, Ordering::Relaxed);
         let (fate, delay) = self.store.put_fate(&self.location);
-        // Not polled when the fate is a failure: the part is never sent.
+        if matches!(fate, PutFate::Fail) {
+            // The part is never handed to the store (some stores start on the call).
+            return Box::pin(async move {
+                sleep(delay).await;
+                counters.injected_failures.fetch_add(1, Ordering::Relaxed);
+                Err(injected("injected upload part failure"))
+            });
+        }
         let part = self.inner.put_part(data);
         Box::pin(async move {
             sleep(delay).await;
             match fate {
-                PutFate::Fail => {
-                    counters.injected_failures.fetch_add(1, Ordering::Relaxed);
-                    Err(injected("injected upload part failure"))
-                }
+                PutFate::Fail => unreachable!("answered above"),
                 PutFate::Ambiguous => {
                     counters.injected_failures.fetch_add(1, Ordering::Relaxed);
                     part.await?;
