@@ -189,6 +189,17 @@ impl SnapshotStore {
     /// The newest snapshot, or `None` when there is none. It is read through (one
     /// batch at a time) to count its rows.
     pub async fn newest(&self) -> Result<Option<SnapshotInfo>> {
+        let Some(mut info) = self.newest_uncounted().await? else {
+            return Ok(None);
+        };
+        info.rows = self.count_rows(info.log_offset).await?;
+        Ok(Some(info))
+    }
+
+    /// The newest snapshot as listed, its `rows` not counted (0): reading a large
+    /// snapshot through costs what reading the state does
+    /// ([`SnapshotStore::count_rows`]).
+    pub async fn newest_uncounted(&self) -> Result<Option<SnapshotInfo>> {
         let found: Vec<(i64, object_store::ObjectMeta)> = self
             .store
             .list(Some(&Path::from(self.prefix.as_str())))
@@ -202,21 +213,26 @@ impl SnapshotStore {
             .try_collect()
             .await
             .map_err(storage)?;
-        let Some((offset, meta)) = found.into_iter().max_by_key(|(offset, _)| *offset) else {
-            return Ok(None);
-        };
+        Ok(found
+            .into_iter()
+            .max_by_key(|(offset, _)| *offset)
+            .map(|(offset, meta)| SnapshotInfo {
+                log_offset: offset,
+                location: meta.location.to_string(),
+                rows: 0,
+                bytes: meta.size,
+                written_at_ms: meta.last_modified.timestamp_millis(),
+            }))
+    }
+
+    /// The rows of the snapshot at `offset`, read through one batch at a time.
+    pub async fn count_rows(&self, offset: i64) -> Result<u64> {
         let mut reader = self.open(offset).await?;
         let mut rows = 0;
         while let Some(b) = reader.next().await? {
             rows += b.num_rows() as u64;
         }
-        Ok(Some(SnapshotInfo {
-            log_offset: offset,
-            location: meta.location.to_string(),
-            rows,
-            bytes: meta.size,
-            written_at_ms: meta.last_modified.timestamp_millis(),
-        }))
+        Ok(rows)
     }
 
     /// Reads the snapshot at `offset` whole, as Arrow batches.

@@ -1564,17 +1564,26 @@ impl KvTablet {
             return Ok(None);
         };
         let mut latest = self.inner.latest_snapshot.lock().await;
+        // One found in the store has its rows counted only when it is served: one too
+        // old is replaced without being read.
+        let mut found = None;
         if latest.is_none() {
-            *latest = snapshots.newest().await?;
+            found = snapshots.newest_uncounted().await?;
         }
         let now_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as i64);
         let age_max_ms = i64::try_from(age_max.as_millis()).unwrap_or(i64::MAX);
-        if let Some(info) = latest.as_ref()
-            && now_ms.saturating_sub(info.written_at_ms) < age_max_ms
-            && info.log_offset <= self.inner.log.high_watermark()
-        {
+        let usable = |info: &SnapshotInfo| {
+            now_ms.saturating_sub(info.written_at_ms) < age_max_ms
+                && info.log_offset <= self.inner.log.high_watermark()
+        };
+        if let Some(mut info) = found.filter(|info| usable(info)) {
+            info.rows = snapshots.count_rows(info.log_offset).await?;
+            *latest = Some(info.clone());
+            return Ok(Some(info));
+        }
+        if let Some(info) = latest.as_ref().filter(|info| usable(info)) {
             return Ok(Some(info.clone()));
         }
         let info = self.write_snapshot(&snapshots).await?;

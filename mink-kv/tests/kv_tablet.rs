@@ -1443,6 +1443,20 @@ async fn recent_snapshots_are_reused_until_too_old(backend: KvBackend) {
     assert_eq!((found.rows, found.log_offset), (3, 3));
     assert_eq!(found.location, renewed.location);
     assert_eq!(env.snapshots().list().await.unwrap(), vec![2, 3]);
+    drop(t);
+
+    // One found too old is replaced without being read (here it could not be).
+    let path = object_store::path::Path::from(found.location.as_str());
+    object_store::ObjectStoreExt::put(env.store.as_ref(), &path, b"not arrow".to_vec().into())
+        .await
+        .unwrap();
+    let t = env.open(&d).await;
+    let replaced = t
+        .recent_snapshot(std::time::Duration::ZERO)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((replaced.rows, replaced.log_offset), (3, 3));
 }
 
 async fn a_snapshot_from_before_add_column_loads_with_nulls(backend: KvBackend) {
