@@ -2,24 +2,55 @@
 //! namespace's flushed offset, written in the same cross-keyspace batch.
 
 use std::collections::HashMap;
-use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, Readable};
-use mink_types::Result;
+use mink_types::{MinkError, Result};
 
 use crate::store::{
     KvNamespace, KvOp, KvPairs, KvStore, Owner, PairIter, check_namespace, prefix_end, store_error,
 };
 
+/// The node's fjall database, reopened in place after it poisons itself.
+///
+/// fjall refuses every write of a database after one journal write failed (a full
+/// disk), for good ("poisoned"). The first write that meets the poisoning **closes**
+/// this generation: every namespace handed out so far is dropped from the map and its
+/// handles let go, so each of its operations answers `Fenced` from then on, and the
+/// tablets holding them fail and reopen (the node reopens a failed tablet on its next
+/// request). The next [`KvStore::namespace`] opens the database again, once the old
+/// one's last handle is gone (fjall locks its directory while open; a KV snapshot
+/// still reading the old one holds it until it ends). A reopened database recovers
+/// its journal: it may be behind what the closed one had taken (journal bytes that
+/// never reached the disk), which is why every tablet reopens from its store's
+/// flushed offset and the log, never carrying on with what it believed the store
+/// held.
 pub struct FjallStore {
-    db: Database,
-    meta: Keyspace,
-    open: Mutex<HashMap<String, Arc<FjallNamespace>>>,
+    shared: Arc<Shared>,
 }
 
-impl FjallStore {
-    pub fn open(dir: &Path) -> Result<Self> {
+struct Shared {
+    dir: PathBuf,
+    state: Mutex<State>,
+}
+
+struct State {
+    /// `None` while closed after a poisoning, until reopened.
+    open: Option<Open>,
+    /// Bumped at every close: a namespace closes the store only for its generation.
+    generation: u64,
+    namespaces: HashMap<String, Arc<FjallNamespace>>,
+}
+
+#[derive(Clone)]
+struct Open {
+    db: Database,
+    meta: Keyspace,
+}
+
+impl Open {
+    fn new(dir: &Path) -> Result<Self> {
         // No fsync: the changelog on object storage is the durable copy.
         let db = Database::builder(dir.join("fjall"))
             .manual_journal_persist(true)
@@ -28,74 +59,164 @@ impl FjallStore {
         let meta = db
             .keyspace("mink-meta", KeyspaceCreateOptions::default)
             .map_err(store_error)?;
+        Ok(Self { db, meta })
+    }
+
+    fn keyspace(&self, name: &str) -> Result<Keyspace> {
+        self.db
+            .keyspace(&format!("b-{name}"), KeyspaceCreateOptions::default)
+            .map_err(store_error)
+    }
+}
+
+impl FjallStore {
+    pub fn open(dir: &Path) -> Result<Self> {
+        let open = Open::new(dir)?;
         Ok(Self {
-            db,
-            meta,
-            open: Mutex::new(HashMap::new()),
+            shared: Arc::new(Shared {
+                dir: dir.to_path_buf(),
+                state: Mutex::new(State {
+                    open: Some(open),
+                    generation: 0,
+                    namespaces: HashMap::new(),
+                }),
+            }),
         })
+    }
+}
+
+impl Shared {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The open database, reopened first when a poisoning closed it.
+    fn current(&self, state: &mut State) -> Result<Open> {
+        if let Some(open) = &state.open {
+            return Ok(open.clone());
+        }
+        let open = Open::new(&self.dir).map_err(|e| {
+            MinkError::Unavailable(format!(
+                "the local KV store is reopening after a failed write, and cannot be opened \
+                 yet ({e}); retry"
+            ))
+        })?;
+        tracing::warn!(dir = %self.dir.display(), "local KV store reopened after a failed write");
+        metrics::counter!("mink_kv_store_reopens_total").increment(1);
+        state.open = Some(open.clone());
+        Ok(open)
+    }
+
+    /// Closes generation `generation` after a write met its poisoning: every namespace
+    /// of it lets its handles go and answers `Fenced` from then on.
+    fn close(&self, generation: u64) {
+        let mut state = self.state();
+        if state.generation != generation || state.open.is_none() {
+            return;
+        }
+        tracing::error!(
+            dir = %self.dir.display(),
+            "the local KV store refuses every write since a journal write failed \
+             (fjall: poisoned); its tablets reopen, and the store reopens with them"
+        );
+        state.open = None;
+        state.generation += 1;
+        for (_, ns) in state.namespaces.drain() {
+            *ns.handles.write().unwrap_or_else(|e| e.into_inner()) = None;
+        }
     }
 }
 
 impl KvStore for FjallStore {
     fn namespace(&self, name: &str) -> Result<Arc<dyn KvNamespace>> {
         check_namespace(name)?;
-        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(ns) = open.get(name) {
+        let mut state = self.shared.state();
+        if let Some(ns) = state.namespaces.get(name) {
             return Ok(ns.clone());
         }
-        let keyspace = self
-            .db
-            .keyspace(&format!("b-{name}"), KeyspaceCreateOptions::default)
-            .map_err(store_error)?;
+        let open = self.shared.current(&mut state)?;
+        let keyspace = open.keyspace(name)?;
         let ns = Arc::new(FjallNamespace {
-            db: self.db.clone(),
-            keyspace,
-            meta: self.meta.clone(),
+            handles: RwLock::new(Some(Handles {
+                db: open.db,
+                keyspace,
+                meta: open.meta,
+            })),
+            shared: Arc::downgrade(&self.shared),
+            generation: state.generation,
             name: name.to_string(),
             owner: Owner::new(name),
         });
-        open.insert(name.to_string(), ns.clone());
+        state.namespaces.insert(name.to_string(), ns.clone());
         Ok(ns)
     }
 
     fn drop_namespace(&self, name: &str) -> Result<()> {
-        let ns = self
-            .open
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(name);
-        let ns = match ns {
-            Some(ns) => ns,
-            None => {
-                check_namespace(name)?;
-                if !self.db.keyspace_exists(&format!("b-{name}")) {
-                    return Ok(());
-                }
-                Arc::new(FjallNamespace {
-                    db: self.db.clone(),
-                    keyspace: self
-                        .db
-                        .keyspace(&format!("b-{name}"), KeyspaceCreateOptions::default)
-                        .map_err(store_error)?,
-                    meta: self.meta.clone(),
-                    name: name.to_string(),
-                    owner: Owner::new(name),
-                })
-            }
-        };
-        self.meta.remove(name).map_err(store_error)?;
-        let keyspace = ns.keyspace.clone();
-        drop(ns);
-        self.db.delete_keyspace(keyspace).map_err(store_error)
+        check_namespace(name)?;
+        let mut state = self.shared.state();
+        let open = self.shared.current(&mut state)?;
+        if let Some(ns) = state.namespaces.remove(name) {
+            *ns.handles.write().unwrap_or_else(|e| e.into_inner()) = None;
+        }
+        drop(state);
+        if !open.db.keyspace_exists(&format!("b-{name}")) {
+            return Ok(());
+        }
+        let keyspace = open.keyspace(name)?;
+        open.meta.remove(name).map_err(store_error)?;
+        open.db.delete_keyspace(keyspace).map_err(store_error)
     }
 }
 
 pub struct FjallNamespace {
+    /// `None` once its generation of the database is closed.
+    handles: RwLock<Option<Handles>>,
+    /// Weak: the store's map holds its namespaces.
+    shared: Weak<Shared>,
+    generation: u64,
+    name: String,
+    owner: Owner,
+}
+
+#[derive(Clone)]
+struct Handles {
     db: Database,
     keyspace: Keyspace,
     meta: Keyspace,
-    name: String,
-    owner: Owner,
+}
+
+impl FjallNamespace {
+    /// This namespace's handles, while its generation of the database is open.
+    fn handles(&self) -> Result<Handles> {
+        self.handles
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .ok_or_else(|| {
+                MinkError::Fenced(format!(
+                    "KV namespace {}: the local KV store was closed after a failed write \
+                     and is reopened; the tablet reopens from the log",
+                    self.name
+                ))
+            })
+    }
+
+    /// A write's error; one that met the database's poisoning closes it.
+    fn write_error(&self, e: fjall::Error) -> MinkError {
+        match e {
+            fjall::Error::Poisoned => {
+                if let Some(shared) = self.shared.upgrade() {
+                    shared.close(self.generation);
+                }
+                MinkError::Fenced(format!(
+                    "KV namespace {}: fjall refuses every write since a journal write failed \
+                     (poisoned); the store is reopened and the tablet reopens from the log",
+                    self.name
+                ))
+            }
+            e => store_error(e),
+        }
+    }
 }
 
 fn collect(iter: fjall::Iter, limit: usize) -> Result<KvPairs> {
@@ -110,6 +231,7 @@ fn collect(iter: fjall::Iter, limit: usize) -> Result<KvPairs> {
 impl KvNamespace for FjallNamespace {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         Ok(self
+            .handles()?
             .keyspace
             .get(key)
             .map_err(store_error)?
@@ -117,30 +239,25 @@ impl KvNamespace for FjallNamespace {
     }
 
     fn write(&self, ops: &[KvOp], flushed_offset: i64) -> Result<()> {
-        let mut batch = self.db.batch();
+        let h = self.handles()?;
+        let mut batch = h.db.batch();
         for op in ops {
             match op {
-                KvOp::Put(k, v) => batch.insert(&self.keyspace, k.as_slice(), v.as_slice()),
-                KvOp::Delete(k) => batch.remove(&self.keyspace, k.as_slice()),
+                KvOp::Put(k, v) => batch.insert(&h.keyspace, k.as_slice(), v.as_slice()),
+                KvOp::Delete(k) => batch.remove(&h.keyspace, k.as_slice()),
             }
         }
         batch.insert(
-            &self.meta,
+            &h.meta,
             self.name.as_str(),
             flushed_offset.to_le_bytes().as_slice(),
         );
-        batch.commit().map_err(|e| match e {
-            // fjall refuses every write of the database after one journal write failed.
-            fjall::Error::Poisoned => store_error(
-                "fjall refuses every write since a journal write failed (poisoned): \
-                 restart the node once the disk has room",
-            ),
-            e => store_error(e),
-        })
+        batch.commit().map_err(|e| self.write_error(e))
     }
 
     fn flushed_offset(&self) -> Result<Option<i64>> {
         Ok(self
+            .handles()?
             .meta
             .get(self.name.as_str())
             .map_err(store_error)?
@@ -148,9 +265,10 @@ impl KvNamespace for FjallNamespace {
     }
 
     fn range(&self, start: &[u8], end: Option<&[u8]>, limit: usize) -> Result<KvPairs> {
+        let h = self.handles()?;
         match end {
-            Some(end) => collect(self.keyspace.range(start..end), limit),
-            None => collect(self.keyspace.range(start..), limit),
+            Some(end) => collect(h.keyspace.range(start..end), limit),
+            None => collect(h.keyspace.range(start..), limit),
         }
     }
 
@@ -162,8 +280,9 @@ impl KvNamespace for FjallNamespace {
     }
 
     fn snapshot(&self) -> Result<PairIter> {
-        let snapshot = self.db.snapshot();
-        let iter = snapshot.iter(&self.keyspace);
+        let h = self.handles()?;
+        let snapshot = h.db.snapshot();
+        let iter = snapshot.iter(&h.keyspace);
         Ok(Box::new(iter.map(|g| {
             g.into_inner()
                 .map(|(k, v)| (k.to_vec(), v.to_vec()))
@@ -179,11 +298,13 @@ impl KvNamespace for FjallNamespace {
         // nothing, or over old journal entries fjall replays into the empty tree). An
         // offset gone over old pairs is safe: every open that finds no offset clears
         // the store before it loads or replays (see `KvTablet::recover`).
-        self.meta.remove(self.name.as_str()).map_err(store_error)?;
-        self.db
-            .persist(fjall::PersistMode::SyncAll)
-            .map_err(store_error)?;
-        self.keyspace.clear().map_err(store_error)
+        let h = self.handles()?;
+        h.meta
+            .remove(self.name.as_str())
+            .map_err(|e| self.write_error(e))?;
+        h.db.persist(fjall::PersistMode::SyncAll)
+            .map_err(|e| self.write_error(e))?;
+        h.keyspace.clear().map_err(|e| self.write_error(e))
     }
 
     fn owner(&self) -> &Owner {

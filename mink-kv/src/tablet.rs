@@ -471,7 +471,7 @@ impl KvTablet {
         match staged {
             Some(Some(bytes)) => Ok(Some(self.decode(&bytes, schema)?)),
             Some(None) => Ok(None),
-            None => match self.inner.store.get(key)? {
+            None => match self.fail_if_fenced(self.inner.store.get(key))? {
                 Some(bytes) => Ok(Some(self.decode(&bytes, schema)?)),
                 None => Ok(None),
             },
@@ -734,7 +734,8 @@ impl KvTablet {
             // In key order: neighbouring reads share the store's pages and blocks.
             unstaged.sort_unstable_by(|a, b| keys[*a].cmp(&keys[*b]));
             let read: Vec<Vec<u8>> = unstaged.iter().map(|r| keys[*r].clone()).collect();
-            for (r, value) in unstaged.into_iter().zip(self.inner.store.multi_get(&read)?) {
+            let values = self.fail_if_fenced(self.inner.store.multi_get(&read))?;
+            for (r, value) in unstaged.into_iter().zip(values) {
                 olds[r] = match value {
                     None => Old::Absent,
                     Some(value) if value == encoded[r] => Old::Same,
@@ -1208,6 +1209,16 @@ impl KvTablet {
     /// Fails the tablet after an append that did not become durable: staged rows are
     /// dropped and nothing more is accepted; the tablet is reopened from the log.
     /// Returns the error, for the caller to answer with.
+    /// A store read's result; `Fenced` fails the tablet: its store was taken over by
+    /// a newer tablet, or closed under it (fjall after a failed write, see
+    /// `FjallStore`), and the node reopens a failed tablet from the log.
+    fn fail_if_fenced<T>(&self, read: Result<T>) -> Result<T> {
+        match read {
+            Err(e @ MinkError::Fenced(_)) => Err(self.fail(e)),
+            other => other,
+        }
+    }
+
     fn fail(&self, e: MinkError) -> MinkError {
         // The failure first: nothing may see the emptied buffer as a serving tablet's.
         *self.inner.failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.clone());
@@ -1521,9 +1532,11 @@ impl KvTablet {
         // Only a staged delete can take one of the store's first `limit` rows away.
         let deletes = staged.iter().filter(|(_, v)| v.is_none()).count();
         let mut merged: BTreeMap<Vec<u8>, Option<Vec<u8>>> = self
-            .inner
-            .store
-            .prefix(prefix, limit.saturating_add(deletes))?
+            .fail_if_fenced(
+                self.inner
+                    .store
+                    .prefix(prefix, limit.saturating_add(deletes)),
+            )?
             .into_iter()
             .map(|(k, v)| (k, Some(v)))
             .collect();

@@ -121,6 +121,29 @@ impl Env {
         .await
     }
 
+    /// Opens the tablet (under the next epoch) on `kv`, one store kept across opens
+    /// as the node keeps its own.
+    async fn open_on(
+        &mut self,
+        descriptor: &TableDescriptor,
+        kv: &Arc<dyn mink_kv::KvStore>,
+    ) -> mink_types::Result<KvTablet> {
+        self.epoch += 1;
+        let stream = self.node.open_stream("t1-b0", self.epoch).await.unwrap();
+        let schemas = vec![descriptor.schema.clone()];
+        let log =
+            LogTablet::open(BUCKET, stream, true, schemas.clone(), LogConfig::default()).await?;
+        KvTablet::open(
+            BUCKET,
+            log,
+            kv.namespace("t1-b0")?,
+            descriptor.clone(),
+            schemas,
+            self.snapshots.then(|| self.snapshots()),
+        )
+        .await
+    }
+
     /// A new WAL generation in place of a failed one (what the node does by itself
     /// after a failed upload).
     async fn replace_wal(&mut self) {
@@ -865,6 +888,127 @@ async fn a_failing_store_is_tried_once_per_interval_not_once_per_caller(backend:
     // A second later it is tried again, and once it can be written it is.
     failing.set(false);
     tokio::time::advance(Duration::from_millis(1_100)).await;
+    t.release_write_back().await.unwrap();
+    assert_eq!(t.store_offset().unwrap(), Some(t.log().high_watermark()));
+}
+
+/// A small tmpfs, mounted for a test and unmounted after it; `None` where mounting is
+/// not allowed (it needs CAP_SYS_ADMIN).
+struct SmallDisk {
+    dir: tempfile::TempDir,
+}
+
+impl SmallDisk {
+    fn mount(bytes: u64) -> Option<Self> {
+        let dir = tempfile::tempdir().unwrap();
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
+            .arg(dir.path())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .ok()?;
+        status.success().then_some(Self { dir })
+    }
+
+    fn path(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
+    /// Writes a file until the disk is full; returns it.
+    fn fill(&self) -> std::path::PathBuf {
+        use std::io::Write;
+        let path = self.path().join("filler");
+        let mut f = std::fs::File::create(&path).unwrap();
+        let chunk = vec![0u8; 64 << 10];
+        while f.write_all(&chunk).and_then(|()| f.flush()).is_ok() {}
+        path
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
+    }
+}
+
+/// The local store's disk fills up under a tablet (a real full disk, the kernel's
+/// ENOSPC): no acknowledged Put is lost, Puts are turned away while the store cannot
+/// be written, and once the disk has room the bucket takes Puts again without a
+/// restart. On fjall the failed journal write poisons the database for good: the
+/// store closes that generation, the tablet fails, and the reopened tablet (what the
+/// node does on the next request) reopens the store in place.
+async fn a_full_disk_under_the_store_loses_nothing_and_the_store_recovers(backend: KvBackend) {
+    let Some(disk) = SmallDisk::mount(8 << 20) else {
+        eprintln!("skipped: cannot mount a tmpfs here (needs CAP_SYS_ADMIN)");
+        return;
+    };
+    let mut env = Env::new(backend).await;
+    let d = table(&[]);
+    let kv = mink_kv::open_kv_store(backend, &disk.path().join("kv")).unwrap();
+    let mut t = env.open_on(&d, &kv).await.unwrap();
+    t.set_write_back_bytes(0);
+    let value = "v".repeat(2_000);
+    let mut acked = Vec::new();
+    for i in 0..5 {
+        t.put(put(&[(i, Some(&value), Some(i))])).await.unwrap();
+        acked.push(i);
+    }
+    let filler = disk.fill();
+    // Puts until the store's failure has turned some away, the store retried in
+    // between.
+    let mut errors = Vec::new();
+    let mut i = 5;
+    while errors.len() < 4 {
+        match t.put(put(&[(i, Some(&value), Some(i))])).await {
+            Ok(_) => acked.push(i),
+            Err(e) => {
+                errors.push(e.to_string());
+                tokio::time::advance(Duration::from_millis(1_100)).await;
+            }
+        }
+        i += 1;
+        assert!(i < 2_000, "the full disk never turned a Put away");
+    }
+    assert!(
+        errors
+            .iter()
+            .all(|e| e.contains("No space left") || e.contains("poisoned")),
+        "{errors:?}"
+    );
+    if backend == KvBackend::Fjall {
+        assert!(
+            t.failure().is_some(),
+            "fjall poisoned and the tablet carried on"
+        );
+    }
+    // The disk gets room again: the bucket takes Puts without a restart, its tablet
+    // reopened from the log when it failed (as the node reopens a failed tablet).
+    std::fs::remove_file(filler).unwrap();
+    tokio::time::advance(Duration::from_millis(1_100)).await;
+    let mut attempts = 0;
+    loop {
+        if t.failure().is_some() {
+            t = env.open_on(&d, &kv).await.unwrap();
+        }
+        match t.put(put(&[(i, Some("after"), Some(i))])).await {
+            Ok(_) => break,
+            Err(e) => errors.push(e.to_string()),
+        }
+        attempts += 1;
+        assert!(
+            attempts < 10,
+            "no Put went in after the disk had room: {errors:?}"
+        );
+        tokio::time::advance(Duration::from_millis(1_100)).await;
+    }
+    let found = get(&t, &acked);
+    for (id, row) in acked.iter().zip(found) {
+        assert_eq!(row, v(Some(&value), Some(*id)), "key {id}");
+    }
+    assert_eq!(get(&t, &[i]), vec![v(Some("after"), Some(i))]);
     t.release_write_back().await.unwrap();
     assert_eq!(t.store_offset().unwrap(), Some(t.log().high_watermark()));
 }
@@ -2332,3 +2476,9 @@ both!(
     a_failed_tablet_flushes_nothing_so_replay_finds_its_acknowledged_rows,
     a_failing_store_is_tried_once_per_interval_not_once_per_caller
 );
+
+/// fjall only: redb on a full tmpfs writes into the space its file already holds.
+#[tokio::test(start_paused = true)]
+async fn fjall_a_full_disk_under_the_store_loses_nothing_and_the_store_recovers() {
+    a_full_disk_under_the_store_loses_nothing_and_the_store_recovers(KvBackend::Fjall).await
+}

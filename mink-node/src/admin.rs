@@ -38,6 +38,7 @@ fn zero_counters() {
         "mink_wal_upload_failures_total",
         "mink_node_writes_refused_overloaded_total",
         "mink_kv_store_write_failures_total",
+        "mink_kv_store_reopens_total",
     ] {
         metrics::counter!(name).increment(0);
     }

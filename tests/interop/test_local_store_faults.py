@@ -159,3 +159,62 @@ def test_a_disk_fault_fails_writes_cleanly_and_the_node_recovers_by_itself(mink_
     finally:
         client.close()
         proc.kill()
+
+
+def test_a_full_disk_under_the_kv_store_loses_nothing_and_the_node_recovers_by_itself(mink_node, small_disk, tmp_path):
+    """The local KV store's disk fills up while the object store has room: primary-key
+    Puts stay acknowledged (the changelog is durable in the WAL) until the rows waiting
+    for the store pass twice the buffer's bound, then are refused; fjall's failed
+    journal write poisons its database for good, and the node reopens it in place. Once
+    the disk has room, Puts are acknowledged again without a restart and every
+    acknowledged row reads back."""
+    objects = tmp_path / "objects"
+    proc = NodeProcess(
+        mink_node,
+        tmp_path,
+        env={
+            "MINK_DATA_DIR": str(small_disk / "data"),
+            "MINK_OBJECT_STORE__URL": f"file://{objects}",
+            "MINK_KV__BACKEND": "fjall",
+            "MINK_KV__PREWRITE_BUFFER_BYTES_MAX": "65536",
+        },
+    )
+    client = flight.connect(proc.location)
+    name = "n" * 2000
+    try:
+        action(client, "create_database", {"name": "db"})
+        action(client, "create_table", {"path": "db.users", "descriptor": USERS})
+        retry(lambda: put_table(client, users(range(0, 10), name)))
+        acked = list(range(10))
+        filler = fill(small_disk)
+        errors = []
+        next_id = 10
+        while len(errors) < 5:
+            ids = range(next_id, next_id + 10)
+            next_id += 10
+            try:
+                put_table(client, users(ids, name))
+                acked.extend(ids)
+            except pa.ArrowException as e:
+                errors.append(str(e))
+                time.sleep(1.1)
+            assert next_id < 20_000, "the full disk never turned a Put away"
+        assert any("No space left on device" in e or "poisoned" in e for e in errors), errors
+
+        filler.unlink()
+        wait_for(
+            lambda: _ok(lambda: put_table(client, users(range(50_000, 50_010), "after"))),
+            timeout=60,
+            what="a put acknowledged again",
+        )
+        found = {}
+        for first in range(0, len(acked), 500):
+            found.update(lookup(client, acked[first : first + 500]))
+        missing = sorted(set(acked) - set(found))
+        assert not missing, f"acknowledged rows lost: {missing[:10]}"
+        assert all(found[i][0] == name for i in acked)
+        assert lookup(client, [50_000]) == {50_000: ("after", 50_000)}
+        assert any("local KV store reopened" in line for line in proc.lines), "fjall was not reopened"
+    finally:
+        client.close()
+        proc.kill()
