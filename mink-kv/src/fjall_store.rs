@@ -188,17 +188,21 @@ struct Handles {
 impl FjallNamespace {
     /// This namespace's handles, while its generation of the database is open.
     fn handles(&self) -> Result<Handles> {
-        self.handles
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-            .ok_or_else(|| {
-                MinkError::Fenced(format!(
-                    "KV namespace {}: the local KV store was closed after a failed write \
-                     and is reopened; the tablet reopens from the log",
-                    self.name
-                ))
-            })
+        self.reading(|h| Ok(h.clone()))
+    }
+
+    /// Runs a read on this namespace's handles (under their lock: no clones per read),
+    /// while its generation of the database is open.
+    fn reading<T>(&self, f: impl FnOnce(&Handles) -> Result<T>) -> Result<T> {
+        let handles = self.handles.read().unwrap_or_else(|e| e.into_inner());
+        match handles.as_ref() {
+            Some(h) => f(h),
+            None => Err(MinkError::Fenced(format!(
+                "KV namespace {}: the local KV store was closed after a failed write and \
+                 is reopened; the tablet reopens from the log",
+                self.name
+            ))),
+        }
     }
 
     /// A write's error; one that met the database's poisoning closes it.
@@ -230,12 +234,20 @@ fn collect(iter: fjall::Iter, limit: usize) -> Result<KvPairs> {
 
 impl KvNamespace for FjallNamespace {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        Ok(self
-            .handles()?
-            .keyspace
-            .get(key)
-            .map_err(store_error)?
-            .map(|v| v.to_vec()))
+        self.reading(|h| {
+            Ok(h.keyspace
+                .get(key)
+                .map_err(store_error)?
+                .map(|v| v.to_vec()))
+        })
+    }
+
+    fn multi_get(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
+        self.reading(|h| {
+            keys.iter()
+                .map(|k| Ok(h.keyspace.get(k).map_err(store_error)?.map(|v| v.to_vec())))
+                .collect()
+        })
     }
 
     fn write(&self, ops: &[KvOp], flushed_offset: i64) -> Result<()> {
@@ -256,20 +268,19 @@ impl KvNamespace for FjallNamespace {
     }
 
     fn flushed_offset(&self) -> Result<Option<i64>> {
-        Ok(self
-            .handles()?
-            .meta
-            .get(self.name.as_str())
-            .map_err(store_error)?
-            .and_then(|v| v.as_ref().try_into().ok().map(i64::from_le_bytes)))
+        self.reading(|h| {
+            Ok(h.meta
+                .get(self.name.as_str())
+                .map_err(store_error)?
+                .and_then(|v| v.as_ref().try_into().ok().map(i64::from_le_bytes)))
+        })
     }
 
     fn range(&self, start: &[u8], end: Option<&[u8]>, limit: usize) -> Result<KvPairs> {
-        let h = self.handles()?;
-        match end {
+        self.reading(|h| match end {
             Some(end) => collect(h.keyspace.range(start..end), limit),
             None => collect(h.keyspace.range(start..), limit),
-        }
+        })
     }
 
     fn prefix(&self, prefix: &[u8], limit: usize) -> Result<KvPairs> {
