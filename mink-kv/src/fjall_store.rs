@@ -41,7 +41,17 @@ struct State {
     /// Bumped at every close: a namespace closes the store only for its generation.
     generation: u64,
     namespaces: HashMap<String, Arc<FjallNamespace>>,
+    /// Every name's [`Owner`], kept across generations: one per name, as the trait
+    /// promises, so that the epoch order of the tablets survives a reopen.
+    owners: HashMap<String, Arc<Owner>>,
+    /// A reopen is running (outside the lock).
+    reopening: bool,
+    /// When the last reopen failed: the next waits [`REOPEN_RETRY`].
+    reopen_failed_at: Option<std::time::Instant>,
 }
+
+/// How often a closed store tries to reopen.
+const REOPEN_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
 #[derive(Clone)]
 struct Open {
@@ -79,6 +89,9 @@ impl FjallStore {
                     open: Some(open),
                     generation: 0,
                     namespaces: HashMap::new(),
+                    owners: HashMap::new(),
+                    reopening: false,
+                    reopen_failed_at: None,
                 }),
             }),
         })
@@ -90,21 +103,55 @@ impl Shared {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The open database, reopened first when a poisoning closed it.
-    fn current(&self, state: &mut State) -> Result<Open> {
-        if let Some(open) = &state.open {
-            return Ok(open.clone());
-        }
-        let open = Open::new(&self.dir).map_err(|e| {
+    /// The open database, reopened first when a poisoning closed it. The reopen runs
+    /// outside the lock (it recovers fjall's journal, and waits a little for the
+    /// directory's lock), one at a time, at most once per [`REOPEN_RETRY`]; callers
+    /// meanwhile are answered `Unavailable` at once.
+    fn current(&self) -> Result<Open> {
+        let unavailable = |why: &str| {
             MinkError::Unavailable(format!(
-                "the local KV store is reopening after a failed write, and cannot be opened \
-                 yet ({e}); retry"
+                "the local KV store is reopening after a failed write ({why}); retry"
             ))
-        })?;
-        tracing::warn!(dir = %self.dir.display(), "local KV store reopened after a failed write");
-        metrics::counter!("mink_kv_store_reopens_total").increment(1);
-        state.open = Some(open.clone());
-        Ok(open)
+        };
+        {
+            let mut state = self.state();
+            if let Some(open) = &state.open {
+                return Ok(open.clone());
+            }
+            if state.reopening {
+                return Err(unavailable("another open is trying"));
+            }
+            if state
+                .reopen_failed_at
+                .is_some_and(|at| at.elapsed() < REOPEN_RETRY)
+            {
+                return Err(unavailable("the last try failed less than a second ago"));
+            }
+            state.reopening = true;
+        }
+        let opened = Open::new(&self.dir);
+        let mut state = self.state();
+        state.reopening = false;
+        match opened {
+            Ok(open) => {
+                tracing::warn!(
+                    dir = %self.dir.display(),
+                    "local KV store reopened after a failed write"
+                );
+                metrics::counter!("mink_kv_store_reopens_total").increment(1);
+                state.reopen_failed_at = None;
+                state.open = Some(open.clone());
+                Ok(open)
+            }
+            Err(e) => {
+                state.reopen_failed_at = Some(std::time::Instant::now());
+                Err(unavailable(&format!(
+                    "it cannot be opened yet: {e}; a write stalled in fjall when its \
+                     background work died keeps the old one open, and then only a restart \
+                     frees it"
+                )))
+            }
+        }
     }
 
     /// Closes generation `generation` after a write met its poisoning: every namespace
@@ -130,12 +177,26 @@ impl Shared {
 impl KvStore for FjallStore {
     fn namespace(&self, name: &str) -> Result<Arc<dyn KvNamespace>> {
         check_namespace(name)?;
+        if let Some(ns) = self.shared.state().namespaces.get(name) {
+            return Ok(ns.clone());
+        }
+        self.shared.current()?;
         let mut state = self.shared.state();
         if let Some(ns) = state.namespaces.get(name) {
             return Ok(ns.clone());
         }
-        let open = self.shared.current(&mut state)?;
+        // Closed again since: the next call reopens.
+        let Some(open) = state.open.clone() else {
+            return Err(MinkError::Unavailable(
+                "the local KV store was closed after a failed write; retry".into(),
+            ));
+        };
         let keyspace = open.keyspace(name)?;
+        let owner = state
+            .owners
+            .entry(name.to_string())
+            .or_insert_with(|| Arc::new(Owner::new(name)))
+            .clone();
         let ns = Arc::new(FjallNamespace {
             handles: RwLock::new(Some(Handles {
                 db: open.db,
@@ -145,7 +206,7 @@ impl KvStore for FjallStore {
             shared: Arc::downgrade(&self.shared),
             generation: state.generation,
             name: name.to_string(),
-            owner: Owner::new(name),
+            owner,
         });
         state.namespaces.insert(name.to_string(), ns.clone());
         Ok(ns)
@@ -153,18 +214,36 @@ impl KvStore for FjallStore {
 
     fn drop_namespace(&self, name: &str) -> Result<()> {
         check_namespace(name)?;
-        let mut state = self.shared.state();
-        let open = self.shared.current(&mut state)?;
-        if let Some(ns) = state.namespaces.remove(name) {
-            *ns.handles.write().unwrap_or_else(|e| e.into_inner()) = None;
-        }
-        drop(state);
+        let open = self.shared.current()?;
+        let generation = {
+            let mut state = self.shared.state();
+            if let Some(ns) = state.namespaces.remove(name) {
+                *ns.handles.write().unwrap_or_else(|e| e.into_inner()) = None;
+            }
+            state.owners.remove(name);
+            state.generation
+        };
         if !open.db.keyspace_exists(&format!("b-{name}")) {
             return Ok(());
         }
         let keyspace = open.keyspace(name)?;
-        open.meta.remove(name).map_err(store_error)?;
-        open.db.delete_keyspace(keyspace).map_err(store_error)
+        let poisoned = |e| write_error(&self.shared, generation, name, e);
+        open.meta.remove(name).map_err(poisoned)?;
+        open.db.delete_keyspace(keyspace).map_err(poisoned)
+    }
+}
+
+/// A write's error; one that met the database's poisoning closes `generation`.
+fn write_error(shared: &Shared, generation: u64, name: &str, e: fjall::Error) -> MinkError {
+    match e {
+        fjall::Error::Poisoned => {
+            shared.close(generation);
+            MinkError::Fenced(format!(
+                "KV namespace {name}: fjall refuses every write since a journal write failed \
+                 (poisoned); the store is reopened and the tablet reopens from the log"
+            ))
+        }
+        e => store_error(e),
     }
 }
 
@@ -175,7 +254,7 @@ pub struct FjallNamespace {
     shared: Weak<Shared>,
     generation: u64,
     name: String,
-    owner: Owner,
+    owner: Arc<Owner>,
 }
 
 #[derive(Clone)]
@@ -207,18 +286,9 @@ impl FjallNamespace {
 
     /// A write's error; one that met the database's poisoning closes it.
     fn write_error(&self, e: fjall::Error) -> MinkError {
-        match e {
-            fjall::Error::Poisoned => {
-                if let Some(shared) = self.shared.upgrade() {
-                    shared.close(self.generation);
-                }
-                MinkError::Fenced(format!(
-                    "KV namespace {}: fjall refuses every write since a journal write failed \
-                     (poisoned); the store is reopened and the tablet reopens from the log",
-                    self.name
-                ))
-            }
-            e => store_error(e),
+        match self.shared.upgrade() {
+            Some(shared) => write_error(&shared, self.generation, &self.name, e),
+            None => store_error(e),
         }
     }
 }
@@ -294,7 +364,10 @@ impl KvNamespace for FjallNamespace {
         let h = self.handles()?;
         let snapshot = h.db.snapshot();
         let iter = snapshot.iter(&h.keyspace);
-        Ok(Box::new(iter.map(|g| {
+        // The iterator keeps the handles: a fjall iterator alone does not hold its
+        // database open, and a reopen under it would reuse its files' ids.
+        Ok(Box::new(iter.map(move |g| {
+            let _open = &h;
             g.into_inner()
                 .map(|(k, v)| (k.to_vec(), v.to_vec()))
                 .map_err(store_error)

@@ -1206,19 +1206,26 @@ impl KvTablet {
         })
     }
 
-    /// Fails the tablet after an append that did not become durable: staged rows are
-    /// dropped and nothing more is accepted; the tablet is reopened from the log.
-    /// Returns the error, for the caller to answer with.
     /// A store read's result; `Fenced` fails the tablet: its store was taken over by
     /// a newer tablet, or closed under it (fjall after a failed write, see
-    /// `FjallStore`), and the node reopens a failed tablet from the log.
+    /// `FjallStore`), and the node reopens a failed tablet from the log. The read
+    /// itself is answered `Unavailable`: a retry meets the reopened tablet.
     fn fail_if_fenced<T>(&self, read: Result<T>) -> Result<T> {
         match read {
-            Err(e @ MinkError::Fenced(_)) => Err(self.fail(e)),
+            Err(e @ MinkError::Fenced(_)) => {
+                let why = self.fail(e).to_string();
+                Err(MinkError::Unavailable(format!(
+                    "{}: {why}; retry",
+                    self.inner.bucket
+                )))
+            }
             other => other,
         }
     }
 
+    /// Fails the tablet after an append that did not become durable: staged rows are
+    /// dropped and nothing more is accepted; the tablet is reopened from the log.
+    /// Returns the error, for the caller to answer with.
     fn fail(&self, e: MinkError) -> MinkError {
         // The failure first: nothing may see the emptied buffer as a serving tablet's.
         *self.inner.failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.clone());

@@ -19,7 +19,7 @@ use object_store::memory::InMemory;
 
 mod failing_store;
 
-use failing_store::{FailingNamespace, StoreFaults};
+use failing_store::{FailingNamespace, SmallDisk, StoreFaults};
 
 const BUCKET: TableBucket = TableBucket {
     table_id: 1,
@@ -892,48 +892,6 @@ async fn a_failing_store_is_tried_once_per_interval_not_once_per_caller(backend:
     assert_eq!(t.store_offset().unwrap(), Some(t.log().high_watermark()));
 }
 
-/// A small tmpfs, mounted for a test and unmounted after it; `None` where mounting is
-/// not allowed (it needs CAP_SYS_ADMIN).
-struct SmallDisk {
-    dir: tempfile::TempDir,
-}
-
-impl SmallDisk {
-    fn mount(bytes: u64) -> Option<Self> {
-        let dir = tempfile::tempdir().unwrap();
-        let status = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
-            .arg(dir.path())
-            .stderr(std::process::Stdio::null())
-            .status()
-            .ok()?;
-        status.success().then_some(Self { dir })
-    }
-
-    fn path(&self) -> &std::path::Path {
-        self.dir.path()
-    }
-
-    /// Writes a file until the disk is full; returns it.
-    fn fill(&self) -> std::path::PathBuf {
-        use std::io::Write;
-        let path = self.path().join("filler");
-        let mut f = std::fs::File::create(&path).unwrap();
-        let chunk = vec![0u8; 64 << 10];
-        while f.write_all(&chunk).and_then(|()| f.flush()).is_ok() {}
-        path
-    }
-}
-
-impl Drop for SmallDisk {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .arg("-l")
-            .arg(self.dir.path())
-            .status();
-    }
-}
-
 /// The local store's disk fills up under a tablet (a real full disk, the kernel's
 /// ENOSPC): no acknowledged Put is lost, Puts are turned away while the store cannot
 /// be written, and once the disk has room the bucket takes Puts again without a
@@ -950,6 +908,29 @@ async fn a_full_disk_under_the_store_loses_nothing_and_the_store_recovers(backen
     let kv = mink_kv::open_kv_store(backend, &disk.path().join("kv")).unwrap();
     let mut t = env.open_on(&d, &kv).await.unwrap();
     t.set_write_back_bytes(0);
+    // A second bucket on the same store, which only answers lookups from the store.
+    let bucket2 = TableBucket {
+        table_id: 2,
+        partition_id: None,
+        bucket: 0,
+    };
+    let node = env.node.clone();
+    let open_second = |epoch| {
+        let node = node.clone();
+        let (kv, d) = (kv.clone(), d.clone());
+        async move {
+            let stream = node.open_stream("t2-b0", epoch).await.unwrap();
+            let schemas = vec![d.schema.clone()];
+            let log = LogTablet::open(bucket2, stream, true, schemas.clone(), LogConfig::default())
+                .await
+                .unwrap();
+            KvTablet::open(bucket2, log, kv.namespace("t2-b0")?, d, schemas, None).await
+        }
+    };
+    let u = open_second(1).await.unwrap();
+    u.set_write_back_bytes(0);
+    u.put(put(&[(1, Some("u"), Some(1))])).await.unwrap();
+    u.release_write_back().await.unwrap();
     let value = "v".repeat(2_000);
     let mut acked = Vec::new();
     for i in 0..5 {
@@ -983,6 +964,17 @@ async fn a_full_disk_under_the_store_loses_nothing_and_the_store_recovers(backen
             t.failure().is_some(),
             "fjall poisoned and the tablet carried on"
         );
+        // The other bucket's lookup meets the closed store: answered `Unavailable`,
+        // and its tablet fails, to be reopened.
+        let keys =
+            RecordBatch::try_from_iter(vec![("id", Arc::new(Int64Array::from(vec![1])) as _)])
+                .unwrap();
+        let refused = u.lookup(&keys).expect_err("a lookup on the closed store");
+        assert!(matches!(refused, MinkError::Unavailable(_)), "{refused}");
+        assert!(
+            u.failure().is_some(),
+            "a tablet read the closed store and carried on"
+        );
     }
     // The disk gets room again: the bucket takes Puts without a restart, its tablet
     // reopened from the log when it failed (as the node reopens a failed tablet).
@@ -1011,6 +1003,11 @@ async fn a_full_disk_under_the_store_loses_nothing_and_the_store_recovers(backen
     assert_eq!(get(&t, &[i]), vec![v(Some("after"), Some(i))]);
     t.release_write_back().await.unwrap();
     assert_eq!(t.store_offset().unwrap(), Some(t.log().high_watermark()));
+    let u = match u.failure() {
+        Some(_) => open_second(2).await.unwrap(),
+        None => u,
+    };
+    assert_eq!(get(&u, &[1]), vec![v(Some("u"), Some(1))]);
 }
 
 /// While the store fails and new Puts are refused, the retry of an acknowledged Put is

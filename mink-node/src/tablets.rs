@@ -311,6 +311,14 @@ impl Tablets {
     ) -> Result<Tablet> {
         let streams = self.streams();
         let name = bucket.stream_name();
+        let pk = table.descriptor.has_primary_key();
+        // The local KV store first: while it cannot be opened (reopening after a
+        // failed write) the open fails before it opens the stream.
+        let ns = if pk {
+            Some(self.kv.namespace(&name)?)
+        } else {
+            None
+        };
         // Phases, for the log line of a slow open: the recovery tail after a failover.
         let started = tokio::time::Instant::now();
         let handover_catch_up = self.await_handover(&streams, &name).await?;
@@ -337,7 +345,6 @@ impl Tablets {
                 );
             }
         };
-        let pk = table.descriptor.has_primary_key();
         let log = LogTablet::open(
             bucket,
             stream,
@@ -363,17 +370,16 @@ impl Tablets {
                 Duration::from_millis(self.config.kafka.timestamp_after_max_ms),
             );
         }
-        if !pk {
+        let Some(ns) = ns else {
             slow(Duration::ZERO);
             return Ok(Tablet::Log(log));
-        }
+        };
         let log_opened = started.elapsed();
         let snapshots = SnapshotStore::new(
             streams.object_store_for(mink_wal::Purpose::KvSnapshot),
             snapshot_prefix(bucket),
             self.config.kv.snapshots_retained as usize,
         );
-        let ns = self.kv.namespace(&name)?;
         let kv = KvTablet::open(
             bucket,
             log,

@@ -1,6 +1,7 @@
-//! A local KV store whose writes can be made to fail, as on a full disk: the KV
-//! tablet's tests (`kv_tablet.rs`) and its model test (`kv_concurrent.rs`) share it.
-//! Each test crate uses part of it.
+//! A local KV store whose writes can be made to fail, as on a full disk, and a real
+//! small disk to fill up: the KV tablet's tests (`kv_tablet.rs`), its model test
+//! (`kv_concurrent.rs`) and the store's (`store.rs`) share it. Each test crate uses
+//! part of it.
 #![allow(dead_code)]
 
 use std::sync::Arc;
@@ -111,5 +112,47 @@ impl KvNamespace for FailingNamespace {
     }
     fn flush_beside_merges(&self) -> bool {
         self.inner.flush_beside_merges()
+    }
+}
+
+/// A small tmpfs, mounted for a test and unmounted after it; `None` where mounting is
+/// not allowed (it needs CAP_SYS_ADMIN).
+pub struct SmallDisk {
+    dir: tempfile::TempDir,
+}
+
+impl SmallDisk {
+    pub fn mount(bytes: u64) -> Option<Self> {
+        let dir = tempfile::tempdir().unwrap();
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
+            .arg(dir.path())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .ok()?;
+        status.success().then_some(Self { dir })
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
+    /// Writes a file until the disk is full; returns it.
+    pub fn fill(&self) -> std::path::PathBuf {
+        use std::io::Write;
+        let path = self.path().join("filler");
+        let mut f = std::fs::File::create(&path).unwrap();
+        let chunk = vec![0u8; 64 << 10];
+        while f.write_all(&chunk).and_then(|()| f.flush()).is_ok() {}
+        path
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
     }
 }
