@@ -121,6 +121,12 @@ impl Env {
         .await
     }
 
+    /// Compacts the WAL and trims `t`'s changelog below `offset`, all of it.
+    async fn trim_to(&self, t: &KvTablet, offset: i64) {
+        self.node.compact().await.unwrap();
+        assert_eq!(t.log().trim_before(offset).await.unwrap(), offset);
+    }
+
     /// Opens the tablet (under the next epoch) on `kv`, one store kept across opens
     /// as the node keeps its own.
     async fn open_on(
@@ -808,12 +814,7 @@ async fn puts_queued_while_the_store_fails_are_checked_again(backend: KvBackend)
     t.set_write_back_bytes(bound);
     // The first Put stops after its submit, holding the put lock; the others pass the
     // check (the buffer has room) and queue behind it.
-    let pause = t.pause_next_staging();
-    let first = tokio::spawn({
-        let t = t.clone();
-        async move { t.put(put(&[(1000, Some("c"), None)])).await }
-    });
-    pause.reached.notified().await;
+    let (pause, first) = hold_in_staging(&t, put(&[(1000, Some("c"), None)])).await;
     let queued: Vec<_> = (0..8)
         .map(|k| {
             let t = t.clone();
@@ -840,6 +841,24 @@ async fn puts_queued_while_the_store_fails_are_checked_again(backend: KvBackend)
     assert!(get(&t, &refused).iter().all(|r| r.is_none()));
 }
 
+/// Starts `req` on `t` and returns once it is held between its submit and its
+/// staging (`pause_next_staging`), with the pause to release it and the Put's task.
+async fn hold_in_staging(
+    t: &KvTablet,
+    req: PutRequest,
+) -> (
+    Arc<mink_kv::StagingPause>,
+    tokio::task::JoinHandle<mink_types::Result<mink_log::Appended>>,
+) {
+    let pause = t.pause_next_staging();
+    let held = tokio::spawn({
+        let t = t.clone();
+        async move { t.put(req).await }
+    });
+    pause.reached.notified().await;
+    (pause, held)
+}
+
 /// A failing store is tried once per retry interval, not once per caller: flushes
 /// queued behind the one that tries (here eight releases, held behind a Put in its
 /// staging window) answer its error without writing.
@@ -859,12 +878,7 @@ async fn a_failing_store_is_tried_once_per_interval_not_once_per_caller(backend:
     // Room in the buffer: Puts go in, and only the releases below flush.
     t.set_write_back_bytes(1 << 20);
     tokio::time::advance(Duration::from_millis(1_100)).await;
-    let pause = t.pause_next_staging();
-    let held = tokio::spawn({
-        let t = t.clone();
-        async move { t.put(put(&[(1000, Some("c"), None)])).await }
-    });
-    pause.reached.notified().await;
+    let (pause, held) = hold_in_staging(&t, put(&[(1000, Some("c"), None)])).await;
     let releases: Vec<_> = (0..8)
         .map(|_| {
             let t = t.clone();
@@ -1413,11 +1427,7 @@ async fn a_snapshot_larger_than_a_part_goes_up_in_parts(backend: KvBackend) {
     t.put(put(&[(7, Some("after"), Some(-7))])).await.unwrap();
     let ids: Vec<i64> = (0..20_000).step_by(997).chain([7, 19_999]).collect();
     let live = get(&t, &ids);
-    env.node.compact().await.unwrap();
-    assert_eq!(
-        t.log().trim_before(snap.log_offset).await.unwrap(),
-        snap.log_offset
-    );
+    env.trim_to(&t, snap.log_offset).await;
     drop(t);
     let fresh = tempfile::tempdir().unwrap();
     let t = env.open_in(&d, fresh.path()).await;
@@ -1638,11 +1648,7 @@ async fn a_snapshot_from_before_add_column_loads_with_nulls(backend: KvBackend) 
     };
     t.put(v2_rows(&[(3, "c", Some(true))])).await.unwrap();
     // Only the snapshot holds rows 1 and 2 once the log below it is gone.
-    env.node.compact().await.unwrap();
-    assert_eq!(
-        t.log().trim_before(snap.log_offset).await.unwrap(),
-        snap.log_offset
-    );
+    env.trim_to(&t, snap.log_offset).await;
     drop(t);
 
     // A node with an empty local store opens the bucket after the ALTER.
@@ -2394,12 +2400,7 @@ async fn a_flush_waits_for_a_submitted_put_to_stage(backend: KvBackend) {
     let before = t.log().high_watermark();
     assert_eq!(t.store_offset().unwrap(), Some(before));
 
-    let pause = t.pause_next_staging();
-    let putting = tokio::spawn({
-        let t = t.clone();
-        async move { t.put(put(&[(1, Some("b"), Some(2))])).await }
-    });
-    pause.reached.notified().await;
+    let (pause, putting) = hold_in_staging(&t, put(&[(1, Some("b"), Some(2))])).await;
     // The Put has its offset; its changelog becomes durable by itself (the WAL
     // uploads it), so a flush choosing now would take a high watermark past it.
     while t.log().high_watermark() <= before {
