@@ -199,7 +199,9 @@ def test_a_full_disk_under_the_kv_store_loses_nothing_and_the_node_recovers_by_i
                 errors.append(str(e))
                 time.sleep(1.1)
             assert next_id < 20_000, "the full disk never turned a Put away"
-        assert any("No space left on device" in e or "poisoned" in e for e in errors), errors
+        # Every refusal is `Unavailable` (the store's ENOSPC, fjall's poisoning, the
+        # reopen in progress); the node's log below shows the reopen happened.
+        assert all("unavailable" in e for e in errors), errors
 
         filler.unlink()
         wait_for(
