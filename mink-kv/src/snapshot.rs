@@ -30,8 +30,12 @@ use object_store::path::Path;
 use object_store::{GetOptions, ObjectStore, ObjectStoreExt};
 use tokio::io::AsyncWriteExt;
 
-/// Rows per Arrow batch in a snapshot.
+/// Rows per Arrow batch in a snapshot, at most.
 pub const SNAPSHOT_BATCH_ROWS: usize = 8_192;
+
+/// Stored bytes per Arrow batch in a snapshot, at most (past it the batch ends early,
+/// after at least one row): wide rows do not make a batch of 8,192 rows gigabytes.
+pub const SNAPSHOT_BATCH_BYTES: usize = 8 << 20;
 
 /// The size of a snapshot's upload parts: a snapshot up to this is one PUT, a larger
 /// one a multipart upload of parts this size (S3 wants at least 5 MiB but the last).

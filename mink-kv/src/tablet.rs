@@ -1641,9 +1641,16 @@ impl KvTablet {
         let mut writer = snapshots.writer(&schema, offset)?;
         let mut rows = Vec::with_capacity(crate::snapshot::SNAPSHOT_BATCH_ROWS);
         loop {
-            for pair in pairs.by_ref().take(crate::snapshot::SNAPSHOT_BATCH_ROWS) {
+            let mut bytes = 0;
+            for pair in pairs.by_ref() {
                 let (_, value) = pair?;
+                bytes += value.len();
                 rows.push(self.decode(&value, &schema)?);
+                if rows.len() == crate::snapshot::SNAPSHOT_BATCH_ROWS
+                    || bytes >= crate::snapshot::SNAPSHOT_BATCH_BYTES
+                {
+                    break;
+                }
             }
             if rows.is_empty() {
                 break;

@@ -1434,6 +1434,24 @@ async fn a_snapshot_larger_than_a_part_goes_up_in_parts(backend: KvBackend) {
     assert_eq!(get(&t, &ids), live);
 }
 
+/// A snapshot's batches end at 8 MiB of stored rows as well as at 8,192 rows: wide
+/// rows do not make one batch of the whole state.
+async fn a_snapshot_of_wide_rows_is_cut_into_batches_by_bytes(backend: KvBackend) {
+    let mut env = Env::new(backend).await;
+    let d = table(&[]);
+    let t = env.open(&d).await;
+    let wide = "w".repeat(1 << 20);
+    for i in 0..12 {
+        t.put(put(&[(i, Some(&wide), Some(i))])).await.unwrap();
+    }
+    let snap = t.snapshot().await.unwrap().unwrap();
+    assert_eq!(snap.rows, 12);
+    let batches = env.snapshots().read(snap.log_offset).await.unwrap();
+    let rows: Vec<usize> = batches.iter().map(|b| b.num_rows()).collect();
+    assert_eq!(rows.iter().sum::<usize>(), 12);
+    assert!(rows.len() >= 2 && rows.iter().all(|&n| n <= 8), "{rows:?}");
+}
+
 /// A snapshot object cut short at a message boundary (its end-of-stream marker gone)
 /// is refused, not read as a smaller state.
 async fn a_snapshot_cut_short_is_refused(backend: KvBackend) {
@@ -2455,6 +2473,7 @@ both!(
     snapshots_plus_replay_equal_the_live_state,
     a_snapshot_larger_than_a_part_goes_up_in_parts,
     a_snapshot_cut_short_is_refused,
+    a_snapshot_of_wide_rows_is_cut_into_batches_by_bytes,
     a_trim_never_passes_the_newest_snapshot,
     retention_never_deletes_the_snapshot_just_written,
     a_changelog_trimmed_past_every_snapshot_fails_the_open_loudly,
