@@ -190,16 +190,6 @@ impl SnapshotStore {
         Ok(())
     }
 
-    /// The newest snapshot, or `None` when there is none. It is read through (one
-    /// batch at a time) to count its rows.
-    pub async fn newest(&self) -> Result<Option<SnapshotInfo>> {
-        let Some(mut info) = self.newest_uncounted().await? else {
-            return Ok(None);
-        };
-        info.rows = self.count_rows(info.log_offset).await?;
-        Ok(Some(info))
-    }
-
     /// The newest snapshot as listed, its `rows` not counted (0): reading a large
     /// snapshot through costs what reading the state does
     /// ([`SnapshotStore::count_rows`]).
