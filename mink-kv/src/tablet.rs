@@ -272,7 +272,7 @@ struct Inner {
     /// over a newer one), the reads of a snapshot, and a release of the buffer's rows.
     /// Where flushes run beside merges (fjall), Puts merge and stage beside a store
     /// write. Taken after `puts`, before `flushes`.
-    store_writes: tokio::sync::Mutex<()>,
+    store_writes: Arc<tokio::sync::Mutex<()>>,
     failed: Mutex<Option<MinkError>>,
     /// The error of the last store write and when it failed (`None` once one
     /// succeeds). Tokio's clock: paused tests step over [`STORE_RETRY`].
@@ -378,7 +378,7 @@ impl KvTablet {
                 prewrite: Mutex::new(Prewrite::default()),
                 write_back_bytes: AtomicU64::new(DEFAULT_WRITE_BACK_BYTES),
                 puts: tokio::sync::Mutex::new(()),
-                store_writes: tokio::sync::Mutex::new(()),
+                store_writes: Arc::new(tokio::sync::Mutex::new(())),
                 flushes: tokio::sync::Mutex::new(()),
                 failed: Mutex::new(None),
                 store_failure: Mutex::new(None),
@@ -1275,7 +1275,9 @@ impl KvTablet {
             true => None,
             false => Some(self.inner.puts.lock().await),
         };
-        let _writes = self.inner.store_writes.lock().await;
+        // Owned: the store write below runs on a blocking thread with the guard, so a
+        // cancelled caller cannot let another flush in while it is under way.
+        let writes = self.inner.store_writes.clone().lock_owned().await;
         // A failed tablet dropped its staged rows (some acknowledged, not yet in the
         // store): it writes nothing more, so that the store's offset stays where a
         // replay from the log finds them. A failing flush held this lock.
@@ -1308,6 +1310,27 @@ impl KvTablet {
                 None => KvOp::Delete(key),
             })
             .collect();
+        // The write and the buffer's release of what it wrote run on a blocking thread:
+        // a store write of a full buffer takes tens of milliseconds, and on a runtime
+        // thread it would hold up every task queued behind it there (the Puts whose
+        // merges should run beside it among them).
+        let tablet = self.clone();
+        let write = move || {
+            let _writes = writes;
+            tablet.write_store(ops, hw)
+        };
+        match tokio::task::spawn_blocking(write).await {
+            Ok(written) => written,
+            Err(e) => Err(MinkError::Internal(format!(
+                "{}: a KV store write did not finish: {e}",
+                self.inner.bucket
+            ))),
+        }
+    }
+
+    /// The store write of a flush ([`KvTablet::flush`], whose `store_writes` guard the
+    /// caller holds): `ops` at `hw`, then the buffer lets go of what the store now has.
+    fn write_store(&self, ops: Vec<KvOp>, hw: i64) -> Result<()> {
         // With nothing to write, the store's offset still goes to the high watermark
         // when it is behind (sequence markers take offsets and stage nothing): a
         // snapshot then covers them, and an idle bucket is not snapshotted again.
@@ -1416,16 +1439,26 @@ impl KvTablet {
     /// the store fails, at most once per [`STORE_RETRY`].
     async fn flush_if_due(&self) -> Result<()> {
         let bound = self.write_back_bytes();
-        let (own, node) = {
+        let (own, node, past_twice) = {
             let mut prewrite = self.prewrite();
             // Kept batches go before rows do, and need no store write.
             prewrite.shed_images(bound);
+            let rows = prewrite.rows_bytes();
             (
-                prewrite.rows_bytes() > bound || prewrite.staged_since_write() > bound,
-                prewrite.node_over() && prewrite.rows_bytes() > 0,
+                rows > bound || prewrite.staged_since_write() > bound,
+                prewrite.node_over() && rows > 0,
+                rows > bound.saturating_mul(2),
             )
         };
         if !(own || node) || self.store_retry_later() {
+            return Ok(());
+        }
+        // A store write in progress (or a snapshot's read) will take these rows, or the
+        // next Put's wait will: this one does not queue behind it, so that the other
+        // writers' Puts keep merging beside the store write instead of all waiting for
+        // it. Past twice the bound, or past the node's, it waits: that is the buffer's
+        // backpressure.
+        if !node && !past_twice && self.inner.store_writes.try_lock().is_err() {
             return Ok(());
         }
         self.flush().await?;

@@ -2441,6 +2441,79 @@ async fn a_flush_waits_for_a_submitted_put_to_stage(backend: KvBackend) {
     assert_eq!(get(&t, &[1]), vec![v(Some("b"), Some(2))]);
 }
 
+/// A store write in progress holds up no other writer's Put (on a store whose flushes
+/// run beside merges): below twice the buffer's bound a Put's wait leaves the rows to
+/// the write under way, and past it the wait is the buffer's backpressure. The write
+/// runs off the runtime's threads: this test's runtime has one, and the write is held.
+async fn a_store_write_in_progress_holds_up_other_puts_only_past_twice_the_bound(
+    backend: KvBackend,
+) {
+    let mut env = Env::new(backend).await;
+    let d = table(&[]);
+    let faults = Arc::new(StoreFaults::default());
+    let t = env.open_failing(&d, &faults).await.unwrap();
+    let buffered = WriteBackBudget::new(u64::MAX);
+    t.set_write_back_budget(buffered.clone());
+    let rows = |from: i64| -> Vec<(i64, Option<&str>, Option<i64>)> {
+        (from..from + 100)
+            .map(|i| (i, Some("some row"), Some(i)))
+            .collect()
+    };
+    t.set_write_back_bytes(u64::MAX);
+    t.put(put(&rows(0))).await.unwrap();
+    let first = buffered.used();
+    // Past the bound, under twice it (`first` counts the kept batch too): the next
+    // Put's wait writes the store, held.
+    t.set_write_back_bytes(first / 2);
+    let held = faults.hold();
+    let flusher = tokio::spawn({
+        let t = t.clone();
+        async move { t.put(put(&[(1_000, Some("flushes"), None)])).await }
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while faults.held() == 0 {
+        assert!(std::time::Instant::now() < deadline, "no store write began");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // Another writer's Put merges, is acknowledged, and does not wait for the write.
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        t.put(put(&[(1_001, Some("beside"), None)])),
+    )
+    .await
+    .expect("a Put waited for a store write in progress below twice the bound")
+    .unwrap();
+    assert_eq!(faults.held(), 1, "the store write is still held");
+    assert!(!flusher.is_finished());
+    // Past twice the bound, a Put's wait waits for the store.
+    let pressed = tokio::spawn({
+        let t = t.clone();
+        async move { t.put(put(&rows(2_000))).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !pressed.is_finished(),
+        "a Put past twice the bound did not wait for the store"
+    );
+    drop(held);
+    flusher.await.unwrap().unwrap();
+    pressed.await.unwrap().unwrap();
+    // Everything is there, and the store catches up with the next write.
+    let ids: Vec<i64> = (0..100).chain(1_000..1_002).chain(2_000..2_100).collect();
+    assert!(get(&t, &ids).iter().all(|r| r.is_some()));
+    let info = t.snapshot().await.unwrap().unwrap();
+    assert_eq!(t.store_offset().unwrap(), Some(info.log_offset));
+    drop(t);
+    let t = env.open(&d).await;
+    assert!(get(&t, &ids).iter().all(|r| r.is_some()));
+}
+
+/// fjall only: redb writes its store under the put lock, so no Put merges beside it.
+#[tokio::test]
+async fn fjall_a_store_write_in_progress_holds_up_other_puts_only_past_twice_the_bound() {
+    a_store_write_in_progress_holds_up_other_puts_only_past_twice_the_bound(KvBackend::Fjall).await
+}
+
 macro_rules! both {
     ($($name:ident),*; paused: $($paused:ident),*) => {
         mod fjall {

@@ -4,8 +4,8 @@
 //! part of it.
 #![allow(dead_code)]
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 
 use mink_kv::store::{KvPairs, PairIter};
 use mink_kv::{KvNamespace, KvOp, KvStore, Owner};
@@ -22,9 +22,41 @@ pub struct StoreFaults {
     next: AtomicU32,
     /// Writes refused so far.
     refused: AtomicU32,
+    /// While `true`, writes wait here (on the thread that writes) before they go on;
+    /// the count is of writes waiting.
+    gate: Mutex<(bool, u32)>,
+    opened: Condvar,
 }
 
 impl StoreFaults {
+    /// Holds every write from now on until [`StoreFaults::release`], or until the
+    /// guard is dropped (a test that fails while writes are held must not leave its
+    /// runtime waiting for them at shutdown).
+    pub fn hold(self: &Arc<Self>) -> HeldWrites {
+        self.gate.lock().unwrap().0 = true;
+        HeldWrites(self.clone())
+    }
+
+    /// Lets the held writes go on.
+    pub fn release(&self) {
+        self.gate.lock().unwrap().0 = false;
+        self.opened.notify_all();
+    }
+
+    /// Writes held now.
+    pub fn held(&self) -> u32 {
+        self.gate.lock().unwrap().1
+    }
+
+    fn pass_gate(&self) {
+        let mut gate = self.gate.lock().unwrap();
+        gate.1 += 1;
+        while gate.0 {
+            gate = self.opened.wait(gate).unwrap();
+        }
+        gate.1 -= 1;
+    }
+
     /// Every write fails while `failing`.
     pub fn set(&self, failing: bool) {
         self.failing.store(failing, Ordering::SeqCst);
@@ -50,6 +82,15 @@ impl StoreFaults {
             self.refused.fetch_add(1, Ordering::SeqCst);
         }
         fails
+    }
+}
+
+/// Releases the writes held by [`StoreFaults::hold`] when dropped.
+pub struct HeldWrites(Arc<StoreFaults>);
+
+impl Drop for HeldWrites {
+    fn drop(&mut self) {
+        self.0.release();
     }
 }
 
@@ -87,6 +128,7 @@ impl KvNamespace for FailingNamespace {
         self.inner.multi_get(keys)
     }
     fn write(&self, ops: &[KvOp], flushed_offset: i64) -> Result<()> {
+        self.faults.pass_gate();
         if self.faults.fails() {
             return Err(MinkError::Internal(format!("KV store: {STORE_FAULT}")));
         }
