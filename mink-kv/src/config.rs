@@ -43,9 +43,11 @@ pub struct KvConfig {
     /// waiting for durability, and durable rows kept as a write-back cache (the newest
     /// version of each key recently written). Durable rows go to the store once the
     /// buffer holds more than this or this much was written since the last store
-    /// write (so a replay after a crash reads back about this much); each key's
-    /// newest version is written once however often the key changed. Past the bound
-    /// the rows the store has leave the buffer. 0 writes the store after every Put.
+    /// write; each key's newest version is written once however often the key
+    /// changed. Past the bound the rows the store has leave the buffer. While the
+    /// store is written, Puts go on until the buffer holds twice this (so a replay
+    /// after a crash reads back up to about twice this much). 0 writes the store after
+    /// every Put.
     /// Default 32 MiB.
     pub prewrite_buffer_bytes_max: u64,
     /// Bytes the prewrite buffers of all of a node's KV tablets may hold together: a

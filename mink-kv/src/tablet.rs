@@ -273,6 +273,9 @@ struct Inner {
     /// Where flushes run beside merges (fjall), Puts merge and stage beside a store
     /// write. Taken after `puts`, before `flushes`.
     store_writes: Arc<tokio::sync::Mutex<()>>,
+    /// Set by a Put's wait that left its due store write to the one in progress; the
+    /// flush that ends next writes again ([`KvTablet::flush`]).
+    flush_again: std::sync::atomic::AtomicBool,
     failed: Mutex<Option<MinkError>>,
     /// The error of the last store write and when it failed (`None` once one
     /// succeeds). Tokio's clock: paused tests step over [`STORE_RETRY`].
@@ -379,6 +382,7 @@ impl KvTablet {
                 write_back_bytes: AtomicU64::new(DEFAULT_WRITE_BACK_BYTES),
                 puts: tokio::sync::Mutex::new(()),
                 store_writes: Arc::new(tokio::sync::Mutex::new(())),
+                flush_again: Default::default(),
                 flushes: tokio::sync::Mutex::new(()),
                 failed: Mutex::new(None),
                 store_failure: Mutex::new(None),
@@ -1319,13 +1323,44 @@ impl KvTablet {
             let _writes = writes;
             tablet.write_store(ops, hw)
         };
-        match tokio::task::spawn_blocking(write).await {
+        let written = match tokio::task::spawn_blocking(write).await {
             Ok(written) => written,
-            Err(e) => Err(MinkError::Internal(format!(
-                "{}: a KV store write did not finish: {e}",
-                self.inner.bucket
-            ))),
+            Err(e) => {
+                // A write that panicked fails the store as a refused one does: tried
+                // again once per STORE_RETRY, Puts refused past twice the bound.
+                let e = MinkError::Internal(format!(
+                    "{}: a KV store write did not finish: {e}",
+                    self.inner.bucket
+                ));
+                *self
+                    .inner
+                    .store_failure
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()) =
+                    Some((e.clone(), tokio::time::Instant::now()));
+                Err(e)
+            }
+        };
+        if written.is_ok() && self.inner.flush_again.swap(false, Ordering::AcqRel) {
+            // Puts left their store write to this one while it ran (`flush_if_due`),
+            // but it chose its rows before theirs were staged: a task of its own
+            // writes them if they are still due, so that this caller's answer does not
+            // wait for a second write and the buffer does not stay past its bound when
+            // the Puts stop.
+            tokio::spawn(self.flush_if_still_due());
         }
+        written
+    }
+
+    /// [`KvTablet::flush_if_due`] in a task of its own (boxed: it is spawned from
+    /// `flush`, which it calls).
+    fn flush_if_still_due(&self) -> futures::future::BoxFuture<'static, ()> {
+        let tablet = self.clone();
+        Box::pin(async move {
+            if let Err(e) = tablet.flush_if_due().await {
+                tracing::warn!(bucket = %tablet.inner.bucket, "a KV store write failed; the rows wait in the prewrite buffer: {e}");
+            }
+        })
     }
 
     /// The store write of a flush ([`KvTablet::flush`], whose `store_writes` guard the
@@ -1378,7 +1413,8 @@ impl KvTablet {
     /// it, ahead of the store, until it holds more than `bytes` or `bytes` were staged
     /// since the last store write; then a Put's wait writes them to the store (each
     /// key's newest version once), and, past the bound, the ones the store now has
-    /// leave the buffer. 0 writes the store after every Put.
+    /// leave the buffer. While a store write is in progress the buffer may hold up to
+    /// twice the bound ([`KvTablet::flush_if_due`]). 0 writes the store after every Put.
     pub fn set_write_back_bytes(&self, bytes: u64) {
         self.inner.write_back_bytes.store(bytes, Ordering::Relaxed);
     }
@@ -1453,12 +1489,15 @@ impl KvTablet {
         if !(own || node) || self.store_retry_later() {
             return Ok(());
         }
-        // A store write in progress (or a snapshot's read) will take these rows, or the
-        // next Put's wait will: this one does not queue behind it, so that the other
-        // writers' Puts keep merging beside the store write instead of all waiting for
-        // it. Past twice the bound, or past the node's, it waits: that is the buffer's
+        // A store write in progress (or a snapshot's read): this Put's wait does not
+        // queue behind it, so that the other writers' Puts keep merging beside it
+        // instead of all waiting for it. The write chose its rows before these were
+        // staged; when it ends, a task of its own writes them if they are still due
+        // (`flush_again`, see `flush`), unless a Put's wait gets there first. Past
+        // twice the bound, or past the node's, the wait waits: that is the buffer's
         // backpressure.
         if !node && !past_twice && self.inner.store_writes.try_lock().is_err() {
+            self.inner.flush_again.store(true, Ordering::Release);
             return Ok(());
         }
         self.flush().await?;

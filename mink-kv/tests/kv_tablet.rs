@@ -2503,15 +2503,88 @@ async fn a_store_write_in_progress_holds_up_other_puts_only_past_twice_the_bound
     assert!(get(&t, &ids).iter().all(|r| r.is_some()));
     let info = t.snapshot().await.unwrap().unwrap();
     assert_eq!(t.store_offset().unwrap(), Some(info.log_offset));
-    drop(t);
-    let t = env.open(&d).await;
+}
+
+/// The rows whose Puts left their store write to one in progress (above) reach the
+/// store when it ends, if they are still due, with no Put after them: the write in
+/// progress chose its rows before theirs were staged.
+async fn rows_left_to_a_store_write_in_progress_are_written_when_it_ends(backend: KvBackend) {
+    let mut env = Env::new(backend).await;
+    // No kept batches: the buffer's bytes are its rows'.
+    let d = table(&[("changelog_image", "wal")]);
+    let faults = Arc::new(StoreFaults::default());
+    let t = env.open_failing(&d, &faults).await.unwrap();
+    let buffered = WriteBackBudget::new(u64::MAX);
+    t.set_write_back_budget(buffered.clone());
+    const BOUND: u64 = 20_000;
+    t.set_write_back_bytes(BOUND);
+    let body = "x".repeat(200);
+    let held = faults.hold();
+    // A few hot keys, rewritten: the buffer stays small, but the bytes staged since
+    // the last store write pass the bound, and a Put's wait writes the store (held).
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let hot = tokio::spawn({
+        let (t, body, stop) = (t.clone(), body.clone(), stop.clone());
+        async move {
+            for i in 0..1_000 {
+                if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    return;
+                }
+                let rows: Vec<_> = (0..5).map(|k| (k, Some(body.as_str()), Some(i))).collect();
+                t.put(put(&rows)).await.unwrap();
+            }
+        }
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while faults.held() == 0 {
+        assert!(std::time::Instant::now() < deadline, "no store write began");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // New keys while it is held, past the bound and under twice it: none of their Puts
+    // waits for the store.
+    let mut key = 1_000;
+    while buffered.used() < BOUND * 13 / 10 {
+        t.put(put(&[(key, Some(body.as_str()), None)]))
+            .await
+            .unwrap();
+        key += 1;
+    }
+    assert!(buffered.used() < 2 * BOUND);
+    let hw = t.log().high_watermark();
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    drop(held);
+    // The write held ends, and the rows after it reach the store with no Put after
+    // them.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while t.store_offset().unwrap() < Some(hw) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the store stayed at {:?}, behind {hw}, with {} bytes buffered",
+            t.store_offset().unwrap(),
+            buffered.used()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(
+        buffered.used() <= BOUND,
+        "{} bytes buffered",
+        buffered.used()
+    );
+    hot.abort();
+    let ids: Vec<i64> = (1_000..key).collect();
     assert!(get(&t, &ids).iter().all(|r| r.is_some()));
 }
 
-/// fjall only: redb writes its store under the put lock, so no Put merges beside it.
+/// fjall only (these two): redb writes its store under the put lock, so no Put merges
+/// beside it.
 #[tokio::test]
 async fn fjall_a_store_write_in_progress_holds_up_other_puts_only_past_twice_the_bound() {
     a_store_write_in_progress_holds_up_other_puts_only_past_twice_the_bound(KvBackend::Fjall).await
+}
+
+#[tokio::test]
+async fn fjall_rows_left_to_a_store_write_in_progress_are_written_when_it_ends() {
+    rows_left_to_a_store_write_in_progress_are_written_when_it_ends(KvBackend::Fjall).await
 }
 
 macro_rules! both {
