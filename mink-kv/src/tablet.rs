@@ -293,6 +293,22 @@ struct Inner {
     staging_paused: std::sync::atomic::AtomicBool,
 }
 
+/// Whether `batch`'s buffers hold little beyond its rows: kept, it pins about what it
+/// is counted as ([`RecordBatch::get_array_memory_size`]), not a larger body it is a
+/// view into.
+fn owns_its_buffers(batch: &RecordBatch) -> bool {
+    let rows: usize = batch
+        .columns()
+        .iter()
+        .map(|c| {
+            c.to_data()
+                .get_slice_memory_size()
+                .unwrap_or(usize::MAX / 64)
+        })
+        .sum();
+    batch.get_array_memory_size() <= rows.saturating_add(rows / 4).saturating_add(4096)
+}
+
 /// A Put held between its submit and the staging of its rows, for tests of what may
 /// run in that window ([`KvTablet::pause_next_staging`]).
 #[doc(hidden)]
@@ -850,7 +866,8 @@ impl KvTablet {
         }
         // The batch kept for later `-U` images holds only the staged rows, copied out
         // of the request, whose buffers may be shared beyond this Put (a Flight body):
-        // what it holds is then what it is counted as.
+        // what it holds is then what it is counted as. A request whose rows are all
+        // staged and whose buffers are its own is kept as it is (below).
         let mut take: Vec<u32> = Vec::new();
         // The keys and values move into the buffer, not copied.
         let mut keys = keys;
@@ -868,10 +885,14 @@ impl KvTablet {
                 (std::mem::take(&mut keys[r]), Some(value), image)
             })
             .collect();
-        let images = if keep {
-            Some(take_record_batch(&new_images, &UInt32Array::from(take))?)
-        } else {
-            None
+        let images = match keep {
+            // Every row staged, from a batch whose buffers are its own (one the node
+            // cut out of a table write): kept as it is, with no copy.
+            true if take.len() == new_images.num_rows() && owns_its_buffers(&new_images) => {
+                Some(new_images)
+            }
+            true => Some(take_record_batch(&new_images, &UInt32Array::from(take))?),
+            false => None,
         };
         Ok(Merged {
             change_types,
@@ -1711,33 +1732,55 @@ impl KvTablet {
             (offset, pairs, self.table().descriptor.schema.clone())
         };
         let mut writer = snapshots.writer(&schema, offset)?;
-        let mut rows = Vec::with_capacity(crate::snapshot::SNAPSHOT_BATCH_ROWS);
         loop {
-            let mut bytes = 0;
-            for pair in pairs.by_ref() {
-                let (_, value) = pair?;
-                bytes += value.len();
-                rows.push(self.decode(&value, &schema)?);
-                if rows.len() == crate::snapshot::SNAPSHOT_BATCH_ROWS
-                    || bytes >= crate::snapshot::SNAPSHOT_BATCH_BYTES
-                {
-                    break;
-                }
-            }
-            if rows.is_empty() {
-                break;
-            }
-            let batch = rows_to_batch(&schema, &rows.iter().collect::<Vec<_>>())?;
-            rows.clear();
+            // Reading the store is synchronous (up to SNAPSHOT_BATCH_BYTES of rows read
+            // and decoded at a time): on a blocking thread, not a runtime thread.
+            let (tablet, schema) = (self.clone(), schema.clone());
+            let read = move || {
+                let batch = tablet.read_snapshot_batch(&mut pairs, &schema);
+                (pairs, batch)
+            };
+            let (rest, batch) = tokio::task::spawn_blocking(read).await.map_err(|e| {
+                MinkError::Internal(format!(
+                    "{}: a KV snapshot read did not finish: {e}",
+                    self.inner.bucket
+                ))
+            })?;
+            pairs = rest;
+            let Some(batch) = batch? else { break };
             writer.write(&batch).await?;
-            // Reading the store is synchronous: let the tasks beside it run.
-            tokio::task::yield_now().await;
         }
         let info = writer.finish().await?;
         // Every row below the snapshot's offset is durable in it: the changelog below
         // may go (the log never trims above this).
         self.inner.log.allow_trim_to(info.log_offset);
         Ok(info)
+    }
+
+    /// The next batch of a snapshot from the store's iterator: up to
+    /// `SNAPSHOT_BATCH_ROWS` rows or `SNAPSHOT_BATCH_BYTES` of stored rows; `None` at
+    /// its end.
+    fn read_snapshot_batch(
+        &self,
+        pairs: &mut crate::store::PairIter,
+        schema: &Schema,
+    ) -> Result<Option<RecordBatch>> {
+        let mut rows = Vec::with_capacity(crate::snapshot::SNAPSHOT_BATCH_ROWS);
+        let mut bytes = 0;
+        for pair in pairs.by_ref() {
+            let (_, value) = pair?;
+            bytes += value.len();
+            rows.push(self.decode(&value, schema)?);
+            if rows.len() == crate::snapshot::SNAPSHOT_BATCH_ROWS
+                || bytes >= crate::snapshot::SNAPSHOT_BATCH_BYTES
+            {
+                break;
+            }
+        }
+        if rows.is_empty() {
+            return Ok(None);
+        }
+        rows_to_batch(schema, &rows.iter().collect::<Vec<_>>()).map(Some)
     }
 
     /// Test hook: the next Put of this tablet that logs a changelog (not a no-op or a
@@ -2060,6 +2103,30 @@ impl KvTablet {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_batch_is_kept_without_a_copy_only_when_it_owns_its_buffers() {
+        use arrow::array::{ArrayRef, Int64Array, StringArray};
+        let whole = RecordBatch::try_from_iter(vec![
+            (
+                "id",
+                Arc::new(Int64Array::from_iter_values(0..1_000)) as ArrayRef,
+            ),
+            (
+                "name",
+                Arc::new(StringArray::from_iter_values(
+                    (0..1_000).map(|i| format!("row {i} {}", "x".repeat(100))),
+                )) as ArrayRef,
+            ),
+        ])
+        .unwrap();
+        assert!(owns_its_buffers(&whole));
+        // A bucket's rows cut out of a table write by `take`: buffers of its own.
+        let taken = take_record_batch(&whole, &UInt32Array::from_iter_values(0..100)).unwrap();
+        assert!(owns_its_buffers(&taken));
+        // A view into a larger body (a slice, as a decoded Flight body's arrays are).
+        assert!(!owns_its_buffers(&whole.slice(0, 100)));
+    }
 
     fn shape() -> PutShape {
         PutShape {
