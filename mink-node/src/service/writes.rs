@@ -177,12 +177,8 @@ impl NodeService {
             batch,
         };
         let appended = self
-            .submit_and_wait(bucket, &tablet, BucketWrite::Put(request), cork)
-            .await;
-        let appended = match appended {
-            Ok(a) => a,
-            Err(e) => return Err(self.after_write_error(bucket, writer, e).await),
-        };
+            .submit_and_wait(bucket, &tablet, BucketWrite::Put(request), cork, writer)
+            .await?;
         Ok(BucketWritten {
             bucket,
             first_offset: appended.first_offset,
@@ -192,14 +188,29 @@ impl NodeService {
     }
 
     /// A Flight write through the front door (`submit.rs`), waited for at once.
+    ///
+    /// A write refused at its submit was not appended: its tablet assigns offsets and
+    /// hands the batch to the WAL last, and every refusal comes before that (a Put's
+    /// merge, its store checks, the log's sequence and capacity checks, a WAL that
+    /// will not take it). Its error goes back as it is, redirected when stale, and a
+    /// retry writes the rows once. Only a write whose durability could not be settled
+    /// is answered by [`NodeService::after_write_error`].
     async fn submit_and_wait(
         &self,
         bucket: TableBucket,
         tablet: &Tablet,
         write: BucketWrite,
         cork: Option<Cork>,
+        writer: Option<i64>,
     ) -> Result<mink_log::Appended> {
-        let appended = submit(bucket, tablet, write, cork).await?.wait().await?;
+        let submission = match submit(bucket, tablet, write, cork).await {
+            Ok(s) => s,
+            Err(e) => return Err(self.redirect_stale(bucket, e).await),
+        };
+        let appended = match submission.wait().await {
+            Ok(a) => a,
+            Err(e) => return Err(self.after_write_error(bucket, writer, e).await),
+        };
         // Inside the request's `append`/`put` span, which now holds `wal_seq`: the WAL
         // upload that carried the rows (a duplicate's is its original's, not this span's).
         tracing::debug!(
@@ -211,9 +222,9 @@ impl NodeService {
         Ok(appended)
     }
 
-    /// The error of a write that reached its tablet. With a writer id a retry is
-    /// deduplicated, so a stale leader redirects as usual. Without one, the rows may
-    /// have been recorded (an upload that landed before the WAL failed or was fenced is
+    /// The error of a write its tablet took whose durability could not be settled.
+    /// With a writer id a retry is deduplicated, so a stale leader redirects as usual.
+    /// Without one, the rows may have been recorded (an upload that landed before the WAL failed or was fenced is
     /// recovered by the next leader): a redirect would invite a retry that writes them
     /// twice, so the caller hears that the outcome is unknown instead.
     async fn after_write_error(
@@ -266,11 +277,9 @@ impl NodeService {
             request,
             order: Sequencing::Pipelined,
         };
-        let appended = self.submit_and_wait(bucket, &tablet, write, cork).await;
-        let appended = match appended {
-            Ok(a) => a,
-            Err(e) => return Err(self.after_write_error(bucket, writer, e).await),
-        };
+        let appended = self
+            .submit_and_wait(bucket, &tablet, write, cork, writer)
+            .await?;
         Ok(BucketWritten {
             bucket,
             first_offset: appended.first_offset,
