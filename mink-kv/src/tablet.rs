@@ -293,6 +293,16 @@ struct Inner {
     staging_paused: std::sync::atomic::AtomicBool,
 }
 
+/// The batch a Put keeps for later `-U` images: its rows `take`. When it stages every
+/// row and its buffers are its own (one the node cut out of a table write), the batch
+/// itself, with no copy.
+fn kept_batch(batch: RecordBatch, take: Vec<u32>) -> Result<RecordBatch> {
+    if take.len() == batch.num_rows() && owns_its_buffers(&batch) {
+        return Ok(batch);
+    }
+    Ok(take_record_batch(&batch, &UInt32Array::from(take))?)
+}
+
 /// Whether `batch`'s buffers hold little beyond its rows: kept, it pins about what it
 /// is counted as ([`RecordBatch::get_array_memory_size`]), not a larger body it is a
 /// view into.
@@ -886,12 +896,7 @@ impl KvTablet {
             })
             .collect();
         let images = match keep {
-            // Every row staged, from a batch whose buffers are its own (one the node
-            // cut out of a table write): kept as it is, with no copy.
-            true if take.len() == new_images.num_rows() && owns_its_buffers(&new_images) => {
-                Some(new_images)
-            }
-            true => Some(take_record_batch(&new_images, &UInt32Array::from(take))?),
+            true => Some(kept_batch(new_images, take)?),
             false => None,
         };
         Ok(Merged {
