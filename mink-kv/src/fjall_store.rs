@@ -65,17 +65,17 @@ impl Open {
         let db = Database::builder(dir.join("fjall"))
             .manual_journal_persist(true)
             .open()
-            .map_err(store_error)?;
+            .map_err(fjall_error)?;
         let meta = db
             .keyspace("mink-meta", KeyspaceCreateOptions::default)
-            .map_err(store_error)?;
+            .map_err(fjall_error)?;
         Ok(Self { db, meta })
     }
 
     fn keyspace(&self, name: &str) -> Result<Keyspace> {
         self.db
             .keyspace(&format!("b-{name}"), KeyspaceCreateOptions::default)
-            .map_err(store_error)
+            .map_err(fjall_error)
     }
 }
 
@@ -243,8 +243,25 @@ fn write_error(shared: &Shared, generation: u64, name: &str, e: fjall::Error) ->
                  (poisoned); the store is reopened and the tablet reopens from the log"
             ))
         }
-        e => store_error(e),
+        e => fjall_error(e),
     }
+}
+
+/// A fjall error: a full disk is a condition to wait out and retry (`Unavailable`,
+/// naming it), not a bug; anything else is `Internal`.
+fn fjall_error(e: fjall::Error) -> MinkError {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+    while let Some(s) = source {
+        if s.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::StorageFull)
+        {
+            return MinkError::Unavailable(format!(
+                "the local KV store's disk is full ({e}); retry"
+            ));
+        }
+        source = s.source();
+    }
+    store_error(e)
 }
 
 pub struct FjallNamespace {
@@ -288,7 +305,7 @@ impl FjallNamespace {
     fn write_error(&self, e: fjall::Error) -> MinkError {
         match self.shared.upgrade() {
             Some(shared) => write_error(&shared, self.generation, &self.name, e),
-            None => store_error(e),
+            None => fjall_error(e),
         }
     }
 }
@@ -296,7 +313,7 @@ impl FjallNamespace {
 fn collect(iter: fjall::Iter, limit: usize) -> Result<KvPairs> {
     let mut out = Vec::new();
     for guard in iter.take(limit) {
-        let (k, v) = guard.into_inner().map_err(store_error)?;
+        let (k, v) = guard.into_inner().map_err(fjall_error)?;
         out.push((k.to_vec(), v.to_vec()));
     }
     Ok(out)
@@ -307,7 +324,7 @@ impl KvNamespace for FjallNamespace {
         self.reading(|h| {
             Ok(h.keyspace
                 .get(key)
-                .map_err(store_error)?
+                .map_err(fjall_error)?
                 .map(|v| v.to_vec()))
         })
     }
@@ -315,7 +332,7 @@ impl KvNamespace for FjallNamespace {
     fn multi_get(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>> {
         self.reading(|h| {
             keys.iter()
-                .map(|k| Ok(h.keyspace.get(k).map_err(store_error)?.map(|v| v.to_vec())))
+                .map(|k| Ok(h.keyspace.get(k).map_err(fjall_error)?.map(|v| v.to_vec())))
                 .collect()
         })
     }
@@ -341,7 +358,7 @@ impl KvNamespace for FjallNamespace {
         self.reading(|h| {
             Ok(h.meta
                 .get(self.name.as_str())
-                .map_err(store_error)?
+                .map_err(fjall_error)?
                 .and_then(|v| v.as_ref().try_into().ok().map(i64::from_le_bytes)))
         })
     }
@@ -370,7 +387,7 @@ impl KvNamespace for FjallNamespace {
             let _open = &h;
             g.into_inner()
                 .map(|(k, v)| (k.to_vec(), v.to_vec()))
-                .map_err(store_error)
+                .map_err(fjall_error)
         })))
     }
 
