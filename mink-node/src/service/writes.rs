@@ -235,10 +235,7 @@ impl NodeService {
     ) -> MinkError {
         match (writer, self.redirect_stale(bucket, e).await) {
             (None, e @ (MinkError::NotLeader { .. } | MinkError::Unavailable(_))) => {
-                MinkError::StorageFailure(format!(
-                    "{bucket}: the write's outcome is unknown ({e}); without a writer id it \
-                     is not retried"
-                ))
+                outcome_unknown(bucket, &e)
             }
             (_, e) => e,
         }
@@ -317,9 +314,14 @@ impl NodeService {
             .await;
             match attempt {
                 Err(_) => {
-                    return Err(MinkError::Unavailable(format!(
+                    let e = MinkError::Unavailable(format!(
                         "{bucket}: the leader at {addr} did not answer within {FORWARD_DEADLINE:?}"
-                    )));
+                    ));
+                    return Err(if idempotent {
+                        e
+                    } else {
+                        outcome_unknown(bucket, &e)
+                    });
                 }
                 // A redirect is a refusal before anything was written. It may point
                 // back here when this node's view is the stale one: catch the view up
@@ -342,6 +344,11 @@ impl NodeService {
                     tracing::debug!(%bucket, %addr, "forwarded write refused ({why}); retrying");
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_secs(1));
+                }
+                // Nor may the caller follow one: it hears that the outcome is unknown,
+                // as from a leader of its own ([`NodeService::after_write_error`]).
+                Ok(Err(e @ MinkError::Unavailable(_))) if !idempotent => {
+                    return Err(outcome_unknown(bucket, &e));
                 }
                 Ok(other) => return other,
             }
@@ -509,11 +516,10 @@ impl NodeService {
             });
         }
         drop(cork);
-        let results = futures::future::join_all(parts)
-            .await
-            .into_iter()
-            .collect::<Result<Vec<_>>>()?;
-        Ok(WriteResult::Routed { buckets: results })
+        let results = futures::future::join_all(parts).await;
+        Ok(WriteResult::Routed {
+            buckets: table_write_answer(path, results)?,
+        })
     }
 
     pub(crate) async fn put_table(
@@ -588,12 +594,50 @@ impl NodeService {
             });
         }
         drop(cork);
-        let results = futures::future::join_all(parts)
-            .await
-            .into_iter()
-            .collect::<Result<Vec<_>>>()?;
-        Ok(WriteResult::Routed { buckets: results })
+        let results = futures::future::join_all(parts).await;
+        Ok(WriteResult::Routed {
+            buckets: table_write_answer(path, results)?,
+        })
     }
+}
+
+/// The answer of a write without a writer id whose outcome is unknown: its rows may be
+/// in the log, and a retry could write them twice.
+fn outcome_unknown(bucket: TableBucket, e: &MinkError) -> MinkError {
+    MinkError::StorageFailure(format!(
+        "{bucket}: the write's outcome is unknown ({e}); without a writer id it is not retried"
+    ))
+}
+
+/// The answer of a table write (no writer id) from its parts': each part's error is a
+/// refusal of that part alone, so when another part landed, or one's outcome is
+/// unknown, the write as a whole is neither done nor refused: it answers
+/// `StorageFailure`, naming the buckets that landed, and invites no retry.
+fn table_write_answer(
+    path: &TablePath,
+    results: Vec<Result<BucketWritten>>,
+) -> Result<Vec<BucketWritten>> {
+    let landed: Vec<String> = results
+        .iter()
+        .filter_map(|r| r.as_ref().ok().map(|w| w.bucket.to_string()))
+        .collect();
+    let Some(first) = results.iter().find_map(|r| r.as_ref().err()) else {
+        return Ok(results.into_iter().flatten().collect());
+    };
+    if landed.is_empty() {
+        // Nothing landed: a part whose outcome is unknown is the answer, or else the
+        // refusal (every part refused, a retry writes the rows once).
+        let unknown = results.iter().find_map(|r| match r {
+            Err(e @ MinkError::StorageFailure(_)) => Some(e),
+            _ => None,
+        });
+        return Err(unknown.unwrap_or(first).clone());
+    }
+    Err(MinkError::StorageFailure(format!(
+        "{path}: the table write is partly written: it landed in {}, and a part failed \
+         ({first}); without a writer id it is not retried",
+        landed.join(", ")
+    )))
 }
 
 /// A part's error as the answer of a whole table write. A `NotLeader` left over (a
@@ -606,5 +650,43 @@ fn table_write_error(e: MinkError) -> MinkError {
             "{bucket} has no reachable leader right now ({e}); retry"
         )),
         e => e,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn written(bucket: u32) -> Result<BucketWritten> {
+        Ok(BucketWritten {
+            bucket: TableBucket::new(1, None, bucket),
+            first_offset: 0,
+            last_offset: 9,
+            duplicated: false,
+        })
+    }
+
+    /// A table write without a writer id says "retry" only when no part landed and
+    /// none may have: otherwise a retry would write the landed parts twice.
+    #[test]
+    fn a_table_write_that_partly_landed_invites_no_retry() {
+        let path = TablePath::parse("db.t").unwrap();
+        let refused = || Err(MinkError::Unavailable("b1: overloaded; retry".into()));
+        let unknown = || Err(MinkError::StorageFailure("b1: outcome is unknown".into()));
+        assert_eq!(
+            table_write_answer(&path, vec![written(0), written(1)])
+                .unwrap()
+                .len(),
+            2
+        );
+        let partly = table_write_answer(&path, vec![written(0), refused()]).unwrap_err();
+        assert!(
+            matches!(&partly, MinkError::StorageFailure(m) if m.contains("landed in table 1 bucket 0")),
+            "{partly}"
+        );
+        let none = table_write_answer(&path, vec![refused(), refused()]).unwrap_err();
+        assert!(matches!(none, MinkError::Unavailable(_)), "{none}");
+        let maybe = table_write_answer(&path, vec![refused(), unknown()]).unwrap_err();
+        assert!(matches!(maybe, MinkError::StorageFailure(_)), "{maybe}");
     }
 }
