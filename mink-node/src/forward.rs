@@ -69,15 +69,21 @@ impl Forwarder {
     ) -> Result<WriteResult> {
         let data = mink_flight::client::encode_write(batch, Some(descriptor), meta)?;
         let mut client = self.client(addr).await?;
+        let idempotent = match descriptor {
+            WriteDescriptor::Append { writer_id, .. } | WriteDescriptor::Put { writer_id, .. } => {
+                writer_id.is_some()
+            }
+            _ => false,
+        };
         let response = client
             .do_put(self.request(futures::stream::iter(data)))
             .await
-            .map_err(|s| status_error(addr, s))?;
+            .map_err(|s| write_status_error(addr, idempotent, s))?;
         let mut results = response.into_inner();
         let first = results
             .message()
             .await
-            .map_err(|s| status_error(addr, s))?
+            .map_err(|s| write_status_error(addr, idempotent, s))?
             .ok_or_else(|| unavailable(addr, "no answer"))?;
         serde_json::from_slice(&first.app_metadata)
             .map_err(|e| MinkError::Internal(format!("{addr} answered: {e}")))
@@ -175,6 +181,32 @@ impl Forwarder {
     }
 }
 
+/// A forwarded write's failed status. The leader's own answers keep their shape (its
+/// `Unavailable` is a refusal before anything was written: for a write without a
+/// writer id, what may have been written it answers `StorageFailure`). A failure of the
+/// call itself (a connection lost mid-request, no Mink error in it) may come after the
+/// leader recorded the rows: without a writer id to deduplicate a retry, its outcome
+/// is unknown.
+fn write_status_error(addr: &str, idempotent: bool, s: tonic::Status) -> MinkError {
+    let from_leader = s.message().starts_with("unavailable: ")
+        || s.message().starts_with("storage failure: ")
+        || !matches!(
+            s.code(),
+            tonic::Code::Unavailable
+                | tonic::Code::Unknown
+                | tonic::Code::Cancelled
+                | tonic::Code::DeadlineExceeded
+                | tonic::Code::Internal
+        );
+    let e = status_error(addr, s);
+    if from_leader || idempotent {
+        return e;
+    }
+    MinkError::StorageFailure(format!(
+        "the write's outcome is unknown ({e}); without a writer id it is not retried"
+    ))
+}
+
 /// A status from another node, back into Mink's error. A refusal keeps its shape (a
 /// `NotLeader` stays a redirect the caller can follow); a failure names the node.
 fn status_error(addr: &str, s: tonic::Status) -> MinkError {
@@ -182,5 +214,36 @@ fn status_error(addr: &str, s: tonic::Status) -> MinkError {
         MinkError::Unavailable(m) => MinkError::Unavailable(format!("{addr}: {m}")),
         MinkError::Internal(m) => MinkError::Internal(format!("{addr}: {m}")),
         other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A forwarded write without a writer id hears "outcome unknown" for a failure of
+    /// the call itself, and the leader's own answers as they are.
+    #[test]
+    fn a_forwarded_write_tells_a_leaders_refusal_from_a_failed_call() {
+        let refusal = || tonic::Status::unavailable("unavailable: table 1 bucket 0: overloaded");
+        let unknown = || tonic::Status::unavailable("storage failure: outcome is unknown");
+        let transport = || tonic::Status::unavailable("error trying to connect: reset");
+        let h2 = || tonic::Status::internal("h2 protocol error: stream reset");
+        for idempotent in [false, true] {
+            let e = write_status_error("n1", idempotent, refusal());
+            assert!(matches!(e, MinkError::Unavailable(_)), "{e}");
+            let e = write_status_error("n1", idempotent, unknown());
+            assert!(matches!(e, MinkError::StorageFailure(_)), "{e}");
+        }
+        for failed in [transport(), h2()] {
+            let e = write_status_error("n1", false, failed.clone());
+            assert!(
+                matches!(&e, MinkError::StorageFailure(m) if m.contains("outcome is unknown")),
+                "{e}"
+            );
+            // With a writer id a retry is deduplicated: the failure keeps its shape.
+            let e = write_status_error("n1", true, failed);
+            assert!(!matches!(e, MinkError::StorageFailure(_)), "{e}");
+        }
     }
 }

@@ -286,9 +286,11 @@ impl NodeService {
     }
 
     /// Writes a bucket's part at its leader, following redirects (`NotLeader` names
-    /// the new leader) and retrying while the leader answers `Unavailable` (the bucket
-    /// is being opened), both refusals before anything was written; within
-    /// [`FORWARD_DEADLINE`]. A forwarded write that outlives it answers `Unavailable`.
+    /// the new leader), a refusal before anything was written, and, for a write with
+    /// a writer id, retrying while the leader answers `Unavailable` (the bucket is
+    /// being opened); within [`FORWARD_DEADLINE`]. A forwarded write that outlives it,
+    /// or whose call failed mid-way (`Forwarder::write`), answers `Unavailable` with a
+    /// writer id and "outcome unknown" (`StorageFailure`) without one.
     pub(crate) async fn forwarded(
         &self,
         addr: &str,
@@ -344,11 +346,6 @@ impl NodeService {
                     tracing::debug!(%bucket, %addr, "forwarded write refused ({why}); retrying");
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_secs(1));
-                }
-                // Nor may the caller follow one: it hears that the outcome is unknown,
-                // as from a leader of its own ([`NodeService::after_write_error`]).
-                Ok(Err(e @ MinkError::Unavailable(_))) if !idempotent => {
-                    return Err(outcome_unknown(bucket, &e));
                 }
                 Ok(other) => return other,
             }
@@ -625,13 +622,14 @@ fn table_write_answer(
         return Ok(results.into_iter().flatten().collect());
     };
     if landed.is_empty() {
-        // Nothing landed: a part whose outcome is unknown is the answer, or else the
-        // refusal (every part refused, a retry writes the rows once).
-        let unknown = results.iter().find_map(|r| match r {
-            Err(e @ MinkError::StorageFailure(_)) => Some(e),
-            _ => None,
+        // Nothing landed: a part that failed other than by a refusal (its outcome
+        // unknown, an internal error) is the answer, or else the refusal (every part
+        // refused: a retry writes the rows once).
+        let other = results.iter().find_map(|r| match r {
+            Err(MinkError::Unavailable(_) | MinkError::NotLeader { .. }) | Ok(_) => None,
+            Err(e) => Some(e),
         });
-        return Err(unknown.unwrap_or(first).clone());
+        return Err(other.unwrap_or(first).clone());
     }
     Err(MinkError::StorageFailure(format!(
         "{path}: the table write is partly written: it landed in {}, and a part failed \
@@ -688,5 +686,9 @@ mod tests {
         assert!(matches!(none, MinkError::Unavailable(_)), "{none}");
         let maybe = table_write_answer(&path, vec![refused(), unknown()]).unwrap_err();
         assert!(matches!(maybe, MinkError::StorageFailure(_)), "{maybe}");
+        // Nothing landed, but a part failed other than by a refusal: not "retry".
+        let internal = || Err(MinkError::Internal("b1: h2 stream reset".into()));
+        let odd = table_write_answer(&path, vec![refused(), internal()]).unwrap_err();
+        assert!(matches!(odd, MinkError::Internal(_)), "{odd}");
     }
 }
