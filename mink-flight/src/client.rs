@@ -512,11 +512,6 @@ pub fn status_to_error(status: tonic::Status) -> MinkError {
         tonic::Code::Internal | tonic::Code::OutOfRange => {
             MinkError::Internal(strip("internal error: "))
         }
-        // A node's `StorageFailure` travels as UNAVAILABLE too; its text tells it apart
-        // ("outcome unknown" for a write without a writer id: not to be retried blindly).
-        tonic::Code::Unavailable if message.starts_with("storage failure: ") => {
-            MinkError::StorageFailure(strip("storage failure: "))
-        }
         _ => MinkError::Unavailable(strip("unavailable: ")),
     }
 }
@@ -1560,19 +1555,6 @@ impl MinkClient {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A node's `StorageFailure` ("outcome unknown" for a write without a writer id)
-    /// and its `Unavailable` share the gRPC code; each reads back as itself.
-    #[test]
-    fn a_storage_failure_reads_back_as_itself_not_as_unavailable() {
-        for sent in [
-            MinkError::StorageFailure("table 1 bucket 0: the write's outcome is unknown".into()),
-            MinkError::Unavailable("table 1 bucket 0: overloaded; retry".into()),
-        ] {
-            let back = status_to_error(tonic::Status::unavailable(sent.to_string()));
-            assert_eq!(back, sent);
-        }
-    }
 
     #[test]
     fn a_limit_error_reads_back_as_the_server_wrote_it() {

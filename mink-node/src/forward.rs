@@ -198,6 +198,12 @@ fn write_status_error(addr: &str, idempotent: bool, s: tonic::Status) -> MinkErr
                 | tonic::Code::DeadlineExceeded
                 | tonic::Code::Internal
         );
+    // The leader's `StorageFailure` travels as UNAVAILABLE too (and reads back as
+    // `Unavailable` elsewhere, where a read may try another node): here it stays what
+    // it is, the outcome unknown.
+    if let Some(why) = s.message().strip_prefix("storage failure: ") {
+        return MinkError::StorageFailure(format!("{addr}: {why}"));
+    }
     let e = status_error(addr, s);
     if from_leader || idempotent {
         return e;
