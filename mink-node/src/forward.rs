@@ -84,7 +84,14 @@ impl Forwarder {
             .message()
             .await
             .map_err(|s| write_status_error(addr, idempotent, s))?
-            .ok_or_else(|| unavailable(addr, "no answer"))?;
+            .ok_or_else(|| match idempotent {
+                true => unavailable(addr, "no answer"),
+                // The leader may have written before its answer was lost.
+                false => MinkError::StorageFailure(format!(
+                    "{addr} ended the write with no answer: its outcome is unknown; without \
+                     a writer id it is not retried"
+                )),
+            })?;
         serde_json::from_slice(&first.app_metadata)
             .map_err(|e| MinkError::Internal(format!("{addr} answered: {e}")))
     }
@@ -188,16 +195,25 @@ impl Forwarder {
 /// leader recorded the rows: without a writer id to deduplicate a retry, its outcome
 /// is unknown.
 fn write_status_error(addr: &str, idempotent: bool, s: tonic::Status) -> MinkError {
-    let from_leader = s.message().starts_with("unavailable: ")
+    // A connection that could not be made sent nothing: a refusal, as the leader's.
+    let mut source = std::error::Error::source(&s);
+    let mut not_sent = false;
+    while let Some(e) = source {
+        not_sent |= e.is::<tonic::ConnectError>();
+        source = e.source();
+    }
+    let from_leader = not_sent
+        || s.message().starts_with("unavailable: ")
         || s.message().starts_with("storage failure: ")
-        || !matches!(
-            s.code(),
-            tonic::Code::Unavailable
-                | tonic::Code::Unknown
-                | tonic::Code::Cancelled
-                | tonic::Code::DeadlineExceeded
-                | tonic::Code::Internal
-        );
+        || !(s.message().starts_with("h2 protocol error")
+            || matches!(
+                s.code(),
+                tonic::Code::Unavailable
+                    | tonic::Code::Unknown
+                    | tonic::Code::Cancelled
+                    | tonic::Code::DeadlineExceeded
+                    | tonic::Code::Internal
+            ));
     // The leader's `StorageFailure` travels as UNAVAILABLE too (and reads back as
     // `Unavailable` elsewhere, where a read may try another node): here it stays what
     // it is, the outcome unknown.
@@ -233,15 +249,16 @@ mod tests {
     fn a_forwarded_write_tells_a_leaders_refusal_from_a_failed_call() {
         let refusal = || tonic::Status::unavailable("unavailable: table 1 bucket 0: overloaded");
         let unknown = || tonic::Status::unavailable("storage failure: outcome is unknown");
-        let transport = || tonic::Status::unavailable("error trying to connect: reset");
+        let transport = || tonic::Status::unavailable("connection reset by peer");
         let h2 = || tonic::Status::internal("h2 protocol error: stream reset");
+        let calm = || tonic::Status::resource_exhausted("h2 protocol error: enhance your calm");
         for idempotent in [false, true] {
             let e = write_status_error("n1", idempotent, refusal());
             assert!(matches!(e, MinkError::Unavailable(_)), "{e}");
             let e = write_status_error("n1", idempotent, unknown());
             assert!(matches!(e, MinkError::StorageFailure(_)), "{e}");
         }
-        for failed in [transport(), h2()] {
+        for failed in [transport(), h2(), calm()] {
             let e = write_status_error("n1", false, failed.clone());
             assert!(
                 matches!(&e, MinkError::StorageFailure(m) if m.contains("outcome is unknown")),
@@ -251,5 +268,11 @@ mod tests {
             let e = write_status_error("n1", true, failed);
             assert!(!matches!(e, MinkError::StorageFailure(_)), "{e}");
         }
+        // A connection that could not be made sent nothing: the refusal as it is.
+        let refused = tonic::Status::from_error(Box::new(tonic::ConnectError(
+            std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into(),
+        )));
+        let e = write_status_error("n1", false, refused);
+        assert!(matches!(e, MinkError::Unavailable(_)), "{e}");
     }
 }
