@@ -603,15 +603,24 @@ async fn main() {
         let (rows, _, _) = ingest_into(&Kind::File, 10.0, pk, body, routing).await;
         let bytes = *LAST_BYTES_PER_ROW.lock().unwrap();
         println!("file:// {one}: {rows:.0} rows/s, {bytes:.0} storage bytes per row");
-        // What went to the object store and the KV store, for the whole process.
+        // What went to and came from the object store (bytes, requests and the summed
+        // time of each kind: PUT time over wall time is the uploads in flight), what
+        // the WAL grouped and how long its acks took, and the KV store's writes, for
+        // the whole process.
+        const SHOWN: &[&str] = &[
+            "mink_object_store_bytes_",
+            "mink_object_store_requests_total",
+            "mink_object_store_request_duration_seconds_sum",
+            "mink_object_store_request_duration_seconds_count",
+            "mink_wal_upload",
+            "mink_wal_segments_written_total",
+            "mink_wal_group_bytes",
+            "mink_wal_ack_latency_seconds",
+            "mink_kv_store_writes_total",
+            "mink_kv_before_images_total",
+        ];
         for line in mink_node::admin::prometheus().render().lines() {
-            if line.starts_with("mink_object_store_bytes_sent_total")
-                || line.starts_with("mink_object_store_requests_total{op=\"put\"")
-                || line.starts_with("mink_wal_upload")
-                || line.starts_with("mink_wal_segments_written_total")
-                || line.starts_with("mink_kv_store_writes_total")
-                || line.starts_with("mink_kv_before_images_total")
-            {
+            if SHOWN.iter().any(|p| line.starts_with(p)) {
                 println!("  {line}");
             }
         }

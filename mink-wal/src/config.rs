@@ -101,7 +101,11 @@ pub struct WalConfig {
     pub cork_max_ms: u64,
     /// Bytes of appends waiting for a group before appenders are pushed back. Default 64 MiB.
     pub pending_bytes_max: u64,
-    /// Bytes of recent records kept in memory per node for tail reads. Default 64 MiB.
+    /// Bytes of recent records kept in memory per node, for tail reads and for
+    /// compaction. Default 128 MiB: twice `segment_bytes_max`, the uncompacted bytes
+    /// that start a compaction round, so that what arrives while a round writes its
+    /// segments does not push out records the round has yet to write (it would read
+    /// them back from their WAL objects: one GET each, and the bytes again).
     pub tail_cache_bytes_max: u64,
     /// How often WAL data is compacted into per-stream segments, in milliseconds.
     /// Default 30,000.
@@ -138,7 +142,7 @@ impl Default for WalConfig {
             inflight_uploads_max: 4,
             cork_max_ms: 2,
             pending_bytes_max: 64 << 20,
-            tail_cache_bytes_max: 64 << 20,
+            tail_cache_bytes_max: 128 << 20,
             compaction_interval_ms: 30_000,
             compaction_wal_objects_max: 512,
             segment_bytes_max: 64 << 20,

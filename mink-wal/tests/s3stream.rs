@@ -1718,3 +1718,82 @@ async fn a_new_node_writes_no_metadata_snapshot_the_log_already_has() {
     );
     assert!(n2.metadata().newest_snapshot() >= 1_000);
 }
+
+/// A compaction round collects and writes one stream at a time, so records appended
+/// while it writes the first stream's segment would push the later streams' records
+/// out of memory if the tail cache held no more than the bytes that start a round,
+/// and the round would read them back from their WAL objects (the `file://` ingest
+/// bench read back 80% of what a Put run wrote). With the default's room, twice
+/// `segment_bytes_max`, it reads nothing back: every WAL GET fails here, and the
+/// round still succeeds. The same appends with a cache of `segment_bytes_max` make it
+/// read (and fail).
+async fn append_round_robin(streams: &[Stream], appended: &mut [usize], bytes: u64, record: usize) {
+    let mut futures = Vec::new();
+    for i in 0..bytes as usize / record {
+        let k = i % streams.len();
+        let body = Bytes::from(vec![b'a' + k as u8; record]);
+        futures.push(streams[k].append_durable(1, 1, 0, body));
+        appended[k] += 1;
+    }
+    futures::future::try_join_all(futures).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_compaction_round_reads_nothing_back_when_the_tail_cache_has_room() {
+    const TRIGGER: u64 = 64 << 10;
+    const RECORD: usize = 4 << 10;
+    let default = WalConfig::default();
+    assert_eq!(default.tail_cache_bytes_max, 2 * default.segment_bytes_max);
+    for (tail_cache_bytes_max, reads_back) in [(2 * TRIGGER, false), (TRIGGER, true)] {
+        let t = common::memory();
+        let faulty = FaultyStore::new(t.store.clone(), FaultConfig::default());
+        let store: Arc<dyn ObjectStore> = Arc::new(faulty.clone());
+        let node = StreamStore::open(
+            store,
+            "n1",
+            WalConfig {
+                segment_bytes_max: TRIGGER,
+                segment_merge_fanin: 0,
+                tail_cache_bytes_max,
+                ..config()
+            },
+        )
+        .await
+        .unwrap();
+        let mut streams = Vec::new();
+        for name in ["a", "b", "c", "d"] {
+            streams.push(node.open_stream(name, 1).await.unwrap());
+        }
+        let mut appended = [0usize; 4];
+        // A round's worth of uncompacted records, all in memory.
+        append_round_robin(&streams, &mut appended, TRIGGER, RECORD).await;
+        // Segment uploads take a while, long enough to append a round's worth more
+        // while the first is written; WAL objects cannot be read back at all.
+        let writing = Arc::new(tokio::sync::Notify::new());
+        let told = writing.clone();
+        faulty.set_put_delay(Some(Arc::new(move |path: &Path| {
+            path.as_ref().starts_with("seg/").then(|| {
+                told.notify_one();
+                Duration::from_millis(200)
+            })
+        })));
+        faulty.fail_next_gets_under("wal/", u64::MAX);
+        let round = tokio::spawn({
+            let node = node.clone();
+            async move { node.compact().await }
+        });
+        writing.notified().await;
+        append_round_robin(&streams, &mut appended, TRIGGER, RECORD).await;
+        let result = round.await.unwrap();
+        assert_eq!(
+            result.is_err(),
+            reads_back,
+            "tail cache {tail_cache_bytes_max}: {result:?}"
+        );
+        faulty.fail_next_gets_under("wal/", 0);
+        faulty.set_put_delay(None);
+        for (k, s) in streams.iter().enumerate() {
+            assert_eq!(read_all(s).await.len(), appended[k]);
+        }
+    }
+}

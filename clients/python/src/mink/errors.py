@@ -125,7 +125,11 @@ class Fenced(MinkError):
 
 
 class StorageFailure(MinkError):
-    """The object store failed or timed out; nothing was acknowledged."""
+    """The object store failed or timed out; nothing was acknowledged. A write with a
+    writer id (:meth:`Table.writer`) may have been recorded all the same and is sent
+    again with its sequence (``retriable``). A table write (:meth:`Table.append`,
+    ``upsert``, ``delete``) carries none: its outcome is unknown, and the message names
+    the buckets whose parts landed; sending it again may write those rows twice."""
 
     retriable = True
 
