@@ -512,6 +512,12 @@ pub fn status_to_error(status: tonic::Status) -> MinkError {
         tonic::Code::Internal | tonic::Code::OutOfRange => {
             MinkError::Internal(strip("internal error: "))
         }
+        // A node's `StorageFailure` travels as UNAVAILABLE as well; its text tells it
+        // apart. For a table write (no writer id) it means the outcome is unknown, where
+        // `Unavailable` means nothing was written.
+        tonic::Code::Unavailable if message.starts_with("storage failure: ") => {
+            MinkError::StorageFailure(strip("storage failure: "))
+        }
         _ => MinkError::Unavailable(strip("unavailable: ")),
     }
 }
@@ -838,7 +844,9 @@ impl MinkClient {
     async fn stale_routing<T>(&self, path: &TablePath, result: Result<T>) -> Result<T> {
         if matches!(
             result,
-            Err(MinkError::NotLeader { .. } | MinkError::Unavailable(_))
+            Err(MinkError::NotLeader { .. }
+                | MinkError::Unavailable(_)
+                | MinkError::StorageFailure(_))
         ) {
             self.routing.lock().await.remove(path);
         }
@@ -1118,7 +1126,9 @@ impl MinkClient {
     /// routes them (`AppendTable` for a log table, `PutTable` for a primary-key table,
     /// with `changes` per row if given), as pyarrow and `mink write` do: one request
     /// however many buckets the rows span. Not idempotent: a write that fails may have
-    /// landed in some buckets, and writing it again writes those rows again.
+    /// landed in some buckets, and writing it again writes those rows again. The error
+    /// says which: `Unavailable` or `NotLeader`, nothing was written; `StorageFailure`,
+    /// the outcome is unknown (its message names the buckets that landed, if any).
     pub async fn write_table(
         &self,
         path: &TablePath,
@@ -1569,6 +1579,27 @@ mod tests {
         assert_eq!(back.to_string(), sent.to_string());
         let odd = status_to_error(tonic::Status::resource_exhausted("too many"));
         assert!(matches!(odd, MinkError::LimitExceeded { ref what, .. } if what == "too many"));
+    }
+
+    /// `StorageFailure` and `Unavailable` share UNAVAILABLE on the wire; a table write's
+    /// "outcome unknown" must not read back as `Unavailable`'s "nothing was written".
+    #[test]
+    fn a_storage_failure_reads_back_as_itself_not_as_unavailable() {
+        let sent = MinkError::StorageFailure(
+            "table 1 bucket 0: the write's outcome is unknown; it is not retried".into(),
+        );
+        let back = status_to_error(crate::server::status(sent.clone()));
+        assert_eq!(back, sent);
+        let refusal = MinkError::Unavailable("table 1 bucket 0 is opening".into());
+        assert_eq!(
+            status_to_error(crate::server::status(refusal.clone())),
+            refusal
+        );
+        let transport = status_to_error(tonic::Status::unavailable("connection reset"));
+        assert!(
+            matches!(transport, MinkError::Unavailable(_)),
+            "{transport:?}"
+        );
     }
 
     #[test]

@@ -184,7 +184,7 @@ impl Nodes {
             Ok(r) => r,
             Err(status) => {
                 self.saw(status.metadata());
-                let error = status_to_error(status);
+                let error = read_error(status);
                 if matches!(error, MinkError::Unavailable(_)) {
                     self.forget(addr).await;
                 }
@@ -194,7 +194,7 @@ impl Nodes {
         self.saw(response.metadata());
         let mut stream = response.into_inner();
         let mut body = Vec::new();
-        while let Some(result) = stream.message().await.map_err(status_to_error)? {
+        while let Some(result) = stream.message().await.map_err(read_error)? {
             body.extend_from_slice(&result.body);
         }
         R::Answer::from_body(R::NAME, body)
@@ -289,7 +289,7 @@ impl Nodes {
             }
             Err(status) => {
                 self.saw(status.metadata());
-                let error = status_to_error(status);
+                let error = read_error(status);
                 if matches!(error, MinkError::Unavailable(_)) {
                     self.forget(addr).await;
                 }
@@ -374,7 +374,7 @@ impl Nodes {
                 }
                 Err(status) => {
                     self.saw(status.metadata());
-                    match status_to_error(status) {
+                    match read_error(status) {
                         MinkError::NotLeader {
                             leader: Some(to), ..
                         } => addr = to,
@@ -471,9 +471,38 @@ pub fn resumable(e: &MinkError) -> bool {
     )
 }
 
+/// A node's answer as mink-query acts on it. A node's `StorageFailure` (its object
+/// store failed or timed out) is retried as a node that cannot serve now is: mink-query
+/// only reads, so a read that met one changed nothing.
+fn read_error(status: tonic::Status) -> MinkError {
+    match status_to_error(status) {
+        MinkError::StorageFailure(m) => MinkError::Unavailable(format!("storage failure: {m}")),
+        e => e,
+    }
+}
+
 fn flight_error(e: FlightError) -> MinkError {
     match e {
-        FlightError::Tonic(status) => status_to_error(*status),
+        FlightError::Tonic(status) => read_error(*status),
         other => MinkError::Internal(format!("a node's answer: {other}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A read that met a node's storage failure goes on as one that met a node that
+    /// cannot serve now (mink-flight's client reads the failure back as itself).
+    #[test]
+    fn a_storage_failure_is_retried_as_a_node_that_cannot_serve() {
+        let e = read_error(tonic::Status::unavailable(
+            "storage failure: a GET timed out",
+        ));
+        assert!(
+            matches!(e, MinkError::Unavailable(ref m) if m.contains("a GET timed out")),
+            "{e:?}"
+        );
+        assert!(resumable(&e));
     }
 }

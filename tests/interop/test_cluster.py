@@ -75,7 +75,11 @@ def retry_unwritten(write, timeout=30):
         try:
             return write()
         except pa.ArrowException as e:
-            if time.monotonic() > deadline or not any(m in str(e) for m in NOT_WRITTEN):
+            # A storage failure may wrap a "not the leader" and still mean the outcome
+            # is unknown (some part may have landed): never retried.
+            text = str(e)
+            unwritten = "storage failure: " not in text and any(m in text for m in NOT_WRITTEN)
+            if time.monotonic() > deadline or not unwritten:
                 raise
             time.sleep(0.2)
 
