@@ -1126,9 +1126,12 @@ impl MinkClient {
     /// routes them (`AppendTable` for a log table, `PutTable` for a primary-key table,
     /// with `changes` per row if given), as pyarrow and `mink write` do: one request
     /// however many buckets the rows span. Not idempotent: a write that fails may have
-    /// landed in some buckets, and writing it again writes those rows again. The error
-    /// says which: `Unavailable` or `NotLeader`, nothing was written; `StorageFailure`,
-    /// the outcome is unknown (its message names the buckets that landed, if any).
+    /// landed in some buckets, and writing it again writes those rows again. A node's
+    /// answer says which: `NotLeader`, or `Unavailable` in the node's words (a bucket
+    /// opening, an overloaded node), nothing was written; `StorageFailure`, the outcome
+    /// is unknown (its message names the buckets that landed, if any). A call that
+    /// failed on its own (a connection lost mid-request, a deadline) also reads as
+    /// `Unavailable`, and its outcome is unknown as well.
     pub async fn write_table(
         &self,
         path: &TablePath,

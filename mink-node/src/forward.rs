@@ -214,12 +214,8 @@ fn write_status_error(addr: &str, idempotent: bool, s: tonic::Status) -> MinkErr
                     | tonic::Code::DeadlineExceeded
                     | tonic::Code::Internal
             ));
-    // The leader's `StorageFailure` travels as UNAVAILABLE too (and reads back as
-    // `Unavailable` elsewhere, where a read may try another node): here it stays what
-    // it is, the outcome unknown.
-    if let Some(why) = s.message().strip_prefix("storage failure: ") {
-        return MinkError::StorageFailure(format!("{addr}: {why}"));
-    }
+    // The leader's own answers, its `StorageFailure` included (the outcome unknown,
+    // read back by its text: it travels as UNAVAILABLE too), are passed on as they are.
     let e = status_error(addr, s);
     if from_leader || idempotent {
         return e;
@@ -235,6 +231,7 @@ fn status_error(addr: &str, s: tonic::Status) -> MinkError {
     match mink_flight::client::status_to_error(s) {
         MinkError::Unavailable(m) => MinkError::Unavailable(format!("{addr}: {m}")),
         MinkError::Internal(m) => MinkError::Internal(format!("{addr}: {m}")),
+        MinkError::StorageFailure(m) => MinkError::StorageFailure(format!("{addr}: {m}")),
         other => other,
     }
 }

@@ -137,7 +137,10 @@ impl MinkError {
         }
     }
 
-    /// Whether a client may retry the same request (with the same sequence) later.
+    /// Whether a client may retry the same request (with the same sequence) later. It
+    /// speaks for writes with a writer id, whose retries the leader deduplicates; a
+    /// write without one (a table write) that failed with `StorageFailure` may have
+    /// landed, and sending it again may write its rows twice.
     pub fn is_retriable(&self) -> bool {
         matches!(
             self,
