@@ -522,6 +522,51 @@ pub fn status_to_error(status: tonic::Status) -> MinkError {
     }
 }
 
+/// Whether a failed write's `status` is a node's own answer, or a connection that
+/// could not be made (nothing was sent; tonic keeps its `ConnectError` in the status's
+/// source chain), rather than a failure of the call after it was sent: a transport
+/// error, an HTTP/2 reset or a deadline, which carry no Mink error and may come after
+/// the node wrote the rows. A node's `Unavailable` and `StorageFailure` travel as
+/// UNAVAILABLE and are told from a transport's by their text; a node's `Internal`
+/// counts as a failed call (the rows may have been written before it).
+pub fn node_answered(status: &tonic::Status) -> bool {
+    let mut source = std::error::Error::source(status);
+    while let Some(e) = source {
+        if e.is::<tonic::ConnectError>() {
+            return true;
+        }
+        source = e.source();
+    }
+    let message = status.message();
+    message.starts_with("unavailable: ")
+        || message.starts_with("storage failure: ")
+        || !(message.starts_with("h2 protocol error")
+            || matches!(
+                status.code(),
+                tonic::Code::Unavailable
+                    | tonic::Code::Unknown
+                    | tonic::Code::Cancelled
+                    | tonic::Code::DeadlineExceeded
+                    | tonic::Code::Internal
+            ))
+}
+
+/// A failed write without a writer id (a table write), as its caller must read it: a
+/// node's own answer as it is (a refusal such as `Unavailable` or `NotLeader` wrote
+/// nothing; `StorageFailure` means the outcome is unknown), and a call that failed
+/// after it was sent ([`node_answered`]) as `StorageFailure`, since nothing would
+/// deduplicate a second attempt of rows the node may have written.
+pub fn writerless_write_error(status: tonic::Status) -> MinkError {
+    let answered = node_answered(&status);
+    let e = status_to_error(status);
+    if answered {
+        return e;
+    }
+    MinkError::StorageFailure(format!(
+        "the write's outcome is unknown ({e}); without a writer id it is not retried"
+    ))
+}
+
 /// The messages of a one-batch DoPut: the schema (carrying the descriptor) and the
 /// batch (carrying its `WriteBatch`).
 pub fn encode_write(
@@ -1107,17 +1152,34 @@ impl MinkClient {
     ) -> Result<WriteResult> {
         let mut client = self.connection(addr).await?;
         let data = encode_write(batch, Some(descriptor), meta)?;
+        // A table write carries no writer id: a call that failed after it was sent
+        // leaves its outcome unknown (`writerless_write_error`).
+        let writerless = matches!(
+            descriptor,
+            WriteDescriptor::AppendTable { .. } | WriteDescriptor::PutTable { .. }
+        );
+        let error = move |s: tonic::Status| match writerless {
+            true => writerless_write_error(s),
+            false => status_to_error(s),
+        };
         let response = client
             .do_put(self.request(futures::stream::iter(data)))
             .await
-            .map_err(status_to_error)?;
+            .map_err(error)?;
         self.saw(&response);
         let mut results = response.into_inner();
         let first = results
             .message()
             .await
-            .map_err(status_to_error)?
-            .ok_or_else(|| MinkError::Internal("a write answered nothing".into()))?;
+            .map_err(error)?
+            .ok_or_else(|| match writerless {
+                true => MinkError::StorageFailure(
+                    "the node ended the write with no answer: its outcome is unknown; \
+                     without a writer id it is not retried"
+                        .into(),
+                ),
+                false => MinkError::Internal("a write answered nothing".into()),
+            })?;
         serde_json::from_slice(&first.app_metadata)
             .map_err(|e| MinkError::Internal(format!("a write answered: {e}")))
     }
@@ -1126,12 +1188,11 @@ impl MinkClient {
     /// routes them (`AppendTable` for a log table, `PutTable` for a primary-key table,
     /// with `changes` per row if given), as pyarrow and `mink write` do: one request
     /// however many buckets the rows span. Not idempotent: a write that fails may have
-    /// landed in some buckets, and writing it again writes those rows again. A node's
-    /// answer says which: `NotLeader`, or `Unavailable` in the node's words (a bucket
-    /// opening, an overloaded node), nothing was written; `StorageFailure`, the outcome
-    /// is unknown (its message names the buckets that landed, if any). A call that
-    /// failed on its own (a connection lost mid-request, a deadline) also reads as
-    /// `Unavailable`, and its outcome is unknown as well.
+    /// landed in some buckets, and writing it again writes those rows again. The error
+    /// says which: `NotLeader` or `Unavailable`, nothing was written; `StorageFailure`,
+    /// the outcome is unknown (the node's message names the buckets that landed, if
+    /// any), which is also how a call that failed after it was sent reads (a
+    /// connection lost mid-request, a deadline: [`writerless_write_error`]).
     pub async fn write_table(
         &self,
         path: &TablePath,
@@ -1603,6 +1664,43 @@ mod tests {
             matches!(transport, MinkError::Unavailable(_)),
             "{transport:?}"
         );
+    }
+
+    /// A table write (no writer id) hears "outcome unknown" for a call that failed after
+    /// it was sent, and a node's answers, or a connection never made, as they are.
+    #[test]
+    fn a_table_write_tells_a_nodes_refusal_from_a_failed_call() {
+        let node = |e: MinkError| writerless_write_error(crate::server::status(e));
+        let bucket = TableBucket::new(1, None, 0);
+        for answer in [
+            MinkError::Unavailable(format!("{bucket} is opening")),
+            MinkError::NotLeader {
+                bucket,
+                leader: Some("127.0.0.1:9120".into()),
+            },
+            MinkError::invalid("rows", "a null key"),
+            MinkError::StorageFailure(format!("{bucket}: the outcome is unknown")),
+        ] {
+            assert_eq!(node(answer.clone()), answer);
+        }
+        for failed in [
+            tonic::Status::unavailable("connection reset by peer"),
+            tonic::Status::deadline_exceeded("timeout expired"),
+            tonic::Status::cancelled("operation was canceled"),
+            tonic::Status::internal("h2 protocol error: stream reset"),
+            tonic::Status::resource_exhausted("h2 protocol error: enhance your calm"),
+        ] {
+            let e = writerless_write_error(failed);
+            assert!(
+                matches!(&e, MinkError::StorageFailure(m) if m.contains("outcome is unknown")),
+                "{e:?}"
+            );
+        }
+        let refused = tonic::Status::from_error(Box::new(tonic::ConnectError(
+            std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into(),
+        )));
+        let e = writerless_write_error(refused);
+        assert!(matches!(e, MinkError::Unavailable(_)), "{e:?}");
     }
 
     #[test]

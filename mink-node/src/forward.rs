@@ -195,29 +195,11 @@ impl Forwarder {
 /// leader recorded the rows: without a writer id to deduplicate a retry, its outcome
 /// is unknown.
 fn write_status_error(addr: &str, idempotent: bool, s: tonic::Status) -> MinkError {
-    // A connection that could not be made sent nothing: a refusal, as the leader's.
-    let mut source = std::error::Error::source(&s);
-    let mut not_sent = false;
-    while let Some(e) = source {
-        not_sent |= e.is::<tonic::ConnectError>();
-        source = e.source();
-    }
-    let from_leader = not_sent
-        || s.message().starts_with("unavailable: ")
-        || s.message().starts_with("storage failure: ")
-        || !(s.message().starts_with("h2 protocol error")
-            || matches!(
-                s.code(),
-                tonic::Code::Unavailable
-                    | tonic::Code::Unknown
-                    | tonic::Code::Cancelled
-                    | tonic::Code::DeadlineExceeded
-                    | tonic::Code::Internal
-            ));
-    // The leader's own answers, its `StorageFailure` included (the outcome unknown,
-    // read back by its text: it travels as UNAVAILABLE too), are passed on as they are.
+    // The leader's own answers, its `StorageFailure` included, and a connection never
+    // made (nothing was sent) are passed on as they are.
+    let answered = mink_flight::client::node_answered(&s);
     let e = status_error(addr, s);
-    if from_leader || idempotent {
+    if answered || idempotent {
         return e;
     }
     MinkError::StorageFailure(format!(
