@@ -606,3 +606,23 @@ def test_the_wheel_builds_and_installs_into_a_fresh_venv(node, tmp_path):
     out = subprocess.run([str(python), "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stderr
     assert "[{'id': 42}]" in out.stdout and str(venv) in out.stdout
+
+
+def test_a_table_write_whose_call_failed_is_an_unknown_outcome_not_a_refusal():
+    """A table write carries no writer id: a node's refusal, or a connection never made,
+    wrote nothing, but a call that failed after it was sent may have written the rows,
+    and the client says so (as the Rust client and a forwarding node do)."""
+    from mink.table import table_write_error
+
+    refusal = mink.Unavailable("unavailable: table 1 bucket 0: the bucket is opening; retry")
+    assert table_write_error(refusal) is refusal
+    not_sent = mink.Unavailable(
+        "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:9: "
+        "Failed to connect to remote host: Connection refused"
+    )
+    assert table_write_error(not_sent) is not_sent
+    for lost in ("Socket closed", "Deadline Exceeded", "the node closed the write without an answer"):
+        e = table_write_error(mink.Unavailable(lost))
+        assert isinstance(e, mink.StorageFailure), e
+        assert "outcome is unknown" in e.message and lost in e.message
+        assert str(e).startswith("storage failure: ")

@@ -14,7 +14,7 @@ import pyarrow.flight as flight
 
 from ._conn import Connections, location
 from ._convert import Data, conform, one_batch, to_arrow
-from .errors import InvalidArgument, MinkError, NotFound, NotLeader, Unavailable
+from .errors import InvalidArgument, MinkError, NotFound, NotLeader, StorageFailure, Unavailable
 from .result import ScanResult
 from .types import arrow_schema
 from .writer import BucketWritten, Writer
@@ -231,7 +231,8 @@ class Table:
             finally:
                 writer.close()
             if answer is None:
-                raise Unavailable("unavailable: the node closed the write without an answer")
+                # Not the node's own refusal: it may have written the rows first.
+                raise Unavailable("the node closed the write without an answer")
             return dict(json.loads(answer.to_pybytes()))
 
         return self._conn.call(run, address)
@@ -298,7 +299,10 @@ class Table:
         for start in range(0, rows.num_rows, step):
             batch = one_batch(rows.slice(start, step))
             meta = {"changes": changes[start : start + step]} if changes is not None else None
-            answer = self._do_put(command, batch, meta, None)
+            try:
+                answer = self._do_put(command, batch, meta, None)
+            except Unavailable as e:
+                raise table_write_error(e) from e
             routed = answer.get("Routed")
             if routed is None:
                 raise MinkError(f"internal error: the node answered {answer}")
@@ -706,3 +710,21 @@ def _merge(
     winners = winners.filter(pc.invert(winners.column("__del")))
     winners = winners.take(pc.sort_indices(winners.column("__ord")))
     return winners.drop_columns(["__ord", "__del"])
+
+
+# gRPC's words for a connection that could not be made: nothing was sent.
+_NOT_SENT = ("failed to connect to all addresses", "Connection refused")
+
+
+def table_write_error(e: Unavailable) -> MinkError:
+    """What a table write (no writer id) that failed with ``e`` tells its caller. The
+    node's own refusal (its text begins ``unavailable: ``) or a connection never made
+    wrote nothing: ``e`` as it is. Any other failure of the call (a connection lost
+    mid-request, a deadline, a write closed without an answer) may come after the node
+    wrote the rows, and nothing would deduplicate a second attempt: a
+    :class:`StorageFailure`, the outcome unknown (``append`` again may write them
+    twice), as the node answers when it cannot tell itself."""
+    text = e.message
+    if text.startswith("unavailable: ") or any(m in text for m in _NOT_SENT):
+        return e
+    return StorageFailure(f"storage failure: the write's outcome is unknown ({text}); without a writer id it is not retried")
