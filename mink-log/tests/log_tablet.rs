@@ -473,6 +473,47 @@ async fn a_checkpoint_below_the_log_start_is_not_used() {
     assert_eq!(next.first_offset, 7);
 }
 
+/// Kafka's DeleteRecords names any offset, so the log start may fall inside a batch.
+/// After a crash (no close, no checkpoint) the next owner reads the log from that
+/// start: the batch holding it begins before it, and recovery takes it as the log's
+/// first (its writer stays known), instead of refusing it as a gap and never opening.
+/// With a checkpoint above the start, recovery reads from the checkpoint as before.
+#[tokio::test]
+async fn a_log_start_inside_a_batch_survives_a_crash() {
+    for checkpointed in [false, true] {
+        let mut env = Env::new().await;
+        let tablet = env.tablet(false).await;
+        tablet.append(req(7, 0, 0..10)).await.unwrap();
+        env.node.compact().await.unwrap(); // only compacted data is trimmed
+        assert_eq!(tablet.trim_before(5).await.unwrap(), 5);
+        if checkpointed {
+            assert_eq!(tablet.checkpoint().await.unwrap(), 10);
+        }
+        drop(tablet); // a crash: nothing closed
+        let tablet = env.tablet(true).await;
+        assert_eq!(
+            (tablet.log_start(), tablet.high_watermark()),
+            (5, 10),
+            "checkpointed: {checkpointed}"
+        );
+        assert_eq!(tablet.recovered_from(), if checkpointed { 10 } else { 5 });
+        assert_eq!(all_ids(&tablet).await, (5..10).collect::<Vec<_>>());
+        // The writer of the batch that holds the start is known: its retry is a
+        // duplicate, its next batch follows.
+        let again = tablet.append(req(7, 0, 0..10)).await.unwrap();
+        assert_eq!(
+            (again.first_offset, again.last_offset, again.duplicated),
+            (0, 9, true)
+        );
+        let next = tablet.append(req(7, 1, 10..12)).await.unwrap();
+        assert_eq!((next.first_offset, next.last_offset), (10, 11));
+        // And it opens again after a second crash, now with two batches to read.
+        drop(tablet);
+        let tablet = env.tablet(true).await;
+        assert_eq!((tablet.log_start(), tablet.high_watermark()), (5, 12));
+        assert_eq!(all_ids(&tablet).await, (5..12).collect::<Vec<_>>());
+    }
+}
 #[tokio::test]
 async fn a_tail_wakes_when_data_arrives() {
     let mut env = Env::new().await;

@@ -945,6 +945,48 @@ def test_a_group_splits_partitions_hands_over_and_its_offsets_survive_a_restart(
         again.kill()
 
 
+def test_records_deleted_inside_a_batch_then_a_crash_leave_the_partition_open(mink_node, tmp_path):
+    """DeleteRecords at an offset inside a producer's batch, then SIGKILL inside the
+    writer-checkpoint interval: the restarted node opens the partition (its log start
+    inside the batch), serves fetches from it and takes more records after it."""
+    env = {"MINK_LOG__CHECKPOINT_INTERVAL_MS": "600000"}  # the crash comes before any checkpoint
+    proc = NodeProcess(mink_node, tmp_path, env)
+    try:
+        create_topic(proc, "cut")
+        p = producer(proc, **{"linger.ms": 50})
+        delivered = produce_all(p, "cut", [(None, b"%d" % i, None, None) for i in range(10)], partition=0)
+        assert sorted(m.offset() for m in delivered) == list(range(10))
+        a = admin(proc)
+        [future] = a.delete_records([TopicPartition("cut", 0, 5)]).values()
+        assert future.result(TIMEOUT).low_watermark == 5
+    finally:
+        proc.kill()
+    again = NodeProcess(mink_node, tmp_path, env)
+    try:
+        low, high = wait_for(
+            lambda: _watermarks(again, "cut"), 60, "the partition answering after the restart"
+        )
+        assert (low, high) == (5, 10)
+        # consume() asks for offset 0, below the start: the reset goes to the earliest.
+        got = consume(again, "cut", [0], 5, **{"auto.offset.reset": "earliest"})
+        assert [(m.offset(), m.value()) for m in got] == [(i, b"%d" % i) for i in range(5, 10)]
+        more = produce_all(producer(again), "cut", [(None, b"10", None, None)], partition=0)
+        assert [m.offset() for m in more] == [10]
+    finally:
+        again.kill()
+
+
+def _watermarks(node, topic):
+    """The partition's (low, high) watermarks, or None while it cannot answer."""
+    c = Consumer({"bootstrap.servers": node.bootstrap, "group.id": "unused"})
+    try:
+        return c.get_watermark_offsets(TopicPartition(topic, 0), timeout=2)
+    except KafkaException:
+        return None
+    finally:
+        c.close()
+
+
 # -- Three nodes -------------------------------------------------------------------------
 
 
