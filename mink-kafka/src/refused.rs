@@ -30,6 +30,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use kafka_protocol::error::ResponseError;
+use mink_types::{KAFKA_SEQUENCE_MODULUS, kafka_sequence_ahead};
 
 /// How long a refusal is remembered: well past the retry backoff of a client, short
 /// of a producer that gave up on the batch for good.
@@ -123,12 +124,15 @@ impl RefusedBatches {
     }
 
     /// Forgets `writer`'s batches up to `last_sequence`: written (a later batch is
-    /// only written after them).
+    /// only written after them). Sequences compare on Kafka's circle (they wrap after
+    /// `i32::MAX`).
     pub fn written(&self, topic: &str, partition: i32, writer: i64, last_sequence: i64) {
         let mut entries = self.lock();
         let key = (topic.to_string(), partition, writer);
         if let Some(entry) = entries.get_mut(&key) {
-            entry.firsts.retain(|f| *f > last_sequence);
+            entry
+                .firsts
+                .retain(|f| kafka_sequence_ahead(*f, last_sequence));
             if entry.firsts.is_empty() {
                 entries.remove(&key);
             }
@@ -149,9 +153,9 @@ impl RefusedBatches {
     ) -> Option<i64> {
         let mut entries = self.lock();
         let key = (topic.to_string(), partition, writer);
-        // A rewind (a retry overlapping what is written, a wrapped sequence) is no gap.
-        let from = expected.unwrap_or(i64::MIN);
-        if from >= first_sequence {
+        // A rewind (a retry overlapping what is written) is no gap. Sequences compare
+        // on Kafka's circle: the gap may span the wrap after `i32::MAX`.
+        if expected.is_some_and(|from| !kafka_sequence_ahead(first_sequence, from)) {
             return None;
         }
         let entry = entries.get(&key)?;
@@ -159,7 +163,19 @@ impl RefusedBatches {
             entries.remove(&key);
             return None;
         }
-        entry.firsts.range(from..first_sequence).next().copied()
+        // In the gap: at or after what the tablet expects (anything before the batch
+        // when it expects the writer's first), before the batch; the lowest explains.
+        let in_gap = |f: i64| {
+            kafka_sequence_ahead(first_sequence, f)
+                && expected.is_none_or(|from| f == from || kafka_sequence_ahead(f, from))
+        };
+        let from = expected.unwrap_or(first_sequence);
+        entry
+            .firsts
+            .iter()
+            .copied()
+            .filter(|f| in_gap(*f))
+            .min_by_key(|f| (f - from).rem_euclid(KAFKA_SEQUENCE_MODULUS))
     }
 
     /// The number of refusals remembered.
@@ -214,6 +230,22 @@ mod tests {
         r.written("t", 0, 7, 8);
         assert_eq!(r.explains("t", 0, 7, 10, Some(9)), None);
         assert!(r.is_empty());
+        // Across the wrap after i32::MAX: a gap from MAX - 1 to 2 holds MAX and 0; a
+        // write up to past the wrap forgets what it reached.
+        let max = i64::from(i32::MAX);
+        r.unwritten("t", 0, 9, max);
+        r.unwritten("t", 0, 9, 0);
+        assert_eq!(r.explains("t", 0, 9, 2, Some(max - 1)), Some(max));
+        assert_eq!(r.explains("t", 0, 9, 2, Some(0)), Some(0));
+        assert_eq!(
+            r.explains("t", 0, 9, max - 3, Some(max - 1)),
+            None,
+            "a rewind"
+        );
+        r.written("t", 0, 9, max);
+        assert_eq!(r.explains("t", 0, 9, 2, Some(max - 1)), Some(0));
+        r.written("t", 0, 9, max + 1);
+        assert_eq!(r.explains("t", 0, 9, 2, Some(max - 1)), None);
         // A batch that failed for good explains nothing.
         r.unwritten("t", 0, 7, 10);
         r.forget("t", 0, 7, 10);

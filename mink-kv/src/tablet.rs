@@ -1144,6 +1144,7 @@ impl KvTablet {
                     req.writer_id,
                     (req.batch_sequence, req.last_sequence()),
                     schema.schema_id,
+                    req.kafka.is_some(),
                 )
                 .await;
             drop(cork.take());

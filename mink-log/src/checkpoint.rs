@@ -222,7 +222,14 @@ mod tests {
         assert_eq!(c.writers[0].1.len(), 2);
         // Recovered from it, a retry of the marker's sequence is a duplicate.
         assert!(matches!(
-            c.windows().check(7, 1, 1, false),
+            c.windows().check(
+                7,
+                (1, 1),
+                crate::window::Rules {
+                    producer: false,
+                    start_anywhere: false
+                }
+            ),
             crate::window::Check::Duplicate(_)
         ));
     }

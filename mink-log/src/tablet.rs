@@ -555,6 +555,7 @@ impl LogTablet {
     async fn wait_for_predecessors(
         &self,
         (writer_id, first, last): (i64, i64, i64),
+        rules: Rules,
         deadline: tokio::time::Instant,
     ) -> Result<()> {
         if writer_id == NO_WRITER {
@@ -568,8 +569,8 @@ impl LogTablet {
             let ahead = {
                 let state = self.lock();
                 matches!(
-                    state.windows.check(writer_id, first, last, self.starts_anywhere()),
-                    Check::OutOfOrder { expected } if first > expected
+                    state.windows.check(writer_id, (first, last), rules),
+                    Check::OutOfOrder { expected } if rules.is_ahead(first, expected)
                 )
             };
             if !ahead || tokio::time::Instant::now() >= deadline {
@@ -591,7 +592,7 @@ impl LogTablet {
     /// [`LogTablet::check_sequence`].
     pub async fn await_predecessors(&self, writer_id: i64, first: i64, last: i64) -> Result<()> {
         let deadline = tokio::time::Instant::now() + REORDER_WAIT;
-        self.wait_for_predecessors((writer_id, first, last), deadline)
+        self.wait_for_predecessors((writer_id, first, last), self.rules(false), deadline)
             .await
     }
 
@@ -652,8 +653,13 @@ impl LogTablet {
         // must not hold what its predecessor needs to be submitted.
         let reorder_deadline = tokio::time::Instant::now() + reorder_wait;
         let sequences = (req.first_sequence, req.last_sequence);
-        self.wait_for_predecessors((req.writer_id, sequences.0, sequences.1), reorder_deadline)
-            .await?;
+        let rules = self.rules(producer);
+        self.wait_for_predecessors(
+            (req.writer_id, sequences.0, sequences.1),
+            rules,
+            reorder_deadline,
+        )
+        .await?;
         let slot = self
             .inner
             .inflight
@@ -668,7 +674,6 @@ impl LogTablet {
             .await
             .map_err(|e| wal_error(bucket, e))?;
         let mut staged = Some((encoded, reservation, slot));
-        let rules = self.rules(producer);
         loop {
             let advanced = self.inner.advanced.notified();
             tokio::pin!(advanced);
@@ -696,7 +701,7 @@ impl LogTablet {
                             staged.take().expect("a batch is appended once");
                         let (step, outcome, pending, base) = self.append_locked(
                             &mut state,
-                            &req,
+                            (&req, rules),
                             encoded,
                             reservation,
                             record_time,
@@ -764,7 +769,7 @@ impl LogTablet {
     fn append_locked(
         &self,
         state: &mut State,
-        req: &AppendRequest,
+        (req, rules): (&AppendRequest, Rules),
         mut encoded: bytes::BytesMut,
         reservation: mink_wal::Reservation,
         record_time: Option<i64>,
@@ -810,6 +815,7 @@ impl LogTablet {
                     commit_timestamp: ts,
                     pending: Some(outcome.clone()),
                 },
+                rules,
             );
             self.inner.advanced.notify_waiters();
         }
@@ -919,11 +925,13 @@ impl LogTablet {
     /// marker is acknowledged in WAL order, so only once all of that is durable, and it
     /// fails if any of it fails. The caller checked the sequence under its own lock
     /// ([`LogTablet::check_sequence`]), so the batch is not ahead of its writer.
+    /// `kafka`: the writer is a Kafka producer (as for [`LogTablet::check_sequence`]).
     pub async fn submit_marker(
         &self,
         writer_id: i64,
         (first, last): (i64, i64),
         schema_id: SchemaId,
+        kafka: bool,
     ) -> Result<Submitted> {
         let bucket = self.inner.bucket;
         if !self.inner.primary_key {
@@ -963,7 +971,7 @@ impl LogTablet {
             batch::encode_marker(&header),
             None,
             Duration::ZERO,
-            false,
+            kafka,
         )
         .await
     }

@@ -20,6 +20,12 @@
 //! after a reopen end at every writer's last acknowledged sequence, and a stale attempt
 //! of such a batch is a duplicate there, not a new batch merged out of order.
 //!
+//! Kafka sequences wrap: a producer's sequence is an `i32` that goes from `i32::MAX`
+//! to 0 (Kafka's `DefaultRecordBatch`), so a batch of `n` records at base `b` covers
+//! `b ..= b + n - 1` as Mink stores it (past `i32::MAX` when it crosses the wrap), and
+//! the sequence after it is `(b + n) mod 2^31` ([`Rules::next_after`]). A Flight
+//! writer's sequence is an `i64` that never wraps.
+//!
 //! Epochs: a writer id is `base | epoch << 48` (a Kafka producer id and its
 //! epoch; Flight writers have epoch 0, so their id is the base; `mink_types::writer`). Each epoch of a base
 //! is a writer of its own, with its own window. Once a batch of a newer epoch of a
@@ -87,6 +93,29 @@ pub struct Rules {
     pub start_anywhere: bool,
 }
 
+impl Rules {
+    /// The sequence that follows a batch ending at `last`: Kafka's wraps to 0 after
+    /// `i32::MAX`.
+    pub fn next_after(&self, last: i64) -> i64 {
+        if self.producer {
+            mink_types::kafka_sequence_after(last)
+        } else {
+            last + 1
+        }
+    }
+
+    /// Whether a batch starting at `first` is ahead of `expected` (a gap its
+    /// predecessors may fill) rather than behind it (a rewind). Kafka's sequences
+    /// compare on the circle, as Kafka compares them: ahead by less than half of it.
+    pub fn is_ahead(&self, first: i64, expected: i64) -> bool {
+        if self.producer {
+            mink_types::kafka_sequence_ahead(first, expected)
+        } else {
+            first > expected
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct Windows {
     writers: HashMap<i64, VecDeque<Entry>>,
@@ -96,11 +125,11 @@ pub struct Windows {
 
 impl Windows {
     /// Decides what to do with `writer`'s batch `first..=last`. A writer the window
-    /// does not know starts anywhere when `start_anywhere`, else at 0 (see the module
-    /// docs).
-    pub fn check(&self, writer: i64, first: i64, last: i64, start_anywhere: bool) -> Check {
+    /// does not know starts anywhere when `rules.start_anywhere`, else at 0 (see the
+    /// module docs).
+    pub fn check(&self, writer: i64, (first, last): (i64, i64), rules: Rules) -> Check {
         let Some(window) = self.writers.get(&writer) else {
-            if start_anywhere || first == 0 {
+            if rules.start_anywhere || first == 0 {
                 return Check::New;
             }
             return Check::OutOfOrder { expected: 0 };
@@ -111,10 +140,11 @@ impl Windows {
         {
             return Check::Duplicate(entry.clone());
         }
-        match window.back() {
-            Some(latest) if first != latest.last_sequence + 1 => Check::OutOfOrder {
-                expected: latest.last_sequence + 1,
-            },
+        match window
+            .back()
+            .map(|latest| rules.next_after(latest.last_sequence))
+        {
+            Some(expected) if first != expected => Check::OutOfOrder { expected },
             _ => Check::New,
         }
     }
@@ -134,7 +164,9 @@ impl Windows {
         Ok(match self.admit(bucket, writer, (first, last), rules)? {
             Check::New => Decision::Append,
             Check::Duplicate(entry) => Decision::Duplicate(entry),
-            Check::OutOfOrder { expected } if may_wait && first > expected => Decision::Wait,
+            Check::OutOfOrder { expected } if may_wait && rules.is_ahead(first, expected) => {
+                Decision::Wait
+            }
             Check::OutOfOrder { expected } => {
                 return Err(MinkError::OutOfOrderSequence {
                     bucket,
@@ -183,7 +215,7 @@ impl Windows {
                 first_sequence: first,
             });
         }
-        Ok(self.check(writer, first, last, rules.start_anywhere))
+        Ok(self.check(writer, (first, last), rules))
     }
 
     /// The newer epoch of `writer`'s base that fences it, if one has written.
@@ -204,12 +236,12 @@ impl Windows {
     /// writer's last sequence (or starts the writer). Recovery, which replays the log
     /// from where it begins (a writer's earlier batches may be trimmed, or in logs
     /// written before sequence markers, missing), pushes with [`Windows::push`].
-    pub fn push_next(&mut self, writer: i64, entry: Entry) {
+    pub fn push_next(&mut self, writer: i64, entry: Entry, rules: Rules) {
         debug_assert!(
             self.writers
                 .get(&writer)
                 .and_then(|w| w.back())
-                .is_none_or(|last| entry.first_sequence == last.last_sequence + 1),
+                .is_none_or(|last| entry.first_sequence == rules.next_after(last.last_sequence)),
             "writer {writer}: sequence {} does not follow its window {:?}",
             entry.first_sequence,
             self.writers
@@ -310,50 +342,54 @@ mod tests {
     fn duplicates_gaps_and_the_first_batch() {
         let mut w = Windows::default();
         assert!(
-            matches!(w.check(1, 17, 17, true), Check::New),
+            matches!(w.check(1, (17, 17), FLIGHT_LOG), Check::New),
             "a writer's first batch may start anywhere"
         );
         w.push(1, entry(17, 17, 0));
-        assert!(matches!(w.check(1, 18, 18, true), Check::New));
-        assert!(matches!(w.check(1, 17, 17, true), Check::Duplicate(e) if e.first_offset == 0));
+        assert!(matches!(w.check(1, (18, 18), FLIGHT_LOG), Check::New));
+        assert!(
+            matches!(w.check(1, (17, 17), FLIGHT_LOG), Check::Duplicate(e) if e.first_offset == 0)
+        );
         assert!(matches!(
-            w.check(1, 20, 20, true),
+            w.check(1, (20, 20), FLIGHT_LOG),
             Check::OutOfOrder { expected: 18 }
         ));
         assert!(matches!(
-            w.check(1, 16, 16, true),
+            w.check(1, (16, 16), FLIGHT_LOG),
             Check::OutOfOrder { expected: 18 }
         ));
         // Kafka-style ranges.
         w.push(1, entry(18, 27, 1));
-        assert!(matches!(w.check(1, 18, 27, true), Check::Duplicate(e) if e.last_offset == 10));
+        assert!(
+            matches!(w.check(1, (18, 27), FLIGHT_LOG), Check::Duplicate(e) if e.last_offset == 10)
+        );
         assert!(matches!(
-            w.check(1, 18, 20, true),
+            w.check(1, (18, 20), FLIGHT_LOG),
             Check::OutOfOrder { expected: 28 }
         ));
-        assert!(matches!(w.check(1, 28, 30, true), Check::New));
+        assert!(matches!(w.check(1, (28, 30), FLIGHT_LOG), Check::New));
     }
 
     #[test]
     fn a_strict_window_takes_an_unknown_writer_only_from_zero() {
         let mut w = Windows::default();
         assert!(matches!(
-            w.check(1, 6, 6, false),
+            w.check(1, (6, 6), FLIGHT_PK),
             Check::OutOfOrder { expected: 0 }
         ));
-        assert!(matches!(w.check(1, 0, 0, false), Check::New));
+        assert!(matches!(w.check(1, (0, 0), FLIGHT_PK), Check::New));
         w.push(1, entry(0, 0, 0));
         // A known writer follows its window either way; a gap is never skipped.
         assert!(matches!(
-            w.check(1, 2, 2, false),
+            w.check(1, (2, 2), FLIGHT_PK),
             Check::OutOfOrder { expected: 1 }
         ));
         assert!(matches!(
-            w.check(1, 2, 2, true),
+            w.check(1, (2, 2), FLIGHT_LOG),
             Check::OutOfOrder { expected: 1 }
         ));
-        assert!(matches!(w.check(1, 1, 1, false), Check::New));
-        assert!(matches!(w.check(1, 0, 0, false), Check::Duplicate(_)));
+        assert!(matches!(w.check(1, (1, 1), FLIGHT_PK), Check::New));
+        assert!(matches!(w.check(1, (0, 0), FLIGHT_PK), Check::Duplicate(_)));
     }
 
     const BUCKET: TableBucket = TableBucket {
@@ -500,8 +536,58 @@ mod tests {
         let kept: Vec<i64> = w.window(3).iter().map(|e| e.first_sequence).collect();
         assert_eq!(kept, vec![3, 4, 5, 6, 7]);
         assert!(matches!(
-            w.check(3, 2, 2, true),
+            w.check(3, (2, 2), FLIGHT_LOG),
             Check::OutOfOrder { expected: 8 }
         ));
+    }
+
+    /// Kafka's producer sequence goes from `i32::MAX` to 0. A batch that ends at the
+    /// wrap or crosses it (`b ..= b + n - 1` past `i32::MAX`) is followed by the
+    /// wrapped sequence; its retry is still a duplicate; a gap across the wrap is
+    /// ahead (it may wait), a rewind across it is behind.
+    #[test]
+    fn kafka_sequences_wrap_after_i32_max() {
+        const MAX: i64 = i32::MAX as i64;
+        let mut w = Windows::default();
+        w.push(7, entry(MAX - 4, MAX, 0));
+        assert!(matches!(w.check(7, (0, 2), PRODUCER), Check::New));
+        assert!(matches!(
+            w.check(7, (MAX + 1, MAX + 3), PRODUCER),
+            Check::OutOfOrder { expected: 0 }
+        ));
+        assert!(matches!(
+            w.check(7, (MAX - 4, MAX), PRODUCER),
+            Check::Duplicate(e) if e.first_offset == 0
+        ));
+        // A batch that crosses the wrap.
+        w.push_next(7, entry(0, 2, 5), PRODUCER);
+        w.push(8, entry(MAX - 1, MAX + 2, 0));
+        assert!(matches!(w.check(8, (2, 2), PRODUCER), Check::New));
+        assert!(matches!(
+            w.check(8, (MAX - 1, MAX + 2), PRODUCER),
+            Check::Duplicate(_)
+        ));
+        // Ahead and behind on the circle.
+        assert!(PRODUCER.is_ahead(1, MAX));
+        assert!(PRODUCER.is_ahead(5, 3));
+        assert!(!PRODUCER.is_ahead(MAX, 1), "a rewind across the wrap");
+        assert!(!PRODUCER.is_ahead(3, 3));
+        assert!(matches!(
+            w.decide(BUCKET, 8, (5, 5), PRODUCER, true),
+            Ok(Decision::Wait)
+        ));
+        // A Flight writer's sequence is an i64 that does not wrap.
+        w.push(9, entry(MAX, MAX, 0));
+        assert!(matches!(
+            w.check(9, (MAX + 1, MAX + 1), FLIGHT_LOG),
+            Check::New
+        ));
+        assert!(matches!(
+            w.check(9, (0, 0), FLIGHT_LOG),
+            Check::OutOfOrder { .. }
+        ));
+        assert_eq!(FLIGHT_LOG.next_after(MAX), MAX + 1);
+        assert_eq!(PRODUCER.next_after(MAX), 0);
+        assert_eq!(PRODUCER.next_after(MAX + 2), 2);
     }
 }

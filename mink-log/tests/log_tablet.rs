@@ -788,6 +788,51 @@ async fn in_order_callers_do_not_wait_and_a_close_ends_the_wait() {
     assert!(started.elapsed() < mink_log::tablet::REORDER_WAIT);
 }
 
+/// A Kafka producer's sequence wraps from `i32::MAX` to 0. A batch that crosses the
+/// wrap (`b ..= b + n - 1` past `i32::MAX`, as the Kafka listener submits it) is
+/// followed by the wrapped sequence, before and after a crash; retries on either side
+/// of the wrap are duplicates, and a gap after it is refused as one.
+#[tokio::test]
+async fn a_kafka_producer_goes_on_across_the_sequence_wrap() {
+    const MAX: i64 = i32::MAX as i64;
+    let batch = |first: i64, last: i64, ids: std::ops::Range<i64>| AppendRequest {
+        first_sequence: first,
+        last_sequence: last,
+        ..req(7, 0, ids)
+    };
+    let submit = |tablet: LogTablet, req: AppendRequest| async move {
+        tablet.submit_producer(req).await?.wait().await
+    };
+    let mut env = Env::new().await;
+    let tablet = env.tablet(false).await;
+    // One row standing for the producer's first 2^31 - 3 records.
+    submit(tablet.clone(), batch(0, MAX - 3, 0..1))
+        .await
+        .unwrap();
+    let crossing = submit(tablet.clone(), batch(MAX - 2, MAX + 1, 1..5))
+        .await
+        .unwrap();
+    assert_eq!((crossing.first_offset, crossing.last_offset), (1, 4));
+    let after = submit(tablet.clone(), batch(1, 2, 5..7)).await.unwrap();
+    assert_eq!((after.first_offset, after.duplicated), (5, false));
+    let again = submit(tablet.clone(), batch(MAX - 2, MAX + 1, 1..5))
+        .await
+        .unwrap();
+    assert_eq!((again.first_offset, again.duplicated), (1, true));
+    let err = submit(tablet.clone(), batch(6, 6, 7..8)).await.unwrap_err();
+    assert!(
+        matches!(err, MinkError::OutOfOrderSequence { expected: 3, .. }),
+        "{err:?}"
+    );
+    drop(tablet); // a crash: the windows come back from the log
+    let tablet = env.tablet(true).await;
+    let again = submit(tablet.clone(), batch(1, 2, 5..7)).await.unwrap();
+    assert_eq!((again.first_offset, again.duplicated), (5, true));
+    let next = submit(tablet.clone(), batch(3, 3, 7..8)).await.unwrap();
+    assert_eq!((next.first_offset, next.duplicated), (7, false));
+    assert_eq!(all_ids(&tablet).await, (0..8).collect::<Vec<_>>());
+}
+
 /// A Kafka producer's first batch at a tablet must start at sequence 0: a later one
 /// that arrives first is refused (`UnknownWriter`) and changes nothing, so it cannot
 /// overtake the first. Other in-order writers may start anywhere (a primary-key tablet

@@ -39,4 +39,7 @@ pub use table::{
     LakeProperties, LogTtl, MergeEngine, TableDescriptor, TableProperties,
 };
 pub use types::DataType;
-pub use writer::{WRITER_BASE_MAX, WRITER_EPOCH_SHIFT, split_writer, writer_id};
+pub use writer::{
+    KAFKA_SEQUENCE_MODULUS, WRITER_BASE_MAX, WRITER_EPOCH_SHIFT, kafka_sequence_after,
+    kafka_sequence_ahead, split_writer, writer_id,
+};

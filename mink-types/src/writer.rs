@@ -10,6 +10,24 @@ pub const WRITER_EPOCH_SHIFT: u32 = 48;
 /// The largest base: writer ids from the allocator stay below it.
 pub const WRITER_BASE_MAX: i64 = (1 << WRITER_EPOCH_SHIFT) - 1;
 
+/// Kafka producer sequences are `i32`s taken modulo this: `i32::MAX` is followed by 0
+/// (Kafka's `DefaultRecordBatch`). Mink keeps a batch of `n` records at base `b` as
+/// `b ..= b + n - 1`, past `i32::MAX` when the batch crosses the wrap.
+pub const KAFKA_SEQUENCE_MODULUS: i64 = 1 << 31;
+
+/// The Kafka sequence after a batch that ends at `last` (wrapped to 0 after
+/// `i32::MAX`).
+pub fn kafka_sequence_after(last: i64) -> i64 {
+    (last + 1).rem_euclid(KAFKA_SEQUENCE_MODULUS)
+}
+
+/// Whether Kafka sequence `a` is ahead of `b` on the circle of sequences: by more than
+/// nothing and less than half of it, as Kafka compares them across the wrap.
+pub fn kafka_sequence_ahead(a: i64, b: i64) -> bool {
+    let distance = (a - b).rem_euclid(KAFKA_SEQUENCE_MODULUS);
+    distance > 0 && distance < KAFKA_SEQUENCE_MODULUS / 2
+}
+
 /// A writer id's base and epoch.
 pub fn split_writer(writer: i64) -> (i64, i64) {
     (writer & WRITER_BASE_MAX, writer >> WRITER_EPOCH_SHIFT)
