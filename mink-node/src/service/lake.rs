@@ -301,6 +301,17 @@ fn without_positions(batch: &RecordBatch, start: u64, deleted: &[u64]) -> Result
     )?)
 }
 
+/// Lake rows whose `__offset` (the second-last column) is `offset` in every row.
+fn at_offset(rows: RecordBatch, offset: i64) -> Result<RecordBatch> {
+    let mut columns = rows.columns().to_vec();
+    let at = columns.len() - 2;
+    columns[at] = Arc::new(arrow::array::Int64Array::from_value(
+        offset,
+        rows.num_rows(),
+    ));
+    Ok(RecordBatch::try_new(rows.schema(), columns)?)
+}
+
 /// The log offset of the first of lake rows (`__offset`, the second-last column).
 fn first_offset(rows: &RecordBatch) -> i64 {
     rows.column(rows.num_columns() - 2)
@@ -848,6 +859,14 @@ impl NodeService {
             files: current,
             index,
         } = now;
+        if from.unwrap_or(0) < log.log_start() {
+            // The changelog no longer holds every change the lake lacks: the bucket's
+            // state comes from a KV snapshot instead; the next round goes on from it.
+            let seeded = self
+                .pk_seed(lake, table, bucket, (from, log.log_start()), &current)
+                .await?;
+            return Ok((Some(seeded), true, None));
+        }
         let first = Self::round_start(bucket, log, from);
         let end = log.high_watermark();
         if first >= end {
@@ -920,6 +939,98 @@ impl NodeService {
             to < end,
             index,
         ))
+    }
+
+    /// A primary-key bucket whose lake lacks changes its changelog no longer holds:
+    /// `from` (the lake's offset of the bucket, `None` with none) is below the log
+    /// start, because the lake was turned on, or back on, after the changelog was
+    /// trimmed behind a KV snapshot. Rebuilding from the changelog would leave out
+    /// every key last changed below the log start. The bucket's state in a KV snapshot
+    /// at or above the log start (the log is never trimmed above its newest snapshot)
+    /// becomes the bucket's lake files instead, replacing what the lake held of it, at
+    /// the snapshot's offset; rounds go on from there. The rows carry the snapshot's
+    /// last offset and write time as `__offset` and `__timestamp` (their own changes
+    /// are gone from the log). One file's rows are in memory at a time.
+    async fn pk_seed(
+        &self,
+        lake: &LakeTable,
+        table: &TableInfo,
+        bucket: TableBucket,
+        (from, log_start): (Option<i64>, i64),
+        current: &SnapshotFiles,
+    ) -> Result<TieredBucket> {
+        let info = self.kv_snapshot(bucket).await?;
+        if info.log_offset < log_start {
+            return Err(MinkError::Internal(format!(
+                "{bucket}: the newest KV snapshot is at {}, below the log start {log_start}",
+                info.log_offset
+            )));
+        }
+        match from {
+            None => tracing::info!(
+                %bucket,
+                snapshot = info.log_offset,
+                "the changelog starts at {log_start}: the lake's first round of the bucket \
+                 is its KV snapshot"
+            ),
+            Some(from) => tracing::warn!(
+                %bucket,
+                snapshot = info.log_offset,
+                "changes {from}..{log_start} were trimmed from the changelog before they \
+                 reached the lake (lake.enabled was off meanwhile): the bucket's lake files \
+                 are rebuilt from its KV snapshot"
+            ),
+        }
+        let schema = &table.descriptor.schema;
+        let lake_schema = lake_arrow_schema(schema);
+        let stream = bucket.stream_name();
+        let target = self.config.lake.file_bytes_target as usize;
+        let mut rows = self
+            .kv_snapshot_rows(bucket, &info, &schema.to_arrow())
+            .await?;
+        let offset = (info.log_offset - 1).max(0);
+        let mut files = Vec::new();
+        let written: Result<()> = async {
+            let (mut pending, mut bytes) = (Vec::new(), 0usize);
+            while let Some(batch) = rows.next().await {
+                let batch = batch?;
+                if batch.num_rows() == 0 {
+                    continue;
+                }
+                let lake_rows = to_lake_batch(
+                    schema,
+                    &lake_schema,
+                    &batch,
+                    bucket.bucket,
+                    0,
+                    info.written_at_ms,
+                )?;
+                let lake_rows = at_offset(lake_rows, offset)?;
+                bytes += lake_rows.get_array_memory_size();
+                pending.push(lake_rows);
+                if bytes >= target {
+                    files.push(self.write_lake_file(lake, table, &stream, &pending).await?);
+                    (pending, bytes) = (Vec::new(), 0);
+                }
+            }
+            if !pending.is_empty() {
+                files.push(self.write_lake_file(lake, table, &stream, &pending).await?);
+            }
+            Ok(())
+        }
+        .await;
+        if let Err(e) = written {
+            lake.delete_files(&files).await;
+            return Err(e);
+        }
+        metrics::counter!("mink_lake_seeded_buckets_total").increment(1);
+        Ok(TieredBucket {
+            stream,
+            from,
+            to: info.log_offset,
+            files,
+            replaces: current.locations(),
+        })
     }
 
     /// Whether a primary-key bucket's merge-on-read files have piled up enough that

@@ -60,25 +60,15 @@ impl NodeService {
                 let table = self.table_by_id(bucket.table_id).await?;
                 let schema = table.descriptor.schema.to_arrow();
                 let info = self.kv_snapshot(bucket).await?;
-                let store = SnapshotStore::new(
-                    self.streams()
-                        .object_store_for(mink_wal::Purpose::KvSnapshot),
-                    snapshot_prefix(bucket),
-                    self.config.kv.snapshots_retained as usize,
-                );
-                let schema_out = schema.clone();
                 let meta = SnapshotBatch {
                     bucket,
                     log_offset: info.log_offset,
                     written_at_ms: info.written_at_ms,
                 };
-                // Streamed as it is read: a bucket's state of any size holds a batch
-                // or two in memory.
-                let batches = store
-                    .open(info.log_offset)
+                let batches = self
+                    .kv_snapshot_rows(bucket, &info, &schema)
                     .await?
-                    .into_stream()
-                    .map(move |b| Ok((as_schema(b?, &schema_out)?, meta.clone())))
+                    .map(move |b| Ok((b?, meta.clone())))
                     .boxed();
                 Ok((schema, ReadBatches::SnapshotStream(batches)))
             }
@@ -203,6 +193,32 @@ impl NodeService {
             }
         }
         Ok(info)
+    }
+}
+
+impl NodeService {
+    /// The rows of a bucket's KV snapshot `info`, as `schema` (the table's current
+    /// one). Streamed as they are read: a bucket's state of any size holds a batch or
+    /// two in memory.
+    pub(crate) async fn kv_snapshot_rows(
+        &self,
+        bucket: TableBucket,
+        info: &mink_kv::SnapshotInfo,
+        schema: &SchemaRef,
+    ) -> Result<futures::stream::BoxStream<'static, Result<RecordBatch>>> {
+        let store = SnapshotStore::new(
+            self.streams()
+                .object_store_for(mink_wal::Purpose::KvSnapshot),
+            snapshot_prefix(bucket),
+            self.config.kv.snapshots_retained as usize,
+        );
+        let schema = schema.clone();
+        Ok(store
+            .open(info.log_offset)
+            .await?
+            .into_stream()
+            .map(move |b| as_schema(b?, &schema))
+            .boxed())
     }
 }
 
