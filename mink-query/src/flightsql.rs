@@ -21,6 +21,7 @@ use mink_types::TablePath;
 use prost::Message;
 use tonic::{Request, Response, Status};
 
+use crate::bindings::Bindings;
 use crate::catalog::{CATALOG, listing};
 use crate::engine::arrow::ipc::writer::IpcWriteOptions;
 use crate::engine::flight::encode::FlightDataEncoderBuilder;
@@ -62,6 +63,9 @@ pub struct FlightSqlServer {
     service: Arc<QueryService>,
     /// Plans made for a GetFlightInfo or a preparation, for the DoGet that follows.
     plans: Arc<Plans>,
+    /// Parameters bound to prepared handles, for clients that execute the handle
+    /// they prepared rather than the one the binding answered.
+    bindings: Arc<Bindings>,
 }
 
 impl FlightSqlServer {
@@ -69,6 +73,7 @@ impl FlightSqlServer {
         Self {
             service,
             plans: Arc::default(),
+            bindings: Arc::default(),
         }
     }
 
@@ -223,9 +228,10 @@ impl FlightSqlService for FlightSqlServer {
 
     async fn get_flight_info_prepared_statement(
         &self,
-        cmd: CommandPreparedStatementQuery,
+        mut cmd: CommandPreparedStatementQuery,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
+        cmd.prepared_statement_handle = self.bindings.resolve(&cmd.prepared_statement_handle);
         let handle = Handle::decode(&cmd.prepared_statement_handle)?;
         if let Some(schema) = handle.schema.clone() {
             // Prepared without parameters: the schema planned then (DoGet takes that
@@ -252,7 +258,8 @@ impl FlightSqlService for FlightSqlServer {
         cmd: CommandPreparedStatementQuery,
         _request: Request<Ticket>,
     ) -> Result<Response<DoGetStream>, Status> {
-        self.run(&cmd.prepared_statement_handle).await
+        self.run(&self.bindings.resolve(&cmd.prepared_statement_handle))
+            .await
     }
 
     async fn do_action_create_prepared_statement(
@@ -286,10 +293,11 @@ impl FlightSqlService for FlightSqlServer {
 
     async fn do_action_close_prepared_statement(
         &self,
-        _query: ActionClosePreparedStatementRequest,
+        query: ActionClosePreparedStatementRequest,
         _request: Request<Action>,
     ) -> Result<(), Status> {
-        // Handles are stateless: nothing to free.
+        // Handles are stateless: only a binding kept for an older client goes.
+        self.bindings.forget(&query.prepared_statement_handle);
         Ok(())
     }
 
@@ -300,9 +308,11 @@ impl FlightSqlService for FlightSqlServer {
     ) -> Result<DoPutPreparedStatementResult, Status> {
         let handle = Handle::decode(&cmd.prepared_statement_handle)?;
         let batches = parameters(request.into_inner()).await?;
-        let bound = Handle::bind(handle, &batches)?;
+        let bound = Handle::bind(handle, &batches)?.encode();
+        self.bindings
+            .remember(cmd.prepared_statement_handle, bound.clone());
         Ok(DoPutPreparedStatementResult {
-            prepared_statement_handle: Some(bound.encode()),
+            prepared_statement_handle: Some(bound),
         })
     }
 
@@ -671,10 +681,20 @@ impl FlightSqlService for FlightSqlServer {
 }
 
 /// Parameter values of a bound batch (row 0).
+///
+/// A union value (flightsql-dbapi sends every parameter as a dense union of the
+/// types a Python value may have) is the value of its member.
 pub fn row_values(batch: &RecordBatch) -> Result<Vec<ScalarValue>, QueryError> {
     batch
         .columns()
         .iter()
-        .map(|c| ScalarValue::try_from_array(c, 0).map_err(QueryError::from))
+        .map(|c| {
+            let value = ScalarValue::try_from_array(c, 0).map_err(QueryError::from)?;
+            Ok(match value {
+                ScalarValue::Union(Some((_, member)), _, _) => *member,
+                ScalarValue::Union(None, _, _) => ScalarValue::Null,
+                other => other,
+            })
+        })
         .collect()
 }

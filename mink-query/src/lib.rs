@@ -9,11 +9,14 @@
 //! - [`config`]: `mink-query.toml`, `MINK_QUERY_*`.
 //! - [`merge`]: a primary-key bucket's state from its snapshot and changelog.
 //! - [`handle`]: stateless statement handles; [`plans`]: a plan kept for the DoGet
-//!   that follows its GetFlightInfo or preparation.
+//!   that follows its GetFlightInfo or preparation; [`bindings`]: parameters bound to
+//!   a prepared handle, for clients that execute the handle they prepared.
+//! - [`placeholders`]: drivers' `?` parameters numbered as DataFusion binds them.
 //! - [`sqlmeta`]: GetSqlInfo, GetXdbcTypeInfo and key-command schemas.
 //! - [`errors`]: errors and their gRPC statuses.
 
 pub mod access;
+pub mod bindings;
 pub mod catalog;
 pub mod config;
 pub mod engine;
@@ -23,6 +26,7 @@ pub mod flightsql;
 pub mod handle;
 pub mod merge;
 pub mod nodes;
+pub mod placeholders;
 pub mod plans;
 pub mod service;
 pub mod sqlmeta;

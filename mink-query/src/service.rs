@@ -137,8 +137,9 @@ impl QueryService {
         params: Option<Vec<ScalarValue>>,
     ) -> Result<Planned, QueryError> {
         let dialect = self.base.config().options().sql_parser.dialect;
-        let statement = self.base.sql_to_statement(sql, &dialect)?;
+        let mut statement = self.base.sql_to_statement(sql, &dialect)?;
         check_reads_only(&statement, sql)?;
+        crate::placeholders::number_positional(&mut statement)?;
         let references = self.base.resolve_table_references(&statement)?;
         let wants_listing = references.iter().any(|r| {
             r.schema()

@@ -153,6 +153,58 @@ def test_queries_over_log_and_primary_key_tables(single):
         assert df["name"].to_list() == ["u1", "two", "three"]
 
 
+def test_positional_parameters_bind_as_drivers_send_them(single):
+    """`?` parameters, as the ADBC DB-API (paramstyle qmark), JDBC and SQLAlchemy's
+    Flight SQL dialect send them, bind by position in the order they are written;
+    `$n` still binds; a statement mixing both is refused, naming why."""
+    import sqlalchemy
+
+    node, client, q = single
+    load_events_and_users(client)
+    assert flightsql.paramstyle == "qmark"
+    with connect(q) as conn:
+        assert sql(conn, "SELECT name FROM db.users WHERE id = ?", (3,)).to_pylist() == [{"name": "three"}]
+        t = sql(conn, "SELECT count(*) AS n FROM db.events WHERE id >= ? AND id < ? AND msg = ?", (10, 20, "m1"))
+        assert t.to_pylist() == [{"n": 2}]  # 11 and 16
+        # In the select list, a subquery and LIMIT: numbered as written.
+        t = sql(
+            conn,
+            "SELECT ? AS tag, id FROM (SELECT id FROM db.events WHERE id < ?) s ORDER BY id LIMIT ?",
+            ("x", 5, 2),
+        )
+        assert t.to_pylist() == [{"tag": "x", "id": 0}, {"tag": "x", "id": 1}]
+        # A key equality through `?` is still a point lookup, answered as before.
+        assert sql(conn, "SELECT name FROM db.users WHERE id IN (?, ?) ORDER BY id", (2, 4)).to_pylist() == [
+            {"name": "two"}
+        ]
+        with pytest.raises(adbc_driver_manager.Error, match="mixes"):
+            sql(conn, "SELECT id FROM db.events WHERE id = ? OR id = $1", (1,))
+        # Polars passes its parameters to the same driver.
+        df = pl.read_database(
+            "SELECT id, name FROM db.users WHERE id <= ? ORDER BY id",
+            connection=conn,
+            execute_options={"parameters": (3,)},
+        )
+        assert df["name"].to_list() == ["u1", "two", "three"]
+    # SQLAlchemy through flightsql-dbapi's dialect (`datafusion://`, the path Superset
+    # takes) with its prepared statements on: `:id` is compiled to `?`, and the client
+    # executes the handle it prepared, not the bound one (an older protocol's habit).
+    # (With them off, the dialect renders text() binds as NULL literals itself.)
+    engine = sqlalchemy.create_engine(
+        f"datafusion://127.0.0.1:{q.port}?insecure=true&feature-sqlalchemy-prepared-statements=on"
+    )
+    try:
+        with engine.connect() as c:
+            query = sqlalchemy.text("SELECT name, score FROM db.users WHERE id = :id OR name = :name ORDER BY id")
+            rows = c.execute(query, {"id": 3, "name": "u7"}).fetchall()
+            assert [tuple(r) for r in rows] == [("three", 300), ("u7", 70)]
+            # Bound again on the same statement: the new values.
+            rows = c.execute(query, {"id": 2, "name": "u9"}).fetchall()
+            assert [tuple(r) for r in rows] == [("two", 200), ("u9", 90)]
+    finally:
+        engine.dispose()
+
+
 def test_catalog_browsing_and_ddl_visibility(single):
     node, client, q = single
     load_events_and_users(client)
