@@ -1407,6 +1407,7 @@ impl MinkClient {
             offset,
             max_bytes: None,
             end_offset: None,
+            columns: None,
         };
         let result = self.read_at(&leader, &ticket).await;
         self.stale_routing(path, result).await
@@ -1491,6 +1492,7 @@ impl MinkClient {
                             offset,
                             max_bytes: None,
                             end_offset: None,
+                            columns: None,
                         },
                     )
                     .await?;

@@ -3,6 +3,7 @@
 //! - [`protocol`]: the JSON descriptors, per-batch metadata, tickets and results.
 //! - [`actions`]: the typed action protocol: every action's request and answer, and
 //!   the one list of their names (Arrow-free).
+//! - [`projection`]: the columns a read answers (a ticket's `columns`).
 //! - [`server`]: the Flight server over the [`server::MinkService`] trait the node
 //!   implements; gRPC status mapping; the `mink-applied-index` headers.
 //! - [`client`]: the Rust client (client-side routing, idempotent writes with retries).
@@ -13,6 +14,7 @@
 pub mod actions;
 pub mod client;
 pub mod config;
+pub mod projection;
 pub mod protocol;
 pub mod server;
 

@@ -77,6 +77,10 @@ pub enum WriteResult {
 }
 
 /// What a DoGet reads.
+///
+/// Every read takes an optional `columns`: the table columns to answer, by name, in
+/// that order (a projection; none: every column, an empty list: rows without columns,
+/// for counting). A name the table lacks is `InvalidArgument`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub enum ReadTicket {
@@ -91,11 +95,22 @@ pub enum ReadTicket {
         max_bytes: Option<u64>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         end_offset: Option<i64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        columns: Option<Vec<String>>,
     },
     /// The first `limit` rows of a bucket.
-    LimitScan { bucket: TableBucket, limit: u64 },
+    LimitScan {
+        bucket: TableBucket,
+        limit: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        columns: Option<Vec<String>>,
+    },
     /// The latest KV snapshot of a bucket.
-    Snapshot { bucket: TableBucket },
+    Snapshot {
+        bucket: TableBucket,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        columns: Option<Vec<String>>,
+    },
     /// The table's newest lake snapshot and, for each bucket, the log from the offset
     /// the snapshot holds rows below: every row once, no gap. Any node answers. With
     /// `bucket`, that bucket's part alone (its lake files and its log past them), so
@@ -104,6 +119,8 @@ pub enum ReadTicket {
         path: TablePath,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         bucket: Option<TableBucket>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        columns: Option<Vec<String>>,
     },
     /// The lake only: snapshot `snapshot_id`, or the newest. Any node answers. With
     /// `bucket`, that bucket's files of the snapshot alone (a reader that fixes the
@@ -114,7 +131,34 @@ pub enum ReadTicket {
         snapshot_id: Option<i64>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         bucket: Option<TableBucket>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        columns: Option<Vec<String>>,
     },
+}
+
+impl ReadTicket {
+    /// The columns the read answers (`None`: all of them).
+    pub fn columns(&self) -> Option<&[String]> {
+        match self {
+            ReadTicket::Scan { columns, .. }
+            | ReadTicket::LimitScan { columns, .. }
+            | ReadTicket::Snapshot { columns, .. }
+            | ReadTicket::Union { columns, .. }
+            | ReadTicket::Lake { columns, .. } => columns.as_deref(),
+        }
+    }
+
+    /// The read answering only `wanted` (`None`: every column).
+    pub fn with_columns(mut self, wanted: Option<Vec<String>>) -> Self {
+        match &mut self {
+            ReadTicket::Scan { columns, .. }
+            | ReadTicket::LimitScan { columns, .. }
+            | ReadTicket::Snapshot { columns, .. }
+            | ReadTicket::Union { columns, .. }
+            | ReadTicket::Lake { columns, .. } => *columns = wanted,
+        }
+        self
+    }
 }
 
 /// The descriptor of a DoExchange tail: which bucket to follow.

@@ -22,6 +22,7 @@ use mink_types::{IpcEncoded, MinkError, TablePath};
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 
+use crate::projection::Projection;
 use crate::protocol::{
     ExchangeDescriptor, ReadTicket, Redirect, ScanBatch, SnapshotBatch, TailEnd, TailPoll,
     WriteBatch, WriteDescriptor, WriteResult, parse_json,
@@ -272,18 +273,25 @@ impl<S: MinkService> FlightServer<S> {
     async fn scan_range(
         &self,
         bucket: mink_types::TableBucket,
-        offset: i64,
+        (offset, end): (i64, i64),
         max_bytes: Option<u64>,
-        end: i64,
+        columns: Option<Vec<String>>,
     ) -> Result<Response<Stream<FlightData>>, Status> {
         let scan = move |from| ReadTicket::Scan {
             bucket,
             offset: from,
             max_bytes,
             end_offset: None,
+            columns: None,
         };
         let (schema, first) = self.service.read(scan(offset)).await.map_err(status)?;
-        let (mut data, mut next) = below(first, offset, end)?;
+        let projection = Projection::of(&schema, columns.as_deref()).map_err(status)?;
+        let schema = projection.as_ref().map_or(schema, |p| p.schema().clone());
+        let project = move |batches: ReadBatches| match &projection {
+            Some(p) => p.apply_read(batches).map_err(status),
+            None => Ok(batches),
+        };
+        let (mut data, mut next) = below(project(first)?, offset, end)?;
         data.insert(
             0,
             FlightData::from(SchemaAsIpc::new(&schema, &IpcWriteOptions::default())),
@@ -300,7 +308,7 @@ impl<S: MinkService> FlightServer<S> {
                     return;
                 };
                 let read = service.read(scan(from)).await.map_err(status);
-                match read.and_then(|(_, batches)| below(batches, from, end)) {
+                match read.and_then(|(_, batches)| below(project(batches)?, from, end)) {
                     Ok((d, n)) => (data, next) = (d, n),
                     Err(e) => {
                         let _ = tx.send(Err(e)).await;
@@ -521,11 +529,20 @@ impl<S: MinkService> FlightService for FlightServer<S> {
                 offset,
                 max_bytes,
                 end_offset: Some(end),
+                columns,
             } = ticket
             {
-                return self.scan_range(bucket, offset, max_bytes, end).await;
+                return self
+                    .scan_range(bucket, (offset, end), max_bytes, columns)
+                    .await;
             }
+            let columns = ticket.columns().map(<[String]>::to_vec);
             let (schema, batches) = self.service.read(ticket).await.map_err(status)?;
+            let (schema, batches) = match Projection::of(&schema, columns.as_deref()) {
+                Ok(Some(p)) => (p.schema().clone(), p.apply_read(batches).map_err(status)?),
+                Ok(None) => (schema, batches),
+                Err(e) => return Err(status(e)),
+            };
             match batches {
                 ReadBatches::Stream(batches) => {
                     return Ok(self.respond(self.stamp_stream(stream_batches(&schema, batches))));

@@ -172,6 +172,7 @@ async fn backlog(batches: usize) -> Backlog {
         .read_any(&ReadTicket::Union {
             path: path.clone(),
             bucket: None,
+            columns: None,
         })
         .await
         .unwrap();
@@ -360,6 +361,7 @@ async fn read_state_mbps(client: &MinkClient, path: &TablePath) -> f64 {
                 path: path.clone(),
                 snapshot_id: None,
                 bucket: None,
+                columns: None,
             })
             .await
             .unwrap();

@@ -288,7 +288,10 @@ async fn a_snapshot_reader_past_the_trim_fails_loudly_and_a_new_snapshot_serves(
     let first = user_rows(0..10, "a");
     settle(|| client.put(&path, &first, None, None)).await;
     let snapshot = client
-        .read_state_any(&ReadTicket::Snapshot { bucket })
+        .read_state_any(&ReadTicket::Snapshot {
+            bucket,
+            columns: None,
+        })
         .await
         .unwrap();
     let at = snapshot[0].1.log_offset;
@@ -323,7 +326,10 @@ async fn a_snapshot_reader_past_the_trim_fails_loudly_and_a_new_snapshot_serves(
         "{err:?}"
     );
     let renewed = client
-        .read_state_any(&ReadTicket::Snapshot { bucket })
+        .read_state_any(&ReadTicket::Snapshot {
+            bucket,
+            columns: None,
+        })
         .await
         .unwrap();
     let renewed_at = renewed[0].1.log_offset;

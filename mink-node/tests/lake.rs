@@ -128,6 +128,7 @@ async fn rounds_tier_and_union_reads_every_row_once_while_they_commit() {
             path: path.clone(),
             snapshot_id: None,
             bucket: None,
+            columns: None,
         },
     )
     .await;
@@ -147,6 +148,7 @@ async fn rounds_tier_and_union_reads_every_row_once_while_they_commit() {
         ReadTicket::Union {
             path: path.clone(),
             bucket: None,
+            columns: None,
         },
     )
     .await;
@@ -186,6 +188,7 @@ async fn rounds_tier_and_union_reads_every_row_once_while_they_commit() {
             ReadTicket::Union {
                 path: path.clone(),
                 bucket: None,
+                columns: None,
             },
         )
         .await;
@@ -208,6 +211,7 @@ async fn rounds_tier_and_union_reads_every_row_once_while_they_commit() {
                 ReadTicket::Union {
                     path: path.clone(),
                     bucket: Some(*bucket),
+                    columns: None,
                 },
             )
             .await;
@@ -238,6 +242,7 @@ async fn rounds_tier_and_union_reads_every_row_once_while_they_commit() {
             path: path.clone(),
             snapshot_id: None,
             bucket: None,
+            columns: None,
         },
     )
     .await;
@@ -249,6 +254,7 @@ async fn rounds_tier_and_union_reads_every_row_once_while_they_commit() {
             path: path.clone(),
             snapshot_id: Some(first_snapshot),
             bucket: None,
+            columns: None,
         },
     )
     .await;
@@ -264,6 +270,7 @@ async fn rounds_tier_and_union_reads_every_row_once_while_they_commit() {
                 path: path.clone(),
                 snapshot_id: Some(first_snapshot),
                 bucket: Some(*bucket),
+                columns: None,
             },
         )
         .await;
@@ -277,6 +284,7 @@ async fn rounds_tier_and_union_reads_every_row_once_while_they_commit() {
             path: path.clone(),
             snapshot_id: Some(42),
             bucket: None,
+            columns: None,
         })
         .await
         .unwrap_err();
@@ -291,11 +299,13 @@ async fn rounds_tier_and_union_reads_every_row_once_while_they_commit() {
             ReadTicket::Union {
                 path: path.clone(),
                 bucket: Some(bucket),
+                columns: None,
             },
             ReadTicket::Lake {
                 path: path.clone(),
                 snapshot_id: None,
                 bucket: Some(bucket),
+                columns: None,
             },
         ] {
             let e = client.read_any(&ticket).await.unwrap_err();
@@ -361,6 +371,7 @@ async fn the_ttl_never_trims_what_the_lake_lacks() {
         ReadTicket::Union {
             path: t.clone(),
             bucket: None,
+            columns: None,
         },
     )
     .await;
@@ -418,6 +429,7 @@ async fn lake_properties_are_checked_and_a_dropped_tables_lake_goes_with_it() {
             path: path.clone(),
             snapshot_id: None,
             bucket: None,
+            columns: None,
         },
     )
     .await;
@@ -534,6 +546,7 @@ async fn a_lake_of_a_newer_table_is_never_purged_by_a_node_behind() {
         ReadTicket::Union {
             path: path.clone(),
             bucket: None,
+            columns: None,
         },
     )
     .await;
@@ -616,6 +629,7 @@ async fn lake_state(
             path: path.clone(),
             snapshot_id: None,
             bucket: None,
+            columns: None,
         })
         .await
         .unwrap()
@@ -633,6 +647,7 @@ async fn union_state(
         .read_state_any(&ReadTicket::Union {
             path: path.clone(),
             bucket: None,
+            columns: None,
         })
         .await
         .unwrap()
@@ -818,6 +833,7 @@ async fn a_backlog_tiers_in_bounded_rounds_and_date_partitions_work() {
             path: path.clone(),
             snapshot_id: None,
             bucket: None,
+            columns: None,
         },
     )
     .await;
@@ -894,6 +910,7 @@ async fn two_nodes_tier_one_table_and_either_answers_union() {
             .read_any(&ReadTicket::Union {
                 path: path.clone(),
                 bucket: None,
+                columns: None,
             })
             .await
             .unwrap();
@@ -964,6 +981,7 @@ async fn a_union_reader_slower_than_the_trim_grace_fails_loudly() {
     let ticket = serde_json::to_vec(&ReadTicket::Union {
         path: path.clone(),
         bucket: None,
+        columns: None,
     })
     .unwrap();
     let mut stream = flight
@@ -1013,6 +1031,7 @@ async fn a_union_reader_slower_than_the_trim_grace_fails_loudly() {
         ReadTicket::Union {
             path: path.clone(),
             bucket: None,
+            columns: None,
         },
     )
     .await;

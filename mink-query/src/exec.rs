@@ -70,9 +70,12 @@ pub struct MinkReadExec {
     nodes: Arc<Nodes>,
     path: TablePath,
     parts: Vec<Part>,
-    /// The rows as the read yields them (the table's columns, plus the changelog's).
+    /// The rows as the read yields them: the table's columns (those asked of the
+    /// nodes, when the projection is pushed), plus the changelog's.
     full: SchemaRef,
-    projection: Option<Vec<usize>>,
+    /// The table columns asked of the nodes (`None`: all): the projection's, and for
+    /// a state merge the key's too.
+    columns: Option<Vec<String>>,
     /// Primary-key columns (in `full`), for state merges.
     key_columns: Vec<usize>,
     changelog: bool,
@@ -100,6 +103,35 @@ impl MinkReadExec {
             Some(p) => Arc::new(full.project(p)?),
             None => full.clone(),
         };
+        let own = if changelog {
+            full.fields().len() - CHANGELOG_COLUMNS.len()
+        } else {
+            full.fields().len()
+        };
+        let asked: Option<Vec<usize>> = projection.as_ref().map(|p| {
+            (0..own)
+                .filter(|i| p.contains(i) || key_columns.contains(i))
+                .collect()
+        });
+        let columns = asked.as_ref().map(|asked| {
+            asked
+                .iter()
+                .map(|i| full.field(*i).name().clone())
+                .collect::<Vec<_>>()
+        });
+        // The rows as the nodes send them: the columns asked, then a changelog's own.
+        let (full, key_columns) = match asked {
+            Some(mut asked) => {
+                asked.extend(own..full.fields().len());
+                let keys = key_columns
+                    .iter()
+                    .map(|k| asked.iter().position(|i| i == k))
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| DataFusionError::Internal("a key column was not read".into()))?;
+                (Arc::new(full.project(&asked)?), keys)
+            }
+            None => (full, key_columns),
+        };
         let properties = PlanProperties::new(
             EquivalenceProperties::new(output),
             Partitioning::UnknownPartitioning(parts.len().max(1)),
@@ -111,7 +143,7 @@ impl MinkReadExec {
             path,
             parts,
             full,
-            projection,
+            columns,
             key_columns,
             changelog,
             describe,
@@ -138,6 +170,9 @@ impl DisplayAs for MinkReadExec {
         )?;
         if !self.describe.detail.is_empty() {
             write!(f, ", {}", self.describe.detail)?;
+        }
+        if let Some(columns) = &self.columns {
+            write!(f, ", columns=[{}]", columns.join(", "))?;
         }
         Ok(())
     }
@@ -190,7 +225,8 @@ impl ExecutionPlan for MinkReadExec {
             nodes: self.nodes.clone(),
             path: self.path.clone(),
             full: self.full.clone(),
-            projection: self.projection.clone(),
+            output: self.schema(),
+            columns: self.columns.clone(),
             key_columns: self.key_columns.clone(),
             changelog: self.changelog,
             batch_size: self.batch_size,
@@ -218,7 +254,10 @@ struct Read {
     nodes: Arc<Nodes>,
     path: TablePath,
     full: SchemaRef,
-    projection: Option<Vec<usize>>,
+    /// The rows handed to DataFusion (`full`, projected).
+    output: SchemaRef,
+    /// The table columns asked of the nodes (`None`: all).
+    columns: Option<Vec<String>>,
     key_columns: Vec<usize>,
     changelog: bool,
     batch_size: usize,
@@ -230,6 +269,7 @@ impl Read {
     async fn part(self, part: Part, context: Arc<TaskContext>) -> Result<Rows> {
         match part {
             Part::Log { addr, ticket } => {
+                let ticket = ticket.with_columns(self.columns.clone());
                 let batches = self.nodes.read(&addr, &ticket).await.map_err(mink_error)?;
                 Ok(batches
                     .map(move |item| {
@@ -239,6 +279,7 @@ impl Read {
                     .boxed())
             }
             Part::Any { ticket } => {
+                let ticket = ticket.with_columns(self.columns.clone());
                 let batches = self.nodes.read_any(&ticket).await.map_err(mink_error)?;
                 Ok(batches
                     .map(move |item| {
@@ -310,7 +351,13 @@ impl Read {
             let mut state = BucketState::new(self.full.clone(), self.key_columns.clone())?;
             let (mut snapshot, at) = self
                 .nodes
-                .open_waiting(&addr, &ReadTicket::Snapshot { bucket })
+                .open_waiting(
+                    &addr,
+                    &ReadTicket::Snapshot {
+                        bucket,
+                        columns: self.columns.clone(),
+                    },
+                )
                 .await
                 .map_err(mink_error)?;
             addr = at;
@@ -366,6 +413,7 @@ impl Read {
                         offset: from,
                         max_bytes: None,
                         end_offset: Some(end_offset),
+                        columns: self.columns.clone(),
                     },
                 )
                 .await
@@ -414,13 +462,10 @@ impl Read {
         self.output(RecordBatch::try_new(self.full.clone(), columns)?)
     }
 
-    /// `batch` in the full schema, then projected.
+    /// `batch` (the full schema's columns, or those asked of the nodes) as the
+    /// projected rows, its columns found by name.
     fn output(&self, batch: RecordBatch) -> Result<RecordBatch> {
-        let batch = align(batch, &self.full, self.full.fields().len())?;
-        match &self.projection {
-            Some(p) => Ok(batch.project(p)?),
-            None => Ok(batch),
-        }
+        align(batch, &self.output, self.output.fields().len())
     }
 }
 
@@ -446,10 +491,14 @@ pub fn align(batch: RecordBatch, schema: &SchemaRef, columns: usize) -> Result<R
     } else {
         Arc::new(datafusion::arrow::datatypes::Schema::new(target.clone()))
     };
+    let options = datafusion::arrow::record_batch::RecordBatchOptions::new()
+        .with_row_count(Some(batch.num_rows()));
     if same {
-        return Ok(RecordBatch::try_new(
+        // With the row count: a projection may keep no column (`count(*)`).
+        return Ok(RecordBatch::try_new_with_options(
             target_schema,
             batch.columns().to_vec(),
+            &options,
         )?);
     }
     let arrays = target
@@ -462,8 +511,6 @@ pub fn align(batch: RecordBatch, schema: &SchemaRef, columns: usize) -> Result<R
             Err(_) => Ok(new_null_array(f.data_type(), batch.num_rows())),
         })
         .collect::<Result<Vec<ArrayRef>>>()?;
-    let options = datafusion::arrow::record_batch::RecordBatchOptions::new()
-        .with_row_count(Some(batch.num_rows()));
     Ok(RecordBatch::try_new_with_options(
         target_schema,
         arrays,

@@ -312,6 +312,7 @@ impl Nodes {
             offset,
             max_bytes,
             end_offset: Some(end),
+            ref columns,
         } = *ticket
         else {
             return Ok(self.open(addr, ticket).await?.0);
@@ -321,6 +322,7 @@ impl Nodes {
             addr: addr.to_string(),
             bucket,
             max_bytes,
+            columns: columns.clone(),
             next: offset,
             end,
             moves: 0,
@@ -400,6 +402,8 @@ struct Range {
     addr: String,
     bucket: TableBucket,
     max_bytes: Option<u64>,
+    /// The columns read (`None`: all).
+    columns: Option<Vec<String>>,
     /// The offset after the last batch received.
     next: i64,
     end: i64,
@@ -417,6 +421,7 @@ impl Range {
             offset: self.next,
             max_bytes: self.max_bytes,
             end_offset: Some(self.end),
+            columns: self.columns.clone(),
         };
         let (batches, at) = self.nodes.open_waiting(&self.addr, &ticket).await?;
         self.addr = at;

@@ -322,6 +322,7 @@ impl MinkTable {
                 path: path.clone(),
                 snapshot_id: Some(id),
                 bucket,
+                columns: None,
             },
         };
         let streams: Option<Vec<TableBucket>> = offsets
@@ -438,6 +439,7 @@ impl MinkTable {
                             ticket: ReadTicket::Union {
                                 path: path.clone(),
                                 bucket: Some(bucket),
+                                columns: None,
                             },
                         },
                         (
@@ -455,6 +457,7 @@ impl MinkTable {
                             ticket: ReadTicket::LimitScan {
                                 bucket,
                                 limit: limit as u64,
+                                columns: None,
                             },
                         },
                         (ticket, _) => Part::Log { addr, ticket },

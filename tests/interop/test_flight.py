@@ -104,6 +104,56 @@ def test_catalog_write_scan_and_discovery(node):
     assert "object store refused the last heartbeat" in health["problem"]
 
 
+def test_reads_answer_only_the_columns_their_ticket_names(node):
+    """A ticket's `columns` (pyarrow.flight, raw JSON): a Scan, a range Scan, a
+    LimitScan and a Snapshot answer those columns in that order; an empty list answers
+    the rows without columns; an unknown or repeated name is InvalidArgument, naming
+    it."""
+    proc, client = node
+    action(client, "create_database", {"name": "db"})
+    action(client, "create_table", {"path": "db.events", "descriptor": EVENTS})
+    ids = list(range(30))
+    batch = pa.record_batch([pa.array(ids, pa.int64()), pa.array([f"m{i}" for i in ids])], schema=SCHEMA)
+    retry(lambda: append_table(client, "db.events", batch))
+    buckets = [b["bucket"] for b in action(client, "metadata", {"path": "db.events"})["buckets"]]
+
+    def read(kind, bucket, **fields):
+        reader = client.do_get(flight.Ticket(json.dumps({kind: {"bucket": bucket, **fields}}).encode()))
+        return reader.read_all()
+
+    seen, counted = [], 0
+    for b in buckets:
+        whole = read("Scan", b, offset=0)
+        only = read("Scan", b, offset=0, columns=["msg"])
+        assert only.schema.names == ["msg"]
+        assert only.column("msg").to_pylist() == whole.column("msg").to_pylist()
+        flipped = read("Scan", b, offset=0, end_offset=whole.num_rows, columns=["msg", "id"])
+        assert flipped.schema.names == ["msg", "id"]
+        assert flipped.column("id").to_pylist() == whole.column("id").to_pylist()
+        none = read("Scan", b, offset=0, end_offset=whole.num_rows, columns=[])
+        assert none.num_columns == 0
+        counted += none.num_rows
+        seen += whole.column("id").to_pylist()
+        limited = read("LimitScan", b, limit=2, columns=["id"])
+        assert limited.schema.names == ["id"] and limited.num_rows == min(2, whole.num_rows)
+    assert sorted(seen) == ids and counted == len(ids)
+    for columns, words in [(["nope"], "nope"), (["id", "id"], "twice")]:
+        with pytest.raises(pa.ArrowInvalid, match=words):
+            read("Scan", buckets[0], offset=0, columns=columns)
+
+    action(client, "create_table", {"path": "db.users", "descriptor": USERS})
+    users = pa.record_batch(
+        [pa.array([1, 2], pa.int64()), pa.array(["a", "b"]), pa.array([10, 20], pa.int64())], schema=USER_SCHEMA
+    )
+    retry(lambda: put_table(client, users))
+    rows = []
+    for b in [b["bucket"] for b in action(client, "metadata", {"path": "db.users"})["buckets"]]:
+        t = read("Snapshot", b, columns=["name"])
+        assert t.schema.names == ["name"]
+        rows += t.column("name").to_pylist()
+    assert sorted(rows) == ["a", "b"]
+
+
 def test_bad_input_gets_precise_errors_and_changes_nothing(node):
     _, client = node
     action(client, "create_database", {"name": "db"})

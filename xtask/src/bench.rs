@@ -63,6 +63,12 @@ pub const BENCHES: &[(&str, &str, &str, &str)] = &[
         "SQL through mink-query against raw Flight scans and lookups; DuckDB over the lake as a peer",
     ),
     (
+        "tpch",
+        "mink-query",
+        "tpch_bench.py",
+        "the 22 TPC-H queries through mink-query against DataFusion and DuckDB over the same rows as Parquet",
+    ),
+    (
         "python",
         "clients/python",
         "bench_client.py",
@@ -87,7 +93,7 @@ pub fn run(root: &Path, name: &str, quick: bool) -> Result<()> {
     // Python).
     let mut cmd = if target.ends_with(".py") {
         // The node, and the binary the benchmark compares against.
-        let other = if name == "query" {
+        let other = if matches!(name, "query" | "tpch") {
             "mink-query"
         } else {
             "mink"
@@ -100,7 +106,27 @@ pub fn run(root: &Path, name: &str, quick: bool) -> Result<()> {
             "--bin",
             other,
         ]))?;
-        let mut cmd = Command::new(crate::python::ensure_venv(root)?);
+        let python = crate::python::ensure_venv(root)?;
+        // What only this benchmark needs (not the tests): `benches/requirements-NAME.txt`.
+        let extra = root
+            .join(package)
+            .join("benches")
+            .join(format!("requirements-{name}.txt"));
+        if extra.exists() {
+            crate::run_checked(
+                Command::new(&python)
+                    .args([
+                        "-m",
+                        "pip",
+                        "install",
+                        "--quiet",
+                        "--disable-pip-version-check",
+                        "-r",
+                    ])
+                    .arg(&extra),
+            )?;
+        }
+        let mut cmd = Command::new(python);
         cmd.current_dir(root)
             .arg(root.join(package).join("benches").join(target))
             .arg("--bin-dir")

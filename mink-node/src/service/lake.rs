@@ -1797,6 +1797,7 @@ impl NodeService {
             offset: from,
             max_bytes: None,
             end_offset: Some(end),
+            columns: None,
         };
         // A table's read is this node's to answer: a bucket that moved under it is a
         // reason to retry the read, not a redirect its client could follow.

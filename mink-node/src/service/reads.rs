@@ -1,5 +1,7 @@
 //! Reads: scans and limit scans of a bucket, KV snapshot reads, the long-poll tail,
-//! and a table's endpoints (one scan per bucket, at its leader).
+//! and a table's endpoints (one scan per bucket, at its leader). A ticket's `columns`
+//! are applied by the Flight server to what these return (mink-flight's
+//! `projection`).
 
 use super::*;
 use futures::StreamExt;
@@ -12,7 +14,7 @@ impl NodeService {
                 bucket,
                 offset,
                 max_bytes,
-                end_offset: _,
+                ..
             } => {
                 let table = self.table_by_id(bucket.table_id).await?;
                 let schema = table.descriptor.schema.to_arrow();
@@ -22,7 +24,7 @@ impl NodeService {
                 let batches = read_batches(bucket, scan, &schema)?;
                 Ok((schema, ReadBatches::Scan(batches)))
             }
-            ReadTicket::LimitScan { bucket, limit } => {
+            ReadTicket::LimitScan { bucket, limit, .. } => {
                 let table = self.table_by_id(bucket.table_id).await?;
                 let schema = table.descriptor.schema.to_arrow();
                 let tablet = self.tablet(bucket).await?;
@@ -56,7 +58,7 @@ impl NodeService {
                 }
                 Ok((schema, ReadBatches::Scan(out)))
             }
-            ReadTicket::Snapshot { bucket } => {
+            ReadTicket::Snapshot { bucket, .. } => {
                 let table = self.table_by_id(bucket.table_id).await?;
                 let schema = table.descriptor.schema.to_arrow();
                 let info = self.kv_snapshot(bucket).await?;
@@ -76,8 +78,9 @@ impl NodeService {
                 path,
                 snapshot_id,
                 bucket,
+                ..
             } => self.read_lake(&path, snapshot_id, bucket).await,
-            ReadTicket::Union { path, bucket } => self.read_union(&path, bucket).await,
+            ReadTicket::Union { path, bucket, .. } => self.read_union(&path, bucket).await,
         }
     }
 
@@ -152,6 +155,7 @@ impl NodeService {
                         offset: from,
                         max_bytes: None,
                         end_offset: Some(to),
+                        columns: None,
                     },
                     leader,
                     rows: to - from,
