@@ -11,7 +11,8 @@ use datafusion::arrow::array::{
 };
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
-use datafusion::common::{DataFusionError, Result};
+use datafusion::common::stats::Precision;
+use datafusion::common::{DataFusionError, Result, Statistics};
 use datafusion::execution::TaskContext;
 use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::physical_expr::EquivalenceProperties;
@@ -63,6 +64,9 @@ pub enum Part {
 pub struct Describe {
     pub read: &'static str,
     pub detail: String,
+    /// About how many rows the read yields (before the filters above it), as far as
+    /// planning knows: the planner's statistics (join order, build sides).
+    pub rows: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -174,6 +178,9 @@ impl DisplayAs for MinkReadExec {
         if let Some(columns) = &self.columns {
             write!(f, ", columns=[{}]", columns.join(", "))?;
         }
+        if let Some(rows) = self.describe.rows {
+            write!(f, ", rows~{rows}")?;
+        }
         Ok(())
     }
 }
@@ -193,6 +200,16 @@ impl ExecutionPlan for MinkReadExec {
 
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
         vec![]
+    }
+
+    /// The read's expected row count ([`Describe::rows`]), inexact, for the whole
+    /// read: DataFusion orders joins and picks build sides by it.
+    fn partition_statistics(&self, partition: Option<usize>) -> Result<Arc<Statistics>> {
+        let mut stats = Statistics::new_unknown(&self.schema());
+        if let (None, Some(rows)) = (partition, self.describe.rows) {
+            stats.num_rows = Precision::Inexact(usize::try_from(rows).unwrap_or(usize::MAX));
+        }
+        Ok(Arc::new(stats))
     }
 
     fn with_new_children(

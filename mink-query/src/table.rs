@@ -300,6 +300,7 @@ impl MinkTable {
                     Describe {
                         read: "lake",
                         detail: "no snapshot yet".into(),
+                        rows: Some(0),
                     },
                 ));
             }
@@ -308,6 +309,10 @@ impl MinkTable {
         let malformed = |what: &str| {
             MinkError::Internal(format!("lake_snapshot of {path} answered without {what}"))
         };
+        // The live rows of the whole snapshot (what a pruned read yields at most).
+        let number = |key: &str| snapshot.get(key).and_then(|v| v.as_u64());
+        let rows = number("records")
+            .map(|records| records.saturating_sub(number("position_deletes").unwrap_or(0)));
         let id = snapshot
             .get("snapshot_id")
             .and_then(|v| v.as_i64())
@@ -336,6 +341,7 @@ impl MinkTable {
                 Describe {
                     read: "lake",
                     detail: format!("snapshot={id} whole"),
+                    rows,
                 },
             ));
         };
@@ -378,6 +384,7 @@ impl MinkTable {
             Describe {
                 read: "lake",
                 detail,
+                rows,
             },
         ))
     }
@@ -397,11 +404,13 @@ impl MinkTable {
         ) {
             Access::Lookup { keys } => {
                 let detail = format!("keys={}", keys.len());
+                let rows = Some(keys.len() as u64);
                 Ok((
                     vec![Part::Lookup { keys }],
                     Describe {
                         read: "lookup",
                         detail,
+                        rows,
                     },
                 ))
             }
@@ -412,6 +421,7 @@ impl MinkTable {
                     Describe {
                         read: "prefix_lookup",
                         detail,
+                        rows: None,
                     },
                 ))
             }
@@ -421,6 +431,20 @@ impl MinkTable {
                 limit,
             } => {
                 let endpoints = self.endpoints(&partitions, &buckets).await?;
+                // The rows each bucket's log holds up to the cut: a log table's rows,
+                // a primary-key bucket's changes (more than its state: an estimate).
+                // A lake-tiered table's lake is not counted: unknown.
+                let logged: u64 = endpoints
+                    .iter()
+                    .map(|(_, t)| match t {
+                        ReadTicket::Scan {
+                            offset,
+                            end_offset: Some(end),
+                            ..
+                        } => (end - offset).max(0) as u64,
+                        _ => 0,
+                    })
+                    .sum();
                 let mut detail = format!("buckets={}", endpoints.len());
                 pruning(&mut detail, &partitions, &buckets);
                 let union = self.union_of_buckets();
@@ -430,7 +454,7 @@ impl MinkTable {
                     (false, false) => "scan",
                 };
                 let path = &self.info.path;
-                let parts = endpoints
+                let parts: Vec<Part> = endpoints
                     .into_iter()
                     .map(|(addr, ticket)| match (ticket, limit) {
                         // Not a LimitScan: the log may hold fewer rows than the lake.
@@ -466,7 +490,12 @@ impl MinkTable {
                 if let (Some(l), false) = (limit, union) {
                     detail.push_str(&format!(", limit_scan={l}"));
                 }
-                Ok((parts, Describe { read, detail }))
+                let rows = match (union, limit) {
+                    (true, _) => None,
+                    (false, Some(l)) => Some(logged.min(l as u64 * parts.len() as u64)),
+                    (false, None) => Some(logged),
+                };
+                Ok((parts, Describe { read, detail, rows }))
             }
         }
     }

@@ -308,6 +308,10 @@ def test_upserts_partial_updates_deletes_lookups_and_state(client):
     expected.update({("eu", 1): ("one", 100), ("eu", 2): ("u2", 200), ("us", 1): ("a", 1), ("us", 2): ("b", 2)})
     expected[("ap", 9)] = ("new", 9)
     assert state == expected
+    # Read with the key alone besides: the same state, cut to the column asked.
+    scores = t.snapshot(columns=["score"]).to_arrow()
+    assert scores.column_names == ["score"]
+    assert sorted(scores.column("score").to_pylist()) == sorted(v[1] for v in expected.values())
     changes = t.scan(partitions=["eu"]).to_arrow()
     kinds = changes.column("_change_type").to_pylist()
     assert kinds.count("-D") == 1 and kinds.count("+U") == 2 and kinds.count("-U") == 2

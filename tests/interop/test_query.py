@@ -201,6 +201,31 @@ def test_only_the_columns_a_query_needs_cross_from_the_nodes(single):
             assert sql(conn, query).to_pylist() == want, query
 
 
+def test_reads_tell_the_planner_their_rows_and_joins_build_on_the_smaller_side(single):
+    """Statistics: each read says about how many rows it yields (a bucket's log up to
+    the cut; a lookup its keys), EXPLAIN shows it, and DataFusion builds a join's hash
+    table on the smaller input whichever way the query is written."""
+    node, client, q = single
+    load_events_and_users(client)
+    with connect(q) as conn:
+
+        def physical(query):
+            rows = sql(conn, "EXPLAIN " + query).to_pylist()
+            return "\n".join(r["plan"] for r in rows if r["plan_type"] == "physical_plan")
+
+        assert "rows~300" in physical("SELECT * FROM db.events")
+        assert "rows~2" in physical("SELECT * FROM db.users WHERE id IN (2, 3)")
+        for query in [
+            "SELECT u.name, e.msg FROM db.events e JOIN db.users u ON e.id = u.id",
+            "SELECT u.name, e.msg FROM db.users u JOIN db.events e ON e.id = u.id",
+        ]:
+            plan = physical(query)
+            join = plan.index("HashJoinExec")
+            build, probe = plan.index("table=db.users", join), plan.index("table=db.events", join)
+            assert build < probe, plan
+            assert len(sql(conn, query)) == 8
+
+
 def test_positional_parameters_bind_as_drivers_send_them(single):
     """`?` parameters, as the ADBC DB-API (paramstyle qmark), JDBC and SQLAlchemy's
     Flight SQL dialect send them, bind by position in the order they are written;

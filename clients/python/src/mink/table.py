@@ -430,6 +430,9 @@ class Table:
                 stop = _by_bucket(until, names.get(pid) if pid is not None else None, b)
                 if stop is not None:
                     ticket = dict(ticket, end_offset=min(int(ticket.get("end_offset") or 0), int(stop)))
+            if columns is not None:
+                # The node answers those columns alone (docs/protocol.md, `columns`).
+                ticket = dict(ticket, columns=list(columns))
             chosen.append((ticket, address))
         with_changes = self.has_primary_key
 
@@ -476,12 +479,21 @@ class Table:
         self._need_key("snapshot")
         self._check_columns(columns)
         endpoints = self._endpoints()
+        # The columns read from the nodes: those asked, and the key the merge needs.
+        read = None
+        schema = self.arrow_schema
+        if columns is not None:
+            read = [c for c in schema.names if c in columns or c in self.primary_key]
+            schema = pa.schema([schema.field(c) for c in read])
         pieces: list[pa.Table] = []
         for ticket, address in endpoints:
             end = int(ticket.get("end_offset") or 0)
             state: list[pa.RecordBatch] = []
             log_offset = 0
-            for batch, meta in self._read_bucket({"bucket": ticket["bucket"]}, address, "Snapshot"):
+            snapshot: dict[str, Any] = {"bucket": ticket["bucket"]}
+            if read is not None:
+                snapshot["columns"] = read
+            for batch, meta in self._read_bucket(snapshot, address, "Snapshot"):
                 state.append(batch)
                 log_offset = int(meta.get("log_offset", log_offset))
             if not state:
@@ -492,11 +504,13 @@ class Table:
             types: list[str] = []
             if log_offset < end:
                 scan = dict(ticket, offset=log_offset, end_offset=end)
+                if read is not None:
+                    scan["columns"] = read
                 for batch, meta in self._read_bucket(scan, address):
                     changes.append(batch)
                     types += meta.get("change_types") or ["+I"] * batch.num_rows
-            pieces.append(_merge(self.arrow_schema, self.primary_key, state, changes, types))
-        table = pa.concat_tables(pieces) if pieces else self.arrow_schema.empty_table()
+            pieces.append(_merge(schema, self.primary_key, state, changes, types))
+        table = pa.concat_tables(pieces) if pieces else schema.empty_table()
         if columns is not None:
             table = table.select(list(columns))
         return ScanResult(iter(table.to_batches()), table.schema)
