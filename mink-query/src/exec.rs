@@ -67,6 +67,8 @@ pub struct Describe {
     /// About how many rows the read yields (before the filters above it), as far as
     /// planning knows: the planner's statistics (join order, build sides).
     pub rows: Option<u64>,
+    /// Whether `rows` is exact (then DataFusion may answer `count(*)` from it).
+    pub rows_exact: bool,
 }
 
 #[derive(Debug)]
@@ -202,12 +204,18 @@ impl ExecutionPlan for MinkReadExec {
         vec![]
     }
 
-    /// The read's expected row count ([`Describe::rows`]), inexact, for the whole
-    /// read: DataFusion orders joins and picks build sides by it.
+    /// The read's row count ([`Describe::rows`]) for the whole read: DataFusion
+    /// orders joins and picks build sides by it, and answers `count(*)` from an exact
+    /// one.
     fn partition_statistics(&self, partition: Option<usize>) -> Result<Arc<Statistics>> {
         let mut stats = Statistics::new_unknown(&self.schema());
         if let (None, Some(rows)) = (partition, self.describe.rows) {
-            stats.num_rows = Precision::Inexact(usize::try_from(rows).unwrap_or(usize::MAX));
+            let rows = usize::try_from(rows).unwrap_or(usize::MAX);
+            stats.num_rows = if self.describe.rows_exact {
+                Precision::Exact(rows)
+            } else {
+                Precision::Inexact(rows)
+            };
         }
         Ok(Arc::new(stats))
     }

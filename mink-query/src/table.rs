@@ -301,6 +301,7 @@ impl MinkTable {
                         read: "lake",
                         detail: "no snapshot yet".into(),
                         rows: Some(0),
+                        rows_exact: false,
                     },
                 ));
             }
@@ -342,6 +343,7 @@ impl MinkTable {
                     read: "lake",
                     detail: format!("snapshot={id} whole"),
                     rows,
+                    rows_exact: false,
                 },
             ));
         };
@@ -385,6 +387,7 @@ impl MinkTable {
                 read: "lake",
                 detail,
                 rows,
+                rows_exact: false,
             },
         ))
     }
@@ -411,6 +414,7 @@ impl MinkTable {
                         read: "lookup",
                         detail,
                         rows,
+                        rows_exact: false,
                     },
                 ))
             }
@@ -422,6 +426,7 @@ impl MinkTable {
                         read: "prefix_lookup",
                         detail,
                         rows: None,
+                        rows_exact: false,
                     },
                 ))
             }
@@ -495,7 +500,22 @@ impl MinkTable {
                     (false, Some(l)) => Some(logged.min(l as u64 * parts.len() as u64)),
                     (false, None) => Some(logged),
                 };
-                Ok((parts, Describe { read, detail, rows }))
+                // A log table's offsets are its rows, one each, and the read yields
+                // every row of `[start, cut)` of the buckets chosen: the count is
+                // exact (DataFusion answers `count(*)` from it, reading nothing). A
+                // primary-key table's log holds changes, and sequence markers that
+                // take an offset without a row.
+                let rows_exact =
+                    !union && limit.is_none() && !self.info.descriptor.has_primary_key();
+                Ok((
+                    parts,
+                    Describe {
+                        read,
+                        detail,
+                        rows,
+                        rows_exact,
+                    },
+                ))
             }
         }
     }
