@@ -71,6 +71,18 @@ pub struct Describe {
     pub rows_exact: bool,
 }
 
+impl Describe {
+    /// A read whose row count, when known, is an estimate.
+    pub fn estimated(read: &'static str, detail: impl Into<String>, rows: Option<u64>) -> Self {
+        Self {
+            read,
+            detail: detail.into(),
+            rows,
+            rows_exact: false,
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct MinkReadExec {
     nodes: Arc<Nodes>,

@@ -297,12 +297,7 @@ impl MinkTable {
             Err(MinkError::NotFound(m)) if m.starts_with("a lake snapshot of") => {
                 return Ok((
                     vec![],
-                    Describe {
-                        read: "lake",
-                        detail: "no snapshot yet".into(),
-                        rows: Some(0),
-                        rows_exact: false,
-                    },
+                    Describe::estimated("lake", "no snapshot yet", Some(0)),
                 ));
             }
             Err(e) => return Err(e),
@@ -339,12 +334,7 @@ impl MinkTable {
             // A bucket name this reader does not know: the snapshot read whole.
             return Ok((
                 vec![lake(None)],
-                Describe {
-                    read: "lake",
-                    detail: format!("snapshot={id} whole"),
-                    rows,
-                    rows_exact: false,
-                },
+                Describe::estimated("lake", format!("snapshot={id} whole"), rows),
             ));
         };
         let (partitions, buckets) = match decide(
@@ -381,15 +371,7 @@ impl MinkTable {
             .collect();
         let mut detail = format!("snapshot={id} buckets={}", parts.len());
         pruning(&mut detail, &partitions, &buckets);
-        Ok((
-            parts,
-            Describe {
-                read: "lake",
-                detail,
-                rows,
-                rows_exact: false,
-            },
-        ))
+        Ok((parts, Describe::estimated("lake", detail, rows)))
     }
 
     async fn bucket_parts(
@@ -410,24 +392,14 @@ impl MinkTable {
                 let rows = Some(keys.len() as u64);
                 Ok((
                     vec![Part::Lookup { keys }],
-                    Describe {
-                        read: "lookup",
-                        detail,
-                        rows,
-                        rows_exact: false,
-                    },
+                    Describe::estimated("lookup", detail, rows),
                 ))
             }
             Access::PrefixLookup { prefix } => {
                 let detail = format!("prefix={}", serde_json::Value::from(prefix.clone()));
                 Ok((
                     vec![Part::PrefixLookup { prefix }],
-                    Describe {
-                        read: "prefix_lookup",
-                        detail,
-                        rows: None,
-                        rows_exact: false,
-                    },
+                    Describe::estimated("prefix_lookup", detail, None),
                 ))
             }
             Access::Scan {
@@ -436,20 +408,7 @@ impl MinkTable {
                 limit,
             } => {
                 let endpoints = self.endpoints(&partitions, &buckets).await?;
-                // The rows each bucket's log holds up to the cut: a log table's rows,
-                // a primary-key bucket's changes (more than its state: an estimate).
-                // A lake-tiered table's lake is not counted: unknown.
-                let logged: u64 = endpoints
-                    .iter()
-                    .map(|(_, t)| match t {
-                        ReadTicket::Scan {
-                            offset,
-                            end_offset: Some(end),
-                            ..
-                        } => (end - offset).max(0) as u64,
-                        _ => 0,
-                    })
-                    .sum();
+                let logged = logged_rows(&endpoints);
                 let mut detail = format!("buckets={}", endpoints.len());
                 pruning(&mut detail, &partitions, &buckets);
                 let union = self.union_of_buckets();
@@ -500,25 +459,34 @@ impl MinkTable {
                     (false, Some(l)) => Some(logged.min(l as u64 * parts.len() as u64)),
                     (false, None) => Some(logged),
                 };
+                let mut describe = Describe::estimated(read, detail, rows);
                 // A log table's offsets are its rows, one each, and the read yields
                 // every row of `[start, cut)` of the buckets chosen: the count is
                 // exact (DataFusion answers `count(*)` from it, reading nothing). A
                 // primary-key table's log holds changes, and sequence markers that
                 // take an offset without a row.
-                let rows_exact =
+                describe.rows_exact =
                     !union && limit.is_none() && !self.info.descriptor.has_primary_key();
-                Ok((
-                    parts,
-                    Describe {
-                        read,
-                        detail,
-                        rows,
-                        rows_exact,
-                    },
-                ))
+                Ok((parts, describe))
             }
         }
     }
+}
+
+/// The rows the endpoints' logs hold up to the cut: a log table's rows, a primary-key
+/// table's changes (more than its state). A lake-tiered table's lake is not counted.
+fn logged_rows(endpoints: &[(String, ReadTicket)]) -> u64 {
+    endpoints
+        .iter()
+        .map(|(_, t)| match t {
+            ReadTicket::Scan {
+                offset,
+                end_offset: Some(end),
+                ..
+            } => (end - offset).max(0) as u64,
+            _ => 0,
+        })
+        .sum()
 }
 
 /// The pruning of a read, for EXPLAIN.
