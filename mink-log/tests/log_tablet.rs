@@ -833,6 +833,54 @@ async fn a_kafka_producer_goes_on_across_the_sequence_wrap() {
     assert_eq!(all_ids(&tablet).await, (0..8).collect::<Vec<_>>());
 }
 
+/// A sequence marker (a primary-key Put that changed nothing) of a Kafka producer that
+/// bumped its epoch is logged under the producer's rules: its writer id carries the
+/// epoch, which Flight writer rules refuse.
+#[tokio::test]
+async fn a_producers_sequence_marker_is_logged_under_its_epoch() {
+    let env = Env::new().await;
+    let stream = env.node.open_stream("t1-b0", 1).await.unwrap();
+    let tablet = LogTablet::open(BUCKET, stream, true, vec![schema()], LogConfig::default())
+        .await
+        .unwrap();
+    let bumped = mink_types::writer_id(9, 1).unwrap();
+    let first = AppendRequest {
+        change_types: Some(vec![mink_types::ChangeType::UpdateAfter]),
+        ..req(bumped, 0, 0..1)
+    };
+    tablet
+        .submit_producer(first)
+        .await
+        .unwrap()
+        .wait()
+        .await
+        .unwrap();
+    let refused = tablet.submit_marker(bumped, (1, 1), 1, false).await.err();
+    assert!(
+        matches!(&refused, Some(MinkError::InvalidArgument { field, .. }) if field == "writer_id"),
+        "{refused:?}"
+    );
+    let marker = tablet.submit_marker(bumped, (1, 1), 1, true).await.unwrap();
+    let marker = marker.wait().await.unwrap();
+    assert_eq!(
+        (marker.first_offset, marker.last_offset),
+        (2, 1),
+        "an empty range"
+    );
+    let next = AppendRequest {
+        change_types: Some(vec![mink_types::ChangeType::UpdateAfter]),
+        ..req(bumped, 2, 1..2)
+    };
+    let next = tablet
+        .submit_producer(next)
+        .await
+        .unwrap()
+        .wait()
+        .await
+        .unwrap();
+    assert_eq!(next.first_offset, 2);
+}
+
 /// A Kafka producer's first batch at a tablet must start at sequence 0: a later one
 /// that arrives first is refused (`UnknownWriter`) and changes nothing, so it cannot
 /// overtake the first. Other in-order writers may start anywhere (a primary-key tablet
