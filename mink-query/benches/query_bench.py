@@ -104,19 +104,9 @@ def spread(values, unit="", digits=2):
     return f"{lo:.{digits}f} / {mid:.{digits}f} / {hi:.{digits}f}{unit}"
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--bin-dir", required=True)
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--runs", type=int, default=5)
-    args = ap.parse_args()
-    rows = 1_000_000 if args.quick else 10_000_000
-    runs = 1 if args.quick else args.runs
-    keys = 20_000 if args.quick else 100_000
-    points = 200 if args.quick else 1000
-    bin_dir = pathlib.Path(args.bin_dir)
-
-    work = pathlib.Path(tempfile.mkdtemp(prefix="mink-bench-query-"))
+def start(bin_dir, work, node_env=None):
+    """A release mink-node on `work` (file://) and a mink-query against it, on ports
+    the OS chose."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("MINK_")}
     node = Proc(
         [str(bin_dir / "mink-node")],
@@ -127,7 +117,7 @@ def main():
             "MINK_LISTENERS__FLIGHT": "127.0.0.1:0",
             "MINK_LISTENERS__ADMIN": "127.0.0.1:0",
             "MINK_LISTENERS__KAFKA": "127.0.0.1:0",
-            "MINK_LAKE__CHECK_INTERVAL_MS": "200",
+            **(node_env or {}),
         },
         r"Flight listening on 127\.0\.0\.1:(\d+)",
     )
@@ -141,6 +131,23 @@ def main():
         },
         r"Flight SQL listening on 127\.0\.0\.1:(\d+)",
     )
+    return node, query
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin-dir", required=True)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--runs", type=int, default=5)
+    args = ap.parse_args()
+    rows = 1_000_000 if args.quick else 10_000_000
+    runs = 1 if args.quick else args.runs
+    keys = 20_000 if args.quick else 100_000
+    points = 200 if args.quick else 1000
+    bin_dir = pathlib.Path(args.bin_dir)
+
+    work = pathlib.Path(tempfile.mkdtemp(prefix="mink-bench-query-"))
+    node, query = start(bin_dir, work, {"MINK_LAKE__CHECK_INTERVAL_MS": "200"})
     try:
         report = run(node, query, work, rows, runs, keys, points)
     finally:

@@ -30,7 +30,7 @@ import pyarrow.flight as flight
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from query_bench import Proc, action, log, put, spread  # noqa: E402
+from query_bench import action, log, put, spread, start  # noqa: E402
 
 TABLES = ["nation", "region", "part", "supplier", "partsupp", "customer", "orders", "lineitem"]
 ROWS_PER_PUT = 100_000
@@ -127,29 +127,7 @@ def main():
         pq.write_table(plain(con.execute(f"SELECT * FROM {t}").to_arrow_table()), parquet / f"{t}.parquet")
     con.close()
 
-    base = {k: v for k, v in os.environ.items() if not k.startswith("MINK_")}
-    node = Proc(
-        [str(bin_dir / "mink-node")],
-        {
-            **base,
-            "RUST_LOG": "warn,mink_node=info",
-            "MINK_DATA_DIR": str(work / "node"),
-            "MINK_LISTENERS__FLIGHT": "127.0.0.1:0",
-            "MINK_LISTENERS__ADMIN": "127.0.0.1:0",
-            "MINK_LISTENERS__KAFKA": "127.0.0.1:0",
-        },
-        r"Flight listening on 127\.0\.0\.1:(\d+)",
-    )
-    query = Proc(
-        [str(bin_dir / "mink-query")],
-        {
-            **base,
-            "RUST_LOG": "warn,mink_query=info",
-            "MINK_QUERY_LISTEN": "127.0.0.1:0",
-            "MINK_QUERY_NODES": f'["127.0.0.1:{node.port}"]',
-        },
-        r"Flight SQL listening on 127\.0\.0\.1:(\d+)",
-    )
+    node, query = start(bin_dir, work)
     try:
         report = run(node, query, parquet, queries, sf, runs)
     finally:

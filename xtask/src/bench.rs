@@ -113,18 +113,7 @@ pub fn run(root: &Path, name: &str, quick: bool) -> Result<()> {
             .join("benches")
             .join(format!("requirements-{name}.txt"));
         if extra.exists() {
-            crate::run_checked(
-                Command::new(&python)
-                    .args([
-                        "-m",
-                        "pip",
-                        "install",
-                        "--quiet",
-                        "--disable-pip-version-check",
-                        "-r",
-                    ])
-                    .arg(&extra),
-            )?;
+            crate::python::pip_install(&python, &extra)?;
         }
         let mut cmd = Command::new(python);
         cmd.current_dir(root)

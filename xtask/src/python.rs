@@ -22,8 +22,15 @@ pub fn ensure_venv(root: &Path) -> Result<PathBuf> {
     eprintln!("interop: creating {} ...", venv.display());
     let interpreter = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
     run_checked(Command::new(&interpreter).args(["-m", "venv"]).arg(&venv))?;
+    pip_install(&python, &requirements)?;
+    std::fs::write(&stamp, wanted).context("cannot write the venv stamp")?;
+    Ok(python)
+}
+
+/// Installs `requirements` (a pip requirements file) with the venv's `python`.
+pub fn pip_install(python: &Path, requirements: &Path) -> Result<()> {
     run_checked(
-        Command::new(&python)
+        Command::new(python)
             .args([
                 "-m",
                 "pip",
@@ -32,8 +39,6 @@ pub fn ensure_venv(root: &Path) -> Result<PathBuf> {
                 "--disable-pip-version-check",
                 "-r",
             ])
-            .arg(&requirements),
-    )?;
-    std::fs::write(&stamp, wanted).context("cannot write the venv stamp")?;
-    Ok(python)
+            .arg(requirements),
+    )
 }
