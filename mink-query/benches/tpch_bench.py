@@ -33,7 +33,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from query_bench import action, log, put, spread, start  # noqa: E402
 
 TABLES = ["nation", "region", "part", "supplier", "partsupp", "customer", "orders", "lineitem"]
-ROWS_PER_PUT = 100_000
+ROWS_PER_PUT = 50_000  # lineitem rows are ~170 bytes: within log.batch_bytes_max (16 MiB)
 
 
 def duck():
@@ -109,10 +109,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin-dir", required=True)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--sf", type=float, default=None)
+    # MINK_BENCH_TPCH_SF sets it through `cargo xtask bench tpch` (default 0.1).
+    ap.add_argument("--sf", type=float, default=float(os.environ.get("MINK_BENCH_TPCH_SF", "0.1")))
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args()
-    sf = args.sf if args.sf is not None else (0.01 if args.quick else 0.1)
+    sf = 0.01 if args.quick else args.sf
     runs = 1 if args.quick else args.runs
     bin_dir = pathlib.Path(args.bin_dir)
     work = pathlib.Path(tempfile.mkdtemp(prefix="mink-bench-tpch-"))
