@@ -144,7 +144,8 @@ class Client:
 
     def sql(self, query: str, parameters: Sequence[Any] | None = None) -> pa.Table:
         """Runs ``query`` on ``mink-query`` (Flight SQL, through the ADBC driver: install
-        ``mink-client[sql]``) and returns its rows as a ``pyarrow.Table``."""
+        ``mink-client[sql]``) and returns its rows as a ``pyarrow.Table``. ``parameters``
+        bind its ``?`` (or ``$1``, ``$2``, ...) placeholders by position."""
         if self._sql_address is None:
             raise Unimplemented(
                 "not implemented: no SQL address; connect with mink.connect(..., sql=\"grpc://host:9130\")"
