@@ -1,7 +1,10 @@
 //! `cargo xtask bench cost`: what a node costs on S3 under steady ingest. One node,
 //! in-process, on an in-memory store with S3-like latency (20 ms PUT, 10 ms GET), takes
-//! a steady (open-loop) stream of appends at 1, 10 and 50 MB/s through the Rust client
-//! with `wal.linger_ms` 0, 10, 50 and 250. The node's own request accounting counts
+//! a steady (open-loop) stream of appends at 1, 10 and 50 MB/s through the Rust client,
+//! with the WAL settings a node takes on S3 by default (a PUT budget of
+//! `wal.put_rate_max` 10 a second, `wal.linger_ms` 250 as the most it may add), and
+//! without a budget at `wal.linger_ms` 0 (the default on a local directory), 50 and 250.
+//! The node's own request accounting counts
 //! every object-store request of a measured window, by operation; the client measures
 //! each append's acknowledgement latency. The monthly bill uses S3 Standard list
 //! prices: $0.005 per 1,000 PUT/LIST requests, $0.0004 per 1,000 GET/HEAD requests
@@ -42,6 +45,41 @@ const GET_PRICE: f64 = mink_wal::accounting::Op::Get.list_price_usd();
 /// Keys of one sender on the primary-key table: after its first 16 appends, every row
 /// it sends is an update.
 const KEYS_PER_SENDER: usize = 16 * ROWS;
+
+/// The WAL's group-commit settings of a cell.
+#[derive(Clone, Copy)]
+enum Wal {
+    /// The default on S3: a PUT budget, the default linger as its bound.
+    Budget(u32),
+    /// No budget, a fixed linger.
+    Linger(u64),
+}
+
+impl Wal {
+    fn label(self) -> String {
+        match self {
+            Wal::Budget(n) => format!(
+                "budget {n}/s, linger ≤ {} ms (S3 default)",
+                mink_wal::DEFAULT_BUDGET_LINGER_MS
+            ),
+            Wal::Linger(0) => "no budget, linger 0".into(),
+            Wal::Linger(ms) => format!("no budget, linger {ms} ms"),
+        }
+    }
+
+    fn apply(self, wal: &mut mink_wal::WalConfig) {
+        match self {
+            Wal::Budget(n) => {
+                wal.put_rate_max = Some(n);
+                wal.linger_ms = None;
+            }
+            Wal::Linger(ms) => {
+                wal.put_rate_max = Some(0);
+                wal.linger_ms = Some(ms);
+            }
+        }
+    }
+}
 
 #[derive(Clone, Copy, PartialEq)]
 enum Kind {
@@ -137,7 +175,7 @@ struct Cell {
 async fn cell(
     kind: Kind,
     target_mbps: f64,
-    linger_ms: u64,
+    settings: Wal,
     warmup: Duration,
     window: Duration,
 ) -> Cell {
@@ -157,7 +195,7 @@ async fn cell(
     config.listeners.flight = "127.0.0.1:0".parse().unwrap();
     config.listeners.admin = "127.0.0.1:0".parse().unwrap();
     config.listeners.kafka = "127.0.0.1:0".parse().unwrap();
-    config.wal.linger_ms = linger_ms;
+    settings.apply(&mut config.wal);
     let node = Node::start_with_store(config, store).await.unwrap();
     let addr = node.flight_addr.to_string();
     let admin = MinkClient::connect(&addr).await.unwrap();
@@ -270,7 +308,7 @@ async fn main() {
     println!(
         "One node in-process on an in-memory store with 20 ms PUT and 10 ms GET latency; \
          {SENDERS} clients send appends of {ROWS} rows (~256 KiB) open-loop at the target \
-         rate over {BUCKETS} buckets; default WAL settings but `linger_ms`. Requests are \
+         rate over {BUCKETS} buckets; default WAL settings but those named. Requests are \
          the node's own accounting over a {} s window after {} s of warm-up (compaction \
          every 30 s is included; with a shorter window it may fall outside). PUTs include \
          heartbeats, metadata and segments; the bill counts PUT and LIST at $0.005 and \
@@ -285,21 +323,21 @@ async fn main() {
         KEYS_PER_SENDER
     );
     println!(
-        "| table | target MB/s | linger_ms | achieved MB/s | PUTs/s (WAL) | MiB per WAL PUT | GETs/s | LISTs/s | ack p50 | ack p99 | $/month | stored bytes per byte sent |"
+        "| table | target MB/s | WAL settings | achieved MB/s | PUTs/s (WAL) | MiB per WAL PUT | GETs/s | LISTs/s | ack p50 | ack p99 | $/month | stored bytes per byte sent |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let budget = Wal::Budget(mink_wal::DEFAULT_PUT_RATE_MAX);
+    let settings = [budget, Wal::Linger(0), Wal::Linger(50), Wal::Linger(250)];
     let cells = [1.0, 10.0, 50.0]
         .into_iter()
-        .flat_map(|t| [0u64, 10, 50, 250].map(|l| (Kind::Log, t, l)))
-        .chain([0u64, 50].map(|l| (Kind::PrimaryKey, 10.0, l)));
-    for (kind, target, linger) in cells {
-        eprintln!(
-            "cost: {} table, {target} MB/s, linger {linger} ms",
-            kind.name()
-        );
-        let c = cell(kind, target, linger, warmup, window).await;
+        .flat_map(|t| settings.map(|w| (Kind::Log, t, w)))
+        .chain([budget, Wal::Linger(0)].map(|w| (Kind::PrimaryKey, 10.0, w)));
+    for (kind, target, settings) in cells {
+        let label = settings.label();
+        eprintln!("cost: {} table, {target} MB/s, {label}", kind.name());
+        let c = cell(kind, target, settings, warmup, window).await;
         println!(
-            "| {} | {target:.0} | {linger} | {:.1} | {:.1} ({:.1}) | {:.2} | {:.1} | {:.2} | {:.1} ms | {:.1} ms | {:.0} | {:.2} |",
+            "| {} | {target:.0} | {label} | {:.1} | {:.1} ({:.1}) | {:.2} | {:.1} | {:.2} | {:.1} ms | {:.1} ms | {:.0} | {:.2} |",
             kind.name(),
             c.mbps,
             c.puts_per_s,

@@ -353,6 +353,7 @@ function CostPage() {
         <${Card} k="WAL ack p50" v=${ms(now.quantiles.wal_ack_p50_s)} testid="ack50" />
         <${Card} k="WAL ack p99" v=${ms(now.quantiles.wal_ack_p99_s)} testid="ack99" />
         <${Card} k="WAL upload p50" v=${bytes(now.quantiles.upload_bytes_p50)} />
+        <${Card} k="WAL PUTs / s (budget)" v=${now.wal_put_rate_max ? `${fixed(now.per_s.wal_uploads, 1)} of ${fixed(now.wal_put_rate_max, 0)} (${fixed(now.wal_put_budget_used * 100, 0)}%)` : `${fixed(now.per_s.wal_uploads, 1)} (no budget)`} testid="budget" />
         <${Card} k="failures / s" v=${fixed(now.failures_per_s, 2)} />
         <${Card} k="throttled (503 SlowDown, 429) / s" v=${fixed(now.per_s.http_throttled, 2)} testid="throttled" />
         <${Card} k="HTTP attempts / s (retries included)" v=${fixed(now.per_s.http_requests, 1)} />

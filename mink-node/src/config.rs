@@ -184,7 +184,8 @@ impl MinkConfig {
         Ok(config)
     }
 
-    /// Fills defaults that depend on other values: the object store URL.
+    /// Fills defaults that depend on other values: the object store URL, and the WAL's
+    /// PUT budget and linger (which depend on the store).
     fn fill_derived(&mut self) -> Result<(), ConfigError> {
         if self.object_store.url.is_empty() {
             let dir = std::path::absolute(self.data_dir.join("objects")).map_err(|e| {
@@ -195,6 +196,9 @@ impl MinkConfig {
             })?;
             self.object_store.url = format!("file://{}", dir.display());
         }
+        // A PUT budget where requests are billed.
+        self.wal
+            .resolve_defaults(self.object_store.url.starts_with("s3://"));
         Ok(())
     }
 
@@ -308,7 +312,30 @@ mod tests {
             assert_eq!(config.kafka.group_offsets_ttl_ms, 604_800_000);
             assert_eq!(config.kafka.database, "kafka");
             assert_eq!(config.kv.backend, mink_kv::KvBackend::Fjall);
-            assert_eq!(config.wal.linger_ms, 0);
+            // A local directory bills no requests: no PUT budget, no linger.
+            assert_eq!(config.wal.linger_ms, Some(0));
+            assert_eq!(config.wal.put_rate_max, Some(0));
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn an_s3_store_gets_a_put_budget_unless_one_is_set() {
+        Jail::expect_with(|jail| {
+            jail.set_env("MINK_OBJECT_STORE__URL", "s3://bucket/prefix");
+            let config = MinkConfig::load(None).unwrap();
+            assert_eq!(
+                config.wal.put_rate_max,
+                Some(mink_wal::DEFAULT_PUT_RATE_MAX)
+            );
+            assert_eq!(
+                config.wal.linger_ms,
+                Some(mink_wal::DEFAULT_BUDGET_LINGER_MS)
+            );
+            jail.set_env("MINK_WAL__PUT_RATE_MAX", "0");
+            let config = MinkConfig::load(None).unwrap();
+            assert_eq!(config.wal.put_rate_max, Some(0));
+            assert_eq!(config.wal.linger_ms, Some(0));
             Ok(())
         });
     }
@@ -324,7 +351,7 @@ mod tests {
             jail.set_env("MINK_ADDR", "somewhere:1");
             let config = MinkConfig::load(None).unwrap();
             assert_eq!(config.node_id, "n7");
-            assert_eq!(config.wal.linger_ms, 9);
+            assert_eq!(config.wal.linger_ms, Some(9));
             assert_eq!(config.kv.backend, mink_kv::KvBackend::Redb);
             Ok(())
         });

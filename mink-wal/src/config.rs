@@ -88,9 +88,19 @@ pub struct WalConfig {
     /// A group (one WAL object, one PUT) closes when it reaches this many bytes; no
     /// WAL object is larger than this plus one append. At most 4 GiB. Default 8 MiB.
     pub group_bytes_max: u64,
-    /// How long an open group waits for more appends before it is uploaded, in
-    /// milliseconds. Default 0: an idle writer uploads at once.
-    pub linger_ms: u64,
+    /// The longest an open group waits for more appends before it is uploaded, in
+    /// milliseconds. With a PUT budget (`put_rate_max`) a group is uploaded at once
+    /// while the budget allows, and this bounds the latency the budget may add; without
+    /// one every group waits this long. Default: 250 with a budget, 0 without.
+    pub linger_ms: Option<u64>,
+    /// The WAL PUTs a second the node aims to stay under (its group-commit budget): a
+    /// token bucket of this many uploads a second, holding one second's worth. While
+    /// it has a token a group is uploaded at once (an idle or lightly loaded node
+    /// acknowledges in one PUT); when it has none, the group waits for the next token,
+    /// growing with what arrives, but never longer than `linger_ms`. Full groups
+    /// (`group_bytes_max`) go at once. 0: no budget. Default: 10 on S3, where every
+    /// request is billed; none on a local directory or in memory.
+    pub put_rate_max: Option<u32>,
     /// Uploads in flight at once; acks still come in upload order. Default 4.
     pub inflight_uploads_max: u32,
     /// The longest a cork (the parts of one table write being enqueued) holds back the
@@ -138,7 +148,8 @@ impl Default for WalConfig {
     fn default() -> Self {
         Self {
             group_bytes_max: 8 << 20,
-            linger_ms: 0,
+            linger_ms: None,
+            put_rate_max: None,
             inflight_uploads_max: 4,
             cork_max_ms: 2,
             pending_bytes_max: 64 << 20,
@@ -153,7 +164,39 @@ impl Default for WalConfig {
     }
 }
 
+/// `wal.put_rate_max` on a store that bills per request (S3): at 10 PUTs a second a
+/// node's WAL costs about $130 a month in requests at S3 Standard's list price, and
+/// 50 MB/s fits in groups of 5 MB (docs/benchmarks.md, bench cost).
+pub const DEFAULT_PUT_RATE_MAX: u32 = 10;
+/// `wal.linger_ms` when a PUT budget is kept: the most the budget adds to an ack.
+pub const DEFAULT_BUDGET_LINGER_MS: u64 = 250;
+
 impl WalConfig {
+    /// The PUT budget in effect, uploads a second (0: none).
+    pub fn put_rate(&self) -> u32 {
+        self.put_rate_max.unwrap_or(0)
+    }
+
+    /// The linger in effect (see `linger_ms`).
+    pub fn linger(&self) -> std::time::Duration {
+        let default = if self.put_rate() > 0 {
+            DEFAULT_BUDGET_LINGER_MS
+        } else {
+            0
+        };
+        std::time::Duration::from_millis(self.linger_ms.unwrap_or(default))
+    }
+
+    /// Fills the defaults that depend on the store: a budget where requests are
+    /// billed (`billed`, an S3 store), none elsewhere; then the linger that goes with
+    /// it. Values set explicitly stay.
+    pub fn resolve_defaults(&mut self, billed: bool) {
+        self.put_rate_max
+            .get_or_insert(if billed { DEFAULT_PUT_RATE_MAX } else { 0 });
+        let linger = self.linger().as_millis() as u64;
+        self.linger_ms.get_or_insert(linger);
+    }
+
     /// Checks the values; the error names the key.
     pub fn validate(&self) -> Result<(), String> {
         if self.group_bytes_max == 0 {
@@ -180,6 +223,12 @@ impl WalConfig {
         }
         if self.compaction_wal_objects_max == 0 {
             return Err("wal.compaction_wal_objects_max must be at least 1".into());
+        }
+        if self.linger_ms.is_some_and(|ms| ms > 60_000) {
+            return Err("wal.linger_ms must be at most 60000".into());
+        }
+        if self.put_rate_max.is_some_and(|n| n > 100_000) {
+            return Err("wal.put_rate_max must be at most 100000 (0: no budget)".into());
         }
         if self.segment_merge_fanin == 1 {
             return Err("wal.segment_merge_fanin must be 0 (off) or at least 2".into());
@@ -233,6 +282,20 @@ mod tests {
             ),
             (
                 WalConfig {
+                    linger_ms: Some(60_001),
+                    ..Default::default()
+                },
+                "wal.linger_ms",
+            ),
+            (
+                WalConfig {
+                    put_rate_max: Some(100_001),
+                    ..Default::default()
+                },
+                "wal.put_rate_max",
+            ),
+            (
+                WalConfig {
                     segment_merge_fanin: 1,
                     ..Default::default()
                 },
@@ -250,5 +313,30 @@ mod tests {
         };
         assert_eq!(largest.validate(), Ok(()));
         assert_eq!(WalConfig::default().validate(), Ok(()));
+    }
+
+    #[test]
+    fn the_budget_and_its_linger_default_by_store() {
+        let mut s3 = WalConfig::default();
+        s3.resolve_defaults(true);
+        assert_eq!(s3.put_rate_max, Some(DEFAULT_PUT_RATE_MAX));
+        assert_eq!(s3.linger_ms, Some(DEFAULT_BUDGET_LINGER_MS));
+        let mut local = WalConfig::default();
+        local.resolve_defaults(false);
+        assert_eq!((local.put_rate_max, local.linger_ms), (Some(0), Some(0)));
+        // What is set stays: a fixed linger without a budget, or a budget with its own.
+        let mut fixed = WalConfig {
+            linger_ms: Some(50),
+            put_rate_max: Some(0),
+            ..Default::default()
+        };
+        fixed.resolve_defaults(true);
+        assert_eq!((fixed.put_rate(), fixed.linger().as_millis()), (0, 50));
+        let mut own = WalConfig {
+            put_rate_max: Some(4),
+            ..Default::default()
+        };
+        own.resolve_defaults(false);
+        assert_eq!((own.put_rate(), own.linger().as_millis()), (4, 250));
     }
 }

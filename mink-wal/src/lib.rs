@@ -26,7 +26,9 @@ pub mod store;
 pub mod stream;
 
 pub use accounting::{Accounting, AccountingReport, Op, Purpose, Stores};
-pub use config::{ObjectStoreConfig, REDACTED, WalConfig};
+pub use config::{
+    DEFAULT_BUDGET_LINGER_MS, DEFAULT_PUT_RATE_MAX, ObjectStoreConfig, REDACTED, WalConfig,
+};
 pub use error::{WalError, WalResult};
 pub use format::Record;
 pub use objectlog::{Appended, LogState, ObjectLog, ObjectLogOptions};

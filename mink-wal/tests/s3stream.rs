@@ -127,7 +127,7 @@ async fn acks_come_in_upload_order(t: TestStore) {
         store.clone(),
         "n1",
         WalConfig {
-            linger_ms: 1,
+            linger_ms: Some(1),
             inflight_uploads_max: 4,
             ..config()
         },
@@ -1355,7 +1355,7 @@ async fn a_group_never_outgrows_group_bytes_max() {
     let config = WalConfig {
         group_bytes_max: 16 << 10,
         inflight_uploads_max: 1,
-        linger_ms: 5,
+        linger_ms: Some(5),
         ..config()
     };
     let node = StreamStore::open(store.clone(), "n1", config)
@@ -1386,6 +1386,74 @@ async fn a_group_never_outgrows_group_bytes_max() {
         "a WAL object of {largest} bytes with group_bytes_max 16 KiB"
     );
     assert_eq!(read_all(&s).await.len(), 200);
+}
+
+/// With a PUT budget, an idle writer still uploads each append at once (the first
+/// appends each make their own WAL object), and appends that keep coming faster than
+/// the budget share uploads: over the run the writer makes no more uploads than the
+/// budget's burst, its rate over the elapsed time, and one per linger (the groups that
+/// outwait it go without a token), plus one in flight per slot.
+#[tokio::test]
+async fn a_put_budget_grows_the_groups_instead_of_the_request_rate() {
+    let t = common::memory();
+    let faulty = FaultyStore::new(
+        t.store.clone(),
+        FaultConfig {
+            put_latency: Duration::from_millis(5),
+            ..FaultConfig::default()
+        },
+    );
+    let store: Arc<dyn ObjectStore> = Arc::new(faulty);
+    let (per_s, linger_ms) = (5u32, 400u64);
+    let config = WalConfig {
+        put_rate_max: Some(per_s),
+        linger_ms: Some(linger_ms),
+        ..config()
+    };
+    let node = StreamStore::open(store.clone(), "n1", config)
+        .await
+        .unwrap();
+    let s = node.open_stream("s", 1).await.unwrap();
+    // Idle: one append, one upload, sealed without waiting for a linger.
+    for i in 0..3u64 {
+        s.append_durable(1, 1, 0, payload("s", i)).await.unwrap();
+        assert_eq!(wal_objects(&t.store).await, i as usize + 1);
+    }
+    // Then 16 appenders, back to back, for 300 appends.
+    let started = std::time::Instant::now();
+    let next = Arc::new(std::sync::atomic::AtomicU64::new(3));
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let (s, next) = (s.clone(), next.clone());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                if i >= 303 {
+                    return;
+                }
+                s.append_durable(1, 1, 0, payload("s", i)).await.unwrap();
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let uploads = wal_objects(&t.store).await - 3;
+    let bound = f64::from(per_s) // the burst (three tokens spent above may have refilled)
+        + f64::from(per_s) * elapsed
+        + elapsed / (linger_ms as f64 / 1000.0)
+        + 1.0
+        + 4.0; // upload slots
+    assert!(
+        (uploads as f64) <= bound,
+        "{uploads} uploads in {elapsed:.2} s with a budget of {per_s}/s (bound {bound:.1})"
+    );
+    assert!(
+        uploads < 300,
+        "the groups grew: {uploads} uploads for 300 appends"
+    );
+    assert_eq!(read_all(&s).await.len(), 303);
 }
 
 /// A `group_bytes_max` below a group's own header makes every append a group of its

@@ -185,6 +185,8 @@ def test_the_api_answers_every_view_and_refuses_bad_input_with_json(node):
     assert status == 200 and {p["op"] for p in cost["prices"]} >= {"put", "get", "list"}
     cost = wait_until(lambda: get(port, "/api/v1/cost")[1]["now"], what="two cost samples")
     assert cost["requests_per_s"] > 0 and cost["usd_per_month"] > 0
+    # The group-commit budget: a number where the node keeps one (S3), null elsewhere.
+    assert "wal_put_rate_max" in cost and "wal_put_budget_used" in cost
 
     # Bad input: a precise JSON error, 4xx, never a page or a closed connection.
     for path, status_wanted, code in [
@@ -406,6 +408,7 @@ def test_every_page_in_a_real_browser_on_three_nodes(cluster):
         # Cost: rates and charts from the node's own counters.
         page.open("cost", "#chart-requests canvas", "cost")
         assert "USD / month" in page.text("main")
+        assert "WAL PUTs / s (budget)" in page.text("main")
 
         # A node killed: shown as not serving, then down, and its buckets move.
         victim, victim_id = nodes[2], "n2"

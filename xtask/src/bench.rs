@@ -54,7 +54,7 @@ pub const BENCHES: &[(&str, &str, &str, &str)] = &[
         "cost",
         "mink-node",
         "cost",
-        "object-store requests, ack latency and the monthly S3 request bill at 1, 10 and 50 MB/s for linger 0-250 ms; a primary-key table at 10 MB/s",
+        "object-store requests, ack latency and the monthly S3 request bill at 1, 10 and 50 MB/s with the PUT budget and with fixed lingers of 0-250 ms; a primary-key table at 10 MB/s",
     ),
     (
         "query",

@@ -36,6 +36,8 @@ const QUANTILES: [(&str, &str); 4] = [
         "mink_wal_group_bytes{quantile=\"0.99\"}",
     ),
 ];
+/// Gauges, as last reported: the key they are reported under and the metric.
+const GAUGES: [(&str, &str); 1] = [("wal_put_rate_max", "mink_wal_put_rate_max")];
 /// Counters: the key they are reported under, the metric, and what its series must
 /// contain to count (`""`: every series; a counter with labels is the sum of its
 /// series).
@@ -72,6 +74,8 @@ struct Sample {
     bytes_received: u64,
     /// Quantiles as last reported (not rates).
     quantiles: BTreeMap<&'static str, f64>,
+    /// Gauges as last reported.
+    gauges: BTreeMap<&'static str, f64>,
     /// Monotonic counters.
     counters: BTreeMap<&'static str, f64>,
 }
@@ -103,6 +107,11 @@ impl CostHistory {
         for (key, series) in QUANTILES {
             if let Some(v) = values.get(series) {
                 sample.quantiles.insert(key, *v);
+            }
+        }
+        for (key, series) in GAUGES {
+            if let Some(v) = values.get(series) {
+                sample.gauges.insert(key, *v);
             }
         }
         for (key, name, having) in COUNTERS {
@@ -184,6 +193,14 @@ fn rates(a: &Sample, b: &Sample) -> Option<Value> {
         ((get(b) - get(a)) / seconds).max(0.0)
     };
     let counters: BTreeMap<&str, f64> = COUNTERS.iter().map(|(k, ..)| (*k, counter(k))).collect();
+    // The group-commit budget (`wal.put_rate_max`) and how much of it the WAL uploads
+    // use: null when the node keeps none.
+    let budget = b
+        .gauges
+        .get("wal_put_rate_max")
+        .copied()
+        .filter(|n| *n > 0.0);
+    let budget_used = budget.map(|n| counters["wal_uploads"] / n);
     Some(json!({
         "at_ms": b.at_ms,
         "requests_per_s": by_op.values().sum::<f64>(),
@@ -195,6 +212,8 @@ fn rates(a: &Sample, b: &Sample) -> Option<Value> {
         "usd_per_month": usd_per_month,
         "quantiles": b.quantiles,
         "per_s": counters,
+        "wal_put_rate_max": budget,
+        "wal_put_budget_used": budget_used,
     }))
 }
 
@@ -221,6 +240,7 @@ mod tests {
                 "# TYPE mink_wal_uploads_total counter\nmink_wal_uploads_total {uploads}\n\
                  mink_wal_ack_latency_seconds{{quantile=\"0.5\"}} 0.04\n\
                  mink_wal_ack_latency_seconds{{quantile=\"0.99\"}} 0.2\n\
+                 mink_wal_put_rate_max 10\n\
                  mink_node_writes_refused_overloaded_total{{reason=\"bytes\"}} 3\n\
                  mink_object_store_http_requests_total{{method=\"put\",status=\"2xx\"}} {uploads}\n\
                  mink_object_store_http_requests_total{{method=\"put\",status=\"throttled\"}} {half}\n\
@@ -267,6 +287,9 @@ mod tests {
         assert_eq!(now["per_s"]["http_throttled"], 4.0);
         assert_eq!(now["per_s"]["http_requests"], 8.0);
         assert_eq!(now["quantiles"]["wal_ack_p99_s"], 0.2);
+        // 4 uploads a second of a budget of 10.
+        assert_eq!(now["wal_put_rate_max"], 10.0);
+        assert_eq!(now["wal_put_budget_used"], 0.4);
         let month = 30.0 * 24.0 * 3600.0;
         let expected = (10.0 * 0.005 / 1000.0 + 5.0 * 0.0004 / 1000.0) * month;
         assert!((now["usd_per_month"].as_f64().unwrap() - expected).abs() < 1e-9);

@@ -17,6 +17,7 @@
 //!
 //! docs/s3stream.md explains the protocol and why each step is safe.
 
+mod budget;
 mod compact;
 pub mod meta;
 mod read;

@@ -2,8 +2,9 @@
 //!
 //! Appends from every stream of the node arrive on one channel. They collect in the
 //! open group; a group becomes one WAL object, created with `PutMode::Create` at the
-//! next sequence number. A group is sealed once it is `linger_ms` old (at once with
-//! the default 0) or reaches `group_bytes_max`, whenever fewer than
+//! next sequence number. A group is sealed once it is `linger_ms` old, or earlier
+//! while the PUT budget (`put_rate_max`, [`super::budget`]) has a token for it (at
+//! once on an idle node), or when it reaches `group_bytes_max`, whenever fewer than
 //! `inflight_uploads_max` uploads run; while all upload slots are busy it keeps
 //! growing up to `group_bytes_max` (appends then wait in the queue, and appenders are
 //! pushed back by `pending_bytes_max`), so the group that follows a finished upload
@@ -38,6 +39,7 @@ use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload}
 use tokio::sync::{Notify, OwnedSemaphorePermit, mpsc, oneshot, watch};
 
 use super::StreamInner;
+use super::budget::PutBudget;
 use super::meta::WalId;
 use crate::config::WalConfig;
 use crate::error::{WalError, WalResult};
@@ -290,6 +292,8 @@ async fn read_back(
 #[derive(Debug, Clone, Copy)]
 struct SealRules {
     linger: Duration,
+    /// A PUT budget is kept: a group with a token goes before its linger is out.
+    budget: bool,
     cork_max: Duration,
     group_bytes_max: u64,
     inflight_max: usize,
@@ -301,6 +305,9 @@ struct GroupState {
     jobs: usize,
     bytes: u64,
     age: Duration,
+    /// How long until the PUT budget has a token (zero: it has one, or there is no
+    /// budget).
+    token_wait: Duration,
     /// A cork is held (see [`Cork`]).
     corks: bool,
     uploads: usize,
@@ -321,11 +328,17 @@ impl SealRules {
         g.jobs > 0 && g.bytes >= self.group_bytes_max
     }
 
+    /// Whether the group is due, uncorked: it lingered long enough, or the budget
+    /// has a token for it.
+    fn due(&self, g: &GroupState) -> bool {
+        let allowed = g.age >= self.linger || (self.budget && g.token_wait.is_zero());
+        allowed && !self.corked(g)
+    }
+
     /// Whether the group is sealed now: it has appends, an upload slot is free, and it
-    /// is full, lingered long enough without a cork, or the last one (the channel
-    /// closed).
+    /// is full, due (see [`SealRules::due`]), or the last one (the channel closed).
     fn seal_now(&self, g: &GroupState) -> bool {
-        let due = g.age >= self.linger && !self.corked(g);
+        let due = self.due(g);
         g.jobs > 0 && g.uploads < self.inflight_max && (self.full(g) || due || !g.open)
     }
 }
@@ -356,6 +369,8 @@ struct Writer {
     wal: WalId,
     shared: Arc<WriterShared>,
     rules: SealRules,
+    /// The PUT budget (`wal.put_rate_max`), when one is kept.
+    budget: Option<PutBudget>,
     upload_budget: Duration,
     group: Group,
     /// Uploads in flight, completed in sequence order.
@@ -379,16 +394,20 @@ pub(crate) async fn run_writer(
     mut rx: mpsc::UnboundedReceiver<Job>,
 ) {
     let next_ack = shared.next_seq.load(Ordering::SeqCst);
+    let budget = PutBudget::new(config.put_rate(), Instant::now());
+    metrics::gauge!("mink_wal_put_rate_max").set(budget.as_ref().map_or(0.0, PutBudget::per_s));
     let mut writer = Writer {
         store,
         wal,
         shared,
         rules: SealRules {
-            linger: Duration::from_millis(config.linger_ms),
+            linger: config.linger(),
+            budget: budget.is_some(),
             cork_max: Duration::from_millis(config.cork_max_ms),
             group_bytes_max: config.group_bytes_max,
             inflight_max: config.inflight_uploads_max.max(1) as usize,
         },
+        budget,
         upload_budget: Duration::from_millis(config.upload_retry_budget_ms),
         group: Group::new(),
         uploads: FuturesOrdered::new(),
@@ -407,6 +426,10 @@ impl Writer {
             jobs: self.group.jobs.len(),
             bytes: self.group.builder.len() as u64,
             age: self.group.opened.elapsed(),
+            token_wait: self
+                .budget
+                .as_ref()
+                .map_or(Duration::ZERO, |b| b.wait(Instant::now())),
             corks: self.shared.corked(),
             uploads: self.uploads.len(),
             open: self.open,
@@ -429,8 +452,13 @@ impl Writer {
             let slot_free = g.uploads < self.rules.inflight_max;
             let lingering = g.jobs > 0 && !self.rules.linger.is_zero() && slot_free && !corked;
             let waiting_on_cork = corked && g.jobs > 0 && slot_free;
-            let linger_deadline =
-                tokio::time::Instant::from_std(self.group.opened + self.rules.linger);
+            // The group is due at the end of its linger, or at the budget's next token
+            // if that comes first.
+            let mut due_at = self.group.opened + self.rules.linger;
+            if self.rules.budget {
+                due_at = due_at.min(Instant::now() + g.token_wait);
+            }
+            let linger_deadline = tokio::time::Instant::from_std(due_at);
             let cork_deadline =
                 tokio::time::Instant::from_std(self.group.opened + self.rules.cork_max);
             let shared = self.shared.clone();
@@ -476,6 +504,11 @@ impl Writer {
 
     /// Seals the open group as the next WAL sequence and starts its upload.
     fn seal(&mut self) {
+        if let Some(budget) = &mut self.budget {
+            let now = Instant::now();
+            budget.spend(now);
+            metrics::gauge!("mink_wal_put_budget_tokens").set(budget.tokens(now));
+        }
         let group = std::mem::replace(&mut self.group, Group::new());
         let seq = self.shared.next_seq.fetch_add(1, Ordering::SeqCst);
         if self.sealed.is_empty() {
@@ -627,6 +660,7 @@ mod tests {
 
     const RULES: SealRules = SealRules {
         linger: Duration::from_millis(5),
+        budget: false,
         cork_max: Duration::from_millis(20),
         group_bytes_max: 1_000,
         inflight_max: 2,
@@ -637,6 +671,7 @@ mod tests {
             jobs,
             bytes,
             age: Duration::from_millis(age_ms),
+            token_wait: Duration::ZERO,
             corks: false,
             uploads: 0,
             open: true,
@@ -685,6 +720,48 @@ mod tests {
             RULES.seal_now(&corked(10, 1_000)),
             "a full group goes corked or not"
         );
+    }
+
+    #[test]
+    fn with_a_budget_a_group_goes_at_once_while_a_token_is_there_else_waits_its_linger() {
+        let rules = SealRules {
+            budget: true,
+            linger: Duration::from_millis(250),
+            ..RULES
+        };
+        let waiting = |age_ms, wait_ms| GroupState {
+            token_wait: Duration::from_millis(wait_ms),
+            ..group(1, 10, age_ms)
+        };
+        assert!(rules.seal_now(&waiting(0, 0)), "a token: one PUT per ack");
+        assert!(!rules.seal_now(&waiting(40, 60)), "no token: it grows");
+        assert!(
+            rules.seal_now(&waiting(250, 60)),
+            "the linger bounds the wait"
+        );
+        assert!(
+            rules.seal_now(&GroupState {
+                bytes: 1_000,
+                ..waiting(0, 60)
+            }),
+            "a full group goes without a token"
+        );
+        assert!(
+            !rules.seal_now(&GroupState {
+                corks: true,
+                ..waiting(0, 0)
+            }),
+            "a cork still holds a group that has its token"
+        );
+        assert!(
+            !rules.seal_now(&GroupState {
+                uploads: 2,
+                ..waiting(0, 0)
+            }),
+            "a token is no upload slot"
+        );
+        // Without a budget a token wait means nothing: the linger alone decides.
+        assert!(!RULES.seal_now(&waiting(1, 0)));
     }
 
     #[test]
