@@ -20,4 +20,4 @@ pub mod server;
 
 pub use client::MinkClient;
 pub use config::FlightConfig;
-pub use server::{FlightServer, MinkService};
+pub use server::{FlightServer, MinkService, READ_COMPRESSION_HEADER};

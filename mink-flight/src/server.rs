@@ -276,6 +276,7 @@ impl<S: MinkService> FlightServer<S> {
         (offset, end): (i64, i64),
         max_bytes: Option<u64>,
         columns: Option<Vec<String>>,
+        options: IpcWriteOptions,
     ) -> Result<Response<Stream<FlightData>>, Status> {
         let scan = move |from| ReadTicket::Scan {
             bucket,
@@ -291,7 +292,7 @@ impl<S: MinkService> FlightServer<S> {
             Some(p) => p.apply_read(batches).map_err(status),
             None => Ok(batches),
         };
-        let (mut data, mut next) = below(project(first)?, offset, end)?;
+        let (mut data, mut next) = below(project(first)?, offset, end, &options)?;
         data.insert(
             0,
             FlightData::from(SchemaAsIpc::new(&schema, &IpcWriteOptions::default())),
@@ -308,7 +309,8 @@ impl<S: MinkService> FlightServer<S> {
                     return;
                 };
                 let read = service.read(scan(from)).await.map_err(status);
-                match read.and_then(|(_, batches)| below(project(batches)?, from, end)) {
+                let below = |batches| below(project(batches)?, from, end, &options);
+                match read.and_then(|(_, batches)| below(batches)) {
                     Ok((d, n)) => (data, next) = (d, n),
                     Err(e) => {
                         let _ = tx.send(Err(e)).await;
@@ -327,6 +329,7 @@ fn below(
     batches: ReadBatches,
     from: i64,
     end: i64,
+    options: &IpcWriteOptions,
 ) -> Result<(Vec<FlightData>, Option<i64>), Status> {
     let ReadBatches::Scan(batches) = batches else {
         return Err(Status::internal(
@@ -347,14 +350,38 @@ fn below(
         kept.push((batch.slice(0, take), meta));
     }
     let progressed = next > from;
-    Ok((encode_batches(kept)?, progressed.then_some(next)))
+    Ok((encode_batches(kept, options)?, progressed.then_some(next)))
 }
 
-fn encode_read(schema: &SchemaRef, batches: ReadBatches) -> Result<Vec<FlightData>, Status> {
-    let options = IpcWriteOptions::default();
-    let mut out = vec![FlightData::from(SchemaAsIpc::new(schema, &options))];
+/// The request header by which a reader asks for its rows' IPC bodies compressed:
+/// `zstd` or `lz4` (Arrow IPC body compression, which pyarrow and arrow-rs read), or
+/// `none`, the default. For readers across a network, where bytes cost more than the
+/// CPU of both ends.
+pub const READ_COMPRESSION_HEADER: &str = "mink-read-compression";
+
+/// The IPC options of a read, from [`READ_COMPRESSION_HEADER`]; a value that is not
+/// a codec is refused, naming the header.
+fn read_options<T>(request: &Request<T>) -> Result<IpcWriteOptions, Status> {
+    let Some(value) = request.metadata().get(READ_COMPRESSION_HEADER) else {
+        return Ok(IpcWriteOptions::default());
+    };
+    let text = value.to_str().unwrap_or("");
+    let compression: mink_types::Compression = text.parse().map_err(|_| {
+        Status::invalid_argument(format!(
+            "{READ_COMPRESSION_HEADER}: {text:?} is not one of zstd, lz4, none"
+        ))
+    })?;
+    Ok(compression.ipc_options())
+}
+
+fn encode_read(
+    schema: &SchemaRef,
+    batches: ReadBatches,
+    options: &IpcWriteOptions,
+) -> Result<Vec<FlightData>, Status> {
+    let mut out = vec![FlightData::from(SchemaAsIpc::new(schema, options))];
     out.extend(match batches {
-        ReadBatches::Scan(b) => encode_batches(b)?,
+        ReadBatches::Scan(b) => encode_batches(b, options)?,
         ReadBatches::Stream(_) | ReadBatches::SnapshotStream(_) => {
             return Err(Status::internal(
                 "a streamed read reached the batch encoder",
@@ -369,6 +396,7 @@ fn encode_read(schema: &SchemaRef, batches: ReadBatches) -> Result<Vec<FlightDat
 fn stream_batches<M: serde::Serialize + Send + 'static>(
     schema: &SchemaRef,
     mut batches: futures::stream::BoxStream<'static, Result<(RecordBatch, M), MinkError>>,
+    options: IpcWriteOptions,
 ) -> Stream<FlightData> {
     let head = FlightData::from(SchemaAsIpc::new(schema, &IpcWriteOptions::default()));
     async_stream(move |tx| async move {
@@ -376,7 +404,10 @@ fn stream_batches<M: serde::Serialize + Send + 'static>(
             return;
         }
         while let Some(item) = batches.next().await {
-            match item.map_err(status).and_then(|b| encode_batches(vec![b])) {
+            match item
+                .map_err(status)
+                .and_then(|b| encode_batches(vec![b], &options))
+            {
                 Ok(data) => {
                     for d in data {
                         if tx.send(Ok(d)).await.is_err() {
@@ -396,15 +427,15 @@ fn stream_batches<M: serde::Serialize + Send + 'static>(
 /// Batches as Flight messages, each with its metadata as JSON app metadata.
 fn encode_batches<M: serde::Serialize>(
     batches: Vec<(RecordBatch, M)>,
+    options: &IpcWriteOptions,
 ) -> Result<Vec<FlightData>, Status> {
-    let options = IpcWriteOptions::default();
     let mut out = Vec::new();
     let generator = IpcDataGenerator::default();
     let mut tracker = DictionaryTracker::new(false);
     let mut context = IpcWriteContext::default();
     for (batch, meta) in batches {
         let (dicts, encoded) = generator
-            .encode(&batch, &mut tracker, &options, &mut context)
+            .encode(&batch, &mut tracker, options, &mut context)
             .map_err(|e| Status::internal(format!("encoding a batch: {e}")))?;
         out.extend(dicts.into_iter().map(FlightData::from));
         let meta = serde_json::to_vec(&meta).map_err(|e| Status::internal(e.to_string()))?;
@@ -521,6 +552,7 @@ impl<S: MinkService> FlightService for FlightServer<S> {
         self.stamped(async move {
             let _observe = Observe::new("do_get");
             self.before(&request).await?;
+            let options = read_options(&request)?;
             let ticket: ReadTicket =
                 parse_json("ticket", &request.get_ref().ticket).map_err(status)?;
             tracing::debug!(?ticket, "flight.do_get");
@@ -533,7 +565,7 @@ impl<S: MinkService> FlightService for FlightServer<S> {
             } = ticket
             {
                 return self
-                    .scan_range(bucket, (offset, end), max_bytes, columns)
+                    .scan_range(bucket, (offset, end), max_bytes, columns, options)
                     .await;
             }
             let columns = ticket.columns().map(<[String]>::to_vec);
@@ -545,14 +577,16 @@ impl<S: MinkService> FlightService for FlightServer<S> {
             };
             match batches {
                 ReadBatches::Stream(batches) => {
-                    return Ok(self.respond(self.stamp_stream(stream_batches(&schema, batches))));
+                    let stream = stream_batches(&schema, batches, options);
+                    return Ok(self.respond(self.stamp_stream(stream)));
                 }
                 ReadBatches::SnapshotStream(batches) => {
-                    return Ok(self.respond(self.stamp_stream(stream_batches(&schema, batches))));
+                    let stream = stream_batches(&schema, batches, options);
+                    return Ok(self.respond(self.stamp_stream(stream)));
                 }
                 _ => {}
             }
-            let data = encode_read(&schema, batches)?;
+            let data = encode_read(&schema, batches, &options)?;
             Ok(self.respond(stream::iter(data.into_iter().map(Ok)).boxed()))
         })
         .await
@@ -707,6 +741,7 @@ impl<S: MinkService> FlightService for FlightServer<S> {
         self.stamped(async move {
             let _observe = Observe::new("do_exchange");
             self.before(&request).await?;
+            let options = read_options(&request)?;
             let mut incoming = request.into_inner();
             let first = incoming
                 .message()
@@ -753,13 +788,10 @@ impl<S: MinkService> FlightService for FlightServer<S> {
                         .map_or(offset, |(b, meta)| meta.base_offset + b.num_rows() as i64);
                     let mut data = Vec::new();
                     if !schema_sent {
-                        data.push(FlightData::from(SchemaAsIpc::new(
-                            &schema,
-                            &IpcWriteOptions::default(),
-                        )));
+                        data.push(FlightData::from(SchemaAsIpc::new(&schema, &options)));
                         schema_sent = true;
                     }
-                    match encode_batches(batches) {
+                    match encode_batches(batches, &options) {
                         Ok(d) => data.extend(d),
                         Err(e) => {
                             let _ = tx.send(Err(e)).await;

@@ -24,7 +24,7 @@ use arrow::ipc::writer::StreamWriter;
 use bytes::Bytes;
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
-use mink_types::{MinkError, Result, Schema, SchemaId};
+use mink_types::{Compression, MinkError, Result, Schema, SchemaId};
 use object_store::buffered::BufWriter;
 use object_store::path::Path;
 use object_store::{GetOptions, ObjectStore, ObjectStoreExt};
@@ -131,8 +131,15 @@ impl SnapshotStore {
         Ok(offsets)
     }
 
-    /// Starts the snapshot at `offset`, of rows written under `schema`.
-    pub fn writer(&self, schema: &Schema, offset: i64) -> Result<SnapshotWriter> {
+    /// Starts the snapshot at `offset`, of rows written under `schema`, their IPC
+    /// bodies compressed as `compression` says (Arrow IPC body compression: the
+    /// snapshot's reader, and any Arrow reader, decodes each batch as it was written).
+    pub fn writer(
+        &self,
+        schema: &Schema,
+        offset: i64,
+        compression: Compression,
+    ) -> Result<SnapshotWriter> {
         let arrow = schema.to_arrow();
         let mut metadata = arrow.metadata().clone();
         metadata.insert(
@@ -142,7 +149,11 @@ impl SnapshotStore {
         let arrow = arrow.as_ref().clone().with_metadata(metadata);
         let path = self.path(offset);
         Ok(SnapshotWriter {
-            ipc: StreamWriter::try_new(Vec::new(), &arrow)?,
+            ipc: StreamWriter::try_new_with_options(
+                Vec::new(),
+                &arrow,
+                mink_log::batch::ipc_options(compression),
+            )?,
             upload: Some(
                 BufWriter::with_capacity(self.store.clone(), path.clone(), self.part_bytes)
                     .with_max_concurrency(SNAPSHOT_PARTS_IN_FLIGHT),
@@ -162,8 +173,9 @@ impl SnapshotStore {
         schema: &Schema,
         offset: i64,
         batches: &[RecordBatch],
+        compression: Compression,
     ) -> Result<SnapshotInfo> {
-        let mut writer = self.writer(schema, offset)?;
+        let mut writer = self.writer(schema, offset, compression)?;
         for b in batches {
             writer.write(b).await?;
         }

@@ -1737,7 +1737,8 @@ impl KvTablet {
             self.prewrite().written(offset, 0);
             (offset, pairs, self.table().descriptor.schema.clone())
         };
-        let mut writer = snapshots.writer(&schema, offset)?;
+        // Compressed as the table's log is (its `compression` property).
+        let mut writer = snapshots.writer(&schema, offset, self.inner.log.compression())?;
         loop {
             // Reading the store is synchronous (up to SNAPSHOT_BATCH_BYTES of rows read
             // and decoded at a time): on a blocking thread, not a runtime thread.

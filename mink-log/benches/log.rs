@@ -193,7 +193,9 @@ async fn main() {
             attributes: 0,
             change_types: vec![],
         };
-        mink_log::batch::encode(&h, &batch).unwrap().len()
+        mink_log::batch::encode(&h, &batch, mink_types::Compression::None)
+            .unwrap()
+            .len()
     };
     let mut ratios = Vec::new();
     let mut rows_per_sec = Vec::new();

@@ -7,9 +7,9 @@ use std::collections::HashMap;
 use arrow::array::RecordBatch;
 use arrow::buffer::Buffer;
 use arrow::datatypes::SchemaRef;
-use arrow::ipc::writer::StreamWriter;
+use arrow::ipc::writer::{IpcWriteOptions, StreamWriter};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use mink_types::{ChangeType, IpcEncoded, MinkError, Result, SchemaId};
+use mink_types::{ChangeType, Compression, IpcEncoded, MinkError, Result, SchemaId};
 
 /// `MKB1`.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"MKB1");
@@ -82,23 +82,40 @@ fn corrupt(what: impl std::fmt::Display) -> MinkError {
     MinkError::Internal(format!("corrupt log batch: {what}"))
 }
 
-/// Encodes `batch` with `header` (whose `record_count` and change types must match).
+/// The IPC write options of `compression` ([`Compression::ipc_options`]).
+pub fn ipc_options(compression: Compression) -> IpcWriteOptions {
+    compression.ipc_options()
+}
+
+/// Encodes `batch` with `header` (whose `record_count` and change types must match),
+/// its IPC body compressed as `compression` says.
 ///
 /// Arrow's stream writer writes the IPC message straight into the batch after the
 /// header, in its stream framing (the continuation marker, the message length, the
 /// message, the body): the rows are copied once, into a buffer sized for them up front.
 /// Through `IpcDataGenerator::encode` they were copied into a body that grew by
 /// reallocation, then again behind the header.
-pub fn encode(header: &BatchHeader, batch: &RecordBatch) -> Result<BytesMut> {
+pub fn encode(
+    header: &BatchHeader,
+    batch: &RecordBatch,
+    compression: Compression,
+) -> Result<BytesMut> {
     let changes = check_counts(header, batch.num_rows())?;
-    let mut buf = BytesMut::with_capacity(FIXED_HEADER_LEN + changes + ipc_size_hint(batch));
+    let mut hint = ipc_size_hint(batch);
+    if compression != Compression::None {
+        // Columnar rows usually shrink to well under half; a short hint costs one
+        // reallocation, a long one holds memory until the batch is written.
+        hint /= 2;
+    }
+    let mut buf = BytesMut::with_capacity(FIXED_HEADER_LEN + changes + hint);
     put_header(&mut buf, header);
-    let mut writer = StreamWriter::try_new(
+    let mut writer = StreamWriter::try_new_with_options(
         Skipping {
             buf,
             skipping: true,
         },
         &batch.schema(),
+        ipc_options(compression),
     )?;
     // The schema message (written by `try_new`) and the end-of-stream marker (by
     // `into_inner`) are skipped: the header's schema id names the schema.
@@ -176,26 +193,33 @@ fn ipc_size_hint(batch: &RecordBatch) -> usize {
 }
 
 /// [`encode`] that stores `ipc`, the batch's IPC encoding as the client sent it,
-/// instead of encoding the rows again: one copy of the bytes, no Arrow work. The
-/// caller has decoded `ipc` into `batch` and checked it against the table schema the
-/// header names, with exactly that schema's Arrow types (so [`decode`] with that
-/// schema gives the same batch). A message that is not an uncompressed record batch
-/// of `batch`'s row count is refused.
+/// instead of encoding the rows again: one copy of the bytes, no Arrow work, when the
+/// client's body is compressed as `compression` says (uncompressed for `none`; a client
+/// may send zstd or lz4 bodies, pyarrow's `IpcWriteOptions(compression=...)`).
+/// Otherwise the rows are encoded again, compressed. The caller has decoded `ipc` into
+/// `batch` and checked it against the table schema the header names, with exactly
+/// that schema's Arrow types (so [`decode`] with that schema gives the same batch). A
+/// message that is not a record batch of `batch`'s row count is refused.
 pub fn encode_from_ipc(
     header: &BatchHeader,
     batch: &RecordBatch,
     ipc: &IpcEncoded,
+    compression: Compression,
 ) -> Result<BytesMut> {
     let message = arrow::ipc::root_as_message(&ipc.message)
         .map_err(|e| MinkError::invalid("batch", format!("bad IPC message: {e}")))?;
     let rows = message
         .header_as_record_batch()
         .ok_or_else(|| MinkError::invalid("batch", "the IPC message is not a record batch"))?;
-    if rows.length() != batch.num_rows() as i64 || rows.compression().is_some() {
+    if rows.length() != batch.num_rows() as i64 {
         return Err(MinkError::invalid(
             "batch",
-            "the IPC message does not describe this batch uncompressed",
+            "the IPC message does not describe this batch",
         ));
+    }
+    let sent = rows.compression().map(|c| c.codec());
+    if sent != compression.ipc_codec() {
+        return encode(header, batch, compression);
     }
     frame(header, batch.num_rows(), &ipc.message, &ipc.body)
 }
@@ -465,7 +489,7 @@ mod tests {
     fn batches_round_trip() {
         for changes in [false, true] {
             let (header, batch) = sample(changes);
-            let bytes = encode(&header, &batch).unwrap().freeze();
+            let bytes = encode(&header, &batch, Compression::None).unwrap().freeze();
             let decoded = decode(&bytes, schemas(&registry())).unwrap();
             assert_eq!(decoded.header, header);
             assert_eq!(decoded.batch, batch);
@@ -474,7 +498,7 @@ mod tests {
         }
         // Stamping leaves the CRC valid.
         let (header, batch) = sample(false);
-        let mut buf = encode(&header, &batch).unwrap();
+        let mut buf = encode(&header, &batch, Compression::None).unwrap();
         stamp(&mut buf, 1000, 5, 3);
         let got = decode(&buf.freeze(), schemas(&registry())).unwrap().header;
         assert_eq!(
@@ -489,7 +513,7 @@ mod tests {
     fn batches_in_either_ipc_framing_decode() {
         for changes in [false, true] {
             let (header, batch) = sample(changes);
-            let buf = encode(&header, &batch).unwrap();
+            let buf = encode(&header, &batch, Compression::None).unwrap();
             let ipc_at = FIXED_HEADER_LEN + if changes { 3 } else { 0 };
             assert_eq!(buf[ipc_at..ipc_at + 4], CONTINUATION.to_le_bytes());
             assert!(
@@ -534,7 +558,7 @@ mod tests {
                 message: Buffer::from_vec(encoded.ipc_message.clone()),
                 body: Buffer::from_vec(encoded.arrow_data.clone()),
             };
-            let mut buf = encode_from_ipc(&header, &batch, &ipc).unwrap();
+            let mut buf = encode_from_ipc(&header, &batch, &ipc, Compression::None).unwrap();
             assert!(buf.ends_with(&encoded.arrow_data));
             stamp(&mut buf, 77, 5, 3);
             assert_eq!(whole_crc(&buf), crc32c::crc32c(&buf));
@@ -553,6 +577,7 @@ mod tests {
                 },
                 &shorter,
                 &ipc,
+                Compression::None,
             )
             .unwrap_err();
             assert!(
@@ -562,10 +587,92 @@ mod tests {
         }
     }
 
+    /// Every codec round-trips; a compressed body is what Arrow's IPC compression
+    /// makes (every Arrow reader decodes it), and repetitive rows shrink.
+    /// 4096 rows that compress well (a tiny batch may not: Arrow then keeps each
+    /// buffer uncompressed, whatever the codec).
+    fn compressible() -> (BatchHeader, RecordBatch) {
+        let ids: Vec<i64> = (0..4096).collect();
+        let names: Vec<String> = (0..4096).map(|i| format!("customer-{}", i % 50)).collect();
+        let batch = RecordBatch::try_new(
+            schema(),
+            vec![
+                Arc::new(Int64Array::from(ids)),
+                Arc::new(StringArray::from(names)),
+            ],
+        )
+        .unwrap();
+        let header = BatchHeader {
+            record_count: 4096,
+            ..sample(false).0
+        };
+        (header, batch)
+    }
+
+    #[test]
+    fn batches_round_trip_under_every_compression() {
+        let (header, batch) = compressible();
+        let plain = encode(&header, &batch, Compression::None).unwrap().len();
+        for compression in [Compression::Zstd, Compression::Lz4] {
+            let bytes = encode(&header, &batch, compression).unwrap().freeze();
+            assert!(
+                bytes.len() * 2 < plain,
+                "{compression}: {} bytes against {plain} uncompressed",
+                bytes.len()
+            );
+            let decoded = decode(&bytes, schemas(&registry())).unwrap();
+            assert_eq!(decoded.header, header);
+            assert_eq!(decoded.batch, batch);
+        }
+    }
+
+    /// A client's IPC is stored as it came when its body is compressed as the table
+    /// says; otherwise its rows are encoded again under the table's compression.
+    #[test]
+    fn a_clients_ipc_is_kept_when_its_compression_is_the_tables() {
+        let (header, batch) = compressible();
+        let client = |options: IpcWriteOptions| {
+            let (_, encoded) = IpcDataGenerator::default()
+                .encode(
+                    &batch,
+                    &mut DictionaryTracker::new(false),
+                    &options,
+                    &mut IpcWriteContext::default(),
+                )
+                .unwrap();
+            IpcEncoded {
+                message: Buffer::from_vec(encoded.ipc_message),
+                body: Buffer::from_vec(encoded.arrow_data),
+            }
+        };
+        let zstd_ipc = client(ipc_options(Compression::Zstd));
+        let plain_ipc = client(IpcWriteOptions::default());
+        let stored_codec = |buf: &BytesMut| {
+            let (_, at) = decode_header(buf).unwrap();
+            let len = u32::from_le_bytes(buf[at - 4..at].try_into().unwrap()) as usize;
+            let message = arrow::ipc::root_as_message(&buf[at..at + len]).unwrap();
+            let rows = message.header_as_record_batch().unwrap();
+            rows.compression().map(|c| c.codec())
+        };
+        for (ipc, table, kept) in [
+            (&zstd_ipc, Compression::Zstd, true),
+            (&plain_ipc, Compression::Zstd, false),
+            (&zstd_ipc, Compression::None, false),
+            (&plain_ipc, Compression::None, true),
+            (&zstd_ipc, Compression::Lz4, false),
+        ] {
+            let buf = encode_from_ipc(&header, &batch, ipc, table).unwrap();
+            assert_eq!(buf.ends_with(&ipc.body), kept, "{table}, kept {kept}");
+            assert_eq!(stored_codec(&buf), table.ipc_codec(), "{table}");
+            let decoded = decode(&buf.freeze(), schemas(&registry())).unwrap();
+            assert_eq!(decoded.batch, batch);
+        }
+    }
+
     #[test]
     fn every_kind_of_corruption_is_detected() {
         let (header, batch) = sample(true);
-        let bytes = encode(&header, &batch).unwrap().freeze();
+        let bytes = encode(&header, &batch, Compression::None).unwrap().freeze();
         let err = |b: Vec<u8>| {
             decode(&Bytes::from(b), schemas(&registry()))
                 .unwrap_err()

@@ -2,12 +2,15 @@
 //! scans, the long-poll tail, offset lookups, recovery and TTL.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use arrow::array::{Array, RecordBatch, TimestampMillisecondArray};
 use arrow::datatypes::SchemaRef;
-use mink_types::{ChangeType, IpcEncoded, MinkError, Result, Schema, SchemaId, TableBucket};
+use mink_types::{
+    ChangeType, Compression, IpcEncoded, MinkError, Result, Schema, SchemaId, TableBucket,
+};
 use mink_wal::{Stream, WalError};
 use tokio::sync::{Semaphore, watch};
 
@@ -186,6 +189,25 @@ struct Inner {
     /// the changelog is the only copy of every row no snapshot holds, so no trim
     /// (TTL, lake, a caller's) may drop it first.
     trim_ceiling: std::sync::atomic::AtomicI64,
+    /// How new batches are compressed ([`Compression`] as `compression_code` maps it),
+    /// the table's `compression` property, set by [`LogTablet::set_compression`].
+    compression: std::sync::atomic::AtomicU8,
+}
+
+fn compression_code(c: Compression) -> u8 {
+    match c {
+        Compression::Zstd => 0,
+        Compression::Lz4 => 1,
+        Compression::None => 2,
+    }
+}
+
+fn compression_of(code: u8) -> Compression {
+    match code {
+        0 => Compression::Zstd,
+        1 => Compression::Lz4,
+        _ => Compression::None,
+    }
 }
 
 /// How long a batch that arrives ahead of its writer's next sequence waits for the
@@ -270,6 +292,9 @@ impl LogTablet {
                 closing: std::sync::atomic::AtomicBool::new(false),
                 record_time: std::sync::OnceLock::new(),
                 trim_ceiling: std::sync::atomic::AtomicI64::new(trim_ceiling),
+                compression: std::sync::atomic::AtomicU8::new(compression_code(
+                    Compression::default(),
+                )),
                 config,
                 schemas: RwLock::new(HashMap::new()),
                 state: Mutex::new(State {
@@ -370,6 +395,20 @@ impl LogTablet {
     /// The epoch the tablet's stream is open under.
     pub fn epoch(&self) -> u64 {
         self.inner.epoch
+    }
+
+    /// How batches appended from now on are compressed: the table's `compression`
+    /// property (after `alter_table` too). Batches already written stay as they are;
+    /// reads decode each as it was written.
+    pub fn set_compression(&self, compression: Compression) {
+        self.inner
+            .compression
+            .store(compression_code(compression), Ordering::Relaxed);
+    }
+
+    /// How batches appended now are compressed.
+    pub fn compression(&self) -> Compression {
+        compression_of(self.inner.compression.load(Ordering::Relaxed))
     }
 
     /// Adds a schema version (after `alter_table`).
@@ -748,9 +787,10 @@ impl LogTablet {
             },
             change_types: req.change_types.clone().unwrap_or_default(),
         };
+        let compression = self.compression();
         let encoded = match &req.ipc {
-            Some(ipc) => batch::encode_from_ipc(&header, &req.batch, ipc)?,
-            None => batch::encode(&header, &req.batch)?,
+            Some(ipc) => batch::encode_from_ipc(&header, &req.batch, ipc, compression)?,
+            None => batch::encode(&header, &req.batch, compression)?,
         };
         if encoded.len() as u64 > self.inner.config.batch_bytes_max {
             return Err(MinkError::LimitExceeded {

@@ -196,6 +196,10 @@ impl Tablets {
                     tablet,
                     ..
                 }) if *e == epoch && !tablet.failed() => {
+                    // The table's compression may have been altered (a store of a byte).
+                    tablet
+                        .log()
+                        .set_compression(table.descriptor.properties.compression);
                     if *versions != table.schemas.len() {
                         // The table was altered: teach the tablet the new schema.
                         match tablet {
@@ -354,6 +358,7 @@ impl Tablets {
         )
         .await?;
         let d = &table.descriptor;
+        log.set_compression(d.properties.compression);
         let log_append_time = mink_kafka::topic_config::is_log_append_time(&d.properties.custom);
         if table.path.database.as_str() == self.config.kafka.database
             && !pk

@@ -35,7 +35,7 @@ pub use names::{
 pub use partition::{PartitionRows, split_by_partition};
 pub use schema::{Column, Schema, SchemaId};
 pub use table::{
-    AggFunction, BucketingRule, ChangelogImage, DeleteBehavior, LAKE_SYSTEM_COLUMNS,
+    AggFunction, BucketingRule, ChangelogImage, Compression, DeleteBehavior, LAKE_SYSTEM_COLUMNS,
     LakeProperties, LogTtl, MergeEngine, TableDescriptor, TableProperties,
 };
 pub use types::DataType;

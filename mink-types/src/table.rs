@@ -293,6 +293,77 @@ impl ChangelogImage {
     }
 }
 
+/// How a table's rows are compressed where they are stored (WAL records, log segments,
+/// KV snapshots): Arrow IPC's own body compression, which every Arrow reader
+/// understands. The default is `zstd` at a fast level. A change applies to what is
+/// written from then on; what was written before stays readable as it is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Compression {
+    #[default]
+    Zstd,
+    Lz4,
+    None,
+}
+
+impl FromStr for Compression {
+    type Err = MinkError;
+    fn from_str(text: &str) -> Result<Self> {
+        match text {
+            "zstd" => Ok(Compression::Zstd),
+            "lz4" => Ok(Compression::Lz4),
+            "none" => Ok(Compression::None),
+            other => Err(MinkError::invalid(
+                "properties.compression",
+                format!("{other:?} is not one of zstd, lz4, none"),
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for Compression {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Compression::Zstd => "zstd",
+            Compression::Lz4 => "lz4",
+            Compression::None => "none",
+        })
+    }
+}
+
+/// The zstd level of [`Compression::Zstd`]: the fastest of the regular levels. Rows
+/// are compressed on the write path, before an append is acknowledged; level 1 keeps
+/// most of zstd's ratio on columnar data at several times the speed of the default 3.
+pub const ZSTD_LEVEL: i32 = 1;
+
+impl Compression {
+    fn is_default(&self) -> bool {
+        *self == Compression::default()
+    }
+
+    /// Arrow's IPC codec for it (`None` for none).
+    pub fn ipc_codec(self) -> Option<arrow::ipc::CompressionType> {
+        match self {
+            Compression::None => None,
+            Compression::Zstd => Some(arrow::ipc::CompressionType::ZSTD),
+            Compression::Lz4 => Some(arrow::ipc::CompressionType::LZ4_FRAME),
+        }
+    }
+
+    /// IPC write options that compress bodies with it.
+    pub fn ipc_options(self) -> arrow::ipc::writer::IpcWriteOptions {
+        let options = arrow::ipc::writer::IpcWriteOptions::default();
+        let with = match self {
+            Compression::None => return options,
+            Compression::Zstd => options
+                .try_with_compression(self.ipc_codec())
+                .and_then(|o| o.try_with_compression_level(Some(ZSTD_LEVEL))),
+            Compression::Lz4 => options.try_with_compression(self.ipc_codec()),
+        };
+        with.expect("arrow is built with IPC compression")
+    }
+}
+
 /// Table properties. Set through JSON or, one key at a time, with [`TableProperties::set`].
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -309,6 +380,9 @@ pub struct TableProperties {
     /// What a primary-key table's changelog carries (default `full`).
     #[serde(default, skip_serializing_if = "ChangelogImage::is_full")]
     pub changelog_image: ChangelogImage,
+    /// How stored rows are compressed (default `zstd`).
+    #[serde(default, skip_serializing_if = "Compression::is_default")]
+    pub compression: Compression,
     /// Tiering to the lake (Apache Iceberg on the same object store).
     #[serde(default, skip_serializing_if = "LakeProperties::is_off_by_default")]
     pub lake: LakeProperties,
@@ -395,11 +469,12 @@ impl TableProperties {
     /// Sets one property from its text form, as `--property k=v` and Kafka configs do:
     /// `log_ttl=7d`, `merge_engine=last_row|first_row|aggregation`,
     /// `merge_engine=versioned(COLUMN)`, `aggregation.COLUMN=FUNCTION`,
-    /// `delete_behavior=allow|ignore|disable`, `changelog_image=full|wal`. Unknown keys
-    /// are an error naming the key.
+    /// `delete_behavior=allow|ignore|disable`, `changelog_image=full|wal`,
+    /// `compression=zstd|lz4|none`. Unknown keys are an error naming the key.
     pub fn set(&mut self, key: &str, value: &str) -> Result<()> {
         match key {
             "log_ttl" => self.log_ttl = value.parse()?,
+            "compression" => self.compression = value.parse()?,
             "changelog_image" => self.changelog_image = value.parse()?,
             "delete_behavior" => self.delete_behavior = Some(value.parse()?),
             "lake.enabled" => {
@@ -469,7 +544,8 @@ impl TableProperties {
                     return Err(MinkError::invalid(
                         format!("properties.{key}"),
                         "unknown property; known: log_ttl, merge_engine, aggregation.COLUMN, \
-                         delete_behavior, changelog_image, lake.enabled, lake.freshness",
+                         delete_behavior, changelog_image, compression, lake.enabled, \
+                         lake.freshness",
                     ));
                 }
             },

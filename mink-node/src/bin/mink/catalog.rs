@@ -70,7 +70,7 @@ pub struct CreateTableArgs {
     /// Buckets per table (or partition).
     #[arg(long, default_value_t = 1)]
     buckets: u32,
-    /// A property as key=value (log_ttl, merge_engine, aggregation.COLUMN, delete_behavior, changelog_image, lake.enabled, lake.freshness).
+    /// A property as key=value (log_ttl, merge_engine, aggregation.COLUMN, delete_behavior, changelog_image, compression, lake.enabled, lake.freshness).
     #[arg(long = "property")]
     properties: Vec<String>,
 }
