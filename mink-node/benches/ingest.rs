@@ -10,7 +10,8 @@ use mink_flight::MinkClient;
 use mink_node::MinkConfig;
 use mink_node::node::Node;
 use mink_types::{
-    ChangelogImage, Column, DataType, Schema, TableBucket, TableDescriptor, TablePath,
+    ChangelogImage, Column, Compression, DataType, Schema, TableBucket, TableDescriptor,
+    TablePath,
 };
 use mink_wal::fault::{FaultConfig, FaultyStore};
 use mink_wal::{ObjectStoreConfig, StreamStore, WalConfig, open_object_store};
@@ -23,8 +24,11 @@ const ROWS: usize = 1_000;
 const WRITERS: usize = 8;
 const BUCKETS: u32 = 4;
 
+/// The throughput table's: a body of one letter repeated, which zstd would shrink to
+/// nothing, so its rows are stored uncompressed (the compression section measures
+/// codecs on real rows).
 fn descriptor() -> TableDescriptor {
-    TableDescriptor {
+    let mut d = TableDescriptor {
         bucket_count: BUCKETS,
         ..TableDescriptor::log_table(Schema::new(
             1,
@@ -33,7 +37,9 @@ fn descriptor() -> TableDescriptor {
                 Column::new("body", DataType::String, true),
             ],
         ))
-    }
+    };
+    d.properties.compression = Compression::None;
+    d
 }
 
 /// `ROWS` rows with ids from `seed` and a body of `body` bytes of `fill`.
@@ -233,6 +239,233 @@ async fn ingest_into(
         rows * (bytes_per_batch / ROWS) as f64 / 1e6,
         bytes_per_batch,
     )
+}
+
+/// The columns of TPC-H's `lineitem` (prices and rates as DOUBLE).
+fn lineitem_descriptor(compression: Compression) -> TableDescriptor {
+    use DataType::{BigInt, Date, Double, Int, String as Text};
+    let columns = [
+        ("l_orderkey", BigInt),
+        ("l_partkey", BigInt),
+        ("l_suppkey", BigInt),
+        ("l_linenumber", Int),
+        ("l_quantity", Double),
+        ("l_extendedprice", Double),
+        ("l_discount", Double),
+        ("l_tax", Double),
+        ("l_returnflag", Text),
+        ("l_linestatus", Text),
+        ("l_shipdate", Date),
+        ("l_commitdate", Date),
+        ("l_receiptdate", Date),
+        ("l_shipinstruct", Text),
+        ("l_shipmode", Text),
+        ("l_comment", Text),
+    ];
+    let schema = Schema::new(
+        1,
+        columns
+            .into_iter()
+            .map(|(n, t)| Column::new(n, t, false))
+            .collect(),
+    );
+    let mut d = TableDescriptor::log_table(schema);
+    d.bucket_count = BUCKETS;
+    d.properties.compression = compression;
+    d
+}
+
+/// `ROWS` rows shaped as dbgen's `lineitem`: orders of 1-7 lines, keys, prices and
+/// dates drawn as dbgen draws them, comments of 10-43 characters from its word list.
+fn lineitem(seed: u64) -> RecordBatch {
+    use arrow::array::{Date32Array, Float64Array, Int32Array};
+    use rand::{Rng, SeedableRng};
+    const WORDS: [&str; 24] = [
+        "furiously", "quickly", "carefully", "blithely", "slyly", "ironic", "final",
+        "pending", "regular", "express", "special", "bold", "deposits", "requests",
+        "accounts", "packages", "instructions", "theodolites", "foxes", "pinto", "beans",
+        "sleep", "nag", "haggle",
+    ];
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut order = seed as i64 * 4 * ROWS as i64;
+    let (mut line, mut lines) = (0, 0);
+    let mut cols: (Vec<i64>, Vec<i64>, Vec<i64>, Vec<i32>) = Default::default();
+    let mut money: (Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>) = Default::default();
+    let mut dates: (Vec<i32>, Vec<i32>, Vec<i32>) = Default::default();
+    let mut text: [Vec<String>; 5] = Default::default();
+    for _ in 0..ROWS {
+        if line == lines {
+            order += rng.random_range(1..=4);
+            (line, lines) = (0, rng.random_range(1..=7));
+        }
+        line += 1;
+        let quantity = f64::from(rng.random_range(1..=50));
+        let part = rng.random_range(1..=200_000i64);
+        let ship = 8036 + rng.random_range(0..2_526);
+        cols.0.push(order);
+        cols.1.push(part);
+        cols.2.push(rng.random_range(1..=10_000));
+        cols.3.push(line);
+        money.0.push(quantity);
+        money.1.push(quantity * (900.0 + (part % 1_000) as f64 / 10.0));
+        money.2.push(f64::from(rng.random_range(0..=10)) / 100.0);
+        money.3.push(f64::from(rng.random_range(0..=8)) / 100.0);
+        dates.0.push(ship);
+        dates.1.push(ship + rng.random_range(-60..=60));
+        dates.2.push(ship + rng.random_range(1..=30));
+        let flag = if ship > 9_300 { "N" } else { ["A", "R"][rng.random_range(0..2)] };
+        text[0].push(flag.into());
+        text[1].push(if ship > 9_300 { "O" } else { "F" }.into());
+        let instruct = ["DELIVER IN PERSON", "COLLECT COD", "NONE", "TAKE BACK RETURN"];
+        text[2].push(instruct[rng.random_range(0..4)].into());
+        let modes = ["REG AIR", "AIR", "RAIL", "SHIP", "TRUCK", "MAIL", "FOB"];
+        text[3].push(modes[rng.random_range(0..7)].into());
+        let mut comment = String::new();
+        let len = rng.random_range(10..=43);
+        while comment.len() < len {
+            comment.push_str(WORDS[rng.random_range(0..WORDS.len())]);
+            comment.push(' ');
+        }
+        comment.truncate(len);
+        text[4].push(comment);
+    }
+    let [flags, status, instruct, mode, comment] = text;
+    let columns: Vec<arrow::array::ArrayRef> = vec![
+        Arc::new(Int64Array::from(cols.0)),
+        Arc::new(Int64Array::from(cols.1)),
+        Arc::new(Int64Array::from(cols.2)),
+        Arc::new(Int32Array::from(cols.3)),
+        Arc::new(Float64Array::from(money.0)),
+        Arc::new(Float64Array::from(money.1)),
+        Arc::new(Float64Array::from(money.2)),
+        Arc::new(Float64Array::from(money.3)),
+        Arc::new(StringArray::from(flags)),
+        Arc::new(StringArray::from(status)),
+        Arc::new(Date32Array::from(dates.0)),
+        Arc::new(Date32Array::from(dates.1)),
+        Arc::new(Date32Array::from(dates.2)),
+        Arc::new(StringArray::from(instruct)),
+        Arc::new(StringArray::from(mode)),
+        Arc::new(StringArray::from(comment)),
+    ];
+    let schema = lineitem_descriptor(Compression::None).schema.to_arrow();
+    RecordBatch::try_new(schema, columns).unwrap()
+}
+
+/// The bytes of `batch` as Arrow IPC, uncompressed: what a client sends.
+fn ipc_bytes(batch: &RecordBatch) -> usize {
+    let mut out = Vec::new();
+    let mut w = arrow::ipc::writer::StreamWriter::try_new(&mut out, &batch.schema()).unwrap();
+    w.write(batch).unwrap();
+    w.finish().unwrap();
+    drop(w);
+    out.len()
+}
+
+/// One [`compression`] cell: rows/s of lineitem appends into a table of that
+/// compression, and the bytes PUT to the store during the run (WAL, then segments once
+/// compaction has caught up) and kept by the log at the end, each per byte of Arrow IPC
+/// the clients sent.
+async fn compression_cell(compression: Compression, secs: f64) -> (f64, f64, f64) {
+    let (store, dir) = store(&Kind::File);
+    let mut c = config(dir.path());
+    c.wal.compaction_interval_ms = 500;
+    let node = Node::start_with_store(c, store).await.unwrap();
+    let addr = node.flight_addr.to_string();
+    let client = MinkClient::connect(&addr).await.unwrap();
+    client.create_database("b").await.unwrap();
+    let path = TablePath::parse("b.lineitem").unwrap();
+    client
+        .create_table(&path, &lineitem_descriptor(compression))
+        .await
+        .unwrap();
+    let probe = lineitem(u64::MAX);
+    for _ in 0..100 {
+        if client.append(&path, &probe).await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let put_bytes = |node: &Node| node.accounting.report().bytes_sent;
+    let before = put_bytes(&node);
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let (addr, path) = (addr.clone(), path.clone());
+            tokio::spawn(async move {
+                let client = MinkClient::connect(&addr).await.unwrap();
+                let batches: Vec<_> = (0..4).map(|i| lineitem(w as u64 * 4 + i)).collect();
+                let sizes: Vec<usize> = batches.iter().map(ipc_bytes).collect();
+                let (mut n, mut sent) = (0, 0);
+                while Instant::now() < deadline {
+                    client.append(&path, &batches[n % 4]).await.unwrap();
+                    sent += sizes[n % 4];
+                    n += 1;
+                }
+                (n, sent)
+            })
+        })
+        .collect();
+    let (mut batches, mut sent) = (0, 0);
+    for t in tasks {
+        let (n, s) = t.await.unwrap();
+        batches += n;
+        sent += s;
+    }
+    let rows = (batches * ROWS) as f64 / start.elapsed().as_secs_f64();
+    // Until compaction has written every byte to segments and collected the WAL.
+    let stats = mink_flight::actions::BucketStats {
+        path: Some(path.clone()),
+        open: true,
+    };
+    let mut kept = 0;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now: u64 = client
+            .call(&stats)
+            .await
+            .unwrap()
+            .iter()
+            .filter_map(|s| s.stored_bytes)
+            .sum();
+        if now == kept {
+            break;
+        }
+        kept = now;
+    }
+    let written = put_bytes(&node) - before;
+    node.stop().await;
+    let sent = sent as f64;
+    (rows, written as f64 / sent, kept as f64 / sent)
+}
+
+/// The compression section: lineitem rows under each codec, `runs` rounds.
+async fn compression(secs: f64, runs: usize) -> String {
+    let mut out = format!(
+        "\nCompression (the table's `compression` property): {WRITERS} closed-loop writers \
+         appending TPC-H `lineitem`-shaped rows ({ROWS} a batch, ~{} bytes of Arrow IPC a \
+         row) on `file://`, compaction every 0.5 s. Bytes PUT to the store (WAL, then \
+         segments) and kept by the log once compaction caught up, per byte of Arrow IPC \
+         sent; rows/s against `none` in the same round.\n\n\
+         | round | compression | rows/s | ratio to none | written per byte sent | kept per byte sent |\n\
+         |---|---|---|---|---|---|\n",
+        ipc_bytes(&lineitem(0)) / ROWS
+    );
+    for round in 1..=runs {
+        let mut none = 0.0;
+        for c in [Compression::None, Compression::Zstd, Compression::Lz4] {
+            let (rows, written, kept) = compression_cell(c, secs).await;
+            if c == Compression::None {
+                none = rows;
+            }
+            out.push_str(&format!(
+                "| {round} | {c} | {rows:.0} | {:.2} | {written:.2} | {kept:.2} |\n",
+                rows / none
+            ));
+        }
+    }
+    out
 }
 
 /// MB/s of raw s3stream appends of `size` bytes by `WRITERS` appenders over `BUCKETS`
@@ -626,6 +859,14 @@ async fn main() {
         }
         return;
     }
+    // `MINK_BENCH_COMPRESSION=RUNS`: only the compression section, RUNS rounds.
+    if let Some(runs) = std::env::var("MINK_BENCH_COMPRESSION")
+        .ok()
+        .and_then(|s| s.parse::<usize>().ok())
+    {
+        print!("{}", compression(if quick { 1.0 } else { 5.0 }, runs).await);
+        return;
+    }
     // `MINK_BENCH_PUTS=RUNS`: only the Put/append comparison, RUNS runs.
     if let Some(runs) = std::env::var("MINK_BENCH_PUTS")
         .ok()
@@ -681,6 +922,7 @@ async fn main() {
     }
     out.push_str(&tails);
     out.push_str(&puts_against_appends(secs, if quick { 1 } else { 3 }).await);
+    out.push_str(&compression(if quick { 1.0 } else { 5.0 }, if quick { 1 } else { 3 }).await);
     let samples = if quick { 20 } else { 200 };
     let mut rows = Vec::new();
     for _ in 0..if quick { 1 } else { 3 } {
