@@ -266,6 +266,25 @@ USERS = pa.schema(
 )
 
 
+def test_a_client_that_asks_for_compressed_reads_gets_the_same_rows(client, node):
+    db = fresh_db(client, "zipped")
+    t = client.create_table(f"{db}.lines", pa.schema([("id", pa.int64()), ("note", pa.string())]), buckets=2,
+                            properties={"compression": "lz4"})
+    t.append(pa.table({"id": list(range(3000)), "note": [f"line {i % 40}" for i in range(3000)]}))
+    plain = t.scan().to_arrow().sort_by("id")
+    for codec in ["zstd", "lz4"]:
+        with mink.connect(node.location, compression=codec) as zipped:
+            got = zipped.table(f"{db}.lines").scan().to_arrow().sort_by("id")
+            assert got.equals(plain)
+    with pytest.raises(ValueError, match="brotli"):
+        mink.connect(node.location, compression="brotli")
+    # What a compressed client sends with every call.
+    from mink._conn import _Applied, _Middleware
+
+    assert _Middleware(_Applied(), "zstd").sending_headers() == {"mink-read-compression": "zstd"}
+    assert _Middleware(_Applied(), None).sending_headers() == {}
+
+
 def test_upserts_partial_updates_deletes_lookups_and_state(client):
     db = fresh_db(client, "pk")
     t = client.create_table(f"{db}.users", USERS, primary_key=["region", "id"], partition_keys=["region"], buckets=2)

@@ -29,13 +29,18 @@ class _Applied:
 
 
 class _Middleware(flight.ClientMiddleware):  # type: ignore[misc]
-    def __init__(self, applied: _Applied) -> None:
+    def __init__(self, applied: _Applied, compression: str | None) -> None:
         super().__init__()
         self.applied = applied
+        self.compression = compression
 
     def sending_headers(self) -> dict[str, str]:
         index = self.applied.index
-        return {"mink-min-applied-index": str(index)} if index else {}
+        headers = {"mink-min-applied-index": str(index)} if index else {}
+        if self.compression:
+            # Reads answer compressed IPC bodies (pyarrow decodes them as they come).
+            headers["mink-read-compression"] = self.compression
+        return headers
 
     def received_headers(self, headers: dict[str, list[Any]]) -> None:
         for value in headers.get("mink-applied-index", []):
@@ -46,12 +51,13 @@ class _Middleware(flight.ClientMiddleware):  # type: ignore[misc]
 
 
 class _Factory(flight.ClientMiddlewareFactory):  # type: ignore[misc]
-    def __init__(self, applied: _Applied) -> None:
+    def __init__(self, applied: _Applied, compression: str | None) -> None:
         super().__init__()
         self.applied = applied
+        self.compression = compression
 
     def start_call(self, info: Any) -> _Middleware:
-        return _Middleware(self.applied)
+        return _Middleware(self.applied, self.compression)
 
 
 def location(address: str) -> str:
@@ -62,9 +68,12 @@ def location(address: str) -> str:
 class Connections:
     """Flight clients by address, the bootstrap address first."""
 
-    def __init__(self, address: str, timeout: float | None) -> None:
+    def __init__(self, address: str, timeout: float | None, compression: str | None = None) -> None:
+        if compression not in (None, "none", "zstd", "lz4"):
+            raise ValueError(f"compression {compression!r} is not one of zstd, lz4, none")
         self.bootstrap = location(address)
         self.timeout = timeout
+        self.compression = compression
         self.applied = _Applied()
         self._clients: dict[str, flight.FlightClient] = {}
         self._lock = threading.Lock()
@@ -74,7 +83,7 @@ class Connections:
         with self._lock:
             c = self._clients.get(loc)
             if c is None:
-                c = flight.FlightClient(loc, middleware=[_Factory(self.applied)])
+                c = flight.FlightClient(loc, middleware=[_Factory(self.applied, self.compression)])
                 self._clients[loc] = c
             return c
 

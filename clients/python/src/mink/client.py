@@ -18,20 +18,32 @@ __all__ = ["Client", "connect"]
 _READY_WAIT_S = 30.0
 
 
-def connect(address: str = "grpc://127.0.0.1:9120", sql: str | None = None, timeout: float | None = 60.0) -> "Client":
+def connect(
+    address: str = "grpc://127.0.0.1:9120",
+    sql: str | None = None,
+    timeout: float | None = 60.0,
+    compression: str | None = None,
+) -> "Client":
     """A :class:`Client` of the cluster that the node at ``address`` belongs to (any node
     will do: writes and reads are routed to the bucket leaders). ``sql`` is the address
     of a ``mink-query`` server for :meth:`Client.sql`; ``timeout`` bounds every call in
-    seconds."""
-    return Client(address, sql, timeout)
+    seconds; ``compression`` (``"zstd"`` or ``"lz4"``) asks the nodes for compressed
+    rows on every read, worth it across a network."""
+    return Client(address, sql, timeout, compression)
 
 
 class Client:
     """Catalog calls, tables, and SQL. Thread-safe; close it (or use ``with``) to release
     its connections."""
 
-    def __init__(self, address: str = "grpc://127.0.0.1:9120", sql: str | None = None, timeout: float | None = 60.0) -> None:
-        self._conn = Connections(address, timeout)
+    def __init__(
+        self,
+        address: str = "grpc://127.0.0.1:9120",
+        sql: str | None = None,
+        timeout: float | None = 60.0,
+        compression: str | None = None,
+    ) -> None:
+        self._conn = Connections(address, timeout, compression)
         self._sql_address = sql
         self._sql: Any = None
 
