@@ -340,7 +340,12 @@ async fn main() {
     let cells = [1.0, 10.0, 50.0]
         .into_iter()
         .flat_map(|t| settings.iter().map(move |w| (Kind::Log, t, *w)))
-        .chain(settings.iter().take(2).map(|w| (Kind::PrimaryKey, 10.0, *w)));
+        .chain(
+            settings
+                .iter()
+                .take(2)
+                .map(|w| (Kind::PrimaryKey, 10.0, *w)),
+        );
     for (kind, target, settings) in cells {
         let label = settings.label();
         eprintln!("cost: {} table, {target} MB/s, {label}", kind.name());

@@ -10,8 +10,7 @@ use mink_flight::MinkClient;
 use mink_node::MinkConfig;
 use mink_node::node::Node;
 use mink_types::{
-    ChangelogImage, Column, Compression, DataType, Schema, TableBucket, TableDescriptor,
-    TablePath,
+    ChangelogImage, Column, Compression, DataType, Schema, TableBucket, TableDescriptor, TablePath,
 };
 use mink_wal::fault::{FaultConfig, FaultyStore};
 use mink_wal::{ObjectStoreConfig, StreamStore, WalConfig, open_object_store};
@@ -281,10 +280,30 @@ fn lineitem(seed: u64) -> RecordBatch {
     use arrow::array::{Date32Array, Float64Array, Int32Array};
     use rand::{Rng, SeedableRng};
     const WORDS: [&str; 24] = [
-        "furiously", "quickly", "carefully", "blithely", "slyly", "ironic", "final",
-        "pending", "regular", "express", "special", "bold", "deposits", "requests",
-        "accounts", "packages", "instructions", "theodolites", "foxes", "pinto", "beans",
-        "sleep", "nag", "haggle",
+        "furiously",
+        "quickly",
+        "carefully",
+        "blithely",
+        "slyly",
+        "ironic",
+        "final",
+        "pending",
+        "regular",
+        "express",
+        "special",
+        "bold",
+        "deposits",
+        "requests",
+        "accounts",
+        "packages",
+        "instructions",
+        "theodolites",
+        "foxes",
+        "pinto",
+        "beans",
+        "sleep",
+        "nag",
+        "haggle",
     ];
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut order = seed as i64 * 4 * ROWS as i64;
@@ -307,16 +326,27 @@ fn lineitem(seed: u64) -> RecordBatch {
         cols.2.push(rng.random_range(1..=10_000));
         cols.3.push(line);
         money.0.push(quantity);
-        money.1.push(quantity * (900.0 + (part % 1_000) as f64 / 10.0));
+        money
+            .1
+            .push(quantity * (900.0 + (part % 1_000) as f64 / 10.0));
         money.2.push(f64::from(rng.random_range(0..=10)) / 100.0);
         money.3.push(f64::from(rng.random_range(0..=8)) / 100.0);
         dates.0.push(ship);
         dates.1.push(ship + rng.random_range(-60..=60));
         dates.2.push(ship + rng.random_range(1..=30));
-        let flag = if ship > 9_300 { "N" } else { ["A", "R"][rng.random_range(0..2)] };
+        let flag = if ship > 9_300 {
+            "N"
+        } else {
+            ["A", "R"][rng.random_range(0..2)]
+        };
         text[0].push(flag.into());
         text[1].push(if ship > 9_300 { "O" } else { "F" }.into());
-        let instruct = ["DELIVER IN PERSON", "COLLECT COD", "NONE", "TAKE BACK RETURN"];
+        let instruct = [
+            "DELIVER IN PERSON",
+            "COLLECT COD",
+            "NONE",
+            "TAKE BACK RETURN",
+        ];
         text[2].push(instruct[rng.random_range(0..4)].into());
         let modes = ["REG AIR", "AIR", "RAIL", "SHIP", "TRUCK", "MAIL", "FOB"];
         text[3].push(modes[rng.random_range(0..7)].into());

@@ -177,10 +177,14 @@ impl WalConfig {
         self.put_rate_max.unwrap_or(0)
     }
 
-    /// The linger in effect (see `linger_ms`).
+    /// The linger in effect (see `linger_ms`). With a budget the default is
+    /// [`DEFAULT_BUDGET_LINGER_MS`], or the gap between two tokens if that is longer:
+    /// a group that outwaited a shorter linger would go before its token every time,
+    /// and the budget would be `1 / linger` instead of `put_rate_max`.
     pub fn linger(&self) -> std::time::Duration {
-        let default = if self.put_rate() > 0 {
-            DEFAULT_BUDGET_LINGER_MS
+        let rate = u64::from(self.put_rate());
+        let default = if rate > 0 {
+            DEFAULT_BUDGET_LINGER_MS.max(1_000u64.div_ceil(rate))
         } else {
             0
         };
@@ -188,11 +192,15 @@ impl WalConfig {
     }
 
     /// Fills the defaults that depend on the store: a budget where requests are
-    /// billed (`billed`, an S3 store), none elsewhere; then the linger that goes with
-    /// it. Values set explicitly stay.
+    /// billed (`billed`, an S3 store), none elsewhere or when `linger_ms` was set to
+    /// 0 (no wait at all: a budget could hold nothing back); then the linger that goes
+    /// with it. Values set explicitly stay. A node resolves its configuration when it
+    /// loads it (`MinkConfig::load`); a `WalConfig` built in code keeps no budget
+    /// unless it names one.
     pub fn resolve_defaults(&mut self, billed: bool) {
+        let budget = billed && self.linger_ms != Some(0);
         self.put_rate_max
-            .get_or_insert(if billed { DEFAULT_PUT_RATE_MAX } else { 0 });
+            .get_or_insert(if budget { DEFAULT_PUT_RATE_MAX } else { 0 });
         let linger = self.linger().as_millis() as u64;
         self.linger_ms.get_or_insert(linger);
     }
@@ -229,6 +237,14 @@ impl WalConfig {
         }
         if self.put_rate_max.is_some_and(|n| n > 100_000) {
             return Err("wal.put_rate_max must be at most 100000 (0: no budget)".into());
+        }
+        if self.put_rate() > 0 && self.linger_ms == Some(0) {
+            return Err(
+                "wal.put_rate_max needs a wal.linger_ms above 0: the linger is the most the \
+                 budget may hold a group back, and 0 holds nothing (set put_rate_max = 0 for \
+                 no budget)"
+                    .into(),
+            );
         }
         if self.segment_merge_fanin == 1 {
             return Err("wal.segment_merge_fanin must be 0 (off) or at least 2".into());
@@ -296,6 +312,14 @@ mod tests {
             ),
             (
                 WalConfig {
+                    put_rate_max: Some(10),
+                    linger_ms: Some(0),
+                    ..Default::default()
+                },
+                "wal.put_rate_max needs a wal.linger_ms above 0",
+            ),
+            (
+                WalConfig {
                     segment_merge_fanin: 1,
                     ..Default::default()
                 },
@@ -338,5 +362,18 @@ mod tests {
         };
         own.resolve_defaults(false);
         assert_eq!((own.put_rate(), own.linger().as_millis()), (4, 250));
+        // A budget under 4 a second lingers at least one token's gap.
+        let slow = WalConfig {
+            put_rate_max: Some(3),
+            ..Default::default()
+        };
+        assert_eq!(slow.linger().as_millis(), 334);
+        // linger_ms 0 on S3: no wait, so no budget either.
+        let mut eager = WalConfig {
+            linger_ms: Some(0),
+            ..Default::default()
+        };
+        eager.resolve_defaults(true);
+        assert_eq!((eager.put_rate(), eager.validate()), (0, Ok(())));
     }
 }

@@ -55,9 +55,9 @@ impl PutBudget {
         }
     }
 
-    /// A group is sealed at `now`: one token spent, or what is left of one (a group
-    /// that was full, or outwaited the linger, goes without; it takes no credit from
-    /// the uploads that follow).
+    /// A group is sealed at `now`: one token spent, or what the bucket holds if less
+    /// (a group that was full, or outwaited the linger, goes without a whole token;
+    /// the bucket floors at empty, never in debt to the uploads that follow).
     pub fn spend(&mut self, now: Instant) {
         self.tokens = (self.tokens(now) - 1.0).max(0.0);
         self.at = self.at.max(now);
