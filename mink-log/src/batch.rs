@@ -192,6 +192,18 @@ fn ipc_size_hint(batch: &RecordBatch) -> usize {
     bytes + 256 + 64 * buffers
 }
 
+/// The bytes of `batch`'s buffers (values, offsets, validity, children's), as a read
+/// decodes them: what a batch costs in memory once decoded, whatever its stored size.
+/// Buffers shared by slices are counted at their length, not their allocation.
+pub fn decoded_bytes(batch: &RecordBatch) -> usize {
+    fn data(d: &arrow::array::ArrayData) -> usize {
+        d.nulls().map_or(0, |n| n.buffer().len())
+            + d.buffers().iter().map(|b| b.len()).sum::<usize>()
+            + d.child_data().iter().map(data).sum::<usize>()
+    }
+    batch.columns().iter().map(|c| data(&c.to_data())).sum()
+}
+
 /// [`encode`] that stores `ipc`, the batch's IPC encoding as the client sent it,
 /// instead of encoding the rows again: one copy of the bytes, no Arrow work, when the
 /// client's body is compressed as `compression` says (uncompressed for `none`; a client

@@ -6,7 +6,8 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LogConfig {
-    /// The largest batch (header plus Arrow IPC) one append may carry. Default 16 MiB.
+    /// The largest batch one append may carry: its header plus Arrow IPC as stored, and
+    /// its rows as decoded (uncompressed), each at most this. Default 16 MiB.
     pub batch_bytes_max: u64,
     /// Appends in flight per tablet before appenders wait. Default 256.
     pub inflight_appends_max: u32,

@@ -113,7 +113,8 @@ impl LogScan<'_> {
         else {
             return Ok(None);
         };
-        let mut result = self.tablet.scan_result(from, &records)?;
+        // Every record: the scan's position has moved past them all.
+        let mut result = self.tablet.scan_result(from, &records, usize::MAX)?;
         result.batches.retain(|b| !b.header.is_marker());
         Ok(Some(result))
     }
@@ -769,7 +770,7 @@ impl LogTablet {
     }
 
     /// `req` encoded as a log batch (offset and time stamped later, under the lock),
-    /// within `batch_bytes_max`.
+    /// within `batch_bytes_max`, decoded and encoded.
     fn encode(&self, req: &AppendRequest) -> Result<bytes::BytesMut> {
         let header = BatchHeader {
             base_offset: 0,
@@ -787,6 +788,17 @@ impl LogTablet {
             },
             change_types: req.change_types.clone().unwrap_or_default(),
         };
+        // The limit bounds a batch's rows as they are in memory, compressed or not: a
+        // read decodes a stored batch whole.
+        let limit = self.inner.config.batch_bytes_max;
+        let decoded = batch::decoded_bytes(&req.batch) as u64;
+        if decoded > limit {
+            return Err(MinkError::LimitExceeded {
+                what: format!("{}: batch bytes (uncompressed)", self.inner.bucket),
+                limit,
+                actual: decoded,
+            });
+        }
         let compression = self.compression();
         let encoded = match &req.ipc {
             Some(ipc) => batch::encode_from_ipc(&header, &req.batch, ipc, compression)?,
@@ -1095,16 +1107,29 @@ impl LogTablet {
             .read(from as u64, max_bytes)
             .await
             .map_err(|e| self.read_error(from, e))?;
-        self.scan_result(from, &records)
+        self.scan_result(from, &records, max_bytes)
     }
 
     /// The batches of `records`, read from `from` (a batch that begins before it is
-    /// cut to start at it), sequence markers kept.
-    fn scan_result(&self, from: i64, records: &[mink_wal::Record]) -> Result<ScanResult> {
+    /// cut to start at it), sequence markers kept, decoded until they hold `max_bytes`
+    /// of Arrow memory (at least one): a read's byte budget bounds the stored bytes it
+    /// fetches, and a compressed batch may decode to many times its stored size. The
+    /// result ends after the last record decoded.
+    fn scan_result(
+        &self,
+        from: i64,
+        records: &[mink_wal::Record],
+        max_bytes: usize,
+    ) -> Result<ScanResult> {
         let mut batches = Vec::with_capacity(records.len());
-        let end = records.last().map_or(from, |r| r.end() as i64);
+        let (mut end, mut decoded) = (from, 0usize);
         for record in records {
+            if decoded >= max_bytes {
+                break;
+            }
             let mut b = self.decode(record)?;
+            decoded += batch::decoded_bytes(&b.batch);
+            end = record.end() as i64;
             if b.header.base_offset < from {
                 let skip = (from - b.header.base_offset) as usize;
                 b.batch = b.batch.slice(skip, b.batch.num_rows() - skip);
