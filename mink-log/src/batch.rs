@@ -123,6 +123,13 @@ pub fn encode(
     writer.write(batch)?;
     writer.get_mut().skipping = true;
     let mut buf = writer.into_inner()?.buf;
+    if buf.capacity() > buf.len() + buf.len() / 4 + 4096 {
+        // Compressed rows took less than the room made for them, and the batch is
+        // held as it is (the WAL's queue and tail cache count its length): its own
+        // allocation, of its size. Rows of one letter repeated shrink a thousandfold,
+        // and their batches would otherwise hold the uncompressed room each.
+        buf = BytesMut::from(&buf[..]);
+    }
     set_crc(&mut buf);
     Ok(buf)
 }
@@ -626,7 +633,13 @@ mod tests {
         let (header, batch) = compressible();
         let plain = encode(&header, &batch, Compression::None).unwrap().len();
         for compression in [Compression::Zstd, Compression::Lz4] {
-            let bytes = encode(&header, &batch, compression).unwrap().freeze();
+            let buf = encode(&header, &batch, compression).unwrap();
+            // Held at its own size, not the room made for the uncompressed rows.
+            assert!(
+                buf.capacity() <= buf.len() + buf.len() / 4 + 4096,
+                "{compression}"
+            );
+            let bytes = buf.freeze();
             assert!(
                 bytes.len() * 2 < plain,
                 "{compression}: {} bytes against {plain} uncompressed",
