@@ -149,11 +149,7 @@ impl SnapshotStore {
         let arrow = arrow.as_ref().clone().with_metadata(metadata);
         let path = self.path(offset);
         Ok(SnapshotWriter {
-            ipc: StreamWriter::try_new_with_options(
-                Vec::new(),
-                &arrow,
-                mink_log::batch::ipc_options(compression),
-            )?,
+            ipc: StreamWriter::try_new_with_options(Vec::new(), &arrow, compression.ipc_options())?,
             upload: Some(
                 BufWriter::with_capacity(self.store.clone(), path.clone(), self.part_bytes)
                     .with_max_concurrency(SNAPSHOT_PARTS_IN_FLIGHT),

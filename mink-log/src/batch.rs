@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use arrow::array::RecordBatch;
 use arrow::buffer::Buffer;
 use arrow::datatypes::SchemaRef;
-use arrow::ipc::writer::{IpcWriteOptions, StreamWriter};
+use arrow::ipc::writer::StreamWriter;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use mink_types::{ChangeType, Compression, IpcEncoded, MinkError, Result, SchemaId};
 
@@ -82,11 +82,6 @@ fn corrupt(what: impl std::fmt::Display) -> MinkError {
     MinkError::Internal(format!("corrupt log batch: {what}"))
 }
 
-/// The IPC write options of `compression` ([`Compression::ipc_options`]).
-pub fn ipc_options(compression: Compression) -> IpcWriteOptions {
-    compression.ipc_options()
-}
-
 /// Encodes `batch` with `header` (whose `record_count` and change types must match),
 /// its IPC body compressed as `compression` says.
 ///
@@ -115,7 +110,7 @@ pub fn encode(
             skipping: true,
         },
         &batch.schema(),
-        ipc_options(compression),
+        compression.ipc_options(),
     )?;
     // The schema message (written by `try_new`) and the end-of-stream marker (by
     // `into_inner`) are skipped: the header's schema id names the schema.
@@ -670,7 +665,7 @@ mod tests {
                 body: Buffer::from_vec(encoded.arrow_data),
             }
         };
-        let zstd_ipc = client(ipc_options(Compression::Zstd));
+        let zstd_ipc = client(Compression::Zstd.ipc_options());
         let plain_ipc = client(IpcWriteOptions::default());
         let stored_codec = |buf: &BytesMut| {
             let (_, at) = decode_header(buf).unwrap();
