@@ -1408,6 +1408,7 @@ impl MinkClient {
             max_bytes: None,
             end_offset: None,
             columns: None,
+            filter: None,
         };
         let result = self.read_at(&leader, &ticket).await;
         self.stale_routing(path, result).await
@@ -1493,6 +1494,7 @@ impl MinkClient {
                             max_bytes: None,
                             end_offset: None,
                             columns: None,
+                            filter: None,
                         },
                     )
                     .await?;

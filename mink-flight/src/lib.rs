@@ -4,6 +4,7 @@
 //! - [`actions`]: the typed action protocol: every action's request and answer, and
 //!   the one list of their names (Arrow-free).
 //! - [`projection`]: the columns a read answers (a ticket's `columns`).
+//! - [`filter`]: the rows a read answers (a ticket's `filter`), evaluated on the node.
 //! - [`server`]: the Flight server over the [`server::MinkService`] trait the node
 //!   implements; gRPC status mapping; the `mink-applied-index` headers.
 //! - [`client`]: the Rust client (client-side routing, idempotent writes with retries).
@@ -14,6 +15,7 @@
 pub mod actions;
 pub mod client;
 pub mod config;
+pub mod filter;
 pub mod projection;
 pub mod protocol;
 pub mod server;

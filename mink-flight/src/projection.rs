@@ -1,16 +1,18 @@
 //! The columns a read answers: a ticket's `columns`, applied to what the service read
 //! before anything is encoded, so that the columns a reader did not ask for never
-//! cross the wire (a TPC-H scan needs 4 of `lineitem`'s 16).
+//! cross the wire (a TPC-H scan needs 4 of `lineitem`'s 16); and [`ReadShape`], a
+//! ticket's `filter` and `columns` together.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use arrow::array::RecordBatch;
+use arrow::array::{Array, RecordBatch};
 use arrow::datatypes::SchemaRef;
 use futures::StreamExt;
 use mink_types::MinkError;
 
-use crate::server::ReadBatches;
+use crate::filter::{BoundFilter, Filter};
+use crate::server::{ReadBatch, ReadBatches};
 
 /// A read cut to some of its table's columns, by name, in the order asked.
 #[derive(Debug, Clone)]
@@ -74,21 +76,135 @@ impl Projection {
         RecordBatch::try_new_with_options(self.schema.clone(), columns, &options)
             .map_err(|e| MinkError::Internal(format!("projecting a read: {e}")))
     }
+}
 
-    /// Every batch of a read, projected (streams as they stream).
+/// Counts rows a read's filter kept on the node (`/metrics`).
+fn left_out(rows: usize) {
+    if rows > 0 {
+        metrics::counter!("mink_flight_read_filtered_rows_total").increment(rows as u64);
+    }
+}
+
+/// What a read answers: the rows its `filter` keeps (evaluated on the table's
+/// columns), then the columns its `columns` name.
+#[derive(Debug, Clone)]
+pub struct ReadShape {
+    filter: Option<BoundFilter>,
+    projection: Option<Projection>,
+    schema: SchemaRef,
+}
+
+impl ReadShape {
+    /// The shape of a read of `schema` (the table's); `InvalidArgument` for a column
+    /// or filter the table cannot answer.
+    pub fn of(
+        schema: &SchemaRef,
+        columns: Option<&[String]>,
+        filter: Option<&Filter>,
+    ) -> Result<Self, MinkError> {
+        let projection = Projection::of(schema, columns)?;
+        let filter = filter.map(|f| f.bind(schema)).transpose()?;
+        Ok(Self {
+            schema: projection
+                .as_ref()
+                .map_or_else(|| schema.clone(), |p| p.schema().clone()),
+            filter,
+            projection,
+        })
+    }
+
+    /// The schema of the rows answered.
+    pub fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    /// Whether the read answers what was read, unchanged.
+    pub fn is_whole(&self) -> bool {
+        self.filter.is_none() && self.projection.is_none()
+    }
+
+    fn columns(&self, batch: &RecordBatch) -> Result<RecordBatch, MinkError> {
+        match &self.projection {
+            Some(p) => p.apply(batch),
+            None => Ok(batch.clone()),
+        }
+    }
+
+    /// A scan's batch shaped; `None` when the filter kept none of its rows. A
+    /// filtered batch says where the rows it was cut from end (`next_offset`), and
+    /// keeps the change types of the rows it kept.
+    pub fn scan_batch(&self, (batch, mut meta): ReadBatch) -> Result<Option<ReadBatch>, MinkError> {
+        let Some(filter) = &self.filter else {
+            return Ok(Some((self.columns(&batch)?, meta)));
+        };
+        meta.next_offset
+            .get_or_insert(meta.base_offset + batch.num_rows() as i64);
+        let (kept, mask) = filter.apply(&batch)?;
+        left_out(batch.num_rows() - kept.num_rows());
+        if let (Some(mask), Some(types)) = (&mask, meta.change_types.as_mut()) {
+            let mut i = 0;
+            types.retain(|_| {
+                let keep = mask.is_valid(i) && mask.value(i);
+                i += 1;
+                keep
+            });
+        }
+        if kept.num_rows() == 0 {
+            return Ok(None);
+        }
+        Ok(Some((self.columns(&kept)?, meta)))
+    }
+
+    /// A state's batch shaped; `None` when the filter kept none of its rows.
+    fn state_batch(&self, batch: RecordBatch) -> Result<Option<RecordBatch>, MinkError> {
+        let kept = match &self.filter {
+            Some(f) => {
+                let kept = f.apply(&batch)?.0;
+                left_out(batch.num_rows() - kept.num_rows());
+                kept
+            }
+            None => batch,
+        };
+        if kept.num_rows() == 0 && self.filter.is_some() {
+            return Ok(None);
+        }
+        Ok(Some(self.columns(&kept)?))
+    }
+
+    /// Every batch of a read, shaped (streams as they stream). Batches the filter
+    /// empties are left out, but for the last of a `Scan` answer that would
+    /// otherwise be empty: a reader stepping through a bucket learns from its
+    /// `next_offset` where to go on.
     pub fn apply_read(&self, batches: ReadBatches) -> Result<ReadBatches, MinkError> {
+        if self.is_whole() {
+            return Ok(batches);
+        }
         Ok(match batches {
-            ReadBatches::Scan(batches) => ReadBatches::Scan(
-                batches
-                    .into_iter()
-                    .map(|(b, meta)| Ok((self.apply(&b)?, meta)))
-                    .collect::<Result<_, MinkError>>()?,
-            ),
+            ReadBatches::Scan(batches) => {
+                let mut last = None;
+                let mut out = Vec::with_capacity(batches.len());
+                for (batch, meta) in batches {
+                    let next = meta.base_offset + batch.num_rows() as i64;
+                    match self.scan_batch((batch, meta.clone()))? {
+                        Some(b) => out.push(b),
+                        None => last = Some((next, meta)),
+                    }
+                }
+                if let (true, Some((next, mut meta))) = (out.is_empty(), last) {
+                    meta.next_offset = Some(meta.next_offset.unwrap_or(next));
+                    meta.change_types = meta.change_types.map(|_| vec![]);
+                    out.push((RecordBatch::new_empty(self.schema.clone()), meta));
+                }
+                ReadBatches::Scan(out)
+            }
             ReadBatches::Stream(batches) => {
                 let this = self.clone();
                 ReadBatches::Stream(
                     batches
-                        .map(move |item| item.and_then(|(b, meta)| Ok((this.apply(&b)?, meta))))
+                        .filter_map(move |item| {
+                            let out = item.and_then(|b| this.scan_batch(b)).transpose();
+                            futures::future::ready(out)
+                        })
                         .boxed(),
                 )
             }
@@ -96,7 +212,12 @@ impl Projection {
                 let this = self.clone();
                 ReadBatches::SnapshotStream(
                     batches
-                        .map(move |item| item.and_then(|(b, meta)| Ok((this.apply(&b)?, meta))))
+                        .filter_map(move |item| {
+                            let out = item
+                                .and_then(|(b, meta)| Ok(this.state_batch(b)?.map(|b| (b, meta))))
+                                .transpose();
+                            futures::future::ready(out)
+                        })
                         .boxed(),
                 )
             }

@@ -5,6 +5,8 @@
 use mink_types::{BucketId, ChangeType, MinkError, Result, SchemaId, TableBucket, TablePath};
 use serde::{Deserialize, Serialize};
 
+use crate::filter::Filter;
+
 /// The most bytes a JSON body (descriptor, ticket, action) may have.
 pub const JSON_BYTES_MAX: usize = 1 << 20;
 
@@ -81,6 +83,12 @@ pub enum WriteResult {
 /// Every read takes an optional `columns`: the table columns to answer, by name, in
 /// that order (a projection; none: every column, an empty list: rows without columns,
 /// for counting). A name the table lacks is `InvalidArgument`.
+///
+/// Every read but `LimitScan` takes an optional `filter` ([`Filter`]): only the rows
+/// for which it holds are answered, evaluated on the node before the projection (so
+/// it may name columns the projection leaves out). A `Scan`'s batches then carry
+/// `next_offset`. A `Snapshot` (a primary-key bucket's state, which a reader brings
+/// up to date with the changelog) takes filters on primary-key columns only.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub enum ReadTicket {
@@ -97,6 +105,8 @@ pub enum ReadTicket {
         end_offset: Option<i64>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         columns: Option<Vec<String>>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        filter: Option<Filter>,
     },
     /// The first `limit` rows of a bucket.
     LimitScan {
@@ -110,6 +120,8 @@ pub enum ReadTicket {
         bucket: TableBucket,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         columns: Option<Vec<String>>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        filter: Option<Filter>,
     },
     /// The table's newest lake snapshot and, for each bucket, the log from the offset
     /// the snapshot holds rows below: every row once, no gap. Any node answers. With
@@ -121,6 +133,8 @@ pub enum ReadTicket {
         bucket: Option<TableBucket>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         columns: Option<Vec<String>>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        filter: Option<Filter>,
     },
     /// The lake only: snapshot `snapshot_id`, or the newest. Any node answers. With
     /// `bucket`, that bucket's files of the snapshot alone (a reader that fixes the
@@ -133,6 +147,8 @@ pub enum ReadTicket {
         bucket: Option<TableBucket>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         columns: Option<Vec<String>>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        filter: Option<Filter>,
     },
 }
 
@@ -146,6 +162,42 @@ impl ReadTicket {
             | ReadTicket::Union { columns, .. }
             | ReadTicket::Lake { columns, .. } => columns.as_deref(),
         }
+    }
+
+    /// The table columns a read must decode to answer (`None`: all): those it
+    /// answers and those its filter reads.
+    pub fn read_columns(&self) -> Option<Vec<String>> {
+        let mut columns = self.columns()?.to_vec();
+        for c in self.filter().map(Filter::columns).unwrap_or_default() {
+            if !columns.iter().any(|have| have == c) {
+                columns.push(c.to_string());
+            }
+        }
+        Some(columns)
+    }
+
+    /// The rows the read answers (`None`: all of them).
+    pub fn filter(&self) -> Option<&Filter> {
+        match self {
+            ReadTicket::Scan { filter, .. }
+            | ReadTicket::Snapshot { filter, .. }
+            | ReadTicket::Union { filter, .. }
+            | ReadTicket::Lake { filter, .. } => filter.as_ref(),
+            ReadTicket::LimitScan { .. } => None,
+        }
+    }
+
+    /// The read answering only the rows `wanted` holds for (`None`: all). A
+    /// `LimitScan` takes no filter: it is left as it is.
+    pub fn with_filter(mut self, wanted: Option<Filter>) -> Self {
+        match &mut self {
+            ReadTicket::Scan { filter, .. }
+            | ReadTicket::Snapshot { filter, .. }
+            | ReadTicket::Union { filter, .. }
+            | ReadTicket::Lake { filter, .. } => *filter = wanted,
+            ReadTicket::LimitScan { .. } => {}
+        }
+        self
     }
 
     /// The read answering only `wanted` (`None`: every column).
@@ -211,6 +263,11 @@ pub struct ScanBatch {
     /// clock `list_offsets` by timestamp searches). Absent for rows read from the lake.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub commit_timestamp: Option<i64>,
+    /// The offset after the batch's last row as stored, when a ticket's `filter` may
+    /// have removed rows (a reader going on from this batch goes on from here, not
+    /// from `base_offset` plus the rows it holds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_offset: Option<i64>,
 }
 
 /// The app metadata of each DoGet batch of a `Snapshot` read: the rows are the

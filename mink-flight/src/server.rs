@@ -22,7 +22,8 @@ use mink_types::{IpcEncoded, MinkError, TablePath};
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 
-use crate::projection::Projection;
+use crate::filter::Filter;
+use crate::projection::ReadShape;
 use crate::protocol::{
     ExchangeDescriptor, ReadTicket, Redirect, ScanBatch, SnapshotBatch, TailEnd, TailPoll,
     WriteBatch, WriteDescriptor, WriteResult, parse_json,
@@ -275,24 +276,40 @@ impl<S: MinkService> FlightServer<S> {
         bucket: mink_types::TableBucket,
         (offset, end): (i64, i64),
         max_bytes: Option<u64>,
-        columns: Option<Vec<String>>,
+        (columns, filter): (Option<Vec<String>>, Option<Filter>),
         options: IpcWriteOptions,
     ) -> Result<Response<Stream<FlightData>>, Status> {
+        // The node decodes the columns answered and those the filter reads, no more.
+        let decoded = ReadTicket::Scan {
+            bucket,
+            offset,
+            max_bytes,
+            end_offset: None,
+            columns: columns.clone(),
+            filter: filter.clone(),
+        }
+        .read_columns();
         let scan = move |from| ReadTicket::Scan {
             bucket,
             offset: from,
             max_bytes,
             end_offset: None,
-            columns: None,
+            columns: decoded.clone(),
+            filter: None,
         };
         let (schema, first) = self.service.read(scan(offset)).await.map_err(status)?;
-        let projection = Projection::of(&schema, columns.as_deref()).map_err(status)?;
-        let schema = projection.as_ref().map_or(schema, |p| p.schema().clone());
-        let project = move |batches: ReadBatches| match &projection {
-            Some(p) => p.apply_read(batches).map_err(status),
-            None => Ok(batches),
+        let shape = ReadShape::of(&schema, columns.as_deref(), filter.as_ref()).map_err(status)?;
+        let schema = shape.schema().clone();
+        // Cut at `end` first (by the rows as stored), then filtered and projected.
+        let answer = move |batches: ReadBatches, from: i64| {
+            let (kept, next) = below(batches, from, end)?;
+            let mut shaped = Vec::with_capacity(kept.len());
+            for b in kept {
+                shaped.extend(shape.scan_batch(b).map_err(status)?);
+            }
+            Ok::<_, Status>((encode_batches(shaped, &options)?, next))
         };
-        let (mut data, mut next) = below(project(first)?, offset, end, &options)?;
+        let (mut data, mut next) = answer(first, offset)?;
         data.insert(
             0,
             FlightData::from(SchemaAsIpc::new(&schema, &IpcWriteOptions::default())),
@@ -309,8 +326,7 @@ impl<S: MinkService> FlightServer<S> {
                     return;
                 };
                 let read = service.read(scan(from)).await.map_err(status);
-                let below = |batches| below(project(batches)?, from, end, &options);
-                match read.and_then(|(_, batches)| below(batches)) {
+                match read.and_then(|(_, batches)| answer(batches, from)) {
                     Ok((d, n)) => (data, next) = (d, n),
                     Err(e) => {
                         let _ = tx.send(Err(e)).await;
@@ -323,14 +339,13 @@ impl<S: MinkService> FlightServer<S> {
     }
 }
 
-/// A scan's batches from `from` cut at `end`, encoded; and the offset to scan next,
-/// `None` when the scan made no progress (nothing more is readable).
+/// A scan's batches from `from` cut at `end`; and the offset to scan next, `None`
+/// when the scan made no progress (nothing more is readable).
 fn below(
     batches: ReadBatches,
     from: i64,
     end: i64,
-    options: &IpcWriteOptions,
-) -> Result<(Vec<FlightData>, Option<i64>), Status> {
+) -> Result<(Vec<ReadBatch>, Option<i64>), Status> {
     let ReadBatches::Scan(batches) = batches else {
         return Err(Status::internal(
             "a Scan answered with other than scan batches",
@@ -350,7 +365,7 @@ fn below(
         kept.push((batch.slice(0, take), meta));
     }
     let progressed = next > from;
-    Ok((encode_batches(kept, options)?, progressed.then_some(next)))
+    Ok((kept, progressed.then_some(next)))
 }
 
 /// The request header by which a reader asks for its rows' IPC bodies compressed:
@@ -562,19 +577,20 @@ impl<S: MinkService> FlightService for FlightServer<S> {
                 max_bytes,
                 end_offset: Some(end),
                 columns,
+                filter,
             } = ticket
             {
                 return self
-                    .scan_range(bucket, (offset, end), max_bytes, columns, options)
+                    .scan_range(bucket, (offset, end), max_bytes, (columns, filter), options)
                     .await;
             }
             let columns = ticket.columns().map(<[String]>::to_vec);
+            let filter = ticket.filter().cloned();
             let (schema, batches) = self.service.read(ticket).await.map_err(status)?;
-            let (schema, batches) = match Projection::of(&schema, columns.as_deref()) {
-                Ok(Some(p)) => (p.schema().clone(), p.apply_read(batches).map_err(status)?),
-                Ok(None) => (schema, batches),
-                Err(e) => return Err(status(e)),
-            };
+            let shape =
+                ReadShape::of(&schema, columns.as_deref(), filter.as_ref()).map_err(status)?;
+            let batches = shape.apply_read(batches).map_err(status)?;
+            let schema = shape.schema().clone();
             match batches {
                 ReadBatches::Stream(batches) => {
                     let stream = stream_batches(&schema, batches, options);

@@ -114,7 +114,7 @@ impl LogScan<'_> {
             return Ok(None);
         };
         // Every record: the scan's position has moved past them all.
-        let mut result = self.tablet.scan_result(from, &records, usize::MAX)?;
+        let mut result = self.tablet.scan_result(from, &records, usize::MAX, None)?;
         result.batches.retain(|b| !b.header.is_marker());
         Ok(Some(result))
     }
@@ -1030,8 +1030,8 @@ impl LogTablet {
 
     /// Decodes a stream record into a batch, checking that its header agrees with
     /// where the stream holds it.
-    fn decode(&self, record: &mink_wal::Record) -> Result<LogBatch> {
-        let decoded = batch::decode(&record.payload, |id| self.arrow_schema(id))?;
+    fn decode(&self, record: &mink_wal::Record, columns: Option<&[String]>) -> Result<LogBatch> {
+        let decoded = batch::decode_columns(&record.payload, |id| self.arrow_schema(id), columns)?;
         if decoded.header.base_offset != record.base as i64
             || decoded.header.record_count as u32 != record.count
         {
@@ -1056,10 +1056,22 @@ impl LogTablet {
     /// hold no rows, so a long run of them must not look like the end of the log to
     /// a reader that stops at an empty read, as a Kafka fetch or a tail would).
     pub async fn scan(&self, from: i64, max_bytes: usize) -> Result<ScanResult> {
-        let mut result = self.scan_with_markers(from, max_bytes).await?;
+        self.scan_columns(from, max_bytes, None).await
+    }
+
+    /// [`LogTablet::scan`] decoding only the columns named (`None`: all; see
+    /// [`batch::decode_columns`]): the rest of each batch is never decompressed. The
+    /// byte budget counts the columns decoded.
+    pub async fn scan_columns(
+        &self,
+        from: i64,
+        max_bytes: usize,
+        columns: Option<&[String]>,
+    ) -> Result<ScanResult> {
+        let mut result = self.scan_marked(from, max_bytes, columns).await?;
         result.batches.retain(|b| !b.header.is_marker());
         while result.batches.is_empty() && result.end < result.high_watermark {
-            result = self.scan_with_markers(result.end, max_bytes).await?;
+            result = self.scan_marked(result.end, max_bytes, columns).await?;
             result.batches.retain(|b| !b.header.is_marker());
         }
         result.from = from;
@@ -1097,6 +1109,15 @@ impl LogTablet {
     /// its one offset, [`BatchHeader::is_marker`]): for readers of batch headers rather
     /// than rows, to whom every offset is some batch's.
     pub async fn scan_with_markers(&self, from: i64, max_bytes: usize) -> Result<ScanResult> {
+        self.scan_marked(from, max_bytes, None).await
+    }
+
+    async fn scan_marked(
+        &self,
+        from: i64,
+        max_bytes: usize,
+        columns: Option<&[String]>,
+    ) -> Result<ScanResult> {
         self.check_read_from(from)?;
         let max_bytes = max_bytes
             .min(self.inner.config.scan_bytes_max as usize)
@@ -1107,7 +1128,7 @@ impl LogTablet {
             .read(from as u64, max_bytes)
             .await
             .map_err(|e| self.read_error(from, e))?;
-        self.scan_result(from, &records, max_bytes)
+        self.scan_result(from, &records, max_bytes, columns)
     }
 
     /// The batches of `records`, read from `from` (a batch that begins before it is
@@ -1120,6 +1141,7 @@ impl LogTablet {
         from: i64,
         records: &[mink_wal::Record],
         max_bytes: usize,
+        columns: Option<&[String]>,
     ) -> Result<ScanResult> {
         let mut batches = Vec::with_capacity(records.len());
         let (mut end, mut decoded) = (from, 0usize);
@@ -1127,7 +1149,7 @@ impl LogTablet {
             if decoded >= max_bytes {
                 break;
             }
-            let mut b = self.decode(record)?;
+            let mut b = self.decode(record, columns)?;
             decoded += batch::decoded_bytes(&b.batch);
             end = record.end() as i64;
             if b.header.base_offset < from {

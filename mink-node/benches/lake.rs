@@ -173,6 +173,7 @@ async fn backlog(batches: usize) -> Backlog {
             path: path.clone(),
             bucket: None,
             columns: None,
+            filter: None,
         })
         .await
         .unwrap();
@@ -362,6 +363,7 @@ async fn read_state_mbps(client: &MinkClient, path: &TablePath) -> f64 {
                 snapshot_id: None,
                 bucket: None,
                 columns: None,
+                filter: None,
             })
             .await
             .unwrap();

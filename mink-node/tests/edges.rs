@@ -291,6 +291,7 @@ async fn a_snapshot_reader_past_the_trim_fails_loudly_and_a_new_snapshot_serves(
         .read_state_any(&ReadTicket::Snapshot {
             bucket,
             columns: None,
+            filter: None,
         })
         .await
         .unwrap();
@@ -329,6 +330,7 @@ async fn a_snapshot_reader_past_the_trim_fails_loudly_and_a_new_snapshot_serves(
         .read_state_any(&ReadTicket::Snapshot {
             bucket,
             columns: None,
+            filter: None,
         })
         .await
         .unwrap();

@@ -129,6 +129,7 @@ async fn rounds_tier_and_union_reads_every_row_once_while_they_commit() {
             snapshot_id: None,
             bucket: None,
             columns: None,
+            filter: None,
         },
     )
     .await;
@@ -149,6 +150,7 @@ async fn rounds_tier_and_union_reads_every_row_once_while_they_commit() {
             path: path.clone(),
             bucket: None,
             columns: None,
+            filter: None,
         },
     )
     .await;
@@ -189,6 +191,7 @@ async fn rounds_tier_and_union_reads_every_row_once_while_they_commit() {
                 path: path.clone(),
                 bucket: None,
                 columns: None,
+                filter: None,
             },
         )
         .await;
@@ -212,6 +215,7 @@ async fn rounds_tier_and_union_reads_every_row_once_while_they_commit() {
                     path: path.clone(),
                     bucket: Some(*bucket),
                     columns: None,
+                    filter: None,
                 },
             )
             .await;
@@ -243,6 +247,7 @@ async fn rounds_tier_and_union_reads_every_row_once_while_they_commit() {
             snapshot_id: None,
             bucket: None,
             columns: None,
+            filter: None,
         },
     )
     .await;
@@ -255,6 +260,7 @@ async fn rounds_tier_and_union_reads_every_row_once_while_they_commit() {
             snapshot_id: Some(first_snapshot),
             bucket: None,
             columns: None,
+            filter: None,
         },
     )
     .await;
@@ -271,6 +277,7 @@ async fn rounds_tier_and_union_reads_every_row_once_while_they_commit() {
                 snapshot_id: Some(first_snapshot),
                 bucket: Some(*bucket),
                 columns: None,
+                filter: None,
             },
         )
         .await;
@@ -285,6 +292,7 @@ async fn rounds_tier_and_union_reads_every_row_once_while_they_commit() {
             snapshot_id: Some(42),
             bucket: None,
             columns: None,
+            filter: None,
         })
         .await
         .unwrap_err();
@@ -300,12 +308,14 @@ async fn rounds_tier_and_union_reads_every_row_once_while_they_commit() {
                 path: path.clone(),
                 bucket: Some(bucket),
                 columns: None,
+                filter: None,
             },
             ReadTicket::Lake {
                 path: path.clone(),
                 snapshot_id: None,
                 bucket: Some(bucket),
                 columns: None,
+                filter: None,
             },
         ] {
             let e = client.read_any(&ticket).await.unwrap_err();
@@ -372,6 +382,7 @@ async fn the_ttl_never_trims_what_the_lake_lacks() {
             path: t.clone(),
             bucket: None,
             columns: None,
+            filter: None,
         },
     )
     .await;
@@ -430,6 +441,7 @@ async fn lake_properties_are_checked_and_a_dropped_tables_lake_goes_with_it() {
             snapshot_id: None,
             bucket: None,
             columns: None,
+            filter: None,
         },
     )
     .await;
@@ -547,6 +559,7 @@ async fn a_lake_of_a_newer_table_is_never_purged_by_a_node_behind() {
             path: path.clone(),
             bucket: None,
             columns: None,
+            filter: None,
         },
     )
     .await;
@@ -630,6 +643,7 @@ async fn lake_state(
             snapshot_id: None,
             bucket: None,
             columns: None,
+            filter: None,
         })
         .await
         .unwrap()
@@ -648,6 +662,7 @@ async fn union_state(
             path: path.clone(),
             bucket: None,
             columns: None,
+            filter: None,
         })
         .await
         .unwrap()
@@ -834,6 +849,7 @@ async fn a_backlog_tiers_in_bounded_rounds_and_date_partitions_work() {
             snapshot_id: None,
             bucket: None,
             columns: None,
+            filter: None,
         },
     )
     .await;
@@ -911,6 +927,7 @@ async fn two_nodes_tier_one_table_and_either_answers_union() {
                 path: path.clone(),
                 bucket: None,
                 columns: None,
+                filter: None,
             })
             .await
             .unwrap();
@@ -982,6 +999,7 @@ async fn a_union_reader_slower_than_the_trim_grace_fails_loudly() {
         path: path.clone(),
         bucket: None,
         columns: None,
+        filter: None,
     })
     .unwrap();
     let mut stream = flight
@@ -1032,6 +1050,7 @@ async fn a_union_reader_slower_than_the_trim_grace_fails_loudly() {
             path: path.clone(),
             bucket: None,
             columns: None,
+            filter: None,
         },
     )
     .await;

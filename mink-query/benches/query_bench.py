@@ -121,17 +121,23 @@ def start(bin_dir, work, node_env=None):
         },
         r"Flight listening on 127\.0\.0\.1:(\d+)",
     )
-    query = Proc(
+    return node, start_query(bin_dir, node.port)
+
+
+def start_query(bin_dir, node_port, env=None):
+    """A release mink-query against the node at `node_port`, with `env` (`MINK_QUERY_*`)."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("MINK_")}
+    return Proc(
         [str(bin_dir / "mink-query")],
         {
             **base,
             "RUST_LOG": "warn,mink_query=info",
             "MINK_QUERY_LISTEN": "127.0.0.1:0",
-            "MINK_QUERY_NODES": f'["127.0.0.1:{node.port}"]',
+            "MINK_QUERY_NODES": f'["127.0.0.1:{node_port}"]',
+            **(env or {}),
         },
         r"Flight SQL listening on 127\.0\.0\.1:(\d+)",
     )
-    return node, query
 
 
 def main():

@@ -30,7 +30,7 @@ import pyarrow.flight as flight
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from query_bench import action, log, put, spread, start  # noqa: E402
+from query_bench import action, log, put, spread, start, start_query  # noqa: E402
 
 TABLES = ["nation", "region", "part", "supplier", "partsupp", "customer", "orders", "lineitem"]
 ROWS_PER_PUT = 50_000  # lineitem rows are ~170 bytes: within log.batch_bytes_max (16 MiB)
@@ -129,9 +129,12 @@ def main():
     con.close()
 
     node, query = start(bin_dir, work)
+    # The same engine with no filter sent to the nodes, for what the pushdown is worth.
+    plain_query = start_query(bin_dir, node.port, {"MINK_QUERY_QUERY__FILTER_PUSHDOWN": "false"})
     try:
-        report = run(node, query, parquet, queries, sf, runs)
+        report = run(node, (query, plain_query), parquet, queries, sf, runs)
     finally:
+        plain_query.stop()
         query.stop()
         node.stop()
     print(report)
@@ -158,10 +161,12 @@ def load(client, parquet):
     return total
 
 
-def run(node, query, parquet, queries, sf, runs):
+def run(node, queries_procs, parquet, queries, sf, runs):
+    query, plain_query = queries_procs
     client = flight.connect(f"grpc://127.0.0.1:{node.port}")
     total = load(client, parquet)
     conn = flightsql.connect(f"grpc://127.0.0.1:{query.port}", autocommit=True)
+    plain_conn = flightsql.connect(f"grpc://127.0.0.1:{plain_query.port}", autocommit=True)
 
     ref = duckdb.connect()
     df = datafusion.SessionContext()
@@ -169,13 +174,14 @@ def run(node, query, parquet, queries, sf, runs):
         ref.execute(f"CREATE VIEW {t} AS SELECT * FROM read_parquet('{parquet / t}.parquet')")
         df.register_parquet(t, str(parquet / f"{t}.parquet"))
 
-    def mink(q):
-        with conn.cursor() as cur:
+    def mink(q, c=conn):
+        with c.cursor() as cur:
             cur.execute(qualify(q, "tpch"))
             return cur.fetch_arrow_table()
 
     engines = {
         "mink": lambda q: [tuple(r.values()) for r in mink(q).to_pylist()],
+        "mink_unfiltered": lambda q: [tuple(r.values()) for r in mink(q, plain_conn).to_pylist()],
         "datafusion": lambda q: [tuple(r.values()) for r in df.sql(q).to_arrow_table().to_pylist()],
         "duckdb": lambda q: ref.execute(q).fetchall(),
     }
@@ -202,22 +208,25 @@ def run(node, query, parquet, queries, sf, runs):
     lines = [
         f"TPC-H at scale factor {sf} ({total:,} rows; DuckDB's `dbgen` and query texts), loaded through "
         f"Flight into 8 log tables of 4 buckets on one release node (file://), queried through one mink-query "
-        f"with the ADBC driver; DataFusion {datafusion.__version__} (Python) and DuckDB {duckdb.__version__} over "
-        f"the same rows as local Parquet files. Every answer equal to DuckDB's. {runs} runs, alternating engines; "
-        f"per query the median.",
+        f"with the ADBC driver (and a second mink-query with `query.filter_pushdown = false`, every row sent); "
+        f"DataFusion {datafusion.__version__} (Python) and DuckDB {duckdb.__version__} over "
+        f"the same rows as local Parquet files. Tables at the default compression (zstd). Every answer equal to "
+        f"DuckDB's. {runs} runs, alternating engines; per query the median.",
         "",
-        "| query | mink-query s | DataFusion s | DuckDB s | mink / DataFusion |",
-        "|---|---|---|---|---|",
+        "| query | mink-query s | without filter pushdown s | DataFusion s | DuckDB s | mink / DataFusion |",
+        "|---|---|---|---|---|---|",
     ]
     for n in sorted(queries):
-        m, d, k = med["mink"][n], med["datafusion"][n], med["duckdb"][n]
-        lines.append(f"| Q{n} | {m:.3f} | {d:.3f} | {k:.3f} | {m / d:.2f} |")
+        m, u, d, k = med["mink"][n], med["mink_unfiltered"][n], med["datafusion"][n], med["duckdb"][n]
+        lines.append(f"| Q{n} | {m:.3f} | {u:.3f} | {d:.3f} | {k:.3f} | {m / d:.2f} |")
     sums = {e: statistics.median(run_sums[e]) for e in engines}
+    unfiltered = [u / d for u, d in zip(run_sums["mink_unfiltered"], run_sums["datafusion"])]
     lines += [
-        f"| **sum** | **{sums['mink']:.2f}** | **{sums['datafusion']:.2f}** | **{sums['duckdb']:.2f}** | "
-        f"**{sums['mink'] / sums['datafusion']:.2f}** |",
+        f"| **sum** | **{sums['mink']:.2f}** | **{sums['mink_unfiltered']:.2f}** | **{sums['datafusion']:.2f}** | "
+        f"**{sums['duckdb']:.2f}** | **{sums['mink'] / sums['datafusion']:.2f}** |",
         "",
-        f"mink-query / DataFusion, 22-query sum per run (min / median / max): {spread(ratio)}.",
+        f"mink-query / DataFusion, 22-query sum per run (min / median / max): {spread(ratio)}; "
+        f"without filter pushdown {spread(unfiltered)}.",
         "",
     ]
     return "\n".join(lines)

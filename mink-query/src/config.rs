@@ -54,6 +54,10 @@ pub struct QueryLimits {
     /// `meta.node_session_timeout_ms` plus a takeover, so that a node's death costs a
     /// query time, not an error.
     pub leader_wait_ms: u64,
+    /// Whether a read sends the filters the nodes can evaluate with it, so that rows
+    /// no answer needs stay on the node (docs/query.md). Off: every row is sent and
+    /// filtered here (for comparing; the answers are the same).
+    pub filter_pushdown: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -92,6 +96,7 @@ impl Default for QueryLimits {
             read_parallelism: 16,
             lookup_keys_max: 10_000,
             leader_wait_ms: 60_000,
+            filter_pushdown: true,
         }
     }
 }

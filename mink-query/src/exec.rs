@@ -24,6 +24,7 @@ use datafusion::physical_plan::{
 };
 use futures::{StreamExt, TryStreamExt};
 use mink_flight::actions::{BucketRef, LatestKvSnapshot, Lookup, PrefixLookup};
+use mink_flight::filter::Filter;
 use mink_flight::protocol::{ReadTicket, ScanBatch, SnapshotBatch};
 use mink_types::{MinkError, TableBucket, TablePath};
 use tokio::sync::Semaphore;
@@ -94,6 +95,8 @@ pub struct MinkReadExec {
     /// The table columns asked of the nodes (`None`: all): the projection's, and for
     /// a state merge the key's too.
     columns: Option<Vec<String>>,
+    /// The rows asked of the nodes (`None`: all): the filters they can apply.
+    filter: Option<Filter>,
     /// Primary-key columns (in `full`), for state merges.
     key_columns: Vec<usize>,
     changelog: bool,
@@ -110,7 +113,7 @@ impl MinkReadExec {
         path: TablePath,
         parts: Vec<Part>,
         full: SchemaRef,
-        projection: Option<Vec<usize>>,
+        (projection, filter): (Option<Vec<usize>>, Option<Filter>),
         key_columns: Vec<usize>,
         changelog: bool,
         describe: Describe,
@@ -162,6 +165,7 @@ impl MinkReadExec {
             parts,
             full,
             columns,
+            filter,
             key_columns,
             changelog,
             describe,
@@ -191,6 +195,9 @@ impl DisplayAs for MinkReadExec {
         }
         if let Some(columns) = &self.columns {
             write!(f, ", columns=[{}]", columns.join(", "))?;
+        }
+        if let Some(filter) = &self.filter {
+            write!(f, ", filter=[{filter}]")?;
         }
         if let Some(rows) = self.describe.rows {
             write!(f, ", rows~{rows}")?;
@@ -264,6 +271,7 @@ impl ExecutionPlan for MinkReadExec {
             full: self.full.clone(),
             output: self.schema(),
             columns: self.columns.clone(),
+            filter: self.filter.clone(),
             key_columns: self.key_columns.clone(),
             changelog: self.changelog,
             batch_size: self.batch_size,
@@ -295,6 +303,8 @@ struct Read {
     output: SchemaRef,
     /// The table columns asked of the nodes (`None`: all).
     columns: Option<Vec<String>>,
+    /// The rows asked of the nodes (`None`: all).
+    filter: Option<Filter>,
     key_columns: Vec<usize>,
     changelog: bool,
     batch_size: usize,
@@ -306,7 +316,9 @@ impl Read {
     async fn part(self, part: Part, context: Arc<TaskContext>) -> Result<Rows> {
         match part {
             Part::Log { addr, ticket } => {
-                let ticket = ticket.with_columns(self.columns.clone());
+                let ticket = ticket
+                    .with_columns(self.columns.clone())
+                    .with_filter(self.filter.clone());
                 let batches = self.nodes.read(&addr, &ticket).await.map_err(mink_error)?;
                 Ok(batches
                     .map(move |item| {
@@ -316,7 +328,9 @@ impl Read {
                     .boxed())
             }
             Part::Any { ticket } => {
-                let ticket = ticket.with_columns(self.columns.clone());
+                let ticket = ticket
+                    .with_columns(self.columns.clone())
+                    .with_filter(self.filter.clone());
                 let batches = self.nodes.read_any(&ticket).await.map_err(mink_error)?;
                 Ok(batches
                     .map(move |item| {
@@ -393,6 +407,7 @@ impl Read {
                     &ReadTicket::Snapshot {
                         bucket,
                         columns: self.columns.clone(),
+                        filter: self.filter.clone(),
                     },
                 )
                 .await
@@ -451,6 +466,7 @@ impl Read {
                         max_bytes: None,
                         end_offset: Some(end_offset),
                         columns: self.columns.clone(),
+                        filter: self.filter.clone(),
                     },
                 )
                 .await

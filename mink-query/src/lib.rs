@@ -28,6 +28,7 @@ pub mod merge;
 pub mod nodes;
 pub mod placeholders;
 pub mod plans;
+pub mod pushdown;
 pub mod service;
 pub mod sqlmeta;
 pub mod table;

@@ -313,6 +313,7 @@ impl Nodes {
             max_bytes,
             end_offset: Some(end),
             ref columns,
+            ref filter,
         } = *ticket
         else {
             return Ok(self.open(addr, ticket).await?.0);
@@ -323,6 +324,7 @@ impl Nodes {
             bucket,
             max_bytes,
             columns: columns.clone(),
+            filter: filter.clone(),
             next: offset,
             end,
             moves: 0,
@@ -404,6 +406,8 @@ struct Range {
     max_bytes: Option<u64>,
     /// The columns read (`None`: all).
     columns: Option<Vec<String>>,
+    /// The rows read (`None`: all).
+    filter: Option<mink_flight::filter::Filter>,
     /// The offset after the last batch received.
     next: i64,
     end: i64,
@@ -422,6 +426,7 @@ impl Range {
             max_bytes: self.max_bytes,
             end_offset: Some(self.end),
             columns: self.columns.clone(),
+            filter: self.filter.clone(),
         };
         let (batches, at) = self.nodes.open_waiting(&self.addr, &ticket).await?;
         self.addr = at;
@@ -443,7 +448,11 @@ impl Range {
                     None => return None,
                     Some(Ok((batch, meta))) => {
                         if let Ok(m) = serde_json::from_slice::<ScanBatch>(&meta) {
-                            range.next = range.next.max(m.base_offset + batch.num_rows() as i64);
+                            // A filtered batch ends where its stored rows ended.
+                            let end = m
+                                .next_offset
+                                .unwrap_or(m.base_offset + batch.num_rows() as i64);
+                            range.next = range.next.max(end);
                         }
                         return Some((Ok((batch, meta)), Some(range)));
                     }

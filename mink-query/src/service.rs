@@ -117,6 +117,7 @@ impl QueryService {
             lookup_keys_max: self.limits.lookup_keys_max,
             read_parallelism: self.limits.read_parallelism,
             batch_size: self.limits.batch_size,
+            filter_pushdown: self.limits.filter_pushdown,
         }
     }
 

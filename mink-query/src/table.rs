@@ -19,6 +19,7 @@ use datafusion::datasource::{TableProvider, TableType};
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
 use datafusion::physical_plan::ExecutionPlan;
 use mink_flight::actions::{LakeSnapshot, ListPartitions, TableInfo, TableRef};
+use mink_flight::filter::Filter;
 use mink_flight::protocol::ReadTicket;
 use mink_types::{MinkError, PartitionId, TableBucket, TablePath};
 
@@ -27,6 +28,7 @@ use crate::engine::schema_of;
 use crate::exec::{CHANGELOG_COLUMNS, Describe, MinkReadExec, Part, mink_error};
 use crate::merge::key_columns;
 use crate::nodes::Nodes;
+use crate::pushdown::{node_filter, translates};
 
 /// Which view of a table a name reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,6 +60,8 @@ pub struct ReadLimits {
     pub lookup_keys_max: usize,
     pub read_parallelism: usize,
     pub batch_size: usize,
+    /// Whether reads send the filters the nodes can evaluate (`query.filter_pushdown`).
+    pub filter_pushdown: bool,
 }
 
 #[derive(Debug)]
@@ -66,6 +70,9 @@ pub struct MinkTable {
     info: TableInfo,
     view: View,
     schema: SchemaRef,
+    /// The table's own columns (a `$changelog`'s without its system columns): what a
+    /// node's filter may name.
+    own: SchemaRef,
     shape: Shape,
     limits: ReadLimits,
 }
@@ -107,9 +114,10 @@ impl MinkTable {
                 ));
                 Arc::new(Schema::new(fields))
             }
-            _ => own,
+            _ => own.clone(),
         };
         Ok(Self {
+            own,
             shape: Shape::of(&info.descriptor),
             nodes,
             info,
@@ -133,6 +141,29 @@ impl MinkTable {
 
     fn primary_state(&self) -> bool {
         self.view == View::Table && self.info.descriptor.has_primary_key()
+    }
+
+    /// The columns a node's filter may name: a state is merged here from its snapshot
+    /// and changelog, and a row may leave the filter's range by a later change of its
+    /// values, never of its key; any column of other reads (their rows are final on
+    /// the node).
+    fn filter_columns(&self) -> Option<&[String]> {
+        self.primary_state()
+            .then_some(self.info.descriptor.primary_key.as_slice())
+    }
+
+    /// Whether reads of this view send filters: not a `$changelog`'s, whose rows are
+    /// numbered by their place in the batch the node sent.
+    fn filters_pushed(&self) -> bool {
+        self.limits.filter_pushdown && self.view != View::Changelog
+    }
+
+    /// The filter a read of this table sends its nodes, if any.
+    fn node_filter(&self, filters: &[Expr]) -> Option<Filter> {
+        if !self.filters_pushed() {
+            return None;
+        }
+        node_filter(filters, &self.own, self.filter_columns())
     }
 
     /// The buckets to read and where their leaders are, from `GetFlightInfo`: each
@@ -242,6 +273,12 @@ impl TableProvider for MinkTable {
                 (View::Lake, TableProviderFilterPushDown::Exact) => {
                     TableProviderFilterPushDown::Inexact
                 }
+                // Not pushed for pruning or lookups, but the nodes can apply it.
+                (_, TableProviderFilterPushDown::Unsupported)
+                    if self.filters_pushed() && translates(f, &self.own, self.filter_columns()) =>
+                {
+                    TableProviderFilterPushDown::Inexact
+                }
                 (_, pushed) => pushed,
             })
             .collect())
@@ -265,12 +302,17 @@ impl TableProvider for MinkTable {
         } else {
             vec![]
         };
+        let filter = match parts.first() {
+            // Lookups answer keys; DataFusion filters what they find.
+            Some(Part::Lookup { .. } | Part::PrefixLookup { .. }) => None,
+            _ => self.node_filter(filters),
+        };
         Ok(Arc::new(MinkReadExec::new(
             self.nodes.clone(),
             path,
             parts,
             self.schema.clone(),
-            projection.cloned(),
+            (projection.cloned(), filter),
             keys,
             self.view == View::Changelog,
             describe,
@@ -324,6 +366,7 @@ impl MinkTable {
                 snapshot_id: Some(id),
                 bucket,
                 columns: None,
+                filter: None,
             },
         };
         let streams: Option<Vec<TableBucket>> = offsets
@@ -428,6 +471,7 @@ impl MinkTable {
                                 path: path.clone(),
                                 bucket: Some(bucket),
                                 columns: None,
+                                filter: None,
                             },
                         },
                         (

@@ -154,6 +154,96 @@ def test_reads_answer_only_the_columns_their_ticket_names(node):
     assert sorted(rows) == ["a", "b"]
 
 
+def test_reads_answer_only_the_rows_their_filter_keeps(node):
+    """A ticket's `filter` (pyarrow.flight, raw JSON): the node answers the rows for
+    which it holds, evaluated before the projection; a filtered Scan's batches say
+    where their stored rows end (`next_offset`), so a reader stepping through a bucket
+    goes on past rows it never received; a range Scan reads to its end however few
+    rows pass; a Snapshot takes filters on its key only; a bad filter is
+    InvalidArgument naming what is wrong, and the read answers nothing."""
+    proc, client = node
+    action(client, "create_database", {"name": "db"})
+    action(client, "create_table", {"path": "db.events", "descriptor": {**EVENTS, "bucket_count": 1}})
+    ids = list(range(100))
+    msgs = [None if i % 10 == 0 else f"m{i % 7}" for i in ids]
+    for lo in range(0, 100, 25):
+        chunk = pa.record_batch(
+            [pa.array(ids[lo : lo + 25], pa.int64()), pa.array(msgs[lo : lo + 25])], schema=SCHEMA
+        )
+        retry(lambda: append_table(client, "db.events", chunk))
+    (bucket,) = [b["bucket"] for b in action(client, "metadata", {"path": "db.events"})["buckets"]]
+
+    def read(kind, **fields):
+        reader = client.do_get(flight.Ticket(json.dumps({kind: {"bucket": bucket, **fields}}).encode()))
+        out = []
+        for chunk in reader:
+            out.append((chunk.data, json.loads(chunk.app_metadata.to_pybytes())))
+        return out
+
+    def rows(answer):
+        return [r for batch, _ in answer for r in batch.to_pylist()]
+
+    cases = [
+        ({"compare": {"column": "id", "op": ">=", "value": 90}}, lambda i, m: i >= 90),
+        ({"like": {"column": "msg", "pattern": "m3%"}}, lambda i, m: m is not None and m.startswith("m3")),
+        ({"is_null": {"column": "msg"}}, lambda i, m: m is None),
+        (
+            {"or": [{"in": {"column": "msg", "values": ["m1", "m2"]}}, {"between": {"column": "id", "low": 3, "high": 5}}]},
+            lambda i, m: m in ("m1", "m2") or 3 <= i <= 5,
+        ),
+        ({"not": {"compare": {"column": "msg", "op": "=", "value": "m4"}}}, lambda i, m: m is not None and m != "m4"),
+    ]
+    before = metric(proc, "mink_flight_read_filtered_rows_total")
+    for filt, keep in cases:
+        want = [{"id": i} for i, m in zip(ids, msgs) if keep(i, m)]
+        # Filtered on `msg`, answering `id` alone.
+        ranged = read("Scan", offset=0, end_offset=100, columns=["id"], filter=filt)
+        assert rows(ranged) == want, filt
+        # One scan at a time, stepping as a reader does: from `next_offset`.
+        got, offset = [], 0
+        while offset < 100:
+            answer = read("Scan", offset=offset, max_bytes=1, columns=["id"], filter=filt)
+            assert answer, filt
+            got += rows(answer)
+            nexts = [meta["next_offset"] for _, meta in answer]
+            assert nexts == sorted(nexts) and nexts[-1] > offset
+            offset = nexts[-1]
+        assert got == want, filt
+    # The rows left out never crossed the wire.
+    kept = sum(sum(keep(i, m) for i, m in zip(ids, msgs)) for _, keep in cases)
+    assert metric(proc, "mink_flight_read_filtered_rows_total") - before >= 2 * (5 * 100 - kept)
+
+    bad = [
+        ({"compare": {"column": "nope", "op": "=", "value": 1}}, "nope"),
+        ({"compare": {"column": "id", "op": "=", "value": "ten"}}, "does not fit"),
+        ({"compare": {"column": "id", "op": "=", "value": 1.5}}, "does not fit"),
+        ({"like": {"column": "id", "pattern": "1%"}}, "string column"),
+        ({"in": {"column": "id", "values": list(range(2000))}}, "more than 1024"),
+        ({"regex": {"column": "msg"}}, "unknown variant"),
+    ]
+    for filt, words in bad:
+        with pytest.raises(pa.ArrowInvalid, match=words):
+            read("Scan", offset=0, end_offset=100, filter=filt)
+
+    action(client, "create_table", {"path": "db.users", "descriptor": {**USERS, "bucket_count": 1}})
+    users = pa.record_batch(
+        [pa.array([1, 2, 3], pa.int64()), pa.array(["a", "b", "c"]), pa.array([10, 20, 30], pa.int64())],
+        schema=USER_SCHEMA,
+    )
+    retry(lambda: put_table(client, users))
+    (ub,) = [b["bucket"] for b in action(client, "metadata", {"path": "db.users"})["buckets"]]
+    snap = client.do_get(
+        flight.Ticket(json.dumps({"Snapshot": {"bucket": ub, "filter": {"compare": {"column": "id", "op": ">", "value": 1}}}}).encode())
+    ).read_all()
+    assert sorted(snap.column("id").to_pylist()) == [2, 3]
+    with pytest.raises(pa.ArrowInvalid, match="primary-key columns only"):
+        client.do_get(
+            flight.Ticket(
+                json.dumps({"Snapshot": {"bucket": ub, "filter": {"compare": {"column": "score", "op": ">", "value": 1}}}}).encode()
+            )
+        ).read_all()
+
+
 def test_bad_input_gets_precise_errors_and_changes_nothing(node):
     _, client = node
     action(client, "create_database", {"name": "db"})

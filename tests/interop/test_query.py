@@ -17,7 +17,7 @@ import pytest
 from confluent_kafka import Producer
 
 from node_proc import NodeProcess, QueryProcess, retry, wait_for
-from test_flight import EVENTS, SCHEMA, USER_SCHEMA, USERS, action, append_table, put_table
+from test_flight import EVENTS, SCHEMA, USER_SCHEMA, USERS, action, append_table, metric, put_table
 
 
 def connect(q):
@@ -199,6 +199,50 @@ def test_only_the_columns_a_query_needs_cross_from_the_nodes(single):
             plan = explain(conn, query)
             assert pushed in plan, (query, plan)
             assert sql(conn, query).to_pylist() == want, query
+
+
+def test_filters_are_applied_on_the_nodes_and_change_no_answer(single, mink_query, tmp_path):
+    """Filter pushdown: the predicates a node can evaluate travel with the read
+    (EXPLAIN shows them; the rows they leave out stay on the node, as its metrics
+    count), and every answer is the one a mink-query that sends no filter gives. A
+    primary-key table's state takes filters on its key alone (a row's values may change
+    after its snapshot); a `$changelog` none."""
+    node, client, q = single
+    load_events_and_users(client)
+    plain = QueryProcess(mink_query, tmp_path, [f"127.0.0.1:{node.flight_port}"], {"MINK_QUERY_QUERY__FILTER_PUSHDOWN": "false"})
+    try:
+        wait_for(lambda: plain.port, timeout=30, what="the second mink-query")
+        cases = [
+            ("SELECT id, msg FROM db.events WHERE id >= 250 AND msg LIKE 'm1%' ORDER BY id", "filter=[id >= 250"),
+            ("SELECT id FROM db.events WHERE msg IN ('m1', 'm3') OR id BETWEEN 10 AND 12 ORDER BY id", "filter=["),
+            ("SELECT count(*) AS n FROM db.events WHERE NOT (id < 100 OR msg = 'm0')", "filter=["),
+            ("SELECT count(*) AS n FROM db.events WHERE msg IS NULL", "filter=[msg IS NULL]"),
+            # `id + 1` cannot be said; `msg != 'm2'` can, and goes alone.
+            ("SELECT id FROM db.events WHERE id % 7 = 3 AND msg != 'm2' ORDER BY id", "filter=[msg != \"m2\"]"),
+            # A key range of a state merge.
+            ("SELECT id, name, score FROM db.users WHERE id > 3 ORDER BY id", "filter=[id > 3]"),
+            # A value of a state stays with DataFusion: user 2 scored 20, then 200.
+            ("SELECT id, score FROM db.users WHERE score > 50 ORDER BY id", None),
+            ('SELECT _change_type, id FROM db."users$changelog" WHERE id = 2 ORDER BY _log_offset', None),
+        ]
+        with connect(q) as conn, connect(plain) as without:
+            for query, pushed in cases:
+                plan = explain(conn, query)
+                if pushed is None:
+                    assert "filter=[" not in plan, (query, plan)
+                else:
+                    assert pushed in plan, (query, plan)
+                assert "filter=[" not in explain(without, query), query
+                before = metric(node, "mink_flight_read_filtered_rows_total")
+                got = sql(conn, query).to_pylist()
+                left_out = metric(node, "mink_flight_read_filtered_rows_total") - before
+                assert got == sql(without, query).to_pylist(), query
+                assert (left_out > 0) == (pushed is not None), (query, left_out)
+            assert sql(conn, "SELECT id FROM db.users WHERE id > 3 ORDER BY id").column("id").to_pylist() == [6, 7, 8, 9, 10]
+            # A parameter is a literal by the time the read is planned.
+            assert sql(conn, "SELECT count(*) AS n FROM db.events WHERE id < ?", (7,)).to_pylist() == [{"n": 7}]
+    finally:
+        plain.kill()
 
 
 def test_reads_tell_the_planner_their_rows_and_joins_build_on_the_smaller_side(single):
@@ -505,6 +549,11 @@ def test_a_lake_tiered_table_reads_through_union_and_its_lake(single):
         assert "read=lake" in plan and "buckets=1 (pruned to bucket" in plan, plan
         assert sql(conn, 'SELECT id, msg FROM db."tiered$lake" WHERE id = 7').to_pylist() == [{"id": 7, "msg": "m2"}]
         assert sql(conn, 'SELECT id FROM db."tiered$lake" WHERE id IN (3, 55, 1000)').num_rows == 2
+        # Filters reach the Union and lake reads, evaluated on the node.
+        for name in ["tiered", '"tiered$lake"']:
+            query = f"SELECT id FROM db.{name} WHERE msg = 'm2' AND id < 55 ORDER BY id"
+            assert "filter=[msg = \"m2\" AND id < 55]" in explain(conn, query), name
+            assert sql(conn, query).column("id").to_pylist() == [i for i in range(55) if i % 5 == 2], name
 
 
 def test_limits_concurrency_timeout_and_a_client_that_goes_away(mink_node, mink_query, tmp_path):

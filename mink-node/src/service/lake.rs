@@ -1539,6 +1539,7 @@ impl NodeService {
                         change_types: None,
                         writer_id: None,
                         commit_timestamp: None,
+                        next_offset: None,
                     },
                 )
             })
@@ -1629,6 +1630,7 @@ impl NodeService {
                             change_types: None,
                             writer_id: None,
                             commit_timestamp: None,
+                            next_offset: None,
                         },
                     )
                 })
@@ -1798,6 +1800,7 @@ impl NodeService {
             max_bytes: None,
             end_offset: Some(end),
             columns: None,
+            filter: None,
         };
         // A table's read is this node's to answer: a bucket that moved under it is a
         // reason to retry the read, not a redirect its client could follow.

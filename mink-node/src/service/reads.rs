@@ -16,11 +16,17 @@ impl NodeService {
                 max_bytes,
                 ..
             } => {
+                let columns = ticket.read_columns();
                 let table = self.table_by_id(bucket.table_id).await?;
-                let schema = table.descriptor.schema.to_arrow();
+                // Only the columns the read needs are decoded (and decompressed); the
+                // Flight server cuts the rows and columns it answers from them.
+                let schema = read_schema(table.descriptor.schema.to_arrow(), &columns)?;
                 let tablet = self.tablet(bucket).await?;
                 let max = max_bytes.unwrap_or(self.config.log.scan_bytes_max) as usize;
-                let scan = tablet.log().scan(offset, max).await?;
+                let scan = tablet
+                    .log()
+                    .scan_columns(offset, max, columns.as_deref())
+                    .await?;
                 let batches = read_batches(bucket, scan, &schema)?;
                 Ok((schema, ReadBatches::Scan(batches)))
             }
@@ -52,15 +58,31 @@ impl NodeService {
                             writer_id: (b.header.writer_id != mink_log::NO_WRITER)
                                 .then_some(b.header.writer_id),
                             commit_timestamp: Some(b.header.commit_timestamp),
+                            next_offset: None,
                         };
                         out.push((as_schema(b.batch.slice(0, take), &schema)?, meta));
                     }
                 }
                 Ok((schema, ReadBatches::Scan(out)))
             }
-            ReadTicket::Snapshot { bucket, .. } => {
+            ReadTicket::Snapshot { bucket, filter, .. } => {
                 let table = self.table_by_id(bucket.table_id).await?;
                 let schema = table.descriptor.schema.to_arrow();
+                // A state is brought up to date by the changelog after it: a row left
+                // out for its values could be one a later change replaces.
+                let key = &table.descriptor.primary_key;
+                if let Some(other) = filter
+                    .iter()
+                    .flat_map(|f| f.columns())
+                    .find(|c| !key.iter().any(|k| k == c))
+                {
+                    return Err(MinkError::invalid(
+                        "filter",
+                        format!(
+                            "a Snapshot filters on primary-key columns only; {other:?} is not one"
+                        ),
+                    ));
+                }
                 let info = self.kv_snapshot(bucket).await?;
                 let meta = SnapshotBatch {
                     bucket,
@@ -156,6 +178,7 @@ impl NodeService {
                         max_bytes: None,
                         end_offset: Some(to),
                         columns: None,
+                        filter: None,
                     },
                     leader,
                     rows: to - from,
@@ -228,6 +251,24 @@ impl NodeService {
 
 /// A scan's batches with their `ScanBatch` metadata, arranged as the table's current
 /// schema.
+/// The table's schema cut to `columns` (`None`: whole), in the table's order; a
+/// name the table lacks is `InvalidArgument`.
+fn read_schema(schema: SchemaRef, columns: &Option<Vec<String>>) -> Result<SchemaRef> {
+    let Some(columns) = columns else {
+        return Ok(schema);
+    };
+    if let Some(unknown) = columns.iter().find(|c| schema.index_of(c).is_err()) {
+        return Err(MinkError::invalid(
+            "columns",
+            format!("the table has no column {unknown:?}"),
+        ));
+    }
+    let wanted: Vec<usize> = (0..schema.fields().len())
+        .filter(|i| columns.iter().any(|c| c == schema.field(*i).name()))
+        .collect();
+    Ok(Arc::new(schema.project(&wanted)?))
+}
+
 pub(super) fn read_batches(
     bucket: TableBucket,
     scan: mink_log::ScanResult,
@@ -245,6 +286,7 @@ pub(super) fn read_batches(
             change_types: None,
             writer_id: None,
             commit_timestamp: None,
+            next_offset: None,
         };
         (RecordBatch::new_empty(schema.clone()), meta)
     });
@@ -261,6 +303,7 @@ pub(super) fn read_batches(
                 writer_id: (b.header.writer_id != mink_log::NO_WRITER)
                     .then_some(b.header.writer_id),
                 commit_timestamp: Some(b.header.commit_timestamp),
+                next_offset: None,
             };
             Ok((as_schema(b.batch, schema)?, meta))
         })
