@@ -335,6 +335,16 @@ def test_upserts_partial_updates_deletes_lookups_and_state(client):
     kinds = changes.column("_change_type").to_pylist()
     assert kinds.count("-D") == 1 and kinds.count("+U") == 2 and kinds.count("-U") == 2
     assert t.scan(columns=["id"], partitions=["us"]).to_arrow().column_names == ["id", "_change_type"]
+    # Filters go to the nodes: the state by its key, the changelog by any column.
+    above = t.snapshot(filter={"compare": {"column": "id", "op": ">=", "value": 8}}).to_pylist()
+    assert sorted((r["region"], r["id"]) for r in above) == [("ap", 9), ("eu", 8), ("eu", 9)]
+    big = t.scan(columns=["id"], filter={"compare": {"column": "score", "op": ">=", "value": 100}}).to_arrow()
+    assert sorted(zip(big.column("id").to_pylist(), big.column("_change_type").to_pylist())) == [
+        (1, "+U"),
+        (2, "+U"),
+    ]
+    with pytest.raises(mink.InvalidArgument, match="primary-key columns only"):
+        t.snapshot(filter={"compare": {"column": "score", "op": ">", "value": 1}}).to_arrow()
 
 
 # -- bad input ------------------------------------------------------------------------

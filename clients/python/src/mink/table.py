@@ -348,7 +348,8 @@ class Table:
                         continue
                     meta = json.loads(chunk.app_metadata.to_pybytes()) if chunk.app_metadata else {}
                     if kind == "Scan" and "base_offset" in meta:
-                        ticket["offset"] = meta["base_offset"] + chunk.data.num_rows
+                        # A filtered batch says where its stored rows ended.
+                        ticket["offset"] = meta.get("next_offset", meta["base_offset"] + chunk.data.num_rows)
                     yield chunk.data, meta
             except NotLeader as e:
                 address = location(e.leader) if e.leader else None
@@ -395,6 +396,7 @@ class Table:
         buckets: Sequence[int] | None = None,
         from_offsets: Mapping[Any, int] | None = None,
         until: str | Mapping[Any, int] = "now",
+        filter: Mapping[str, Any] | None = None,
     ) -> ScanResult:
         """The table's rows up to now (each bucket's high watermark when the call is
         made), bucket by bucket in offset order; for a primary-key table its changelog,
@@ -402,7 +404,10 @@ class Table:
 
         ``partitions`` and ``buckets`` narrow the read; ``from_offsets`` maps a bucket
         (or ``(partition, bucket)``) to the offset to start from, ``until`` (``"now"``
-        or offsets mapped the same way) to the offset to stop before."""
+        or offsets mapped the same way) to the offset to stop before. ``filter`` (the
+        protocol's typed filter, docs/protocol.md, e.g. ``{"compare": {"column":
+        "score", "op": ">", "value": 50}}``) is evaluated on the nodes: only the rows
+        for which it holds are sent."""
         if isinstance(until, str) and until != "now":
             raise InvalidArgument(f"invalid until: {until!r}; 'now' or offsets by bucket", "until")
         self._check_columns(columns)
@@ -433,6 +438,8 @@ class Table:
             if columns is not None:
                 # The node answers those columns alone (docs/protocol.md, `columns`).
                 ticket = dict(ticket, columns=list(columns))
+            if filter is not None:
+                ticket = dict(ticket, filter=dict(filter))
             chosen.append((ticket, address))
         with_changes = self.has_primary_key
 
@@ -473,9 +480,13 @@ class Table:
             schema = schema.append(pa.field("_change_type", pa.string()))
         return schema
 
-    def snapshot(self, columns: Sequence[str] | None = None) -> ScanResult:
+    def snapshot(
+        self, columns: Sequence[str] | None = None, filter: Mapping[str, Any] | None = None
+    ) -> ScanResult:
         """A primary-key table's current state: every bucket's newest KV snapshot plus
-        its changelog since, merged by key (deletes applied)."""
+        its changelog since, merged by key (deletes applied). ``filter`` names
+        primary-key columns only (a row's values may change after its snapshot) and
+        is evaluated on the nodes."""
         self._need_key("snapshot")
         self._check_columns(columns)
         endpoints = self._endpoints()
@@ -493,6 +504,8 @@ class Table:
             snapshot: dict[str, Any] = {"bucket": ticket["bucket"]}
             if read is not None:
                 snapshot["columns"] = read
+            if filter is not None:
+                snapshot["filter"] = dict(filter)
             for batch, meta in self._read_bucket(snapshot, address, "Snapshot"):
                 state.append(batch)
                 log_offset = int(meta.get("log_offset", log_offset))
@@ -506,6 +519,8 @@ class Table:
                 scan = dict(ticket, offset=log_offset, end_offset=end)
                 if read is not None:
                     scan["columns"] = read
+                if filter is not None:
+                    scan["filter"] = dict(filter)
                 for batch, meta in self._read_bucket(scan, address):
                     changes.append(batch)
                     types += meta.get("change_types") or ["+I"] * batch.num_rows
