@@ -18,7 +18,7 @@ use arrow::array::{
 };
 use arrow::compute::kernels::{boolean, cmp, comparison};
 use arrow::compute::{CastOptions, cast_with_options};
-use arrow::datatypes::{DataType, SchemaRef};
+use arrow::datatypes::{DataType, SchemaRef, TimeUnit};
 use mink_types::MinkError;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -27,6 +27,8 @@ use serde_json::Value;
 pub const FILTER_NODES_MAX: usize = 1024;
 /// The deepest a filter may nest.
 pub const FILTER_DEPTH_MAX: usize = 32;
+/// The longest `like` pattern, in bytes.
+pub const LIKE_PATTERN_MAX: usize = 4096;
 
 /// A predicate over a table's columns, as a ticket carries it (docs/protocol.md).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -378,12 +380,31 @@ impl Filter {
                         "like needs a string column; {column:?} is {ty}"
                     )));
                 }
-                Bound::Like {
+                if pattern.len() > LIKE_PATTERN_MAX {
+                    return Err(invalid(format!(
+                        "a like pattern of {} bytes; at most {LIKE_PATTERN_MAX}",
+                        pattern.len()
+                    )));
+                }
+                let bound = Bound::Like {
                     column: column.clone(),
                     pattern: literal(column, ty, &Value::String(pattern.clone()))?,
                     negated: *negated,
                     case_insensitive: *case_insensitive,
-                }
+                };
+                // The pattern compiled now, on one row: one the kernels cannot take is
+                // refused here, not met on the first batch.
+                let probe = RecordBatch::try_new(
+                    Arc::new(arrow::datatypes::Schema::new(vec![
+                        arrow::datatypes::Field::new(column.as_str(), ty.clone(), true),
+                    ])),
+                    vec![literal(column, ty, &Value::String(String::new()))?],
+                )
+                .map_err(|e| MinkError::Internal(format!("probing a like pattern: {e}")))?;
+                bound
+                    .eval(&probe)
+                    .map_err(|e| invalid(format!("the like pattern {pattern:?}: {e}")))?;
+                bound
             }
         })
     }
@@ -440,19 +461,75 @@ fn literal(column: &str, ty: &DataType, value: &Value) -> Result<ArrayRef, MinkE
         safe: false,
         ..Default::default()
     };
-    let cast = cast_with_options(&source, ty, &options).map_err(|e| refuse(format!(": {e}")))?;
+    // A timestamp with a time zone is an instant: parsed as one (an offset in the
+    // text is applied, none means UTC), then tagged with the column's zone, whatever
+    // zone names this build of Arrow knows.
+    let parse_as = match (ty, value) {
+        (DataType::Timestamp(unit, Some(_)), Value::String(_)) => DataType::Timestamp(*unit, None),
+        _ => ty.clone(),
+    };
+    let mut cast =
+        cast_with_options(&source, &parse_as, &options).map_err(|e| refuse(format!(": {e}")))?;
     if cast.is_null(0) {
         return Err(refuse(String::new()));
     }
-    // A number must come back as itself: 1.5 is no integer, 2^53 + 1 no double.
-    if matches!(value, Value::Number(_)) {
-        let back = cast_with_options(&cast, source.data_type(), &options)
+    exact(&source, &cast, value, &options).map_err(|why| refuse(format!(" exactly{why}")))?;
+    if parse_as != *ty {
+        let data = cast
+            .to_data()
+            .into_builder()
+            .data_type(ty.clone())
+            .build()
             .map_err(|e| refuse(format!(": {e}")))?;
-        if back.as_ref() != source.as_ref() {
-            return Err(refuse(" exactly".into()));
-        }
+        cast = arrow::array::make_array(data);
     }
     Ok(cast)
+}
+
+/// Whether `cast` (the value as its column's type) is `value` itself, not a value
+/// rounded or cut to fit: a number comes back as itself (1.5 is no integer, 2^53 + 1
+/// no double); a decimal's text has no digit past the column's scale; a timestamp's
+/// text none past the column's unit.
+fn exact(
+    source: &ArrayRef,
+    cast: &ArrayRef,
+    value: &Value,
+    options: &CastOptions,
+) -> Result<(), String> {
+    let fail = |e: arrow::error::ArrowError| format!(": {e}");
+    match (value, cast.data_type()) {
+        (Value::Number(_), _) => {
+            let back = cast_with_options(cast, source.data_type(), options).map_err(fail)?;
+            (back.as_ref() == source.as_ref())
+                .then_some(())
+                .ok_or_else(String::new)
+        }
+        (Value::String(text), DataType::Decimal128(_, scale) | DataType::Decimal256(_, scale)) => {
+            let digits = text
+                .trim()
+                .split_once('.')
+                .map_or(0, |(_, frac)| frac.trim_end_matches('0').len());
+            let plain = text
+                .trim()
+                .trim_start_matches(['-', '+'])
+                .chars()
+                .all(|c| c.is_ascii_digit() || c == '.');
+            (plain && digits <= (*scale).max(0) as usize)
+                .then_some(())
+                .ok_or_else(|| {
+                    format!(" (more digits than the scale {scale}, or not plain digits)")
+                })
+        }
+        (Value::String(_), DataType::Timestamp(unit, _)) if *unit != TimeUnit::Nanosecond => {
+            let finest = DataType::Timestamp(TimeUnit::Nanosecond, None);
+            let parsed = cast_with_options(source, &finest, options).map_err(fail)?;
+            let back = cast_with_options(cast, &finest, options).map_err(fail)?;
+            (back.as_ref() == parsed.as_ref())
+                .then_some(())
+                .ok_or_else(|| format!(" (finer than {unit:?})"))
+        }
+        _ => Ok(()),
+    }
 }
 
 impl BoundFilter {
@@ -721,6 +798,68 @@ mod tests {
             )
             .is_err()
         );
+    }
+
+    #[test]
+    fn strings_are_read_exactly_or_refused() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("price", DataType::Decimal128(15, 2), true),
+            Field::new(
+                "at",
+                DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+                true,
+            ),
+            Field::new("name", DataType::Utf8, true),
+        ]));
+        let bind = |f: serde_json::Value| {
+            serde_json::from_value::<Filter>(f)
+                .unwrap()
+                .bind(&schema)
+                .map(|_| ())
+        };
+        // Digits past the scale would round (0.065 to 0.07): refused, as is an
+        // instant finer than the column's unit; trailing zeros are exact.
+        assert!(
+            bind(json!({"compare": {"column": "price", "op": ">", "value": "0.065"}})).is_err()
+        );
+        assert!(bind(json!({"compare": {"column": "price", "op": ">", "value": "0.060"}})).is_ok());
+        assert!(bind(json!({"compare": {"column": "at", "op": "<", "value": "2024-01-01T00:00:00.0000005Z"}})).is_err());
+        // A zoned column takes an instant with or without its offset.
+        for at in [
+            "2024-01-01T00:00:00Z",
+            "2024-01-01T01:00:00+01:00",
+            "2024-01-01 00:00:00",
+        ] {
+            assert!(
+                bind(json!({"compare": {"column": "at", "op": ">=", "value": at}})).is_ok(),
+                "{at}"
+            );
+        }
+        let long = "x".repeat(LIKE_PATTERN_MAX + 1);
+        assert!(bind(json!({"like": {"column": "name", "pattern": long}})).is_err());
+    }
+
+    #[test]
+    fn an_instant_compares_with_a_zoned_column_as_an_instant() {
+        use arrow::array::TimestampMicrosecondArray;
+        let ty = DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
+        let schema = Arc::new(Schema::new(vec![Field::new("at", ty, true)]));
+        let hour = 3_600_000_000i64;
+        let base = 1_704_067_200_000_000i64; // 2024-01-01T00:00:00Z
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![Arc::new(
+                TimestampMicrosecondArray::from(vec![base - hour, base, base + hour])
+                    .with_timezone("UTC"),
+            )],
+        )
+        .unwrap();
+        let f: Filter = serde_json::from_value(
+            json!({"compare": {"column": "at", "op": ">=", "value": "2024-01-01T01:00:00+01:00"}}),
+        )
+        .unwrap();
+        let (kept, _) = f.bind(&schema).unwrap().apply(&batch).unwrap();
+        assert_eq!(kept.num_rows(), 2);
     }
 
     #[test]

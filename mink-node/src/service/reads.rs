@@ -83,6 +83,10 @@ impl NodeService {
                         ),
                     ));
                 }
+                // A bad filter is refused before a snapshot may be written for the read.
+                if let Some(f) = &filter {
+                    f.bind(&schema)?;
+                }
                 let info = self.kv_snapshot(bucket).await?;
                 let meta = SnapshotBatch {
                     bucket,
@@ -258,8 +262,9 @@ fn read_schema(schema: SchemaRef, columns: &Option<Vec<String>>) -> Result<Schem
         return Ok(schema);
     };
     if let Some(unknown) = columns.iter().find(|c| schema.index_of(c).is_err()) {
+        // The columns read are those answered, then those the filter names.
         return Err(MinkError::invalid(
-            "columns",
+            "columns or filter",
             format!("the table has no column {unknown:?}"),
         ));
     }
