@@ -155,8 +155,10 @@ impl ReadShape {
         Ok(Some((self.columns(&kept)?, meta)))
     }
 
-    /// A state's batch shaped; `None` when the filter kept none of its rows.
-    fn state_batch(&self, batch: RecordBatch) -> Result<Option<RecordBatch>, MinkError> {
+    /// A state's batch shaped. One the filter empties is still sent: its metadata
+    /// (`SnapshotBatch`: the offset the state is at) is what a reader merges the
+    /// changelog from, and a state read must never look like a state that has none.
+    fn state_batch(&self, batch: RecordBatch) -> Result<RecordBatch, MinkError> {
         let kept = match &self.filter {
             Some(f) => {
                 let kept = f.apply(&batch)?.0;
@@ -165,16 +167,14 @@ impl ReadShape {
             }
             None => batch,
         };
-        if kept.num_rows() == 0 && self.filter.is_some() {
-            return Ok(None);
-        }
-        Ok(Some(self.columns(&kept)?))
+        self.columns(&kept)
     }
 
     /// Every batch of a read, shaped (streams as they stream). Batches the filter
     /// empties are left out, but for the last of a `Scan` answer that would
-    /// otherwise be empty: a reader stepping through a bucket learns from its
-    /// `next_offset` where to go on.
+    /// otherwise be empty (a reader stepping through a bucket learns from its
+    /// `next_offset` where to go on) and a state's (their metadata says what the
+    /// state is).
     pub fn apply_read(&self, batches: ReadBatches) -> Result<ReadBatches, MinkError> {
         if self.is_whole() {
             return Ok(batches);
@@ -212,11 +212,8 @@ impl ReadShape {
                 let this = self.clone();
                 ReadBatches::SnapshotStream(
                     batches
-                        .filter_map(move |item| {
-                            let out = item
-                                .and_then(|(b, meta)| Ok(this.state_batch(b)?.map(|b| (b, meta))))
-                                .transpose();
-                            futures::future::ready(out)
+                        .map(move |item| {
+                            item.and_then(|(b, meta)| Ok((this.state_batch(b)?, meta)))
                         })
                         .boxed(),
                 )

@@ -236,6 +236,13 @@ def test_reads_answer_only_the_rows_their_filter_keeps(node):
         flight.Ticket(json.dumps({"Snapshot": {"bucket": ub, "filter": {"compare": {"column": "id", "op": ">", "value": 1}}}}).encode())
     ).read_all()
     assert sorted(snap.column("id").to_pylist()) == [2, 3]
+    # A state the filter empties still says what offset it is at.
+    reader = client.do_get(
+        flight.Ticket(json.dumps({"Snapshot": {"bucket": ub, "filter": {"compare": {"column": "id", "op": ">", "value": 99}}}}).encode())
+    )
+    chunks = list(reader)
+    assert chunks and sum(c.data.num_rows for c in chunks) == 0
+    assert json.loads(chunks[-1].app_metadata.to_pybytes())["log_offset"] >= 0
     with pytest.raises(pa.ArrowInvalid, match="primary-key columns only"):
         client.do_get(
             flight.Ticket(

@@ -253,8 +253,6 @@ impl NodeService {
     }
 }
 
-/// A scan's batches with their `ScanBatch` metadata, arranged as the table's current
-/// schema.
 /// The table's schema cut to `columns` (`None`: whole), in the table's order; a
 /// name the table lacks is `InvalidArgument`.
 fn read_schema(schema: SchemaRef, columns: &Option<Vec<String>>) -> Result<SchemaRef> {
@@ -274,6 +272,8 @@ fn read_schema(schema: SchemaRef, columns: &Option<Vec<String>>) -> Result<Schem
     Ok(Arc::new(schema.project(&wanted)?))
 }
 
+/// A scan's batches with their `ScanBatch` metadata, arranged as the table's current
+/// schema.
 pub(super) fn read_batches(
     bucket: TableBucket,
     scan: mink_log::ScanResult,
