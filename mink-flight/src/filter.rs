@@ -370,44 +370,52 @@ impl Filter {
                 pattern,
                 negated,
                 case_insensitive,
-            } => {
-                let ty = column_type(schema, column)?;
-                if !matches!(
-                    ty,
-                    DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
-                ) {
-                    return Err(invalid(format!(
-                        "like needs a string column; {column:?} is {ty}"
-                    )));
-                }
-                if pattern.len() > LIKE_PATTERN_MAX {
-                    return Err(invalid(format!(
-                        "a like pattern of {} bytes; at most {LIKE_PATTERN_MAX}",
-                        pattern.len()
-                    )));
-                }
-                let bound = Bound::Like {
-                    column: column.clone(),
-                    pattern: literal(column, ty, &Value::String(pattern.clone()))?,
-                    negated: *negated,
-                    case_insensitive: *case_insensitive,
-                };
-                // The pattern compiled now, on one row: one the kernels cannot take is
-                // refused here, not met on the first batch.
-                let probe = RecordBatch::try_new(
-                    Arc::new(arrow::datatypes::Schema::new(vec![
-                        arrow::datatypes::Field::new(column.as_str(), ty.clone(), true),
-                    ])),
-                    vec![literal(column, ty, &Value::String(String::new()))?],
-                )
-                .map_err(|e| MinkError::Internal(format!("probing a like pattern: {e}")))?;
-                bound
-                    .eval(&probe)
-                    .map_err(|e| invalid(format!("the like pattern {pattern:?}: {e}")))?;
-                bound
-            }
+            } => bind_like(schema, column, pattern, *negated, *case_insensitive)?,
         })
     }
+}
+
+/// A `like` term resolved, its pattern compiled on one row now: one the kernels
+/// cannot take is refused here, not met on the first batch.
+fn bind_like(
+    schema: &SchemaRef,
+    column: &str,
+    pattern: &str,
+    negated: bool,
+    case_insensitive: bool,
+) -> Result<Bound, MinkError> {
+    let ty = column_type(schema, column)?;
+    if !matches!(
+        ty,
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
+    ) {
+        return Err(invalid(format!(
+            "like needs a string column; {column:?} is {ty}"
+        )));
+    }
+    if pattern.len() > LIKE_PATTERN_MAX {
+        return Err(invalid(format!(
+            "a like pattern of {} bytes; at most {LIKE_PATTERN_MAX}",
+            pattern.len()
+        )));
+    }
+    let bound = Bound::Like {
+        column: column.to_string(),
+        pattern: literal(column, ty, &Value::String(pattern.to_string()))?,
+        negated,
+        case_insensitive,
+    };
+    let probe = RecordBatch::try_new(
+        Arc::new(arrow::datatypes::Schema::new(vec![
+            arrow::datatypes::Field::new(column, ty.clone(), true),
+        ])),
+        vec![literal(column, ty, &Value::String(String::new()))?],
+    )
+    .map_err(|e| MinkError::Internal(format!("probing a like pattern: {e}")))?;
+    bound
+        .eval(&probe)
+        .map_err(|e| invalid(format!("the like pattern {pattern:?}: {e}")))?;
+    Ok(bound)
 }
 
 fn column_type<'a>(schema: &'a SchemaRef, column: &str) -> Result<&'a DataType, MinkError> {
