@@ -45,6 +45,12 @@ pub enum Filter {
         op: CompareOp,
         value: Value,
     },
+    /// `left op right`, two columns of one type.
+    CompareColumns {
+        left: String,
+        op: CompareOp,
+        right: String,
+    },
     /// `column [NOT] IN (values...)`.
     In {
         column: String,
@@ -102,6 +108,9 @@ impl std::fmt::Display for Filter {
             Filter::Or(all) => join(f, all, " OR ", "false"),
             Filter::Not(x) => write!(f, "NOT ({x})"),
             Filter::Compare { column, op, value } => write!(f, "{column} {} {value}", op.sql()),
+            Filter::CompareColumns { left, op, right } => {
+                write!(f, "{left} {} {right}", op.sql())
+            }
             Filter::In {
                 column,
                 values,
@@ -194,6 +203,11 @@ enum Bound {
         op: CompareOp,
         value: ArrayRef,
     },
+    CompareColumns {
+        left: String,
+        op: CompareOp,
+        right: String,
+    },
     In {
         column: String,
         values: Vec<ArrayRef>,
@@ -255,6 +269,10 @@ impl Filter {
                 all.iter().for_each(|f| f.collect_columns(out));
             }
             Filter::Not(f) => f.collect_columns(out),
+            Filter::CompareColumns { left, right, .. } => {
+                out.push(left);
+                out.push(right);
+            }
             Filter::Compare { column, .. }
             | Filter::In { column, .. }
             | Filter::IsNull { column }
@@ -299,6 +317,20 @@ impl Filter {
         Ok(match self {
             Filter::And(_) | Filter::Or(_) | Filter::Not(_) => {
                 return Err(MinkError::Internal("a compound term as a leaf".into()));
+            }
+            Filter::CompareColumns { left, op, right } => {
+                let (l, r) = (column_type(schema, left)?, column_type(schema, right)?);
+                if l != r {
+                    return Err(invalid(format!(
+                        "{left:?} ({l}) and {right:?} ({r}) are not of one type"
+                    )));
+                }
+                comparable(left, l)?;
+                Bound::CompareColumns {
+                    left: left.clone(),
+                    op: *op,
+                    right: right.clone(),
+                }
             }
             Filter::Compare { column, op, value } => {
                 let ty = column_type(schema, column)?;
@@ -594,6 +626,7 @@ impl Bound {
                 op,
                 value,
             } => op.eval(column(c)?, &Scalar::new(value.clone())),
+            Bound::CompareColumns { left, op, right } => op.eval(column(left)?, column(right)?),
             Bound::In {
                 column: c,
                 values,
@@ -707,6 +740,15 @@ mod tests {
             ids(json!({"in": {"column": "name", "values": ["apple", "kiwi", "banana"]}})),
             [1, 2]
         );
+        // Two columns of one type; a null on either side keeps no row.
+        assert_eq!(
+            ids(json!({"compare_columns": {"left": "day", "op": "<", "right": "day"}})),
+            Vec::<i64>::new()
+        );
+        assert_eq!(
+            ids(json!({"compare_columns": {"left": "day", "op": "=", "right": "day"}})),
+            [1, 2, 3]
+        );
     }
 
     #[test]
@@ -791,6 +833,10 @@ mod tests {
                 .contains("is_null")
         );
         assert!(refused(json!({"like": {"column": "id", "pattern": "1%"}})).contains("string"));
+        assert!(
+            refused(json!({"compare_columns": {"left": "id", "op": "<", "right": "price"}}))
+                .contains("one type")
+        );
         let values: Vec<i64> = (0..FILTER_NODES_MAX as i64).collect();
         assert!(refused(json!({"in": {"column": "id", "values": values}})).contains("more than"));
         let mut deep = json!({"is_null": {"column": "id"}});

@@ -33,6 +33,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from query_bench import action, log, put, spread, start, start_query  # noqa: E402
 
 TABLES = ["nation", "region", "part", "supplier", "partsupp", "customer", "orders", "lineitem"]
+# MINK_BENCH_TPCH_COMPRESSION: the tables' `compression` (zstd, lz4, none); the
+# table default when unset.
+COMPRESSION = os.environ.get("MINK_BENCH_TPCH_COMPRESSION")
 ROWS_PER_PUT = 50_000  # lineitem rows are ~170 bytes: within log.batch_bytes_max (16 MiB)
 
 
@@ -149,11 +152,10 @@ def load(client, parquet):
         columns = [
             {"name": f.name, "type": mink_type(f.type), "nullable": f.nullable} for f in table.schema
         ]
-        action(
-            client,
-            "create_table",
-            {"path": f"tpch.{t}", "descriptor": {"schema": {"columns": columns}, "bucket_count": 4}},
-        )
+        descriptor = {"schema": {"columns": columns}, "bucket_count": 4}
+        if COMPRESSION:
+            descriptor["properties"] = {"compression": COMPRESSION}
+        action(client, "create_table", {"path": f"tpch.{t}", "descriptor": descriptor})
         for batch in table.to_batches(max_chunksize=ROWS_PER_PUT):
             put(client, "AppendTable", f"tpch.{t}", batch)
         total += table.num_rows
@@ -210,7 +212,7 @@ def run(node, queries_procs, parquet, queries, sf, runs):
         f"Flight into 8 log tables of 4 buckets on one release node (file://), queried through one mink-query "
         f"with the ADBC driver (and a second mink-query with `query.filter_pushdown = false`, every row sent); "
         f"DataFusion {datafusion.__version__} (Python) and DuckDB {duckdb.__version__} over "
-        f"the same rows as local Parquet files. Tables at the default compression (zstd). Every answer equal to "
+        f"the same rows as local Parquet files. Tables at {f'compression {COMPRESSION}' if COMPRESSION else 'the default compression (zstd)'}. Every answer equal to "
         f"DuckDB's. {runs} runs, alternating engines; per query the median.",
         "",
         "| query | mink-query s | without filter pushdown s | DataFusion s | DuckDB s | mink / DataFusion |",

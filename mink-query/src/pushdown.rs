@@ -8,7 +8,7 @@
 //! asked, never a narrowing: under a `NOT` nothing is left out.
 //!
 //! Translated: `=`, `!=`, `<`, `<=`, `>`, `>=` between a column and a literal of the
-//! column's own type, `[NOT] BETWEEN`, `[NOT] IN` lists of literals, `IS [NOT] NULL`,
+//! column's own type or between two columns of one type, `[NOT] BETWEEN`, `[NOT] IN` lists of literals, `IS [NOT] NULL`,
 //! `[NOT] [I]LIKE` with the default escape, and their `AND`, `OR` and `NOT`. A literal
 //! of another type (DataFusion casts the column then) is not.
 
@@ -157,6 +157,15 @@ impl Ctx<'_> {
             Operator::GtEq => CompareOp::GtEq,
             _ => return None,
         };
+        // Two columns of one type.
+        if let (Expr::Column(_), Expr::Column(_)) = (left, right) {
+            let ((l, lt), (r, rt)) = (self.column(left)?, self.column(right)?);
+            return (lt == rt).then_some(Filter::CompareColumns {
+                left: l,
+                op,
+                right: r,
+            });
+        }
         // `literal op column` is `column op' literal`.
         let (column, op, literal) = match (left, right) {
             (Expr::Column(_), _) => (left, op, right),
@@ -318,8 +327,14 @@ mod tests {
     fn what_cannot_be_said_is_left_out_only_where_leaving_it_out_widens() {
         // A literal of another type than its column (DataFusion casts the column).
         assert_eq!(sent(&[col("id").eq(lit(1i32))]), None);
+        // Two columns: of one type, sent; of two, not.
+        assert_eq!(
+            sent(&[col("day").lt(col("day"))]),
+            Some(json!({"compare_columns": {"left": "day", "op": "<", "right": "day"}}))
+        );
+        assert_eq!(sent(&[col("id").lt(col("price"))]), None);
         // A conjunct it cannot name is dropped from an AND...
-        let opaque = col("id").eq(col("id"));
+        let opaque = (col("id") + lit(1i64)).eq(col("id"));
         assert_eq!(
             sent(&[opaque.clone().and(col("name").is_null())]),
             Some(json!({"is_null": {"column": "name"}}))
