@@ -7,6 +7,9 @@
 //! truth. It is never fsynced; after a crash it is consistent at some flushed offset
 //! and the changelog in the log tablet replays from there. mink-kv knows nothing of
 //! leadership, metadata or protocols.
+// Function length, for the code that ships (tests may tell a long story): at most
+// clippy.toml's threshold, but for the functions named with an `#[expect]` and its reason.
+#![cfg_attr(not(test), deny(clippy::too_many_lines))]
 
 pub mod config;
 #[cfg(feature = "fjall")]

@@ -11,6 +11,9 @@
 //! - `cargo xtask chaos [--seconds N] [--seed S] [--s3]`: the chaos harness, long.
 //! - `cargo xtask s3`: runs the local S3 API server in the foreground, for manual work.
 //! - `cargo xtask cluster up|down|status`: a local cluster of mink-node processes.
+// Function length, for the code that ships (tests may tell a long story): at most
+// clippy.toml's threshold, but for the functions named with an `#[expect]` and its reason.
+#![cfg_attr(not(test), deny(clippy::too_many_lines))]
 
 mod bench;
 mod browser;
