@@ -195,9 +195,7 @@ async fn cell(
         data_dir: dir.path().join("data"),
         ..MinkConfig::default()
     };
-    config.listeners.flight = "127.0.0.1:0".parse().unwrap();
-    config.listeners.admin = "127.0.0.1:0".parse().unwrap();
-    config.listeners.kafka = "127.0.0.1:0".parse().unwrap();
+    config.listeners = mink_node::config::Listeners::ephemeral();
     settings.apply(&mut config.wal);
     let node = Node::start_with_store(config, store).await.unwrap();
     let addr = node.flight_addr.to_string();

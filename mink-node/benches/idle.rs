@@ -80,9 +80,7 @@ async fn run(n: usize, settle: Duration, window: Duration) -> (f64, String) {
             ..MinkConfig::default()
         };
         c.object_store.url = format!("file://{}", dir.path().join("objects").display());
-        c.listeners.flight = "127.0.0.1:0".parse().unwrap();
-        c.listeners.admin = "127.0.0.1:0".parse().unwrap();
-        c.listeners.kafka = "127.0.0.1:0".parse().unwrap();
+        c.listeners = mink_node::config::Listeners::ephemeral();
         nodes.push(Node::start(c).await.unwrap());
     }
     let client = MinkClient::connect(&nodes[0].flight_addr.to_string())

@@ -105,9 +105,7 @@ fn config(dir: &std::path::Path) -> MinkConfig {
         data_dir: dir.join("data"),
         ..MinkConfig::default()
     };
-    c.listeners.flight = "127.0.0.1:0".parse().unwrap();
-    c.listeners.admin = "127.0.0.1:0".parse().unwrap();
-    c.listeners.kafka = "127.0.0.1:0".parse().unwrap();
+    c.listeners = mink_node::config::Listeners::ephemeral();
     c.wal.compaction_interval_ms = 3_600_000;
     c
 }

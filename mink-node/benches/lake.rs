@@ -72,9 +72,7 @@ fn config(dir: &std::path::Path) -> MinkConfig {
         ..MinkConfig::default()
     };
     c.object_store.url = format!("file://{}", dir.join("objects").display());
-    c.listeners.flight = "127.0.0.1:0".parse().unwrap();
-    c.listeners.admin = "127.0.0.1:0".parse().unwrap();
-    c.listeners.kafka = "127.0.0.1:0".parse().unwrap();
+    c.listeners = mink_node::config::Listeners::ephemeral();
     c.lake.check_interval_ms = 10;
     c
 }

@@ -36,6 +36,23 @@ pub struct Listeners {
     pub kafka: SocketAddr,
     /// Admin HTTP (`/health`, `/metrics`). Default `127.0.0.1:9121`.
     pub admin: SocketAddr,
+    /// The Iceberg REST catalog (read-only; `iceberg_rest.enabled`). Default
+    /// `127.0.0.1:9181`.
+    pub iceberg_rest: SocketAddr,
+}
+
+impl Listeners {
+    /// Every listener on the loopback at a port the OS chooses: what tests and
+    /// benchmarks run with.
+    pub fn ephemeral() -> Self {
+        let any = SocketAddr::from(([127, 0, 0, 1], 0));
+        Self {
+            flight: any,
+            kafka: any,
+            admin: any,
+            iceberg_rest: any,
+        }
+    }
 }
 
 impl Default for Listeners {
@@ -44,6 +61,7 @@ impl Default for Listeners {
             flight: SocketAddr::from(([127, 0, 0, 1], 9120)),
             kafka: SocketAddr::from(([127, 0, 0, 1], 9092)),
             admin: SocketAddr::from(([127, 0, 0, 1], 9121)),
+            iceberg_rest: SocketAddr::from(([127, 0, 0, 1], 9181)),
         }
     }
 }
@@ -56,6 +74,30 @@ pub struct Advertised {
     pub flight: Option<String>,
     /// `host:port` of the Kafka listener as clients reach it.
     pub kafka: Option<String>,
+}
+
+/// The Iceberg REST catalog every node serves (docs/lake.md): read-only, for the
+/// engines that find Iceberg tables by name (pyiceberg, DuckDB, Spark, Trino).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct IcebergRestConfig {
+    /// Serve it on `listeners.iceberg_rest`. Default true.
+    pub enabled: bool,
+    /// Hand the node's own object-store credentials to every caller of `loadTable`
+    /// (the spec's `config` and `storage-credentials`), so that an engine needs no
+    /// keys of its own. The catalog authenticates nobody: turn this on only where
+    /// whoever reaches the listener may read the bucket. Default false (endpoint and
+    /// region are served; keys are not).
+    pub vend_credentials: bool,
+}
+
+impl Default for IcebergRestConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            vend_credentials: false,
+        }
+    }
 }
 
 /// Log output format.
@@ -107,6 +149,7 @@ pub struct MinkConfig {
     pub flight: FlightConfig,
     pub kafka: KafkaConfig,
     pub lake: LakeConfig,
+    pub iceberg_rest: IcebergRestConfig,
     /// Node-wide bounds on write requests in progress (back-pressure).
     pub writes: crate::admission::WritesConfig,
     pub logging: LoggingConfig,
@@ -128,6 +171,7 @@ impl Default for MinkConfig {
             flight: FlightConfig::default(),
             kafka: KafkaConfig::default(),
             lake: LakeConfig::default(),
+            iceberg_rest: IcebergRestConfig::default(),
             writes: crate::admission::WritesConfig::default(),
             logging: LoggingConfig::default(),
             testing: TestingConfig::default(),
@@ -301,6 +345,8 @@ mod tests {
             assert_eq!(config.listeners.flight.to_string(), "127.0.0.1:9120");
             assert_eq!(config.listeners.kafka.to_string(), "127.0.0.1:9092");
             assert_eq!(config.listeners.admin.to_string(), "127.0.0.1:9121");
+            assert_eq!(config.listeners.iceberg_rest.to_string(), "127.0.0.1:9181");
+            assert!(config.iceberg_rest.enabled && !config.iceberg_rest.vend_credentials);
             assert!(config.object_store.url.starts_with("file:///"));
             assert!(config.object_store.url.ends_with("mink-data/objects"));
             assert_eq!(config.kafka.max_request_bytes, 100 << 20);

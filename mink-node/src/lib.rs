@@ -16,6 +16,7 @@ pub mod admission;
 pub mod config;
 pub mod console;
 pub mod forward;
+pub mod iceberg_rest;
 pub mod node;
 pub mod service;
 mod tablets;

@@ -33,6 +33,9 @@ pub struct Node {
     pub admin_addr: SocketAddr,
     /// The address the Kafka listener is bound to (`None` with `kafka.enabled` off).
     pub kafka_addr: Option<SocketAddr>,
+    /// The address the Iceberg REST catalog is bound to (`None` with
+    /// `iceberg_rest.enabled` off).
+    pub iceberg_rest_addr: Option<SocketAddr>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -155,12 +158,27 @@ impl Node {
                 stopped(&shutdown),
             )));
         }
+        let iceberg_rest_addr = match listeners.iceberg_rest {
+            Some(listener) => {
+                let addr = listener.local_addr()?;
+                tasks.push(tokio::spawn(crate::iceberg_rest::serve(
+                    listener,
+                    service.clone(),
+                    stopped(&shutdown),
+                )));
+                Some(addr)
+            }
+            None => None,
+        };
         admin
             .ready
             .store(true, std::sync::atomic::Ordering::Relaxed);
         tracing::info!(addr = %flight_addr, "Flight listening on {flight_addr}");
         if let Some(addr) = kafka_addr {
             tracing::info!(addr = %addr, "Kafka listening on {addr}");
+        }
+        if let Some(addr) = iceberg_rest_addr {
+            tracing::info!(addr = %addr, "Iceberg REST catalog listening on {addr}");
         }
         tracing::info!(addr = %admin_addr, "admin HTTP listening on {admin_addr} (/health, /metrics)");
         Ok(Self {
@@ -172,6 +190,7 @@ impl Node {
             flight_addr,
             admin_addr,
             kafka_addr,
+            iceberg_rest_addr,
             shutdown,
             tasks,
         })
@@ -224,11 +243,13 @@ async fn prepare(config: &MinkConfig, stores: &Stores) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The node's listeners, bound (`None` for Kafka with `kafka.enabled` off).
+/// The node's listeners, bound (`None` for Kafka with `kafka.enabled` off, and for
+/// the Iceberg REST catalog with `iceberg_rest.enabled` off).
 struct Listeners {
     admin: TcpListener,
     flight: TcpListener,
     kafka: Option<TcpListener>,
+    iceberg_rest: Option<TcpListener>,
 }
 
 impl Listeners {
@@ -244,10 +265,15 @@ impl Listeners {
             true => Some(bind("kafka", config.listeners.kafka).await?),
             false => None,
         };
+        let iceberg_rest = match config.iceberg_rest.enabled {
+            true => Some(bind("iceberg_rest", config.listeners.iceberg_rest).await?),
+            false => None,
+        };
         Ok(Self {
             admin,
             flight,
             kafka,
+            iceberg_rest,
         })
     }
 

@@ -83,6 +83,7 @@ fn node_env(dir: &Path, id: &str, store_env: &[(String, String)]) -> Vec<(String
         ("MINK_LISTENERS__FLIGHT".into(), "127.0.0.1:0".into()),
         ("MINK_LISTENERS__ADMIN".into(), "127.0.0.1:0".into()),
         ("MINK_LISTENERS__KAFKA".into(), "127.0.0.1:0".into()),
+        ("MINK_LISTENERS__ICEBERG_REST".into(), "127.0.0.1:0".into()),
         ("MINK_META__HEARTBEAT_INTERVAL_MS".into(), "200".into()),
         ("MINK_META__LEASE_TIMEOUT_MS".into(), "2000".into()),
         ("MINK_META__NODE_SESSION_TIMEOUT_MS".into(), "3000".into()),

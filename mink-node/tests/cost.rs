@@ -29,9 +29,7 @@ fn config(dir: &std::path::Path, id: &str) -> MinkConfig {
         ..MinkConfig::default()
     };
     c.object_store.url = "memory://".into();
-    c.listeners.flight = "127.0.0.1:0".parse().unwrap();
-    c.listeners.admin = "127.0.0.1:0".parse().unwrap();
-    c.listeners.kafka = "127.0.0.1:0".parse().unwrap();
+    c.listeners = mink_node::config::Listeners::ephemeral();
     c
 }
 

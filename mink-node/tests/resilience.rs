@@ -22,9 +22,7 @@ fn config(dir: &std::path::Path) -> MinkConfig {
         ..MinkConfig::default()
     };
     c.object_store.url = format!("file://{}", dir.join("objects").display());
-    c.listeners.flight = "127.0.0.1:0".parse().unwrap();
-    c.listeners.admin = "127.0.0.1:0".parse().unwrap();
-    c.listeners.kafka = "127.0.0.1:0".parse().unwrap();
+    c.listeners = mink_node::config::Listeners::ephemeral();
     c.meta.heartbeat_interval_ms = 100;
     c.meta.tail_idle_interval_max_ms = 100;
     // Give up on an upload quickly, so that the outage below outlasts the budget.

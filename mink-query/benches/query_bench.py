@@ -117,6 +117,7 @@ def start(bin_dir, work, node_env=None):
             "MINK_LISTENERS__FLIGHT": "127.0.0.1:0",
             "MINK_LISTENERS__ADMIN": "127.0.0.1:0",
             "MINK_LISTENERS__KAFKA": "127.0.0.1:0",
+            "MINK_LISTENERS__ICEBERG_REST": "127.0.0.1:0",
             **(node_env or {}),
         },
         r"Flight listening on 127\.0\.0\.1:(\d+)",

@@ -26,6 +26,7 @@ class NodeProcess:
                     "MINK_LISTENERS__FLIGHT": "127.0.0.1:0",
                     "MINK_LISTENERS__ADMIN": "127.0.0.1:0",
                     "MINK_LISTENERS__KAFKA": "127.0.0.1:0",
+                    "MINK_LISTENERS__ICEBERG_REST": "127.0.0.1:0",
                     "MINK_META__HEARTBEAT_INTERVAL_MS": "200",
                     "MINK_META__LEASE_TIMEOUT_MS": "2000",
                     "MINK_META__NODE_SESSION_TIMEOUT_MS": "3000",
@@ -43,6 +44,7 @@ class NodeProcess:
         self.flight_port = None
         self.admin_port = None
         self.kafka_port = None
+        self.iceberg_rest_port = None
         found = threading.Event()
 
         def pump():
@@ -57,6 +59,9 @@ class NodeProcess:
                 m = re.search(r"Flight listening on 127\.0\.0\.1:(\d+)", line)
                 if m:
                     self.flight_port = int(m.group(1))
+                m = re.search(r"Iceberg REST catalog listening on 127\.0\.0\.1:(\d+)", line)
+                if m:
+                    self.iceberg_rest_port = int(m.group(1))
             found.set()
 
         threading.Thread(target=pump, daemon=True).start()
@@ -73,6 +78,11 @@ class NodeProcess:
     def bootstrap(self):
         """The Kafka bootstrap address."""
         return f"127.0.0.1:{self.kafka_port}"
+
+    @property
+    def iceberg_rest(self):
+        """The Iceberg REST catalog's base URI."""
+        return f"http://127.0.0.1:{self.iceberg_rest_port}"
 
     @property
     def location(self):

@@ -28,7 +28,9 @@ def test_print_config_shows_the_documented_defaults(mink_node, tmp_path):
         "flight": "127.0.0.1:9120",
         "kafka": "127.0.0.1:9092",
         "admin": "127.0.0.1:9121",
+        "iceberg_rest": "127.0.0.1:9181",
     }
+    assert config["iceberg_rest"] == {"enabled": True, "vend_credentials": False}
     assert config["object_store"]["url"] == f"file://{tmp_path}/mink-data/objects"
     assert config["kafka"]["max_request_bytes"] == 100 * 1024 * 1024
     assert config["kafka"]["max_fetch_bytes"] == 50 * 1024 * 1024
@@ -83,7 +85,7 @@ def test_node_starts_on_a_local_directory_and_stops_on_sigterm(mink_node, tmp_pa
     proc = start(
         mink_node,
         tmp_path,
-        {"MINK_LISTENERS__FLIGHT": "127.0.0.1:0", "MINK_LISTENERS__ADMIN": "127.0.0.1:0", "MINK_LISTENERS__KAFKA": "127.0.0.1:0"},
+        {"MINK_LISTENERS__FLIGHT": "127.0.0.1:0", "MINK_LISTENERS__ADMIN": "127.0.0.1:0", "MINK_LISTENERS__KAFKA": "127.0.0.1:0", "MINK_LISTENERS__ICEBERG_REST": "127.0.0.1:0"},
     )
     try:
         lines = wait_for_line(proc, "Kafka listening on")
@@ -99,7 +101,7 @@ def test_node_starts_on_s3(mink_node, tmp_path, s3_url):
     proc = start(
         mink_node,
         tmp_path,
-        dict(s3_url, MINK_LISTENERS__FLIGHT="127.0.0.1:0", MINK_LISTENERS__ADMIN="127.0.0.1:0", MINK_LISTENERS__KAFKA="127.0.0.1:0"),
+        dict(s3_url, MINK_LISTENERS__FLIGHT="127.0.0.1:0", MINK_LISTENERS__ADMIN="127.0.0.1:0", MINK_LISTENERS__KAFKA="127.0.0.1:0", MINK_LISTENERS__ICEBERG_REST="127.0.0.1:0"),
     )
     try:
         wait_for_line(proc, "node started")

@@ -210,6 +210,7 @@ fn spawn_node(
         .env("MINK_LISTENERS__FLIGHT", "127.0.0.1:0")
         .env("MINK_LISTENERS__ADMIN", "127.0.0.1:0")
         .env("MINK_LISTENERS__KAFKA", "127.0.0.1:0")
+        .env("MINK_LISTENERS__ICEBERG_REST", "127.0.0.1:0")
         .envs(store.env.iter().cloned())
         .spawn()
         .with_context(|| format!("cannot start {}", binary.display()))?;

@@ -43,6 +43,7 @@ def start_node(bin_dir, workdir):
             "MINK_LISTENERS__FLIGHT": "127.0.0.1:0",
             "MINK_LISTENERS__ADMIN": "127.0.0.1:0",
             "MINK_LISTENERS__KAFKA": "127.0.0.1:0",
+            "MINK_LISTENERS__ICEBERG_REST": "127.0.0.1:0",
         }
     )
     proc = subprocess.Popen([str(bin_dir / "mink-node")], env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)

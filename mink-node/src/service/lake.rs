@@ -352,7 +352,11 @@ impl NodeService {
     /// purges it and answers `Unavailable` until that is done. A lake table of a
     /// *newer* table is never purged: this node's catalog is behind (the table was
     /// dropped and its name taken since), and the round fails until it catches up.
-    async fn lake_version(&self, table: &TableInfo, purge: bool) -> Result<Option<LakeVersion>> {
+    pub(super) async fn lake_version(
+        &self,
+        table: &TableInfo,
+        purge: bool,
+    ) -> Result<Option<LakeVersion>> {
         let lake = self.lake_table(&table.path);
         let version = lake.load(self.lake_hint(table.id)).await?;
         let Some(v) = version else {

@@ -5,6 +5,7 @@
 //! - [`lookups`]: `lookup` and `prefix_lookup`;
 //! - [`actions`]: catalog and cluster actions, writers and offsets;
 //! - [`console`]: the views the console draws (cluster, tables, one table);
+//! - [`lake_catalog`]: the lake tables as the Iceberg REST catalog serves them;
 //! - [`flight`] and [`kafka`]: the two protocol adapters, thin, over the above;
 //! - this file: the service itself, its tablets and the lookups of tables and buckets.
 //!
@@ -35,6 +36,7 @@ use mink_wal::StreamStore;
 
 use crate::MinkConfig;
 use crate::tablets::{Tablet, Tablets, snapshot_prefix};
+pub(crate) use lake_catalog::CatalogTable;
 pub(crate) use leader::Leader;
 pub(crate) use submit::{BucketWrite, Sequencing, Submission, submit};
 
@@ -43,6 +45,7 @@ mod console;
 mod flight;
 mod kafka;
 mod lake;
+mod lake_catalog;
 mod leader;
 mod lookups;
 mod reads;

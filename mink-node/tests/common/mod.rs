@@ -18,9 +18,7 @@ pub fn config(dir: &std::path::Path, shared: &std::path::Path, id: &str) -> Mink
         ..MinkConfig::default()
     };
     c.object_store.url = format!("file://{}", shared.display());
-    c.listeners.flight = "127.0.0.1:0".parse().unwrap();
-    c.listeners.admin = "127.0.0.1:0".parse().unwrap();
-    c.listeners.kafka = "127.0.0.1:0".parse().unwrap();
+    c.listeners = mink_node::config::Listeners::ephemeral();
     c.meta.heartbeat_interval_ms = 100;
     c.meta.lease_timeout_ms = 1_000;
     c.meta.node_session_timeout_ms = 1_500;
@@ -309,6 +307,7 @@ pub fn spawn_node(
         .env("MINK_LISTENERS__FLIGHT", flight)
         .env("MINK_LISTENERS__ADMIN", "127.0.0.1:0")
         .env("MINK_LISTENERS__KAFKA", "127.0.0.1:0")
+        .env("MINK_LISTENERS__ICEBERG_REST", "127.0.0.1:0")
         .env("MINK_META__HEARTBEAT_INTERVAL_MS", "200")
         .env("MINK_META__LEASE_TIMEOUT_MS", "2000")
         .env("MINK_META__NODE_SESSION_TIMEOUT_MS", "3000")

@@ -1,0 +1,215 @@
+"""The Iceberg REST catalog every node serves, used by engines we did not write:
+pyiceberg's RestCatalog and DuckDB's iceberg extension (ATTACH ... TYPE iceberg) find
+Mink's lake tables by name and read exactly what Mink's own Lake read returns, on
+file:// and on the local S3 server; the catalog follows the tiering rounds; and
+everything that would write is refused as the specification says, changing nothing."""
+
+import json
+import urllib.error
+import urllib.request
+
+import pyarrow as pa
+import pyarrow.flight as flight
+import pytest
+from pyiceberg.catalog.rest import RestCatalog
+from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+
+from node_proc import NodeProcess, retry
+from test_lake import action, append_table, duckdb_connection, read, tiered
+
+SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("msg", pa.string())])
+COLUMNS = [{"name": "id", "type": "BIGINT", "nullable": False}, {"name": "msg", "type": "STRING"}]
+
+
+def batch(ids):
+    return pa.record_batch({"id": list(ids), "msg": [f"m{i}" for i in ids]}, schema=SCHEMA)
+
+
+def create(client, path, lake=True):
+    properties = {"lake": {"enabled": True, "freshness": "1s"}} if lake else {}
+    descriptor = {
+        "schema": {"columns": COLUMNS},
+        "bucket_keys": ["id"],
+        "bucket_count": 2,
+        "properties": properties,
+    }
+    action(client, "create_table", {"path": path, "descriptor": descriptor})
+
+
+def http(method, url, body=None, headers=None):
+    """(status, headers, parsed JSON body or None) of one request."""
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method, headers=headers or {})
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as r:
+            raw = r.read()
+            return r.status, dict(r.headers), json.loads(raw) if raw else None
+    except urllib.error.HTTPError as e:
+        raw = e.read()
+        return e.code, dict(e.headers), json.loads(raw) if raw else None
+
+
+@pytest.fixture(params=["file", "s3"])
+def catalog_node(request, mink_node, tmp_path):
+    s3 = request.getfixturevalue("s3_url") if request.param == "s3" else None
+    env = dict(s3) if s3 else {"MINK_OBJECT_STORE__URL": f"file://{tmp_path}/objects"}
+    env["MINK_LAKE__CHECK_INTERVAL_MS"] = "100"
+    if s3:
+        # The S3 node hands its keys to the engines (the file:// node has none).
+        env["MINK_ICEBERG_REST__VEND_CREDENTIALS"] = "true"
+    proc = NodeProcess(mink_node, tmp_path, env)
+    client = flight.connect(proc.location)
+    yield proc, client, s3
+    client.close()
+    proc.kill()
+
+
+def test_engines_find_the_lake_tables_by_name_and_read_what_mink_reads(catalog_node):
+    proc, client, s3 = catalog_node
+    action(client, "create_database", {"name": "db"})
+    action(client, "create_database", {"name": "empty"})
+    create(client, "db.events")
+    create(client, "db.orders.v1")
+    create(client, "db.plain", lake=False)
+    for path in ("db.events", "db.orders.v1", "db.plain"):
+        retry(lambda path=path: append_table(client, path, batch(range(0, 50))))
+    tiered(client, "db.events", 50)
+    tiered(client, "db.orders.v1", 50)
+
+    catalog = RestCatalog("mink", uri=proc.iceberg_rest)
+    assert sorted(catalog.list_namespaces()) == [("db",), ("empty",)]
+    # Only lake-enabled tables are Iceberg tables.
+    assert sorted(catalog.list_tables("db")) == [("db", "events"), ("db", "orders.v1")]
+    assert catalog.list_tables("empty") == []
+    assert catalog.namespace_exists("db") and not catalog.namespace_exists("nope")
+    assert catalog.table_exists(("db", "orders.v1"))
+    assert not catalog.table_exists(("db", "plain")), "lake.enabled is off"
+    assert not catalog.table_exists(("db", "missing"))
+    with pytest.raises(NoSuchTableError):
+        catalog.load_table(("db", "plain"))
+    with pytest.raises(NoSuchNamespaceError):
+        catalog.list_tables("nope")
+
+    mink = read(client, {"Lake": {"path": "db.orders.v1"}}).sort_by("id")
+    table = catalog.load_table(("db", "orders.v1"))
+    theirs = table.scan().to_arrow().sort_by("id")
+    assert theirs.column("id").to_pylist() == mink.column("id").to_pylist() == list(range(50))
+    assert theirs.column("msg").to_pylist() == mink.column("msg").to_pylist()
+
+    # DuckDB attaches the catalog and reads by SQL name (the S3 node's keys are vended).
+    con = duckdb_connection()
+    con.execute(f"ATTACH 'mink' AS lake (TYPE iceberg, ENDPOINT '{proc.iceberg_rest}', AUTHORIZATION_TYPE 'none')")
+    assert con.execute('SELECT count(*), sum(id) FROM lake.db."orders.v1"').fetchall() == [(50, sum(range(50)))]
+    assert con.execute("SELECT count(*) FROM lake.db.events WHERE msg = 'm7'").fetchall() == [(1,)]
+
+    # The catalog follows the rounds: no location to re-point by hand.
+    before = table.metadata_location
+    append_table(client, "db.orders.v1", batch(range(50, 80)))
+    tiered(client, "db.orders.v1", 80)
+    again = catalog.load_table(("db", "orders.v1"))
+    assert again.metadata_location != before
+    assert again.scan().to_arrow().num_rows == 80
+    assert con.execute('SELECT count(*) FROM lake.db."orders.v1"').fetchall() == [(80,)]
+
+    # What the engines were told about the store: its keys only where vended.
+    status, _, body = http("GET", f"{proc.iceberg_rest}/v1/namespaces/db/tables/events")
+    assert status == 200
+    if s3:
+        assert body["config"]["s3.endpoint"] == s3["MINK_OBJECT_STORE__ENDPOINT"]
+        assert body["config"]["s3.access-key-id"] == "test"
+        assert body["storage-credentials"][0]["prefix"] == s3["MINK_OBJECT_STORE__URL"]
+    else:
+        assert body["config"] == {} and "storage-credentials" not in body
+
+
+def test_the_catalog_refuses_writes_and_bad_requests_precisely(mink_node, s3_url, tmp_path):
+    # The default node: credentials are not vended.
+    proc = NodeProcess(mink_node, tmp_path, dict(s3_url, MINK_LAKE__CHECK_INTERVAL_MS="100"))
+    client = flight.connect(proc.location)
+    try:
+        action(client, "create_database", {"name": "db"})
+        create(client, "db.events")
+        retry(lambda: append_table(client, "db.events", batch(range(10))))
+        tiered(client, "db.events", 10)
+        base = f"{proc.iceberg_rest}/v1"
+
+        status, _, config = http("GET", f"{base.removesuffix('/v1')}/v1/config?warehouse=anything")
+        assert status == 200 and config["defaults"] == {} and config["overrides"] == {}
+        assert "GET /v1/{prefix}/namespaces/{namespace}/tables/{table}" in config["endpoints"]
+        assert not any(e.startswith(("POST /v1/{prefix}/namespaces ", "DELETE")) for e in config["endpoints"])
+
+        status, headers, body = http("GET", f"{base}/namespaces/db/tables/events")
+        assert status == 200
+        assert body["metadata-location"].endswith(".metadata.json")
+        assert body["metadata"]["format-version"] == 2
+        assert "s3.access-key-id" not in body["config"] and "storage-credentials" not in body
+        assert "test" not in json.dumps(body["config"]), "no secret is served unless vended"
+        etag = headers["etag"]
+        status, _, _ = http("GET", f"{base}/namespaces/db/tables/events", headers={"If-None-Match": etag})
+        assert status == 304
+        status, _, refs = http("GET", f"{base}/namespaces/db/tables/events?snapshots=refs")
+        current = refs["metadata"]["current-snapshot-id"]
+        assert [s["snapshot-id"] for s in refs["metadata"]["snapshots"]] == [current]
+
+        # Everything that would write: 406, the spec's UnsupportedOperation, and no change.
+        writes = [
+            ("POST", "/namespaces", {"namespace": ["made"], "properties": {}}),
+            ("DELETE", "/namespaces/db", None),
+            ("POST", "/namespaces/db/properties", {"removals": [], "updates": {"a": "b"}}),
+            ("POST", "/namespaces/db/tables", {"name": "t", "schema": {"type": "struct", "fields": []}}),
+            ("POST", "/namespaces/db/register", {"name": "t", "metadata-location": "file:///x"}),
+            ("POST", "/namespaces/db/tables/events", {"requirements": [], "updates": []}),
+            ("DELETE", "/namespaces/db/tables/events", None),
+            ("POST", "/tables/rename", {"source": {"namespace": ["db"], "name": "events"}, "destination": {"namespace": ["db"], "name": "e2"}}),
+            ("POST", "/transactions/commit", {"table-changes": []}),
+        ]
+        for method, path, body in writes:
+            status, _, error = http(method, base + path, body)
+            assert status == 406, (method, path, status)
+            assert error["error"]["type"] == "UnsupportedOperationException"
+            assert error["error"]["code"] == 406 and "read-only" in error["error"]["message"]
+        assert action(client, "list_databases") == ["db"]
+        assert sorted(action(client, "list_tables", {"database": "db"})) == ["events"]
+        assert read(client, {"Lake": {"path": "db.events"}}).num_rows == 10
+
+        # Reads of what is not there, and malformed requests.
+        missing = [
+            ("/namespaces/nope", "NoSuchNamespaceException"),
+            ("/namespaces/nope/tables", "NoSuchNamespaceException"),
+            ("/namespaces/a%1Fb/tables", "NoSuchNamespaceException"),
+            ("/namespaces/db/tables/missing", "NoSuchTableException"),
+            ("/namespaces/db/tables/bad%20name", "NoSuchTableException"),
+            ("/namespaces/db/views/v", "NoSuchViewException"),
+            ("/nowhere", "NoSuchEndpointException"),
+        ]
+        for path, kind in missing:
+            status, _, error = http("GET", base + path)
+            assert (status, error["error"]["type"]) == (404, kind), path
+        for path in ("/namespaces/nope", "/namespaces/db/tables/missing"):
+            assert http("HEAD", base + path)[0] == 404
+        assert http("HEAD", f"{base}/namespaces/db")[0] == 204
+        assert http("HEAD", f"{base}/namespaces/db/tables/events")[0] == 204
+        for query in ("pageSize=0", "pageSize=1001", "pageSize=x"):
+            status, _, error = http("GET", f"{base}/namespaces?{query}")
+            assert (status, error["error"]["type"]) == (400, "BadRequestException"), query
+        status, _, error = http("GET", f"{base}/namespaces/db/tables/events?snapshots=some")
+        assert status == 400
+        assert http("GET", f"{base}/namespaces/db/views")[2] == {"identifiers": [], "next-page-token": None}
+        # Metrics reports are taken (and dropped), for engines that send them.
+        assert http("POST", f"{base}/namespaces/db/tables/events/metrics", {"report-type": "scan-report"})[0] == 204
+
+        # Paging: every table once, a page at a time.
+        for i in range(5):
+            create(client, f"db.t{i}")
+        seen, token = [], ""
+        while token is not None:
+            status, _, page = http("GET", f"{base}/namespaces/db/tables?pageSize=2&pageToken={token}")
+            assert status == 200 and len(page["identifiers"]) <= 2
+            seen += [i["name"] for i in page["identifiers"]]
+            token = page["next-page-token"]
+        assert seen == ["events", "t0", "t1", "t2", "t3", "t4"]
+    finally:
+        client.close()
+        proc.kill()
