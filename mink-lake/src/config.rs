@@ -39,6 +39,17 @@ pub struct LakeConfig {
     /// reads no lake file; beyond this many bytes, a bucket's round reads its key
     /// columns instead. 0 keeps none. Default 128 MiB.
     pub key_index_bytes_max: u64,
+    /// A lake table's snapshots stay readable (time travel: `Lake {snapshot_id}`, an
+    /// engine's `AS OF`) for at least this long after they were committed; older ones
+    /// are expired at the next commit, beyond `snapshots_min`. Default 1 day.
+    pub snapshot_retention_ms: u64,
+    /// The newest snapshots kept whatever their age. 1..=1000; default 10.
+    pub snapshots_min: u32,
+    /// The most snapshots kept whatever their age: each one costs about 1 KB (more
+    /// with many buckets) of every metadata version a round writes and a reader loads.
+    /// `snapshots_min`..=100000; default 2000 (a day of rounds at a `lake.freshness`
+    /// of 1 minute).
+    pub snapshots_max: u32,
 }
 
 impl Default for LakeConfig {
@@ -53,11 +64,38 @@ impl Default for LakeConfig {
             rewrite_deleted_percent: 20,
             rewrite_files_max: 32,
             key_index_bytes_max: 128 << 20,
+            snapshot_retention_ms: 86_400_000,
+            snapshots_min: 10,
+            snapshots_max: 2000,
         }
     }
 }
 
+/// Which of a lake table's snapshots a commit keeps ([`LakeConfig`]'s
+/// `snapshot_retention_ms`, `snapshots_min` and `snapshots_max`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LakeRetention {
+    pub max_age_ms: u64,
+    pub min: usize,
+    pub max: usize,
+}
+
+impl Default for LakeRetention {
+    fn default() -> Self {
+        LakeConfig::default().retention()
+    }
+}
+
 impl LakeConfig {
+    /// The snapshot retention these settings describe.
+    pub fn retention(&self) -> LakeRetention {
+        LakeRetention {
+            max_age_ms: self.snapshot_retention_ms,
+            min: self.snapshots_min as usize,
+            max: self.snapshots_max as usize,
+        }
+    }
+
     /// Checks the bounds; errors name the key.
     pub fn validate(&self) -> Result<(), String> {
         if !(1 << 10..=1 << 30).contains(&self.file_bytes_target) {
@@ -102,6 +140,38 @@ impl LakeConfig {
                 self.rewrite_files_max
             ));
         }
+        if !(1..=1000).contains(&self.snapshots_min) {
+            return Err(format!(
+                "lake.snapshots_min {} is outside 1..=1000",
+                self.snapshots_min
+            ));
+        }
+        if !(self.snapshots_min..=100_000).contains(&self.snapshots_max) {
+            return Err(format!(
+                "lake.snapshots_max {} is outside lake.snapshots_min ({})..=100000",
+                self.snapshots_max, self.snapshots_min
+            ));
+        }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshot_counts_out_of_bounds_are_refused_naming_the_key() {
+        assert!(LakeConfig::default().validate().is_ok());
+        let bad = |f: fn(&mut LakeConfig)| {
+            let mut c = LakeConfig::default();
+            f(&mut c);
+            c.validate().unwrap_err()
+        };
+        assert!(bad(|c| c.snapshots_min = 0).contains("lake.snapshots_min"));
+        assert!(bad(|c| c.snapshots_max = 5).contains("lake.snapshots_max"));
+        assert!(bad(|c| c.snapshots_max = 100_001).contains("lake.snapshots_max"));
+        let r = LakeConfig::default().retention();
+        assert_eq!((r.max_age_ms, r.min, r.max), (86_400_000, 10, 2000));
     }
 }

@@ -22,7 +22,7 @@ pub mod table;
 /// back to [`LakeTable::commit`] and [`LakeTable::delete_files`]).
 pub use iceberg::spec::DataFile;
 
-pub use config::LakeConfig;
+pub use config::{LakeConfig, LakeRetention};
 pub use schema::{
     LakeRows, from_lake_batch, iceberg_schema, lake_arrow_schema, lake_columns, to_current_lake,
     to_lake_batch,

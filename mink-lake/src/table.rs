@@ -44,6 +44,7 @@ use parquet::file::properties::WriterProperties;
 /// so it can afford more than the write path's level 1.
 const LAKE_ZSTD_LEVEL: i32 = 3;
 
+use crate::config::LakeRetention;
 use crate::schema::{field_id, iceberg_schema};
 
 /// Summary key: per-bucket log offsets the lake holds rows below (JSON object).
@@ -52,8 +53,6 @@ pub const OFFSETS_KEY: &str = "mink.offsets";
 pub const COMMIT_KEY: &str = "mink.commit";
 /// Table property: the Mink table id the lake table belongs to.
 pub const TABLE_ID_KEY: &str = "mink.table-id";
-/// Snapshots kept in the metadata (older ones are expired at each commit).
-pub const SNAPSHOTS_RETAINED: usize = 100;
 /// A commit merges the table's manifests into one when it would reference more.
 pub const MANIFESTS_MAX: usize = 32;
 /// The bytes at the end of a data file fetched first when only some of its columns
@@ -284,6 +283,7 @@ pub struct LakeTable {
     store: Arc<dyn ObjectStore>,
     root_url: String,
     prefix: String,
+    retention: LakeRetention,
 }
 
 impl std::fmt::Debug for LakeTable {
@@ -300,7 +300,14 @@ impl LakeTable {
             store,
             root_url: root_url.trim_end_matches('/').to_string(),
             prefix: format!("lake/{}/{}", path.database, path.table),
+            retention: LakeRetention::default(),
         }
+    }
+
+    /// This table with commits that expire snapshots by `retention`.
+    pub fn with_retention(mut self, retention: LakeRetention) -> Self {
+        self.retention = retention;
+        self
     }
 
     /// The table's location (the Iceberg `location`).
@@ -1001,19 +1008,9 @@ impl LakeTable {
                 ),
             )
             .map_err(|e| iceberg_err("moving main", e))?;
-        let expired = expired_snapshots(
-            base.snapshots()
-                .map(|s| {
-                    (
-                        s.sequence_number(),
-                        s.snapshot_id(),
-                        s.manifest_list().to_string(),
-                    )
-                })
-                .collect(),
-        );
+        let expired = self.expired(base);
         if !expired.is_empty() {
-            let ids: Vec<i64> = expired.iter().map(|(_, id, _)| *id).collect();
+            let ids: Vec<i64> = expired.iter().map(|s| s.id).collect();
             builder = builder.remove_snapshots(&ids);
         }
         let built = builder
@@ -1023,13 +1020,27 @@ impl LakeTable {
             metadata: built.metadata,
             offsets,
             written,
-            expired_lists: expired.into_iter().map(|(_, _, l)| l).collect(),
+            expired_lists: expired.into_iter().map(|s| s.manifest_list).collect(),
             expired_metadata: built
                 .expired_metadata_logs
                 .into_iter()
                 .map(|m| m.metadata_file)
                 .collect(),
         })
+    }
+
+    /// The snapshots of `base` a commit now expires, by the table's retention.
+    fn expired(&self, base: &TableMetadata) -> Vec<Retained> {
+        let snapshots = base
+            .snapshots()
+            .map(|s| Retained {
+                sequence: s.sequence_number(),
+                id: s.snapshot_id(),
+                timestamp_ms: s.timestamp_ms(),
+                manifest_list: s.manifest_list().to_string(),
+            })
+            .collect();
+        expired_snapshots(snapshots, crate::now_ms(), self.retention)
     }
 
     /// The data files of snapshot `snapshot_id` of `version` (its current snapshot with
@@ -1343,13 +1354,37 @@ fn operation_of(added: &Tally, removed: &Tally) -> Operation {
     }
 }
 
-/// The oldest of `snapshots` (sequence number, id, manifest list) beyond
-/// [`SNAPSHOTS_RETAINED`] once a new one is added.
-fn expired_snapshots(mut snapshots: Vec<(i64, i64, String)>) -> Vec<(i64, i64, String)> {
+/// A snapshot as retention sees it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Retained {
+    sequence: i64,
+    id: i64,
+    timestamp_ms: i64,
+    manifest_list: String,
+}
+
+/// The snapshots a commit at `now_ms` expires once it adds a new one: beyond the
+/// newest `retention.min` (the new one counted), those older than
+/// `retention.max_age_ms`, and the oldest beyond `retention.max` whatever their age.
+/// Pure.
+fn expired_snapshots(
+    mut snapshots: Vec<Retained>,
+    now_ms: i64,
+    retention: LakeRetention,
+) -> Vec<Retained> {
     snapshots.sort();
-    let excess = (snapshots.len() + 1).saturating_sub(SNAPSHOTS_RETAINED);
-    snapshots.truncate(excess);
+    let kept_at_least = retention.min.saturating_sub(1);
+    let candidates = snapshots.len().saturating_sub(kept_at_least);
+    let over_max = (snapshots.len() + 1).saturating_sub(retention.max);
+    let oldest_kept =
+        now_ms.saturating_sub(i64::try_from(retention.max_age_ms).unwrap_or(i64::MAX));
     snapshots
+        .into_iter()
+        .take(candidates)
+        .enumerate()
+        .filter(|(i, s)| *i < over_max || s.timestamp_ms < oldest_kept)
+        .map(|(_, s)| s)
+        .collect()
 }
 
 /// Whether a snapshot's manifests are merged into new ones: too many with the new
@@ -1735,25 +1770,74 @@ mod stage_tests {
         assert_eq!(operation_of(&none, &none), Operation::Append);
     }
 
+    /// `n` snapshots committed a minute apart, the newest at `newest_ms`, listed out
+    /// of order as a table's metadata may list them.
+    fn minutely(n: i64, newest_ms: i64) -> Vec<Retained> {
+        (0..n)
+            .rev()
+            .map(|i| Retained {
+                sequence: i,
+                id: 100 + i,
+                timestamp_ms: newest_ms - (n - 1 - i) * 60_000,
+                manifest_list: format!("l{i}"),
+            })
+            .collect()
+    }
+
+    fn ids(expired: &[Retained]) -> Vec<i64> {
+        expired.iter().map(|s| s.id).collect()
+    }
+
     #[test]
-    fn the_oldest_snapshots_past_the_retained_count_expire() {
-        let snapshots = |n: i64| -> Vec<(i64, i64, String)> {
-            // Out of order, as a table's metadata may list them.
-            (0..n)
-                .rev()
-                .map(|i| (i, 100 + i, format!("l{i}")))
-                .collect()
+    fn snapshots_expire_past_their_age_but_the_newest_stay() {
+        let now = 1_000_000_000;
+        let hour = LakeRetention {
+            max_age_ms: 3_600_000,
+            min: 10,
+            max: 2000,
         };
-        assert!(expired_snapshots(snapshots(SNAPSHOTS_RETAINED as i64 - 1)).is_empty());
-        let expired = expired_snapshots(snapshots(SNAPSHOTS_RETAINED as i64 + 2));
+        // 70 minutely snapshots: the 9 oldest are past the hour (ages 61..69 min;
+        // 60 is not older than an hour).
+        let expired = expired_snapshots(minutely(70, now), now, hour);
+        assert_eq!(ids(&expired), (100..109).collect::<Vec<_>>());
+        // Snapshots of a table whose rounds stopped long ago: all past the age, but
+        // the newest `min` (with the new one) stay.
+        let stale = expired_snapshots(minutely(30, now - 86_400_000), now, hour);
         assert_eq!(
-            expired,
-            vec![
-                (0, 100, "l0".to_string()),
-                (1, 101, "l1".to_string()),
-                (2, 102, "l2".to_string())
-            ],
+            ids(&stale),
+            (100..121).collect::<Vec<_>>(),
+            "9 old ones + the new one"
+        );
+        // Fewer than `min`: nothing expires.
+        assert!(expired_snapshots(minutely(5, now - 86_400_000), now, hour).is_empty());
+        assert!(expired_snapshots(Vec::new(), now, hour).is_empty());
+    }
+
+    #[test]
+    fn the_oldest_snapshots_past_the_most_kept_expire_whatever_their_age() {
+        let now = 1_000_000_000;
+        let day = LakeRetention {
+            max_age_ms: 86_400_000,
+            min: 10,
+            max: 100,
+        };
+        assert!(expired_snapshots(minutely(99, now), now, day).is_empty());
+        let expired = expired_snapshots(minutely(102, now), now, day);
+        assert_eq!(
+            ids(&expired),
+            vec![100, 101, 102],
             "the new one makes three too many"
+        );
+        assert_eq!(expired[0].manifest_list, "l0");
+        // `min` never lets `max` keep fewer than it.
+        let tight = LakeRetention {
+            max_age_ms: 86_400_000,
+            min: 1,
+            max: 1,
+        };
+        assert_eq!(
+            ids(&expired_snapshots(minutely(3, now), now, tight)),
+            vec![100, 101, 102]
         );
     }
 

@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use arrow::array::{Int64Array, RecordBatch, StringArray};
 use mink_lake::{
-    LakeTable, TieredBucket, from_lake_batch, lake_arrow_schema, partition_value, to_lake_batch,
+    LakeRetention, LakeTable, TieredBucket, from_lake_batch, lake_arrow_schema, partition_value,
+    to_lake_batch,
 };
 use mink_types::{Column, DataType, Schema, TablePath};
 use mink_wal::fault::{FaultConfig, FaultyStore};
@@ -439,4 +440,75 @@ async fn position_deletes_commit_merge_and_go_with_a_rewrite() {
 
 fn iceberg_empty() -> iceberg::spec::Struct {
     iceberg::spec::Struct::empty()
+}
+
+#[tokio::test]
+async fn commits_expire_snapshots_past_the_retention_and_their_manifest_lists_go() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    // Every snapshot older than 300 ms goes, but the newest two stay.
+    let table = LakeTable::new(store.clone(), "memory://", &path()).with_retention(LakeRetention {
+        max_age_ms: 300,
+        min: 2,
+        max: 1000,
+    });
+    let s = schema();
+    let mut hint = None;
+    let mut to = 0;
+    let mut commit = async |table: &LakeTable, hint: &mut Option<u64>, to: &mut i64| {
+        let from = (*to > 0).then_some(*to);
+        *to += 10;
+        let b = tier(table, &s, 0, from, *to).await;
+        let c = table
+            .commit(1, &s, &[], *hint, vec![b])
+            .await
+            .unwrap()
+            .unwrap();
+        *hint = Some(c.version);
+        c
+    };
+    let mut lists = Vec::new();
+    for _ in 0..3 {
+        commit(&table, &mut hint, &mut to).await;
+        let v = table.load(hint).await.unwrap().unwrap();
+        lists.push(
+            v.metadata
+                .current_snapshot()
+                .unwrap()
+                .manifest_list()
+                .to_string(),
+        );
+    }
+    let v = table.load(hint).await.unwrap().unwrap();
+    assert_eq!(v.metadata.snapshots().count(), 3, "all young");
+    let oldest = v
+        .metadata
+        .snapshots()
+        .map(|s| s.snapshot_id())
+        .min_by_key(|id| v.metadata.snapshot_by_id(*id).unwrap().sequence_number());
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    commit(&table, &mut hint, &mut to).await;
+    let v = table.load(hint).await.unwrap().unwrap();
+    // The three are past the age; the newest of them stays with the new one.
+    assert_eq!(v.metadata.snapshots().count(), 2);
+    assert!(v.metadata.snapshot_by_id(oldest.unwrap()).is_none());
+    for expired in &lists[..2] {
+        let path = table.path_of(expired).unwrap();
+        assert!(
+            matches!(
+                store.head(&path).await,
+                Err(object_store::Error::NotFound { .. })
+            ),
+            "an expired snapshot's manifest list is deleted: {expired}"
+        );
+    }
+    // The one kept still reads as it was (time travel), the current one in full.
+    let kept = v
+        .metadata
+        .snapshots()
+        .map(|s| s.snapshot_id())
+        .find(|id| Some(*id) != v.snapshot_id())
+        .unwrap();
+    let files = table.files(&v, Some(kept)).await.unwrap();
+    assert_eq!(files.iter().map(|f| f.record_count).sum::<u64>(), 30);
+    assert_eq!(all_ids(&table, &s).await, (0..40).collect::<Vec<_>>());
 }

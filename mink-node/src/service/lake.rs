@@ -337,6 +337,7 @@ impl NodeService {
             &self.config.object_store.url,
             path,
         )
+        .with_retention(self.config.lake.retention())
     }
 
     /// The metadata version the metadata log last recorded for a table (a hint).
