@@ -454,7 +454,7 @@ async fn commits_expire_snapshots_past_the_retention_and_their_manifest_lists_go
     let s = schema();
     let mut hint = None;
     let mut to = 0;
-    let mut commit = async |table: &LakeTable, hint: &mut Option<u64>, to: &mut i64| {
+    let commit = async |table: &LakeTable, hint: &mut Option<u64>, to: &mut i64| {
         let from = (*to > 0).then_some(*to);
         *to += 10;
         let b = tier(table, &s, 0, from, *to).await;
