@@ -50,6 +50,13 @@ pub struct LakeConfig {
     /// `snapshots_min`..=100000; default 2000 (a day of rounds at a `lake.freshness`
     /// of 1 minute).
     pub snapshots_max: u32,
+    /// A log table's bucket is compacted once it has at least this many small data
+    /// files: the round that next tiers its rows also merges the oldest run of
+    /// consecutive small files into one file of up to `file_bytes_target` (Arrow
+    /// bytes), which replaces them. 0 turns compaction off; else 2..=10000. Default 16.
+    pub compact_files_min: u32,
+    /// A data file smaller than this (Parquet bytes) is small. Default 8 MiB.
+    pub compact_small_file_bytes: u64,
 }
 
 impl Default for LakeConfig {
@@ -67,6 +74,8 @@ impl Default for LakeConfig {
             snapshot_retention_ms: 86_400_000,
             snapshots_min: 10,
             snapshots_max: 2000,
+            compact_files_min: 16,
+            compact_small_file_bytes: 8 << 20,
         }
     }
 }
@@ -146,6 +155,18 @@ impl LakeConfig {
                 self.snapshots_min
             ));
         }
+        if self.compact_files_min == 1 || self.compact_files_min > 10_000 {
+            return Err(format!(
+                "lake.compact_files_min {} is neither 0 (off) nor in 2..=10000",
+                self.compact_files_min
+            ));
+        }
+        if !(1 << 10..=1 << 30).contains(&self.compact_small_file_bytes) {
+            return Err(format!(
+                "lake.compact_small_file_bytes {} is outside 1 KiB..=1 GiB",
+                self.compact_small_file_bytes
+            ));
+        }
         if !(self.snapshots_min..=100_000).contains(&self.snapshots_max) {
             return Err(format!(
                 "lake.snapshots_max {} is outside lake.snapshots_min ({})..=100000",
@@ -171,6 +192,8 @@ mod tests {
         assert!(bad(|c| c.snapshots_min = 0).contains("lake.snapshots_min"));
         assert!(bad(|c| c.snapshots_max = 5).contains("lake.snapshots_max"));
         assert!(bad(|c| c.snapshots_max = 100_001).contains("lake.snapshots_max"));
+        assert!(bad(|c| c.compact_files_min = 1).contains("lake.compact_files_min"));
+        assert!(bad(|c| c.compact_small_file_bytes = 0).contains("compact_small_file_bytes"));
         let r = LakeConfig::default().retention();
         assert_eq!((r.max_age_ms, r.min, r.max), (86_400_000, 10, 2000));
     }

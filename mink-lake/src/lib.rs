@@ -29,7 +29,7 @@ pub use schema::{
 };
 pub use table::{
     Committed, DeletedPositions, FileContent, LakeFile, LakeTable, LakeVersion, SnapshotFiles,
-    SweepStats, TieredBucket, partition_value,
+    SweepStats, TieredBucket, compaction_run, partition_value,
 };
 
 pub(crate) fn now_ms() -> i64 {

@@ -263,6 +263,12 @@ impl SnapshotFiles {
 pub type DeletedPositions = HashMap<String, Vec<u64>>;
 
 impl LakeFile {
+    /// The log offset of the file's first row, from its name (`{first:020}-…`).
+    pub fn first_offset(&self) -> Option<i64> {
+        let (_, name) = self.location.rsplit_once('/')?;
+        name.split_once('-')?.0.parse().ok()
+    }
+
     /// The bucket (`TableBucket::stream_name`) whose rows the file holds: files are
     /// written under `data/{stream}/`.
     pub fn stream(&self) -> Option<&str> {
@@ -1354,6 +1360,41 @@ fn operation_of(added: &Tally, removed: &Tally) -> Operation {
     }
 }
 
+/// The data files of one log-table bucket a compaction merges into one: nothing
+/// until at least `min_files` of `files` are smaller than `small_bytes` (0 turns
+/// compaction off); then the oldest run of two or more files, consecutive in offset
+/// order, that are all small, oldest first. A run, so that the merged file covers one
+/// contiguous range of offsets as every file of a bucket does. Files whose name holds
+/// no offset are never merged. Pure.
+pub fn compaction_run(files: &[LakeFile], small_bytes: u64, min_files: usize) -> Vec<LakeFile> {
+    let small = |f: &LakeFile| f.size_bytes < small_bytes;
+    if min_files == 0 || files.iter().filter(|f| small(f)).count() < min_files {
+        return Vec::new();
+    }
+    let mut ordered: Vec<(i64, &LakeFile)> = Vec::with_capacity(files.len());
+    for f in files {
+        match f.first_offset() {
+            Some(first) if f.content == FileContent::Data => ordered.push((first, f)),
+            _ => return Vec::new(),
+        }
+    }
+    ordered.sort_by_key(|(first, _)| *first);
+    let mut run: Vec<LakeFile> = Vec::new();
+    for (_, f) in ordered {
+        if small(f) {
+            run.push(f.clone());
+        } else if run.len() >= 2 {
+            break;
+        } else {
+            run.clear();
+        }
+    }
+    if run.len() < 2 {
+        run.clear();
+    }
+    run
+}
+
 /// A snapshot as retention sees it.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 struct Retained {
@@ -1749,6 +1790,55 @@ pub fn partition_value(
 #[cfg(test)]
 mod stage_tests {
     use super::*;
+
+    fn file(first: i64, size: u64) -> LakeFile {
+        LakeFile {
+            location: format!("memory:///lake/db/t/data/t1-b0/{first:020}-tok.parquet"),
+            record_count: 10,
+            size_bytes: size,
+            content: FileContent::Data,
+            partition: Struct::empty(),
+        }
+    }
+
+    fn firsts(run: &[LakeFile]) -> Vec<i64> {
+        run.iter().map(|f| f.first_offset().unwrap()).collect()
+    }
+
+    #[test]
+    fn compaction_merges_the_oldest_run_of_small_files_once_enough_are_small() {
+        let (small, big) = (100, 10_000);
+        // Out of offset order, as manifests list them; a big file splits the runs.
+        let files = vec![
+            file(40, small),
+            file(0, small),
+            file(30, big),
+            file(10, small),
+            file(20, small),
+            file(50, small),
+        ];
+        assert!(compaction_run(&files, 1000, 6).is_empty(), "5 small < 6");
+        assert!(compaction_run(&files, 1000, 0).is_empty(), "0 is off");
+        assert_eq!(firsts(&compaction_run(&files, 1000, 5)), vec![0, 10, 20]);
+        // A lone small file before a big one is no run: the next run is.
+        let files = vec![
+            file(0, small),
+            file(10, big),
+            file(20, small),
+            file(30, small),
+        ];
+        assert_eq!(firsts(&compaction_run(&files, 1000, 2)), vec![20, 30]);
+        // No run of two: nothing.
+        let files = vec![file(0, small), file(10, big), file(20, small)];
+        assert!(compaction_run(&files, 1000, 2).is_empty());
+        // A file whose name holds no offset, or a delete file: never merged.
+        let mut odd = file(0, small);
+        odd.location = "memory:///lake/db/t/data/t1-b0/stray.parquet".into();
+        assert!(compaction_run(&[odd, file(10, small), file(20, small)], 1000, 2).is_empty());
+        let mut deletes = file(0, small);
+        deletes.content = FileContent::PositionDeletes;
+        assert!(compaction_run(&[deletes, file(10, small), file(20, small)], 1000, 2).is_empty());
+    }
 
     #[test]
     fn a_snapshot_operation_follows_what_it_adds_and_removes() {

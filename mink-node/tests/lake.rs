@@ -1392,3 +1392,75 @@ async fn merge_on_read_rounds_survive_a_killed_node() {
         node.wait().unwrap();
     }
 }
+
+/// A log table's lake gains a file per bucket per round; once a bucket has
+/// `lake.compact_files_min` small files, the rounds that tier its rows also merge the
+/// oldest run of them into one. The lake keeps a bounded number of files, every row
+/// once at its offset, and a snapshot from before a compaction still reads as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_buckets_small_lake_files_are_compacted_and_every_row_stays_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path(), &dir.path().join("objects"), "n0");
+    c.lake.check_interval_ms = 50;
+    c.lake.compact_files_min = 4;
+    let node = Node::start(c).await.unwrap();
+    let client = MinkClient::connect(&node.flight_addr.to_string())
+        .await
+        .unwrap();
+    client.create_database("db").await.unwrap();
+    let path = TablePath::parse("db.events").unwrap();
+    client.create_table(&path, &lake_events(1)).await.unwrap();
+    let lake_read = |snapshot_id: Option<i64>| ReadTicket::Lake {
+        path: path.clone(),
+        snapshot_id,
+        bucket: None,
+        columns: None,
+        filter: None,
+    };
+    let mut snapshots = Vec::new();
+    let mut most_files = 0;
+    for round in 0..10i64 {
+        client
+            .append(&path, &rows(round * 10..round * 10 + 10))
+            .await
+            .unwrap();
+        until_tiered(&client, &path, round * 10 + 10).await;
+        let snap: serde_json::Value = client
+            .action("lake_snapshot", serde_json::json!({"path": path}))
+            .await
+            .unwrap();
+        let files = snap["files"].as_u64().unwrap();
+        most_files = most_files.max(files);
+        snapshots.push((
+            snap["snapshot_id"].as_i64().unwrap(),
+            round * 10 + 10,
+            files,
+        ));
+    }
+    // One file per round without compaction: ten. With it, never more than the
+    // threshold plus the round's own file.
+    assert!(most_files <= 5, "{snapshots:?}");
+    let (_, _, last_files) = snapshots.last().unwrap();
+    assert!(*last_files < 10, "{snapshots:?}");
+    let lake = read(&client, lake_read(None)).await;
+    assert_eq!(coverage(&lake).values().sum::<i64>(), 100);
+    assert_eq!(read_ids(&lake), (0..100).collect::<Vec<_>>());
+    // Time travel across compactions: each snapshot still holds exactly its rows.
+    for (id, rows_then, _) in &snapshots {
+        let then = read(&client, lake_read(Some(*id))).await;
+        coverage(&then);
+        assert_eq!(
+            read_ids(&then),
+            (0..*rows_then).collect::<Vec<_>>(),
+            "snapshot {id}"
+        );
+    }
+    let page = common::scrape_metrics(&node.admin_addr.to_string());
+    let compacted: f64 = page
+        .lines()
+        .filter(|l| l.starts_with("mink_lake_compacted_files_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(compacted >= 4.0, "files merged: {compacted}");
+    node.stop().await;
+}

@@ -56,6 +56,8 @@ def catalog_node(request, mink_node, tmp_path):
     s3 = request.getfixturevalue("s3_url") if request.param == "s3" else None
     env = dict(s3) if s3 else {"MINK_OBJECT_STORE__URL": f"file://{tmp_path}/objects"}
     env["MINK_LAKE__CHECK_INTERVAL_MS"] = "100"
+    # A bucket's third round merges its two older files (compaction).
+    env["MINK_LAKE__COMPACT_FILES_MIN"] = "2"
     if s3:
         # The S3 node hands its keys to the engines (the file:// node has none).
         env["MINK_ICEBERG_REST__VEND_CREDENTIALS"] = "true"
@@ -112,6 +114,19 @@ def test_engines_find_the_lake_tables_by_name_and_read_what_mink_reads(catalog_n
     assert again.metadata_location != before
     assert again.scan().to_arrow().num_rows == 80
     assert con.execute('SELECT count(*) FROM lake.db."orders.v1"').fetchall() == [(80,)]
+
+    # A third round compacts each bucket's two older files into one (an overwrite
+    # snapshot): both engines still read every row once.
+    append_table(client, "db.orders.v1", batch(range(80, 100)))
+    tiered(client, "db.orders.v1", 100)
+    compacted = catalog.load_table(("db", "orders.v1"))
+    summary = compacted.current_snapshot().summary
+    assert summary.operation.value == "overwrite", summary
+    assert int(summary["deleted-data-files"]) >= 2, summary
+    ids = compacted.scan().to_arrow().column("id").to_pylist()
+    assert sorted(ids) == list(range(100))
+    got = con.execute('SELECT count(*), count(DISTINCT id), sum(id) FROM lake.db."orders.v1"').fetchall()
+    assert got == [(100, 100, sum(range(100)))]
 
     # What the engines were told about the store: its keys only where vended.
     status, _, body = http("GET", f"{proc.iceberg_rest}/v1/namespaces/db/tables/events")

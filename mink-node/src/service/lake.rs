@@ -17,8 +17,8 @@ use std::time::Instant;
 use futures::{StreamExt, TryStreamExt};
 use mink_lake::{
     Committed, DeletedPositions, LakeFile, LakeTable, LakeVersion, SnapshotFiles, TieredBucket,
-    from_lake_batch, lake_arrow_schema, lake_columns, partition_value, to_current_lake,
-    to_lake_batch,
+    compaction_run, from_lake_batch, lake_arrow_schema, lake_columns, partition_value,
+    to_current_lake, to_lake_batch,
 };
 use mink_types::{TableId, TablePath};
 
@@ -606,7 +606,13 @@ impl NodeService {
             None => BTreeMap::new(),
         };
         let known = state.contents.remove(&table.id);
-        let existing = match (&current, table.descriptor.has_primary_key(), known) {
+        // The files are needed to merge on read, and to compact a log table's buckets
+        // (only once the table has enough files for any bucket to qualify).
+        let wants_files = table.descriptor.has_primary_key()
+            || current
+                .as_ref()
+                .is_some_and(|v| self.compaction_may_apply(v));
+        let existing = match (&current, wants_files, known) {
             (Some(v), true, Some((version, snapshot, files)))
                 if version == v.version && Some(snapshot) == v.snapshot_id() =>
             {
@@ -642,7 +648,9 @@ impl NodeService {
                     Err(e) => Err(e),
                 }
             } else {
-                self.tier_log_bucket(&lake, table, bucket, &log, from).await
+                let files = existing.of_stream(&stream);
+                self.tier_log_bucket(&lake, table, bucket, &log, from, &files)
+                    .await
             };
             match round {
                 Ok((round, short)) => {
@@ -663,10 +671,7 @@ impl NodeService {
             state.offsets.insert(table.id, offsets);
             return Ok(None);
         }
-        let after = table
-            .descriptor
-            .has_primary_key()
-            .then(|| existing.after(&tiered));
+        let after = wants_files.then(|| existing.after(&tiered));
         let committed = lake
             .commit(
                 table.id,
@@ -779,9 +784,71 @@ impl NodeService {
             .await
     }
 
+    /// Whether any bucket of a log table's lake version `v` may have enough small
+    /// files to compact: the snapshot summary counts its data files.
+    fn compaction_may_apply(&self, v: &LakeVersion) -> bool {
+        let min = self.config.lake.compact_files_min as u64;
+        let files = v.metadata.current_snapshot().and_then(|s| {
+            s.summary()
+                .additional_properties
+                .get("total-data-files")
+                .and_then(|n| n.parse::<u64>().ok())
+        });
+        min > 0 && files.is_some_and(|n| n >= min)
+    }
+
+    /// A compaction of a log table's bucket whose lake holds `files`: the oldest run
+    /// of consecutive small files ([`compaction_run`]), read one file at a time until
+    /// about `lake.file_bytes_target` of rows (two files at least), written as one
+    /// file. The new file and the locations it replaces; `None` when nothing is due.
+    async fn compact_log_bucket(
+        &self,
+        lake: &LakeTable,
+        table: &TableInfo,
+        stream: &str,
+        files: &SnapshotFiles,
+    ) -> Result<Option<(mink_lake::DataFile, Vec<String>)>> {
+        let config = &self.config.lake;
+        let run = compaction_run(
+            &files.data,
+            config.compact_small_file_bytes,
+            config.compact_files_min as usize,
+        );
+        let (Some(first), Some(partition)) = (
+            run.first().and_then(LakeFile::first_offset),
+            run.first().map(|f| f.partition.clone()),
+        ) else {
+            return Ok(None);
+        };
+        let lake_schema = lake_arrow_schema(&table.descriptor.schema);
+        let target = config.file_bytes_target as usize;
+        let (mut rows, mut bytes, mut replaced) = (Vec::new(), 0usize, Vec::new());
+        for f in &run {
+            if replaced.len() >= 2 && bytes >= target {
+                break;
+            }
+            for b in lake.read_file(f).await? {
+                let b = to_current_lake(&lake_schema, &b)?;
+                bytes += b.get_array_memory_size();
+                rows.push(b);
+            }
+            replaced.push(f.location.clone());
+        }
+        let merged = lake
+            .write_data_file(stream, first, &rows, partition)
+            .await?;
+        metrics::counter!("mink_lake_compacted_files_total").increment(replaced.len() as u64);
+        Ok(Some((merged, replaced)))
+    }
+
     /// A log table's bucket: its new rows appended as new files, one file's rows in
     /// memory at a time, at most `lake.round_bytes_max` per round (the rest is the next
-    /// round's, which then runs at once). Also says whether it stopped short.
+    /// round's, which then runs at once); and, when the bucket's lake `files` have
+    /// enough small ones, a compaction of the oldest of them
+    /// ([`Self::compact_log_bucket`]) in the same commit. Only a round that tiers rows
+    /// compacts: its commit moves the bucket's offset, so a concurrent round of another
+    /// node (a bucket moving) that read the same files loses the commit race and drops
+    /// its whole part, compaction included. Also says whether it stopped short.
     async fn tier_log_bucket(
         &self,
         lake: &LakeTable,
@@ -789,6 +856,7 @@ impl NodeService {
         bucket: TableBucket,
         log: &LogTablet,
         from: Option<i64>,
+        existing: &SnapshotFiles,
     ) -> Result<(Option<TieredBucket>, bool)> {
         let first = Self::round_start(bucket, log, from);
         let end = log.high_watermark();
@@ -831,6 +899,21 @@ impl NodeService {
         if files.is_empty() {
             return Ok((None, false));
         }
+        let replaces = match self
+            .compact_log_bucket(lake, table, &stream, existing)
+            .await
+        {
+            Ok(Some((merged, replaced))) => {
+                files.push(merged);
+                replaced
+            }
+            Ok(None) => Vec::new(),
+            // The rows are tiered all the same; the next round tries again.
+            Err(e) => {
+                tracing::warn!(%bucket, "compacting the lake files: {e}");
+                Vec::new()
+            }
+        };
         metrics::counter!("mink_lake_tiered_rows_total").increment((pos - first) as u64);
         Ok((
             Some(TieredBucket {
@@ -838,7 +921,7 @@ impl NodeService {
                 from,
                 to: pos,
                 files,
-                replaces: Vec::new(),
+                replaces,
             }),
             pos < end,
         ))
