@@ -228,3 +228,60 @@ def test_the_catalog_refuses_writes_and_bad_requests_precisely(mink_node, s3_url
     finally:
         client.close()
         proc.kill()
+
+
+def test_any_of_three_nodes_serves_the_catalog_across_a_schema_change(mink_node, tmp_path):
+    """Three nodes on one store: each one's catalog lists and loads the same table;
+    after a column is added and more rounds run (compacting files of both schemas),
+    pyiceberg and DuckDB through any node read what Union reads."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    nodes = []
+    try:
+        for i in range(3):
+            env = {
+                "MINK_NODE_ID": f"n{i}",
+                "MINK_DATA_DIR": str(tmp_path / f"n{i}"),
+                "MINK_OBJECT_STORE__URL": f"file://{shared}",
+                "MINK_LAKE__CHECK_INTERVAL_MS": "100",
+                "MINK_LAKE__COMPACT_FILES_MIN": "2",
+            }
+            nodes.append(NodeProcess(mink_node, tmp_path, env))
+        client = flight.connect(nodes[0].location)
+        action(client, "create_database", {"name": "db"})
+        create(client, "db.events")
+        retry(lambda: append_table(client, "db.events", batch(range(0, 40))), timeout=30)
+        tiered(client, "db.events", 40)
+        action(client, "alter_table", {"path": "db.events", "add_columns": [{"name": "extra", "type": "BIGINT"}]})
+        schema2 = SCHEMA.append(pa.field("extra", pa.int64()))
+        for start in (40, 60, 80):
+            ids = range(start, start + 20)
+            rows2 = pa.record_batch(
+                {"id": list(ids), "msg": [f"m{i}" for i in ids], "extra": [i * 10 for i in ids]}, schema=schema2
+            )
+            retry(lambda rows2=rows2: append_table(client, "db.events", rows2, schema_id=2), timeout=30)
+            tiered(client, "db.events", start + 20)
+        union = read(client, {"Union": {"path": "db.events"}}).sort_by("id")
+        assert union.column("id").to_pylist() == list(range(100))
+        want_extra = [None] * 40 + [i * 10 for i in range(40, 100)]
+        assert union.column("extra").to_pylist() == want_extra
+
+        locations = set()
+        for node in nodes:
+            catalog = RestCatalog("mink", uri=node.iceberg_rest)
+            assert catalog.list_tables("db") == [("db", "events")]
+            table = catalog.load_table(("db", "events"))
+            locations.add(table.metadata_location)
+            theirs = table.scan().to_arrow().sort_by("id")
+            assert theirs.column("id").to_pylist() == list(range(100)), node.iceberg_rest
+            assert theirs.column("extra").to_pylist() == want_extra
+            ops = [s.summary.operation.value for s in table.snapshots()]
+            assert "overwrite" in ops, f"no round compacted: {ops}"
+            con = duckdb_connection()
+            con.execute(f"ATTACH 'mink' AS lake (TYPE iceberg, ENDPOINT '{node.iceberg_rest}', AUTHORIZATION_TYPE 'none')")
+            got = con.execute("SELECT count(*), count(DISTINCT id), count(extra), sum(extra) FROM lake.db.events").fetchall()
+            assert got == [(100, 100, 60, sum(i * 10 for i in range(40, 100)))]
+        assert len(locations) == 1, "every node serves the same newest version"
+    finally:
+        for n in nodes:
+            n.kill()
