@@ -1464,3 +1464,151 @@ async fn a_log_buckets_small_lake_files_are_compacted_and_every_row_stays_once()
     assert!(compacted >= 4.0, "files merged: {compacted}");
     node.stop().await;
 }
+
+/// Checks a log table's lake once it caught up with the log: `Lake` and `Union` both
+/// hold ids `0..rows` once, each bucket's offsets `[0, end)` once and in order; the
+/// snapshot has at most `files_max` files. Returns the snapshot's file count.
+async fn log_lake_is_whole(client: &MinkClient, path: &TablePath, rows: i64, what: &str) -> u64 {
+    until_tiered(client, path, rows).await;
+    for ticket in [
+        ReadTicket::Lake {
+            path: path.clone(),
+            snapshot_id: None,
+            bucket: None,
+            columns: None,
+            filter: None,
+        },
+        ReadTicket::Union {
+            path: path.clone(),
+            bucket: None,
+            columns: None,
+            filter: None,
+        },
+    ] {
+        let batches = read(client, ticket.clone()).await;
+        coverage(&batches);
+        assert_eq!(
+            read_ids(&batches),
+            (0..rows).collect::<Vec<_>>(),
+            "{what}: {ticket:?}"
+        );
+    }
+    let snap: serde_json::Value = client
+        .action("lake_snapshot", serde_json::json!({"path": path}))
+        .await
+        .unwrap();
+    snap["files"].as_u64().unwrap()
+}
+
+/// Compaction racing rounds while a log table's buckets move between two nodes every
+/// ~1.2 s: a bucket's old and new leader may both run a round of it, each merging the
+/// files it read; one commit wins, the other drops its part. The lake ends with every
+/// row once and few files. Seeds replay (`MINK_COMPACT_MOVE_SEED=S`,
+/// `MINK_COMPACT_MOVE_SEEDS=N`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compaction_follows_log_buckets_that_move_between_nodes() {
+    for seed in
+        mink_wal::fault::seeds_from_env("MINK_COMPACT_MOVE_SEED", "MINK_COMPACT_MOVE_SEEDS", 1)
+    {
+        let dir = tempfile::tempdir().unwrap();
+        let shared = dir.path().join("objects");
+        let mut nodes = Vec::new();
+        for id in ["n0", "n1"] {
+            let mut c = config(dir.path(), &shared, id);
+            c.lake.check_interval_ms = 20;
+            c.lake.compact_files_min = 2;
+            nodes.push(Node::start(c).await.unwrap());
+        }
+        let client = MinkClient::connect(&nodes[0].flight_addr.to_string())
+            .await
+            .unwrap();
+        client.create_database("db").await.unwrap();
+        let path = TablePath::parse("db.events").unwrap();
+        client.create_table(&path, &lake_events(2)).await.unwrap();
+        let mut next = seeded(seed);
+        let what = format!("seed {seed}");
+        let started = std::time::Instant::now();
+        let mut moved_at = started;
+        let (mut written, mut moves) = (0i64, 0);
+        while started.elapsed() < Duration::from_secs(7) {
+            let n = 1 + next(20) as i64;
+            client
+                .append(&path, &rows(written..written + n))
+                .await
+                .unwrap();
+            written += n;
+            if moved_at.elapsed() > Duration::from_millis(1_200) {
+                for bucket in [0, 1] {
+                    let (leader, b) = leader_of(&client, &path, bucket).await;
+                    let to = if leader == "n0" { "n1" } else { "n0" };
+                    let answer: serde_json::Value = client
+                        .action(
+                            "rebalance",
+                            serde_json::json!({"moves": [{"bucket": b, "to": to}]}),
+                        )
+                        .await
+                        .unwrap();
+                    moves += answer["moved"].as_u64().unwrap_or(0);
+                }
+                moved_at = std::time::Instant::now();
+            }
+            tokio::time::sleep(Duration::from_millis(next(80))).await;
+        }
+        assert!(moves >= 4, "{what}: {moves} moves");
+        let files = log_lake_is_whole(&client, &path, written, &what).await;
+        // About seven rounds per bucket: fourteen files without compaction.
+        assert!(files <= 8, "{what}: {files} files");
+        for node in nodes {
+            node.stop().await;
+        }
+    }
+}
+
+/// A node process killed (SIGKILL) three times while rounds tier and compact a log
+/// table under a stream of appends, each time restarted on the same address: a round
+/// killed after writing its merged file but before its commit leaves a file no
+/// snapshot names, and the restarted node (no remembered files) compacts again from
+/// the committed snapshot. Every acknowledged row is in the lake once. Seeds replay
+/// (`MINK_COMPACT_KILL_SEED=S`, `MINK_COMPACT_KILL_SEEDS=N`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compaction_survives_a_killed_node() {
+    let env = [
+        ("MINK_LAKE__CHECK_INTERVAL_MS", "20"),
+        ("MINK_LAKE__COMPACT_FILES_MIN", "2"),
+    ];
+    for seed in
+        mink_wal::fault::seeds_from_env("MINK_COMPACT_KILL_SEED", "MINK_COMPACT_KILL_SEEDS", 1)
+    {
+        let dir = tempfile::tempdir().unwrap();
+        let (data, store) = (dir.path().join("n0"), dir.path().join("objects"));
+        let (mut node, addr) = common::spawn_node(&data, &store, "127.0.0.1:0", &env);
+        let client = MinkClient::connect(&addr).await.unwrap();
+        client.create_database("db").await.unwrap();
+        let path = TablePath::parse("db.events").unwrap();
+        client.create_table(&path, &lake_events(2)).await.unwrap();
+        let mut next = seeded(seed);
+        let what = format!("seed {seed}");
+        let mut written = 0i64;
+        for kill in 0..3 {
+            let until = std::time::Instant::now() + Duration::from_millis(1_500 + next(1_000));
+            while std::time::Instant::now() < until {
+                let n = 1 + next(20) as i64;
+                client
+                    .append(&path, &rows(written..written + n))
+                    .await
+                    .unwrap();
+                written += n;
+                tokio::time::sleep(Duration::from_millis(next(60))).await;
+            }
+            node.kill().unwrap();
+            node.wait().unwrap();
+            let (restarted, again) = common::spawn_node(&data, &store, &addr, &env);
+            assert_eq!(again, addr, "{what}: kill {kill}");
+            node = restarted;
+        }
+        let files = log_lake_is_whole(&client, &path, written, &what).await;
+        assert!(files <= 8, "{what}: {files} files");
+        node.kill().unwrap();
+        node.wait().unwrap();
+    }
+}
