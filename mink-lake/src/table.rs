@@ -1363,9 +1363,11 @@ fn operation_of(added: &Tally, removed: &Tally) -> Operation {
 /// The data files of one log-table bucket a compaction merges into one: nothing
 /// until at least `min_files` of `files` are smaller than `small_bytes` (0 turns
 /// compaction off); then the oldest run of two or more files, consecutive in offset
-/// order, that are all small, oldest first. A run, so that the merged file covers one
-/// contiguous range of offsets as every file of a bucket does. Files whose name holds
-/// no offset are never merged. Pure.
+/// order and each beginning where the one before ends (`first + record_count`), that
+/// are all small, oldest first. A run without gaps, so that the merged file covers one
+/// contiguous range of offsets as every file of a log bucket does (readers give a
+/// batch one base offset): a gap (rows trimmed from the log while the lake was off)
+/// ends a run. Files whose name holds no offset are never merged. Pure.
 pub fn compaction_run(files: &[LakeFile], small_bytes: u64, min_files: usize) -> Vec<LakeFile> {
     let small = |f: &LakeFile| f.size_bytes < small_bytes;
     if min_files == 0 || files.iter().filter(|f| small(f)).count() < min_files {
@@ -1380,13 +1382,15 @@ pub fn compaction_run(files: &[LakeFile], small_bytes: u64, min_files: usize) ->
     }
     ordered.sort_by_key(|(first, _)| *first);
     let mut run: Vec<LakeFile> = Vec::new();
-    for (_, f) in ordered {
-        if small(f) {
-            run.push(f.clone());
-        } else if run.len() >= 2 {
-            break;
-        } else {
-            run.clear();
+    let mut end = None;
+    for (first, f) in ordered {
+        let follows = end == Some(first);
+        end = Some(first + f.record_count as i64);
+        match (small(f), follows) {
+            (true, true) => run.push(f.clone()),
+            _ if run.len() >= 2 => break,
+            (true, false) => run = vec![f.clone()],
+            (false, _) => run.clear(),
         }
     }
     if run.len() < 2 {
@@ -1525,6 +1529,18 @@ impl Stager<'_> {
                 self.merge(m, out, &replaced, &mut removed).await?;
             }
             previous.clear();
+        }
+        // Every file the round replaces must still be in the table: a round that read
+        // the bucket's files before another writer replaced some of them must not
+        // replace them again (its rows would then be in the table twice).
+        let found = removed.files + removed.delete_files;
+        if found != replaced.len() as u64 {
+            return Err(MinkError::Unavailable(format!(
+                "lake: {} of the {} files this round replaces are no longer in the table \
+                 (another writer changed the bucket); the round is dropped",
+                replaced.len() as u64 - found.min(replaced.len() as u64),
+                replaced.len()
+            )));
         }
         let mut files = Vec::new();
         let mut written = Vec::new();
@@ -1828,6 +1844,16 @@ mod stage_tests {
             file(30, small),
         ];
         assert_eq!(firsts(&compaction_run(&files, 1000, 2)), vec![20, 30]);
+        // A gap in offsets (rows trimmed while the lake was off) ends a run.
+        let files = vec![
+            file(0, small),
+            file(10, small),
+            file(25, small),
+            file(35, small),
+        ];
+        assert_eq!(firsts(&compaction_run(&files, 1000, 2)), vec![0, 10]);
+        let files = vec![file(0, small), file(15, small), file(25, small)];
+        assert_eq!(firsts(&compaction_run(&files, 1000, 2)), vec![15, 25]);
         // No run of two: nothing.
         let files = vec![file(0, small), file(10, big), file(20, small)];
         assert!(compaction_run(&files, 1000, 2).is_empty());

@@ -512,3 +512,36 @@ async fn commits_expire_snapshots_past_the_retention_and_their_manifest_lists_go
     assert_eq!(files.iter().map(|f| f.record_count).sum::<u64>(), 30);
     assert_eq!(all_ids(&table, &s).await, (0..40).collect::<Vec<_>>());
 }
+
+#[tokio::test]
+async fn a_round_that_replaces_files_no_longer_in_the_table_commits_nothing() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let table = LakeTable::new(store.clone(), "memory://", &path());
+    let s = schema();
+    let b = tier(&table, &s, 0, None, 10).await;
+    let first = b.files[0].file_path().to_string();
+    let c = table
+        .commit(1, &s, &[], None, vec![b])
+        .await
+        .unwrap()
+        .unwrap();
+    // A round that replaces the first file (as a compaction would), committed.
+    let mut merged = tier(&table, &s, 0, Some(10), 20).await;
+    merged.replaces = vec![first.clone()];
+    let c = table
+        .commit(1, &s, &[], Some(c.version), vec![merged])
+        .await
+        .unwrap()
+        .unwrap();
+    // A second round that read the table before, and replaces the first file again.
+    let mut stale = tier(&table, &s, 0, Some(20), 30).await;
+    stale.replaces = vec![first];
+    let e = table
+        .commit(1, &s, &[], Some(c.version), vec![stale])
+        .await
+        .unwrap_err();
+    assert!(matches!(e, mink_types::MinkError::Unavailable(_)), "{e}");
+    let v = table.load(None).await.unwrap().unwrap();
+    assert_eq!(v.version, c.version, "nothing committed");
+    assert_eq!(all_ids(&table, &s).await, (10..20).collect::<Vec<_>>());
+}

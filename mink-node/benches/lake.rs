@@ -45,14 +45,19 @@ fn descriptor() -> TableDescriptor {
 
 /// ~1 KB rows, not all alike (Parquet would compress identical ones to nothing).
 fn batch(seed: i64) -> RecordBatch {
+    batch_of(seed, ROWS)
+}
+
+/// As [`batch`], `rows` rows.
+fn batch_of(seed: i64, rows: usize) -> RecordBatch {
     let words = [
         "alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf",
     ];
     RecordBatch::try_new(
         descriptor().schema.to_arrow(),
         vec![
-            Arc::new(Int64Array::from_iter_values(seed..seed + ROWS as i64)),
-            Arc::new(StringArray::from_iter_values((0..ROWS).map(|i| {
+            Arc::new(Int64Array::from_iter_values(seed..seed + rows as i64)),
+            Arc::new(StringArray::from_iter_values((0..rows).map(|i| {
                 let n = seed as usize + i;
                 let mut s = String::with_capacity(1000);
                 while s.len() < 1000 {
@@ -479,6 +484,182 @@ async fn pk_rounds(batches: usize) -> PkRun {
     }
 }
 
+struct CompactRun {
+    files_before: u64,
+    files_after: u64,
+    fresh_files: u64,
+    small_mbps: f64,
+    compacted_mbps: f64,
+    fresh_mbps: f64,
+    catch_up_rounds: u32,
+    /// Bytes read and written, and requests, by the lake while compaction caught up.
+    catch_up_mb: (f64, f64),
+    catch_up_requests: u64,
+}
+
+async fn lake_files(client: &MinkClient, path: &TablePath) -> u64 {
+    let snap: serde_json::Value = client
+        .action("lake_snapshot", serde_json::json!({"path": path}))
+        .await
+        .unwrap();
+    snap["files"].as_u64().unwrap()
+}
+
+/// MB/s of a whole-table `Lake` read of `rows` rows.
+async fn lake_read_mbps(client: &MinkClient, path: &TablePath, rows: i64) -> f64 {
+    let start = Instant::now();
+    let read = client
+        .read_any(&ReadTicket::Lake {
+            path: path.clone(),
+            snapshot_id: None,
+            bucket: None,
+            columns: None,
+            filter: None,
+        })
+        .await
+        .unwrap();
+    let secs = start.elapsed().as_secs_f64();
+    assert_eq!(
+        read.iter().map(|(b, _)| b.num_rows()).sum::<usize>() as i64,
+        rows
+    );
+    let bytes: usize = read.iter().map(|(b, _)| b.get_array_memory_size()).sum();
+    bytes as f64 / secs / 1e6
+}
+
+/// Waits until the lake holds `rows` rows of `path`.
+async fn until_lake_holds(client: &MinkClient, path: &TablePath, rows: i64) {
+    while lake_rows(client, path).await < rows {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A log table tiered in `rounds` rounds of one small file per bucket (a backlog of
+/// `rounds` appends, tiered with a file target of one append's rows per bucket, with
+/// compaction off), read; then the node restarted with the default settings, which
+/// compact while rounds tier a trickle of new rows, until every bucket is down to at
+/// most `compact_files_min` files; read again. The baseline: the same rows appended to
+/// a second table whose lake is turned on afterwards with the default settings.
+async fn compaction(rounds: usize) -> CompactRun {
+    const PER_APPEND: usize = 100;
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path());
+    // One append holds ~25 KB per bucket: a round's file.
+    c.lake.file_bytes_target = 16 << 10;
+    c.lake.round_bytes_max = 16 << 10;
+    c.lake.compact_files_min = 0;
+    let node = Node::start(c).await.unwrap();
+    let client = MinkClient::connect(&node.flight_addr.to_string())
+        .await
+        .unwrap();
+    client.create_database("b").await.unwrap();
+    let path = TablePath::parse("b.small").unwrap();
+    let fresh = TablePath::parse("b.fresh").unwrap();
+    for p in [&path, &fresh] {
+        client.create_table(p, &descriptor()).await.unwrap();
+    }
+    for i in 0..rounds {
+        let b = batch_of((i * PER_APPEND) as i64, PER_APPEND);
+        client.append(&path, &b).await.unwrap();
+        client.append(&fresh, &b).await.unwrap();
+    }
+    let mut rows = (rounds * PER_APPEND) as i64;
+    enable(&client, &path).await;
+    until_lake_holds(&client, &path, rows).await;
+    let files_before = lake_files(&client, &path).await;
+    let small_mbps = lake_read_mbps(&client, &path, rows).await;
+    node.stop().await;
+
+    let defaults = config(dir.path());
+    let min_files = defaults.lake.compact_files_min as u64;
+    let node = Node::start(defaults).await.unwrap();
+    let client = MinkClient::connect(&node.flight_addr.to_string())
+        .await
+        .unwrap();
+    let before = node.accounting.report();
+    let mut catch_up_rounds = 0;
+    let mut files_after = files_before;
+    while files_after > BUCKETS as u64 * min_files && catch_up_rounds < 100 {
+        // A few rows in every bucket: each bucket's next round tiers them, and merges.
+        let b = batch_of(rows, 16);
+        client.append(&path, &b).await.unwrap();
+        client.append(&fresh, &b).await.unwrap();
+        rows += 16;
+        until_lake_holds(&client, &path, rows).await;
+        catch_up_rounds += 1;
+        files_after = lake_files(&client, &path).await;
+    }
+    let after = node.accounting.report();
+    let lake = |r: &mink_wal::AccountingReport| {
+        r.by_kind
+            .iter()
+            .filter(|u| u.purpose == mink_wal::Purpose::Lake)
+            .fold((0u64, 0u64, 0u64), |(rx, tx, n), u| {
+                (rx + u.bytes_received, tx + u.bytes_sent, n + u.requests)
+            })
+    };
+    let (rx0, tx0, n0) = lake(&before);
+    let (rx1, tx1, n1) = lake(&after);
+    let compacted_mbps = lake_read_mbps(&client, &path, rows).await;
+    enable(&client, &fresh).await;
+    until_lake_holds(&client, &fresh, rows).await;
+    let fresh_files = lake_files(&client, &fresh).await;
+    let fresh_mbps = lake_read_mbps(&client, &fresh, rows).await;
+    node.stop().await;
+    eprintln!(
+        "compaction: {files_before} files -> {files_after} in {catch_up_rounds} rounds; \
+         reads {small_mbps:.1} -> {compacted_mbps:.1} MB/s, fresh {fresh_mbps:.1} MB/s \
+         ({fresh_files} files)"
+    );
+    CompactRun {
+        files_before,
+        files_after,
+        fresh_files,
+        small_mbps,
+        compacted_mbps,
+        fresh_mbps,
+        catch_up_rounds,
+        catch_up_mb: ((rx1 - rx0) as f64 / 1e6, (tx1 - tx0) as f64 / 1e6),
+        catch_up_requests: n1 - n0,
+    }
+}
+
+fn compaction_report(runs: &[CompactRun], rounds: usize) -> String {
+    let col = |f: fn(&CompactRun) -> f64| runs.iter().map(f).collect::<Vec<_>>();
+    let mut out = format!(
+        "\nCompaction of a log table's lake ({BUCKETS} buckets, ~1 KB rows): {rounds} rounds \
+         each wrote one small file per bucket (compaction off), then the node restarted \
+         with the defaults (`compact_files_min` 16, `file_bytes_target` 128 MiB) and a few \
+         rows a round until every bucket was down to 16 files or fewer; the baseline is \
+         the same rows tiered fresh into a second table. {} runs, min..max.\n\n\
+         | measure | value | baseline | ratio |\n|---|---|---|---|\n",
+        runs.len()
+    );
+    out.push_str(&format!(
+        "| `Lake` read after {rounds} rounds ({} files) | {} MB/s | fresh ({} files): {} MB/s | {} |\n",
+        range(&col(|r| r.files_before as f64)),
+        range(&col(|r| r.small_mbps)),
+        range(&col(|r| r.fresh_files as f64)),
+        range(&col(|r| r.fresh_mbps)),
+        range(&col(|r| r.small_mbps / r.fresh_mbps)),
+    ));
+    out.push_str(&format!(
+        "| `Lake` read once compaction caught up ({} files) | {} MB/s | fresh: {} MB/s | {} |\n",
+        range(&col(|r| r.files_after as f64)),
+        range(&col(|r| r.compacted_mbps)),
+        range(&col(|r| r.fresh_mbps)),
+        range(&col(|r| r.compacted_mbps / r.fresh_mbps)),
+    ));
+    out.push_str(&format!(
+        "| catching up: rounds, MB read / written, requests (lake) | {} rounds, {} / {} MB, {} requests | | |\n",
+        range(&col(|r| f64::from(r.catch_up_rounds))),
+        range(&col(|r| r.catch_up_mb.0)),
+        range(&col(|r| r.catch_up_mb.1)),
+        range(&col(|r| r.catch_up_requests as f64)),
+    ));
+    out
+}
+
 fn median(v: &[f64]) -> f64 {
     let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
@@ -496,6 +677,16 @@ async fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     // `cargo bench -p mink-node --bench lake -- --pk-only`: the primary-key part alone.
     let pk_only = std::env::args().any(|a| a == "--pk-only");
+    // `-- --compaction-only`: the compaction part alone.
+    if std::env::args().any(|a| a == "--compaction-only") {
+        let (runs, rounds) = if quick { (1, 100) } else { (3, 1000) };
+        let mut c = Vec::new();
+        for _ in 0..runs {
+            c.push(compaction(rounds).await);
+        }
+        print!("{}", compaction_report(&c, rounds));
+        return;
+    }
     let (runs, batches, secs) = if quick { (1, 10, 3.0) } else { (3, 100, 20.0) };
     let mut b = Vec::new();
     for _ in 0..runs {
@@ -598,5 +789,13 @@ async fn main() {
         "| the rewrite round (the eleventh: the whole state again) | {} s | | |\n",
         range(&pk.iter().map(|r| r.rewrite_secs).collect::<Vec<_>>())
     ));
+    if !pk_only {
+        let rounds = if quick { 100 } else { 1000 };
+        let mut c = Vec::new();
+        for _ in 0..runs {
+            c.push(compaction(rounds).await);
+        }
+        out.push_str(&compaction_report(&c, rounds));
+    }
     print!("{out}");
 }

@@ -605,22 +605,9 @@ impl NodeService {
             Some(v) => v.offsets(None)?,
             None => BTreeMap::new(),
         };
-        let known = state.contents.remove(&table.id);
-        // The files are needed to merge on read, and to compact a log table's buckets
-        // (only once the table has enough files for any bucket to qualify).
-        let wants_files = table.descriptor.has_primary_key()
-            || current
-                .as_ref()
-                .is_some_and(|v| self.compaction_may_apply(v));
-        let existing = match (&current, wants_files, known) {
-            (Some(v), true, Some((version, snapshot, files)))
-                if version == v.version && Some(snapshot) == v.snapshot_id() =>
-            {
-                files
-            }
-            (Some(v), true, _) => lake.contents(v, None).await?,
-            _ => SnapshotFiles::default(),
-        };
+        let (wants_files, existing) = self
+            .known_files(&lake, table, current.as_ref(), state)
+            .await?;
         let mut tiered: Vec<TieredBucket> = Vec::new();
         let mut indexes: Vec<(String, KeyIndex)> = Vec::new();
         for (bucket, log) in tablets {
@@ -672,6 +659,13 @@ impl NodeService {
             return Ok(None);
         }
         let after = wants_files.then(|| existing.after(&tiered));
+        let merged: Vec<(String, usize)> = match table.descriptor.has_primary_key() {
+            true => Vec::new(),
+            false => tiered
+                .iter()
+                .map(|t| (t.stream.clone(), t.replaces.len()))
+                .collect(),
+        };
         let committed = lake
             .commit(
                 table.id,
@@ -685,10 +679,45 @@ impl NodeService {
             state.offsets.remove(&table.id);
             return Ok(None);
         };
+        let compacted: usize = merged
+            .iter()
+            .filter(|(stream, _)| !c.dropped.contains(stream))
+            .map(|(_, n)| n)
+            .sum();
+        metrics::counter!("mink_lake_compacted_files_total").increment(compacted as u64);
         let read = current.as_ref().map_or(0, |v| v.version);
         self.remember_round(state, table.id, read, &c, after, indexes);
         self.record_lake_pointer(table.id, &c).await;
         Ok(Some(c))
+    }
+
+    /// The files of the lake's current version `current`, where the round needs them
+    /// (to merge a primary-key table on read, or to compact a log table whose files
+    /// may be due): remembered from this node's last commit when it is still the
+    /// current one, else read from the manifests. Whether they were needed, and them
+    /// (none when not).
+    async fn known_files(
+        &self,
+        lake: &LakeTable,
+        table: &TableInfo,
+        current: Option<&LakeVersion>,
+        state: &mut LakeState,
+    ) -> Result<(bool, SnapshotFiles)> {
+        let known = state.contents.remove(&table.id);
+        // The files are needed to merge on read, and to compact a log table's buckets
+        // (only once the table has enough files for any bucket to qualify).
+        let wants_files = table.descriptor.has_primary_key()
+            || current.is_some_and(|v| self.compaction_may_apply(v, table));
+        let existing = match (current, wants_files, known) {
+            (Some(v), true, Some((version, snapshot, files)))
+                if version == v.version && Some(snapshot) == v.snapshot_id() =>
+            {
+                files
+            }
+            (Some(v), true, _) => lake.contents(v, None).await?,
+            _ => SnapshotFiles::default(),
+        };
+        Ok((wants_files, existing))
     }
 
     /// Reads a bucket's log from `pos` towards `end`, whole batches, until about
@@ -785,8 +814,17 @@ impl NodeService {
     }
 
     /// Whether any bucket of a log table's lake version `v` may have enough small
-    /// files to compact: the snapshot summary counts its data files.
-    fn compaction_may_apply(&self, v: &LakeVersion) -> bool {
+    /// files to compact: the snapshot summary counts its data files. Never while the
+    /// lake's schema has columns this node's catalog does not know yet (it lags an
+    /// `alter_table`): the merged file would be written without them.
+    fn compaction_may_apply(&self, v: &LakeVersion, table: &TableInfo) -> bool {
+        let known = match mink_lake::iceberg_schema(&table.descriptor.schema) {
+            Ok(s) => s.highest_field_id(),
+            Err(_) => return false,
+        };
+        if v.metadata.current_schema().highest_field_id() > known {
+            return false;
+        }
         let min = self.config.lake.compact_files_min as u64;
         let files = v.metadata.current_snapshot().and_then(|s| {
             s.summary()
@@ -799,8 +837,9 @@ impl NodeService {
 
     /// A compaction of a log table's bucket whose lake holds `files`: the oldest run
     /// of consecutive small files ([`compaction_run`]), read one file at a time until
-    /// about `lake.file_bytes_target` of rows (two files at least), written as one
-    /// file. The new file and the locations it replaces; `None` when nothing is due.
+    /// about `lake.file_bytes_target` of rows (so at most that plus one small file in
+    /// memory), written as one file. The new file and the locations it replaces;
+    /// `None` when nothing is due (or the run's first file alone reaches the target).
     async fn compact_log_bucket(
         &self,
         lake: &LakeTable,
@@ -824,7 +863,7 @@ impl NodeService {
         let target = config.file_bytes_target as usize;
         let (mut rows, mut bytes, mut replaced) = (Vec::new(), 0usize, Vec::new());
         for f in &run {
-            if replaced.len() >= 2 && bytes >= target {
+            if bytes >= target {
                 break;
             }
             for b in lake.read_file(f).await? {
@@ -834,10 +873,13 @@ impl NodeService {
             }
             replaced.push(f.location.clone());
         }
+        // One file already as large as the target: nothing to gain by merging.
+        if replaced.len() < 2 {
+            return Ok(None);
+        }
         let merged = lake
             .write_data_file(stream, first, &rows, partition)
             .await?;
-        metrics::counter!("mink_lake_compacted_files_total").increment(replaced.len() as u64);
         Ok(Some((merged, replaced)))
     }
 
