@@ -17,6 +17,7 @@
 pub mod config;
 pub mod schema;
 pub mod table;
+pub mod transform;
 
 /// The manifest entry of a data file (the `iceberg` crate's, which callers only pass
 /// back to [`LakeTable::commit`] and [`LakeTable::delete_files`]).

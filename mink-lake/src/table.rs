@@ -31,7 +31,7 @@ use iceberg::spec::{
     Operation, PrimitiveLiteral, Snapshot, SnapshotReference, SnapshotRetention, Struct, Summary,
     TableMetadata, TableMetadataBuilder,
 };
-use mink_types::{MinkError, Result, Schema, TablePath};
+use mink_types::{LakePartition, MinkError, Result, Schema, TablePath};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use parquet::arrow::ArrowWriter;
@@ -290,6 +290,8 @@ pub struct LakeTable {
     root_url: String,
     prefix: String,
     retention: LakeRetention,
+    /// `lake.partition`, in the partition spec of the version this table creates.
+    time: Option<LakePartition>,
 }
 
 impl std::fmt::Debug for LakeTable {
@@ -307,7 +309,15 @@ impl LakeTable {
             root_url: root_url.trim_end_matches('/').to_string(),
             prefix: format!("lake/{}/{}", path.database, path.table),
             retention: LakeRetention::default(),
+            time: None,
         }
+    }
+
+    /// This table with `lake.partition` (used when it creates the lake table's first
+    /// version; a lake table keeps the spec it was created with).
+    pub fn with_time_partition(mut self, time: Option<LakePartition>) -> Self {
+        self.time = time;
+        self
     }
 
     /// This table with commits that expire snapshots by `retention`.
@@ -434,7 +444,7 @@ impl LakeTable {
         partition_keys: &[String],
     ) -> Result<()> {
         let iceberg = iceberg_schema(schema)?;
-        let fields: Vec<serde_json::Value> = partition_keys
+        let mut fields: Vec<serde_json::Value> = partition_keys
             .iter()
             .enumerate()
             .map(|(k, name)| {
@@ -449,6 +459,16 @@ impl LakeTable {
                 }))
             })
             .collect::<Result<_>>()?;
+        if let Some(time) = &self.time {
+            let index = crate::transform::column_index(schema, time)?;
+            fields.push(serde_json::json!({
+                "source-id": field_id(index),
+                "field-id": 1000 + fields.len() as i32,
+                "name": format!("{}_{}", time.column, time.transform.as_str()),
+                "transform": time.transform.as_str(),
+            }));
+        }
+        let partition_fields = fields.len();
         let now = crate::now_ms();
         let json = serde_json::json!({
             "format-version": 2,
@@ -461,7 +481,7 @@ impl LakeTable {
             "schemas": [iceberg],
             "default-spec-id": 0,
             "partition-specs": [{"spec-id": 0, "fields": fields}],
-            "last-partition-id": 999 + partition_keys.len() as i32,
+            "last-partition-id": 999 + partition_fields as i32,
             "default-sort-order-id": 0,
             "sort-orders": [{"order-id": 0, "fields": []}],
             "properties": {"write.format.default": "parquet", TABLE_ID_KEY: table_id.to_string()},
@@ -1384,7 +1404,7 @@ pub fn compaction_run(files: &[LakeFile], small_bytes: u64, min_files: usize) ->
     let mut run: Vec<LakeFile> = Vec::new();
     let mut end = None;
     for (first, f) in ordered {
-        let follows = end == Some(first);
+        let follows = end == Some(first) && run.last().is_none_or(|p| p.partition == f.partition);
         end = Some(first + f.record_count as i64);
         match (small(f), follows) {
             (true, true) => run.push(f.clone()),
@@ -1767,16 +1787,19 @@ struct Staged {
 }
 
 /// The Iceberg partition value of lake rows of one Mink partition: the partition-key
-/// columns of the first row (every row of a bucket of a partition has the same).
+/// columns of the first row (every row of a bucket of a partition has the same) and,
+/// with `time`, its time transform of the first row (a file's rows share it: a round
+/// cuts a bucket's rows with [`crate::transform::runs`]).
 pub fn partition_value(
     schema: &Schema,
     partition_keys: &[String],
+    time: Option<&LakePartition>,
     batch: &RecordBatch,
 ) -> Result<Struct> {
-    if partition_keys.is_empty() {
+    if partition_keys.is_empty() && time.is_none() {
         return Ok(Struct::empty());
     }
-    let mut values = Vec::with_capacity(partition_keys.len());
+    let mut values = Vec::with_capacity(partition_keys.len() + 1);
     for name in partition_keys {
         let index = schema.index_of(name).ok_or_else(|| {
             MinkError::Internal(format!("partition key {name:?} is not a column"))
@@ -1799,6 +1822,14 @@ pub fn partition_value(
             }
         };
         values.push(Some(Literal::Primitive(v)));
+    }
+    if let Some(time) = time {
+        let column = batch.column(crate::transform::column_index(schema, time)?);
+        let value = match column.is_empty() {
+            true => None,
+            false => crate::transform::values(time.transform, &column.slice(0, 1))?[0],
+        };
+        values.push(value.map(|v| Literal::Primitive(PrimitiveLiteral::Int(v))));
     }
     Ok(Struct::from_iter(values))
 }

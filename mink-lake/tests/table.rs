@@ -48,7 +48,7 @@ async fn tier(
     let batch =
         to_lake_batch(schema, &lake, &rows(schema, start..to), bucket, start, 1000).unwrap();
     let stream = format!("t1-b{bucket}");
-    let partition = partition_value(schema, &[], &batch).unwrap();
+    let partition = partition_value(schema, &[], None, &batch).unwrap();
     let file = table
         .write_data_file(&stream, start, &[batch], partition)
         .await

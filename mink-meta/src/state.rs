@@ -519,6 +519,13 @@ impl LogState for MetaState {
                 for (k, v) in set_properties {
                     next.properties.set(k, v)?;
                 }
+                if next.properties.lake.partition != table.descriptor.properties.lake.partition {
+                    return Err(MinkError::invalid(
+                        "properties.lake.partition",
+                        "is set when the table is created: the lake's partition spec and the \
+                         files already written under it would disagree",
+                    ));
+                }
                 set_custom_properties(&mut next.properties.custom, set_custom);
                 next.validate()
             }

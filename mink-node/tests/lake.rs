@@ -20,6 +20,7 @@ fn lake_events(buckets: u32) -> TableDescriptor {
     d.properties.lake = LakeProperties {
         enabled: true,
         freshness: Duration::from_secs(1),
+        partition: None,
     };
     d
 }

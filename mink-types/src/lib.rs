@@ -39,7 +39,8 @@ pub use partition::{PartitionRows, split_by_partition};
 pub use schema::{Column, Schema, SchemaId};
 pub use table::{
     AggFunction, BucketingRule, ChangelogImage, Compression, DeleteBehavior, LAKE_SYSTEM_COLUMNS,
-    LakeProperties, LogTtl, MergeEngine, TableDescriptor, TableProperties,
+    LakePartition, LakeProperties, LogTtl, MergeEngine, TableDescriptor, TableProperties,
+    TimeTransform,
 };
 pub use types::DataType;
 pub use writer::{

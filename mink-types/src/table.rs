@@ -412,7 +412,7 @@ pub const LAKE_FRESHNESS_MIN: Duration = Duration::from_secs(1);
 pub const LAKE_FRESHNESS_MAX: Duration = Duration::from_secs(24 * 3600);
 
 /// Whether and how often a table is tiered to the lake.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LakeProperties {
     #[serde(default)]
@@ -420,6 +420,93 @@ pub struct LakeProperties {
     /// How far the lake may lag the log: each bucket is tiered this often.
     #[serde(default = "default_freshness", with = "humantime_serde_duration")]
     pub freshness: Duration,
+    /// A time partition of the lake table (an Iceberg `year`/`month`/`day`/`hour`
+    /// transform of a column) beside the identity partitions of the partition keys,
+    /// without making it a Mink partition key: engines prune on it. Log tables only;
+    /// fixed when the table is created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<LakePartition>,
+}
+
+/// An Iceberg time transform.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TimeTransform {
+    Year,
+    Month,
+    Day,
+    Hour,
+}
+
+impl TimeTransform {
+    /// The transform's Iceberg name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Year => "year",
+            Self::Month => "month",
+            Self::Day => "day",
+            Self::Hour => "hour",
+        }
+    }
+}
+
+/// `lake.partition`: a time transform of a column, written `day(ts)`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct LakePartition {
+    pub transform: TimeTransform,
+    pub column: String,
+}
+
+impl fmt::Display for LakePartition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}({})", self.transform.as_str(), self.column)
+    }
+}
+
+impl FromStr for LakePartition {
+    type Err = MinkError;
+
+    fn from_str(text: &str) -> Result<Self> {
+        let bad = || {
+            MinkError::invalid(
+                "properties.lake.partition",
+                format!(
+                    "{text:?} is not a time transform of a column: year(COLUMN), \
+                     month(COLUMN), day(COLUMN) or hour(COLUMN)"
+                ),
+            )
+        };
+        let (name, rest) = text.trim().split_once('(').ok_or_else(bad)?;
+        let column = rest.strip_suffix(')').ok_or_else(bad)?.trim();
+        let transform = match name.trim() {
+            "year" => TimeTransform::Year,
+            "month" => TimeTransform::Month,
+            "day" => TimeTransform::Day,
+            "hour" => TimeTransform::Hour,
+            _ => return Err(bad()),
+        };
+        if column.is_empty() {
+            return Err(bad());
+        }
+        Ok(Self {
+            transform,
+            column: column.to_string(),
+        })
+    }
+}
+
+impl TryFrom<String> for LakePartition {
+    type Error = MinkError;
+    fn try_from(text: String) -> Result<Self> {
+        text.parse()
+    }
+}
+
+impl From<LakePartition> for String {
+    fn from(p: LakePartition) -> String {
+        p.to_string()
+    }
 }
 
 fn default_freshness() -> Duration {
@@ -431,6 +518,7 @@ impl Default for LakeProperties {
         Self {
             enabled: false,
             freshness: default_freshness(),
+            partition: None,
         }
     }
 }
@@ -497,6 +585,12 @@ impl TableProperties {
                     )
                 })?
             }
+            "lake.partition" => {
+                self.lake.partition = match value.trim() {
+                    "" | "none" => None,
+                    text => Some(text.parse()?),
+                }
+            }
             "merge_engine" => {
                 self.merge_engine = match value {
                     "last_row" => MergeEngine::LastRow,
@@ -545,7 +639,7 @@ impl TableProperties {
                         format!("properties.{key}"),
                         "unknown property; known: log_ttl, merge_engine, aggregation.COLUMN, \
                          delete_behavior, changelog_image, compression, lake.enabled, \
-                         lake.freshness",
+                         lake.freshness, lake.partition",
                     ));
                 }
             },
@@ -765,6 +859,38 @@ impl TableDescriptor {
         }
     }
 
+    /// `lake.partition`: a log table's time column (an hour of a date is no
+    /// partition).
+    fn validate_lake_partition(&self, partition: &LakePartition) -> Result<()> {
+        let key = "properties.lake.partition";
+        if self.has_primary_key() {
+            return Err(MinkError::invalid(
+                key,
+                "is for log tables: a primary-key table's lake holds its state, whose rows \
+                 move as they change",
+            ));
+        }
+        let ty = self
+            .schema
+            .column(&partition.column)
+            .map(|c| c.data_type)
+            .ok_or_else(|| {
+                MinkError::invalid(key, format!("{:?} is not a column", partition.column))
+            })?;
+        match (ty, partition.transform) {
+            (DataType::Timestamp { .. } | DataType::TimestampLtz { .. }, _) => Ok(()),
+            (DataType::Date, t) if t != TimeTransform::Hour => Ok(()),
+            _ => Err(MinkError::invalid(
+                key,
+                format!(
+                    "{partition}: column {:?} is {ty}; a time partition takes a TIMESTAMP, \
+                     TIMESTAMP_LTZ or (but for hour) DATE column",
+                    partition.column
+                ),
+            )),
+        }
+    }
+
     fn validate_lake(&self) -> Result<()> {
         let lake = &self.properties.lake;
         if !(LAKE_FRESHNESS_MIN..=LAKE_FRESHNESS_MAX).contains(&lake.freshness) {
@@ -777,6 +903,9 @@ impl TableDescriptor {
                     humantime::format_duration(LAKE_FRESHNESS_MAX)
                 ),
             ));
+        }
+        if let Some(partition) = &lake.partition {
+            self.validate_lake_partition(partition)?;
         }
         if !lake.enabled {
             return Ok(());
@@ -1212,6 +1341,63 @@ mod tests {
                 .to_string()
                 .contains("lake.freshness")
         );
+    }
+
+    #[test]
+    fn a_lake_time_partition_takes_a_log_tables_time_column() {
+        let schema = Schema::new(
+            1,
+            vec![
+                Column::new("id", DataType::BigInt, false),
+                Column::new("at", DataType::TimestampLtz { precision: 3 }, true),
+                Column::new("day", DataType::Date, true),
+                Column::new("v", DataType::String, true),
+            ],
+        );
+        let mut t = TableDescriptor::log_table(schema);
+        t.properties.set("lake.partition", " hour( at ) ").unwrap();
+        let p = t.properties.lake.partition.clone().unwrap();
+        assert_eq!(
+            (p.transform, p.column.as_str()),
+            (TimeTransform::Hour, "at")
+        );
+        assert_eq!(p.to_string(), "hour(at)");
+        t.validate().unwrap();
+        let json = serde_json::to_string(&t.properties).unwrap();
+        assert!(json.contains(r#""partition":"hour(at)""#), "{json}");
+        let back: TableProperties = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, t.properties);
+        for ok in ["year(day)", "month(day)", "day(day)", "day(at)"] {
+            t.properties.set("lake.partition", ok).unwrap();
+            t.validate().unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+        for (bad, says) in [
+            ("hour(day)", "DATE"),
+            ("day(v)", "TIMESTAMP"),
+            ("day(nope)", "not a column"),
+        ] {
+            t.properties.set("lake.partition", bad).unwrap();
+            let e = t.validate().unwrap_err().to_string();
+            assert!(
+                e.contains("lake.partition") && e.contains(says),
+                "{bad}: {e}"
+            );
+        }
+        for bad in ["week(at)", "day at", "day()", "(at)"] {
+            let e = t
+                .properties
+                .set("lake.partition", bad)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("lake.partition"), "{bad}: {e}");
+        }
+        t.properties.set("lake.partition", "none").unwrap();
+        assert!(t.properties.lake.partition.is_none());
+        // A primary-key table's lake holds its state: no time partition.
+        t.properties.set("lake.partition", "day(at)").unwrap();
+        t.primary_key = vec!["id".into()];
+        let e = t.validate().unwrap_err().to_string();
+        assert!(e.contains("log tables"), "{e}");
     }
 }
 

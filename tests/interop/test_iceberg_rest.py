@@ -9,6 +9,7 @@ import urllib.error
 import urllib.request
 
 import pyarrow as pa
+import pyarrow.parquet
 import pyarrow.flight as flight
 import pytest
 from pyiceberg.catalog.rest import RestCatalog
@@ -285,3 +286,68 @@ def test_any_of_three_nodes_serves_the_catalog_across_a_schema_change(mink_node,
     finally:
         for n in nodes:
             n.kill()
+
+
+def test_a_time_partition_prunes_in_the_engines(mink_node, tmp_path):
+    """`lake.partition = day(at)`: the lake table is partitioned by Iceberg's day
+    transform of a column that is not a Mink partition key. Rows of three days,
+    written out of order, land in files of one day each; pyiceberg prunes a scan to
+    the day asked for and DuckDB reads every row; the spec cannot change later."""
+    import datetime
+
+    proc = NodeProcess(
+        mink_node,
+        tmp_path,
+        {"MINK_OBJECT_STORE__URL": f"file://{tmp_path}/objects", "MINK_LAKE__CHECK_INTERVAL_MS": "100"},
+    )
+    client = flight.connect(proc.location)
+    try:
+        action(client, "create_database", {"name": "db"})
+        columns = COLUMNS + [{"name": "at", "type": "TIMESTAMP_LTZ(6)"}]
+        descriptor = {
+            "schema": {"columns": columns},
+            "bucket_keys": ["id"],
+            "bucket_count": 2,
+            "properties": {"lake": {"enabled": True, "freshness": "1s", "partition": "day(at)"}},
+        }
+        action(client, "create_table", {"path": "db.clicks", "descriptor": descriptor})
+        schema = SCHEMA.append(pa.field("at", pa.timestamp("us", tz="UTC")))
+        base = datetime.datetime(2026, 12, 1, 12, tzinfo=datetime.timezone.utc)
+        days = [(i * 7) % 3 for i in range(60)]  # 0, 1, 2, 0, 1, 2, ...: out of order
+        rows = pa.record_batch(
+            {
+                "id": list(range(60)),
+                "msg": [f"m{i}" for i in range(60)],
+                "at": [base + datetime.timedelta(days=d, seconds=i) for i, d in enumerate(days)],
+            },
+            schema=schema,
+        )
+        retry(lambda: append_table(client, "db.clicks", rows))
+        tiered(client, "db.clicks", 60)
+
+        table = RestCatalog("mink", uri=proc.iceberg_rest).load_table(("db", "clicks"))
+        [field] = table.spec().fields
+        assert (field.name, str(field.transform)) == ("at_day", "day")
+        assert table.scan().to_arrow().num_rows == 60
+        tasks = list(table.scan().plan_files())
+        # Each file holds one day (runs of one value: many small files here).
+        for task in tasks:
+            ats = pa.parquet.read_table(task.file.file_path.removeprefix("file://")).column("at")
+            assert len({t.as_py().date() for t in ats}) == 1, task.file.file_path
+        day3 = "at >= '2026-12-03T00:00:00+00:00'"
+        pruned = list(table.scan(row_filter=day3).plan_files())
+        assert 0 < len(pruned) < len(tasks), "pyiceberg prunes by the day transform"
+        got = table.scan(row_filter=day3).to_arrow().column("id").to_pylist()
+        assert sorted(got) == [i for i in range(60) if days[i] == 2]
+
+        con = duckdb_connection()
+        con.execute(f"ATTACH 'mink' AS lake (TYPE iceberg, ENDPOINT '{proc.iceberg_rest}', AUTHORIZATION_TYPE 'none')")
+        assert con.execute(
+            """SELECT count(*) FROM lake.db.clicks WHERE "at" >= TIMESTAMPTZ '2026-12-03 00:00:00+00'"""
+        ).fetchall() == [(20,)]
+
+        with pytest.raises(pa.ArrowException, match="lake.partition"):
+            action(client, "alter_table", {"path": "db.clicks", "set_properties": {"lake.partition": "hour(at)"}})
+    finally:
+        client.close()
+        proc.kill()

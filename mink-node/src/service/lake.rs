@@ -599,7 +599,9 @@ impl NodeService {
         if tablets.is_empty() {
             return Ok(None);
         }
-        let lake = self.lake_table(&table.path);
+        let lake = self
+            .lake_table(&table.path)
+            .with_time_partition(table.descriptor.properties.lake.partition.clone());
         let current = self.lake_version(table, true).await?;
         let offsets = match &current {
             Some(v) => v.offsets(None)?,
@@ -807,10 +809,28 @@ impl NodeService {
         let partition = partition_value(
             &table.descriptor.schema,
             &table.descriptor.partition_keys,
+            table.descriptor.properties.lake.partition.as_ref(),
             &batches[0],
         )?;
         lake.write_data_file(stream, first, batches, partition)
             .await
+    }
+
+    /// Lake rows of a log bucket as data files added to `files`: one file, or, with
+    /// a `lake.partition`, one per run of rows of one partition value.
+    async fn write_lake_runs(
+        &self,
+        lake: &LakeTable,
+        table: &TableInfo,
+        stream: &str,
+        rows: Vec<RecordBatch>,
+        files: &mut Vec<mink_lake::DataFile>,
+    ) -> Result<()> {
+        let time = table.descriptor.properties.lake.partition.as_ref();
+        for run in mink_lake::transform::runs(&table.descriptor.schema, time, rows)? {
+            files.push(self.write_lake_file(lake, table, stream, &run).await?);
+        }
+        Ok(())
     }
 
     /// Whether any bucket of a log table's lake version `v` may have enough small
@@ -920,18 +940,15 @@ impl NodeService {
                         .iter()
                         .map(|r| r.get_array_memory_size())
                         .sum::<usize>();
-                    self.write_lake_file(lake, table, &stream, &rows)
+                    self.write_lake_runs(lake, table, &stream, rows, &mut files)
                         .await
-                        .map(|f| (f, next))
+                        .map(|()| next)
                 }
                 Ok(_) => break,
                 Err(e) => Err(e),
             };
             match written {
-                Ok((f, next)) => {
-                    files.push(f);
-                    pos = next;
-                }
+                Ok(next) => pos = next,
                 Err(e) => {
                     lake.delete_files(&files).await;
                     return Err(e);
