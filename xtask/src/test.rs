@@ -61,7 +61,7 @@ pub fn run(root: &Path, interop: bool, rest: &[String]) -> Result<()> {
         let mut pytest = Command::new(&python);
         pytest
             .current_dir(root)
-            .args(["-m", "pytest", "-q", "tests/interop"])
+            .args(["-m", "pytest", "-q", "--durations=15", "tests/interop"])
             .env("MINKTEST_BIN_DIR", root.join("target/debug"));
         with_s3(&mut pytest);
         run_checked(&mut pytest)?;
