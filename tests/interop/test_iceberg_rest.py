@@ -5,6 +5,7 @@ file:// and on the local S3 server; the catalog follows the tiering rounds; and
 everything that would write is refused as the specification says, changing nothing."""
 
 import json
+import re
 import urllib.error
 import urllib.request
 
@@ -342,9 +343,11 @@ def test_a_time_partition_prunes_in_the_engines(mink_node, tmp_path):
 
         con = duckdb_connection()
         con.execute(f"ATTACH 'mink' AS lake (TYPE iceberg, ENDPOINT '{proc.iceberg_rest}', AUTHORIZATION_TYPE 'none')")
-        assert con.execute(
-            """SELECT count(*) FROM lake.db.clicks WHERE "at" >= TIMESTAMPTZ '2026-12-03 00:00:00+00'"""
-        ).fetchall() == [(20,)]
+        query = """SELECT count(*) FROM lake.db.clicks WHERE "at" >= TIMESTAMPTZ '2026-12-03 00:00:00+00'"""
+        assert con.execute(query).fetchall() == [(20,)]
+        plan = "\n".join(row[1] for row in con.execute("EXPLAIN ANALYZE " + query).fetchall())
+        [read] = re.findall(r"Total Files Read: (\d+)", plan)
+        assert 0 < int(read) < len(tasks), f"DuckDB prunes by the day transform: {plan}"
 
         with pytest.raises(pa.ArrowException, match="lake.partition"):
             action(client, "alter_table", {"path": "db.clicks", "set_properties": {"lake.partition": "hour(at)"}})
