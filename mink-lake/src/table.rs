@@ -146,6 +146,38 @@ pub struct TieredBucket {
     /// rewrite of a primary-key bucket: the new files hold its whole state). Empty
     /// otherwise.
     pub replaces: Vec<String>,
+    /// A compaction of a log bucket's older files, committed with the round as a
+    /// snapshot of its own (`replace`: the same rows in fewer files) on top of the
+    /// round's: the merged files, and the locations of the files they replace.
+    pub compacted: Vec<DataFile>,
+    pub compacted_from: Vec<String>,
+}
+
+impl TieredBucket {
+    /// Every file the round wrote: its new rows' and its compaction's.
+    pub fn written(&self) -> Vec<DataFile> {
+        self.files.iter().chain(&self.compacted).cloned().collect()
+    }
+
+    /// The round without its compaction, and the compaction as a part of its own
+    /// (at the offset the round reaches), if there is one.
+    fn split_compaction(&self) -> (TieredBucket, Option<TieredBucket>) {
+        let round = TieredBucket {
+            compacted: Vec::new(),
+            compacted_from: Vec::new(),
+            ..self.clone()
+        };
+        let merge = (!self.compacted.is_empty()).then(|| TieredBucket {
+            stream: self.stream.clone(),
+            from: Some(self.to),
+            to: self.to,
+            files: self.compacted.clone(),
+            replaces: self.compacted_from.clone(),
+            compacted: Vec::new(),
+            compacted_from: Vec::new(),
+        });
+        (round, merge)
+    }
 }
 
 /// What a commit made.
@@ -212,7 +244,8 @@ impl SnapshotFiles {
     pub fn after(&self, buckets: &[TieredBucket]) -> SnapshotFiles {
         let replaced: std::collections::HashSet<&str> = buckets
             .iter()
-            .flat_map(|b| b.replaces.iter().map(String::as_str))
+            .flat_map(|b| b.replaces.iter().chain(&b.compacted_from))
+            .map(String::as_str)
             .collect();
         let mut out = SnapshotFiles {
             data: self
@@ -228,7 +261,10 @@ impl SnapshotFiles {
                 .cloned()
                 .collect(),
         };
-        for f in buckets.iter().flat_map(|b| &b.files) {
+        for f in buckets
+            .iter()
+            .flat_map(|b| b.files.iter().chain(&b.compacted))
+        {
             let file = LakeFile {
                 location: f.file_path().to_string(),
                 record_count: f.record_count(),
@@ -792,7 +828,7 @@ impl LakeTable {
             if let Err(e) = self.files_present(&buckets).await {
                 self.unstage(&staged).await;
                 for b in &buckets {
-                    self.delete_files(&b.files).await;
+                    self.delete_files(&b.written()).await;
                 }
                 return Err(e);
             }
@@ -804,7 +840,7 @@ impl LakeTable {
             return self.committed(next, staged, dropped).await.map(Some);
         }
         for b in &buckets {
-            self.delete_files(&b.files).await;
+            self.delete_files(&b.written()).await;
         }
         Err(MinkError::Unavailable(format!(
             "lake table {}: {COMMIT_ATTEMPTS_MAX} commit attempts lost to other writers",
@@ -830,7 +866,7 @@ impl LakeTable {
                 stream = %b.stream,
                 "another writer tiered this bucket meanwhile; this round's files for it are dropped"
             );
-            self.delete_files(&b.files).await;
+            self.delete_files(&b.written()).await;
             dropped.push(b.stream.clone());
         }
         Ok(keep)
@@ -840,7 +876,8 @@ impl LakeTable {
     /// uncommitted files older than its minimum age; a round never runs that long,
     /// and this makes sure): a version never names a missing file.
     async fn files_present(&self, buckets: &[TieredBucket]) -> Result<()> {
-        for f in buckets.iter().flat_map(|b| &b.files) {
+        let files: Vec<DataFile> = buckets.iter().flat_map(TieredBucket::written).collect();
+        for f in &files {
             let path = self.path_of(f.file_path())?;
             if let Err(e) = self.store.head(&path).await {
                 return Err(storage(format!("a data file of this round ({path})"), e));
@@ -953,10 +990,11 @@ impl LakeTable {
             .map_err(|e| iceberg_err("reading a manifest", e))
     }
 
-    /// Writes the manifest and manifest list of a new snapshot on top of `current` and
-    /// builds the new metadata (not yet committed), in phases: the schema, the
-    /// manifests ([`Stager::manifests`]), the manifest list, the snapshot, and the
-    /// snapshots it expires.
+    /// Stages the round's snapshot on top of `current` and, when buckets compact, a
+    /// second one on top of it (`replace`: the merged files for the files they
+    /// replace, offsets unchanged), both in the one new metadata version: an engine
+    /// reading the table's appends incrementally sees the round's rows as an
+    /// `append` and the merge as a `replace`, which it skips.
     async fn stage(
         &self,
         current: &LakeVersion,
@@ -964,11 +1002,60 @@ impl LakeTable {
         buckets: &[TieredBucket],
         token: &str,
     ) -> Result<Staged> {
-        let base = &current.metadata;
-        let builder = TableMetadataBuilder::new_from_metadata(
-            base.clone(),
-            Some(self.metadata_location(current.version)),
-        );
+        let mut rounds = Vec::with_capacity(buckets.len());
+        let mut merges = Vec::new();
+        for b in buckets {
+            let (round, merge) = b.split_compaction();
+            rounds.push(round);
+            merges.extend(merge);
+        }
+        let location = Some(self.metadata_location(current.version));
+        let first = self
+            .stage_snapshot(
+                &current.metadata,
+                location,
+                current.offsets(None)?,
+                schema,
+                &rounds,
+                token,
+            )
+            .await?;
+        if merges.is_empty() {
+            return Ok(first);
+        }
+        let offsets = first.offsets.clone();
+        let second = match self
+            .stage_snapshot(&first.metadata, None, offsets, schema, &merges, token)
+            .await
+        {
+            Ok(second) => second,
+            Err(e) => {
+                self.unstage(&first).await;
+                return Err(e);
+            }
+        };
+        let mut both = second;
+        both.written.extend(first.written);
+        both.expired_lists.extend(first.expired_lists);
+        both.expired_metadata.extend(first.expired_metadata);
+        Ok(both)
+    }
+
+    /// Writes the manifest and manifest list of a new snapshot on top of `base` (read
+    /// from `base_location`, recorded in the metadata log when given) and builds the
+    /// new metadata (not yet committed), in phases: the schema, the manifests
+    /// ([`Stager::manifests`]), the manifest list, the snapshot, and the snapshots it
+    /// expires. `offsets` are the buckets' lake offsets in `base`.
+    async fn stage_snapshot(
+        &self,
+        base: &TableMetadata,
+        base_location: Option<String>,
+        mut offsets: BTreeMap<String, i64>,
+        schema: &Schema,
+        buckets: &[TieredBucket],
+        token: &str,
+    ) -> Result<Staged> {
+        let builder = TableMetadataBuilder::new_from_metadata(base.clone(), base_location);
         let (mut builder, schema_ref) = with_schema(base, builder, schema)?;
         let parent = base.current_snapshot();
         let stager = Stager {
@@ -996,7 +1083,6 @@ impl LakeTable {
         let mut written = manifests.written;
         written.push(list_path);
 
-        let mut offsets = current.offsets(None)?;
         for b in buckets {
             offsets.insert(b.stream.clone(), b.to);
         }
@@ -1010,8 +1096,15 @@ impl LakeTable {
             serde_json::to_string(&offsets).map_err(|e| MinkError::Internal(e.to_string()))?,
         );
         properties.insert(COMMIT_KEY.into(), token.to_string());
+        let compaction = !buckets.is_empty()
+            && buckets
+                .iter()
+                .all(|b| b.from == Some(b.to) && !b.replaces.is_empty());
         let summary = Summary {
-            operation: operation_of(&manifests.added, &manifests.removed),
+            operation: match compaction {
+                true => Operation::Replace,
+                false => operation_of(&manifests.added, &manifests.removed),
+            },
             additional_properties: properties,
         };
         let snapshot = Snapshot::builder()

@@ -59,6 +59,8 @@ async fn tier(
         to,
         files: vec![file],
         replaces: vec![],
+        compacted: Vec::new(),
+        compacted_from: Vec::new(),
     }
 }
 
@@ -170,6 +172,8 @@ async fn a_schema_change_reads_old_files_with_nulls() {
                 to: 8,
                 files: vec![f],
                 replaces: vec![],
+                compacted: Vec::new(),
+                compacted_from: Vec::new(),
             }],
         )
         .await

@@ -650,7 +650,7 @@ impl NodeService {
                 }
                 Err(e) => {
                     for t in &tiered {
-                        lake.delete_files(&t.files).await;
+                        lake.delete_files(&t.written()).await;
                     }
                     return Err(e);
                 }
@@ -665,7 +665,7 @@ impl NodeService {
             true => Vec::new(),
             false => tiered
                 .iter()
-                .map(|t| (t.stream.clone(), t.replaces.len()))
+                .map(|t| (t.stream.clone(), t.compacted_from.len()))
                 .collect(),
         };
         let committed = lake
@@ -958,19 +958,16 @@ impl NodeService {
         if files.is_empty() {
             return Ok((None, false));
         }
-        let replaces = match self
+        let (compacted, compacted_from) = match self
             .compact_log_bucket(lake, table, &stream, existing)
             .await
         {
-            Ok(Some((merged, replaced))) => {
-                files.push(merged);
-                replaced
-            }
-            Ok(None) => Vec::new(),
+            Ok(Some((merged, replaced))) => (vec![merged], replaced),
+            Ok(None) => (Vec::new(), Vec::new()),
             // The rows are tiered all the same; the next round tries again.
             Err(e) => {
                 tracing::warn!(%bucket, "compacting the lake files: {e}");
-                Vec::new()
+                (Vec::new(), Vec::new())
             }
         };
         metrics::counter!("mink_lake_tiered_rows_total").increment((pos - first) as u64);
@@ -980,7 +977,9 @@ impl NodeService {
                 from,
                 to: pos,
                 files,
-                replaces,
+                replaces: Vec::new(),
+                compacted,
+                compacted_from,
             }),
             pos < end,
         ))
@@ -1082,6 +1081,8 @@ impl NodeService {
                 } else {
                     Vec::new()
                 },
+                compacted: Vec::new(),
+                compacted_from: Vec::new(),
             }),
             to < end,
             index,
@@ -1177,6 +1178,8 @@ impl NodeService {
             to: info.log_offset,
             files,
             replaces: current.locations(),
+            compacted: Vec::new(),
+            compacted_from: Vec::new(),
         })
     }
 
