@@ -1274,6 +1274,38 @@ async fn leader_of(
     )
 }
 
+/// Moves each of `buckets` to the other of nodes `n0` and `n1`; how many moved.
+async fn swap_leaders(client: &MinkClient, path: &TablePath, buckets: &[u64]) -> u64 {
+    let mut moves = 0;
+    for &bucket in buckets {
+        let (leader, b) = leader_of(client, path, bucket).await;
+        let to = if leader == "n0" { "n1" } else { "n0" };
+        let answer: serde_json::Value = client
+            .action(
+                "rebalance",
+                serde_json::json!({"moves": [{"bucket": b, "to": to}]}),
+            )
+            .await
+            .unwrap();
+        moves += answer["moved"].as_u64().unwrap_or(0);
+    }
+    moves
+}
+
+/// SIGKILLs a node process and starts it again on the same address and data.
+fn kill_and_restart(
+    mut node: std::process::Child,
+    (data, store, addr): (&std::path::Path, &std::path::Path, &str),
+    env: &[(&str, &str)],
+    what: &str,
+) -> std::process::Child {
+    node.kill().unwrap();
+    node.wait().unwrap();
+    let (restarted, again) = common::spawn_node(data, store, addr, env);
+    assert_eq!(again, addr, "{what}");
+    restarted
+}
+
 /// The same race while the buckets move between two nodes (bucket 0 about every
 /// 1.2 s, bucket 1 now and then): a bucket's new leader has no key index of it and
 /// finds the changed rows from the key columns, and its old leader, when the bucket
@@ -1309,21 +1341,8 @@ async fn merge_on_read_rounds_follow_buckets_that_move_between_nodes() {
             step += 1;
             random_change(&client, &path, &mut model, step, &mut next, &what).await;
             if moved_at.elapsed() > Duration::from_millis(1_200) {
-                for bucket in [0, 1] {
-                    if bucket == 1 && next(2) == 0 {
-                        continue;
-                    }
-                    let (leader, b) = leader_of(&client, &path, bucket).await;
-                    let to = if leader == "n0" { "n1" } else { "n0" };
-                    let answer: serde_json::Value = client
-                        .action(
-                            "rebalance",
-                            serde_json::json!({"moves": [{"bucket": b, "to": to}]}),
-                        )
-                        .await
-                        .unwrap();
-                    moves += answer["moved"].as_u64().unwrap_or(0);
-                }
+                let both = next(2) == 1;
+                moves += swap_leaders(&client, &path, if both { &[0, 1] } else { &[0] }).await;
                 moved_at = std::time::Instant::now();
             }
             tokio::time::sleep(Duration::from_millis(next(60))).await;
@@ -1382,11 +1401,8 @@ async fn merge_on_read_rounds_survive_a_killed_node() {
                 }
             };
             writes.await;
-            node.kill().unwrap();
-            node.wait().unwrap();
-            let (restarted, again) = common::spawn_node(&data, &store, &addr, &env);
-            assert_eq!(again, addr, "{what}: kill {kill}");
-            node = restarted;
+            let at = (data.as_path(), store.as_path(), addr.as_str());
+            node = kill_and_restart(node, at, &env, &format!("{what}: kill {kill}"));
         }
         lake_is_the_model(&client, &path, model, &format!("{what} after {step} steps")).await;
         node.kill().unwrap();
@@ -1539,18 +1555,7 @@ async fn compaction_follows_log_buckets_that_move_between_nodes() {
                 .unwrap();
             written += n;
             if moved_at.elapsed() > Duration::from_millis(1_200) {
-                for bucket in [0, 1] {
-                    let (leader, b) = leader_of(&client, &path, bucket).await;
-                    let to = if leader == "n0" { "n1" } else { "n0" };
-                    let answer: serde_json::Value = client
-                        .action(
-                            "rebalance",
-                            serde_json::json!({"moves": [{"bucket": b, "to": to}]}),
-                        )
-                        .await
-                        .unwrap();
-                    moves += answer["moved"].as_u64().unwrap_or(0);
-                }
+                moves += swap_leaders(&client, &path, &[0, 1]).await;
                 moved_at = std::time::Instant::now();
             }
             tokio::time::sleep(Duration::from_millis(next(80))).await;
@@ -1601,11 +1606,8 @@ async fn compaction_survives_a_killed_node() {
                 written += n;
                 tokio::time::sleep(Duration::from_millis(next(60))).await;
             }
-            node.kill().unwrap();
-            node.wait().unwrap();
-            let (restarted, again) = common::spawn_node(&data, &store, &addr, &env);
-            assert_eq!(again, addr, "{what}: kill {kill}");
-            node = restarted;
+            let at = (data.as_path(), store.as_path(), addr.as_str());
+            node = kill_and_restart(node, at, &env, &format!("{what}: kill {kill}"));
         }
         let files = log_lake_is_whole(&client, &path, written, &what).await;
         assert!(files <= 8, "{what}: {files} files");
