@@ -19,6 +19,7 @@ mod bench;
 mod browser;
 mod chaos;
 mod cluster;
+mod doctests;
 mod layers;
 mod python;
 mod s3;

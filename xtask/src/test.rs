@@ -51,8 +51,22 @@ pub fn run(root: &Path, interop: bool, rest: &[String]) -> Result<()> {
     tests.env("MINKTEST_CHAOS_PYTHON", &python);
     run_checked(&mut tests)?;
     if cargo_has("nextest") && rest.is_empty() {
-        // nextest does not run doctests; the README examples are doctests.
-        run_checked(cargo().args(["test", "--workspace", "--doc"]))?;
+        // nextest does not run doctests; the README examples are doctests. Only the
+        // crates that hold any (each crate sits in the directory of its name).
+        let packages: Vec<(String, std::path::PathBuf)> = layers::ALLOWED
+            .iter()
+            .map(|(name, _)| (name.to_string(), root.join(name)))
+            .collect();
+        let with = crate::doctests::packages_with_doctests(&packages)?;
+        eprintln!("doctests in: {}", with.join(", "));
+        if !with.is_empty() {
+            let mut doc = cargo();
+            doc.args(["test", "--doc"]);
+            for name in &with {
+                doc.args(["-p", name]);
+            }
+            run_checked(&mut doc)?;
+        }
     }
 
     if interop {
