@@ -22,6 +22,9 @@ struct NodeEntry {
     #[serde(default)]
     kafka: String,
     admin: String,
+    /// The Iceberg REST catalog; empty in a state file written before nodes served it.
+    #[serde(default)]
+    iceberg_rest: String,
     log: PathBuf,
 }
 
@@ -222,17 +225,21 @@ fn spawn_node(
 fn node_entry(id: String, pid: u32, log: PathBuf, deadline: Instant) -> Result<NodeEntry> {
     loop {
         let text = std::fs::read_to_string(&log).unwrap_or_default();
+        // The admin line comes last (the catalog's before it).
         if let (Some(flight), Some(kafka), Some(admin)) = (
             logged_addr(&text, "Flight listening on "),
             logged_addr(&text, "Kafka listening on "),
             logged_addr(&text, "admin HTTP listening on "),
         ) {
+            let iceberg_rest =
+                logged_addr(&text, "Iceberg REST catalog listening on ").unwrap_or_default();
             return Ok(NodeEntry {
                 id,
                 pid,
                 flight,
                 kafka,
                 admin,
+                iceberg_rest,
                 log,
             });
         }
@@ -307,8 +314,8 @@ fn print_nodes(state: &ClusterState) {
 
 fn print_node_table(state: &ClusterState) {
     println!(
-        "{:<6} {:>8} {:<22} {:<22} {:<22} health",
-        "node", "pid", "flight", "kafka", "admin"
+        "{:<6} {:>8} {:<22} {:<22} {:<22} {:<22} health",
+        "node", "pid", "flight", "kafka", "admin", "iceberg rest"
     );
     for n in &state.nodes {
         let health = if !alive(n.pid) {
@@ -321,8 +328,8 @@ fn print_node_table(state: &ClusterState) {
             }
         };
         println!(
-            "{:<6} {:>8} {:<22} {:<22} {:<22} {health}",
-            n.id, n.pid, n.flight, n.kafka, n.admin
+            "{:<6} {:>8} {:<22} {:<22} {:<22} {:<22} {health}",
+            n.id, n.pid, n.flight, n.kafka, n.admin, n.iceberg_rest
         );
     }
 }
@@ -334,8 +341,9 @@ fn load(dir: &Path) -> Result<ClusterState> {
 }
 
 /// Prints `export MINK_ADDR=…` for the first node, `export MINK_SQL=grpc://…` for the
-/// cluster's mink-query, and `export KAFKA_BOOTSTRAP=…` with
-/// every node's Kafka address (`eval "$(cargo xtask cluster env)"`).
+/// cluster's mink-query, `export KAFKA_BOOTSTRAP=…` with every node's Kafka address,
+/// and `export ICEBERG_REST=http://…` for the first node's Iceberg REST catalog
+/// (`eval "$(cargo xtask cluster env)"`).
 pub fn env(dir: &Path) -> Result<()> {
     let state = load(dir)?;
     let first = state.nodes.first().context("the cluster has no node")?;
@@ -351,6 +359,9 @@ pub fn env(dir: &Path) -> Result<()> {
         .collect();
     if !kafka.is_empty() {
         println!("export KAFKA_BOOTSTRAP={}", kafka.join(","));
+    }
+    if !first.iceberg_rest.is_empty() {
+        println!("export ICEBERG_REST=http://{}", first.iceberg_rest);
     }
     Ok(())
 }
