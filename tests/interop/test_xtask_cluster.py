@@ -45,6 +45,12 @@ def test_a_three_node_cluster_up_write_scan_down(tmp_path, bin_dir):
             assert cur.fetchone() == (50, sum(range(50)))
         env = run("cargo", "xtask", "cluster", "env", "--dir", str(cluster)).stdout
         assert f"export MINK_SQL=grpc://{state['query']['addr']}" in env, env
+        # The first node's Iceberg REST catalog, exported and answering.
+        assert f"export ICEBERG_REST=http://{state['nodes'][0]['iceberg_rest']}" in env, env
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://{state['nodes'][0]['iceberg_rest']}/v1/namespaces", timeout=10) as r:
+            assert ["demo"] in json.loads(r.read())["namespaces"]
         described = json.loads(run(*mink, "cluster", "describe").stdout)
         assert sorted(described["nodes"]) == ["n0", "n1", "n2"]
         status = run("cargo", "xtask", "cluster", "status", "--dir", str(cluster)).stdout
