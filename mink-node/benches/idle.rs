@@ -155,7 +155,7 @@ async fn main() {
          are written once; after {} s of quiet, every request the nodes make in {} s is \
          counted and scaled to an hour. {runs} runs per row. GC passes (every 10 compaction \
          ticks at first, backing off to one an hour) add ~10–40 requests an hour per node \
-         that a short window may miss; `mink-node/tests/cost.rs` counts a whole virtual \
+         that a short window may miss; `mink-node/tests/it/cost.rs` counts a whole virtual \
          hour on the paused clock.\n",
         settle.as_secs(),
         window.as_secs()

@@ -1,4 +1,4 @@
-"""What the chaos harness's Python helpers share (mink-node/tests/chaos.rs)."""
+"""What the chaos harness's Python helpers share (mink-node/tests/it/chaos.rs)."""
 
 
 def live_addresses(path):

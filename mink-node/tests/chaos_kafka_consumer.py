@@ -1,5 +1,5 @@
 """A Kafka consumer group (confluent-kafka, librdkafka) for the chaos harness
-(mink-node/tests/chaos.rs).
+(mink-node/tests/it/chaos.rs).
 
 Usage:
   python chaos_kafka_consumer.py KAFKA_ADDRS_FILE TOPIC GROUP

@@ -1,5 +1,5 @@
 """An idempotent Kafka producer (confluent-kafka, librdkafka) for the chaos harness
-(mink-node/tests/chaos.rs).
+(mink-node/tests/it/chaos.rs).
 
 Usage: python chaos_kafka_producer.py KAFKA_ADDRS_FILE TOPIC
 

@@ -1,4 +1,4 @@
-"""A pyarrow.flight AppendTable writer for the chaos harness (mink-node/tests/chaos.rs).
+"""A pyarrow.flight AppendTable writer for the chaos harness (mink-node/tests/it/chaos.rs).
 
 Usage: python chaos_pyarrow_writer.py ADDRS_FILE TABLE_PATH WRITER
 

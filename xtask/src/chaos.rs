@@ -1,4 +1,4 @@
-//! `cargo xtask chaos`: the chaos harness (mink-node/tests/chaos.rs) in release mode,
+//! `cargo xtask chaos`: the chaos harness (mink-node/tests/it/chaos.rs) in release mode,
 //! for as long as asked: node processes on one store (a directory, or the local S3
 //! server with `--s3`) under writers and seeded faults; it fails on any violation and
 //! prints the faults injected, the rows checked and the recovery times.
@@ -20,8 +20,9 @@ pub fn run(root: &Path, seconds: u64, seed: u64, s3: bool) -> Result<()> {
             "-p",
             "mink-node",
             "--test",
-            "chaos",
+            "it",
             "--",
+            "chaos::",
             "--nocapture",
         ])
         .env("MINK_CHAOS_SECONDS", seconds.to_string())

@@ -46,7 +46,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-mod common;
+use crate::common;
 
 // As in the node's binary: kafka-protocol sizes arrays from their wire counts
 // (docs/kafka.md), which mimalloc survives by reserving without committing.

@@ -12,7 +12,7 @@ use mink_flight::protocol::{ReadTicket, ScanBatch};
 use mink_node::node::Node;
 use mink_types::{LakeProperties, MinkError, TableBucket, TableDescriptor, TablePath};
 
-mod common;
+use crate::common;
 use common::{config, ids, rows};
 
 fn lake_events(buckets: u32) -> TableDescriptor {

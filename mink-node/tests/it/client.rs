@@ -8,7 +8,7 @@ use mink_flight::MinkClient;
 use mink_node::node::Node;
 use mink_types::{TableDescriptor, TablePath};
 
-mod common;
+use crate::common;
 use common::{config, ids, rows, settle};
 
 fn events() -> TableDescriptor {

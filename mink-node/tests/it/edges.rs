@@ -1,7 +1,7 @@
 //! Where features meet the durability core: retention of a primary-key table against its
 //! KV snapshots, and bucket moves between live nodes.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -12,7 +12,7 @@ use mink_types::TablePath;
 use mink_wal::fault::{FaultConfig, FaultyStore};
 use object_store::ObjectStore;
 
-mod common;
+use crate::common;
 use common::{KafkaConn, ids, rows};
 
 fn config(dir: &std::path::Path) -> MinkConfig {

@@ -18,7 +18,7 @@ use mink_wal::{AccountingReport, Op, Purpose};
 use object_store::ObjectStore;
 use object_store::memory::InMemory;
 
-mod common;
+use crate::common;
 use common::rows;
 
 /// Node `id` with the default timings (what the budget is about), on loopback ports.

@@ -7,7 +7,7 @@ use mink_flight::MinkClient;
 use mink_node::node::Node;
 use mink_types::TablePath;
 
-mod common;
+use crate::common;
 use common::config;
 
 /// Polls `probe` until it returns something (cluster state that settles), at most 20 s.

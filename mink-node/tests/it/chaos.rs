@@ -41,7 +41,7 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
-mod common;
+use crate::common;
 
 const LOG_BUCKETS: u32 = 6;
 const KV_BUCKETS: u32 = 4;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use mink_flight::MinkClient;
 use mink_types::{ChangeType, TableDescriptor, TablePath};
 
-mod common;
+use crate::common;
 use common::{ids, rows, spawn_node};
 
 fn events() -> TableDescriptor {

@@ -2,7 +2,7 @@
 //! (kafka-protocol's messages) against one node: JoinGroup v9's `skip_assignment`
 //! (the Java client's, KIP-814) and IncrementalAlterConfigs naming one resource twice.
 
-mod common;
+use crate::common;
 
 use common::KafkaConn;
 use kafka_protocol::error::ResponseError;
