@@ -170,22 +170,13 @@ async fn backlog(batches: usize) -> Backlog {
     }
     let raw_secs = start.elapsed().as_secs_f64();
 
-    let start = Instant::now();
-    let union = client
-        .read_any(&ReadTicket::Union {
-            path: path.clone(),
-            bucket: None,
-            columns: None,
-            filter: None,
-        })
-        .await
-        .unwrap();
-    let union_secs = start.elapsed().as_secs_f64();
-    let union_bytes: usize = union.iter().map(|(b, _)| b.get_array_memory_size()).sum();
-    assert_eq!(
-        union.iter().map(|(b, _)| b.num_rows()).sum::<usize>() as i64,
-        rows
-    );
+    let union = ReadTicket::Union {
+        path: path.clone(),
+        bucket: None,
+        columns: None,
+        filter: None,
+    };
+    let union_mbps = read_mbps(&client, &union, rows).await;
     let start = Instant::now();
     let scanned = client.scan_table(&path).await.unwrap();
     let scan_secs = start.elapsed().as_secs_f64();
@@ -194,7 +185,7 @@ async fn backlog(batches: usize) -> Backlog {
     Backlog {
         tier_mbps: bytes as f64 / tier_secs / 1e6,
         raw_mbps: bytes as f64 / raw_secs / 1e6,
-        union_mbps: union_bytes as f64 / union_secs / 1e6,
+        union_mbps,
         scan_mbps: scan_bytes as f64 / scan_secs / 1e6,
     }
 }
@@ -510,23 +501,22 @@ async fn lake_files(client: &MinkClient, path: &TablePath) -> u64 {
 async fn lake_read_mbps(client: &MinkClient, path: &TablePath, rows: i64) -> f64 {
     let mut best: f64 = 0.0;
     for _ in 0..3 {
-        best = best.max(lake_read_once(client, path, rows).await);
-    }
-    best
-}
-
-async fn lake_read_once(client: &MinkClient, path: &TablePath, rows: i64) -> f64 {
-    let start = Instant::now();
-    let read = client
-        .read_any(&ReadTicket::Lake {
+        let lake = ReadTicket::Lake {
             path: path.clone(),
             snapshot_id: None,
             bucket: None,
             columns: None,
             filter: None,
-        })
-        .await
-        .unwrap();
+        };
+        best = best.max(read_mbps(client, &lake, rows).await);
+    }
+    best
+}
+
+/// MB/s of one read of `ticket`, which must answer `rows` rows.
+async fn read_mbps(client: &MinkClient, ticket: &ReadTicket, rows: i64) -> f64 {
+    let start = Instant::now();
+    let read = client.read_any(ticket).await.unwrap();
     let secs = start.elapsed().as_secs_f64();
     assert_eq!(
         read.iter().map(|(b, _)| b.num_rows()).sum::<usize>() as i64,
